@@ -1,0 +1,84 @@
+# DFlash Chat: two commands on a fresh machine.
+#   make run   set up .venv if needed, then open the app (or, with no display,
+#              say so and run the headless comparison on the bundled demo pair)
+#   make test  set up .venv if needed, then run the whole suite
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+UNAME := $(shell uname -s)
+# First Python >= 3.11 on PATH (python3.13 ... python3).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+	&& { echo $$p; break; }; done)
+EXTRAS := test
+
+# Linux: mlx-cpu links a reference BLAS; load Debian's OpenBLAS ahead of it
+# when present (see README, "Performance"). macOS is untouched.
+ifeq ($(UNAME),Linux)
+BLAS_LIB = $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
+RUN_ENV = $(if $(BLAS_LIB),LD_PRELOAD=$(BLAS_LIB) DFLASH_BLAS_PRELOADED=$(BLAS_LIB))
+else
+RUN_ENV =
+endif
+
+.PHONY: help run test lint venv blas app bench clean
+
+help:
+	@echo "make run    set up and run DFlash Chat (headless comparison when there is no display)"
+	@echo "make test   set up and run the whole test suite"
+	@echo "make lint   ruff"
+	@echo "make bench  benchmark plain vs DFlash on the bundled pair"
+	@echo "make app    build the desktop bundle for this platform (PyInstaller)"
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: need Python >= 3.11 on PATH" >&2; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Installs Debian's OpenBLAS when running as root with apt (as in CI); never fatal.
+blas:
+ifeq ($(UNAME),Linux)
+	@if [ -z "$(BLAS_LIB)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing an optimized BLAS (libopenblas0-pthread) for MLX on CPU"; \
+		(apt-get install -y -qq libopenblas0-pthread >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libopenblas0-pthread >/dev/null 2>&1)) \
+		|| echo "warning: could not install libopenblas0-pthread; DFlash will be slow on this CPU"; \
+	fi
+endif
+
+run: $(STAMP) blas
+	@$(MAKE) --no-print-directory _run
+
+_run:
+	$(RUN_ENV) $(PY) -m app
+
+test: $(STAMP) blas
+	@$(MAKE) --no-print-directory _test
+
+_test:
+	@if [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] || [ "$(UNAME)" = Linux ]; then export QT_QPA_PLATFORM=$${QT_QPA_PLATFORM:-offscreen}; fi; \
+	HF_HUB_OFFLINE=1 $(RUN_ENV) $(PY) -m app --version && \
+	HF_HUB_OFFLINE=1 $(RUN_ENV) $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app tests tools packaging
+
+bench: $(STAMP) blas
+	@$(MAKE) --no-print-directory _bench
+
+_bench:
+	$(RUN_ENV) $(PY) -m app bench
+
+app: $(STAMP)
+	$(PY) -m pip install -q -e ".[$(EXTRAS),app]"
+	$(RUN_ENV) $(PY) -m PyInstaller --noconfirm --clean --distpath dist --workpath build packaging/dflash_chat.spec
+
+clean:
+	rm -rf build dist .pytest_cache

@@ -1,0 +1,51 @@
+"""Typed errors raised by the engine.
+
+Every error a user can cause (a wrong path, a drafter for another target, corrupt weights)
+is an :class:`EngineError` subclass with a message that can be shown as is. The CLI maps
+them to exit code 2; the window shows them in a message and keeps running.
+"""
+
+
+class EngineError(Exception):
+    """Base class for every error the engine raises on purpose."""
+
+
+class ModelNotFoundError(EngineError):
+    """A model path does not exist, or a Hugging Face repo id is not in the local cache
+    while offline. The message names the path or repo."""
+
+
+class ModelLoadError(EngineError):
+    """Model files exist but cannot be used: missing ``config.json``/weights, corrupt
+    safetensors, a tensor of the wrong shape, or a config field that cannot be read."""
+
+
+class UnsupportedArchitectureError(EngineError):
+    """The checkpoint's architecture is not one this engine can run for the requested
+    purpose (e.g. ``DFlash2DraftModel`` as a drafter, or DFlash on a target family
+    without tap capture). The message names the architecture."""
+
+
+class PairMismatchError(EngineError):
+    """The drafter was made for another target. ``field`` names the first field that
+    differs (``vocab_size``, ``hidden_size``, ``num_target_layers``, ``target_layer_ids``);
+    ``target_value`` and ``drafter_value`` hold the two values."""
+
+    def __init__(self, field: str, target_value, drafter_value, message: str | None = None):
+        self.field = field
+        self.target_value = target_value
+        self.drafter_value = drafter_value
+        super().__init__(
+            message
+            or f"drafter does not fit the target: {field} is {drafter_value!r} for the drafter "
+            f"but {target_value!r} for the target"
+        )
+
+
+class GenerationError(EngineError):
+    """Generation failed for a reason other than bad model files (e.g. an invalid
+    setting such as a block size outside 1..drafter block size)."""
+
+
+class WrongThreadError(EngineError):
+    """An MLX entry point was called on the GUI thread (see ``app.engine.threads``)."""

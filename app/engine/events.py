@@ -1,0 +1,115 @@
+"""Events emitted by both decoding paths (plain and DFlash): one set of types.
+
+A generation is an iterator of these events, in this order::
+
+    TokenEvent*  (interleaved with CycleEvent on the DFlash path)   ... Done
+
+The first :class:`TokenEvent` is the token chosen from the prefill's last logits; on the
+DFlash path each verify cycle then emits its committed tokens followed by one
+:class:`CycleEvent`. The plain path emits only :class:`TokenEvent` (``from_draft=False``)
+and the final :class:`Done`.
+
+Definitions follow the DFlash paper (Chen et al. 2026, "DFlash: Block Diffusion for Flash
+Speculative Decoding") and ``shared/DFLASH_NOTES.md``:
+
+* acceptance rate = accepted draft tokens / drafted tokens (``None`` when nothing was drafted);
+* tau = mean tokens committed per verify cycle (accepted + 1, at most the block size);
+  the prefill's first token is not a cycle;
+* replays = cycles whose recurrent state was rolled back and the committed tokens run again
+  (through the recurrence only under ``tape``, through the whole target under ``replay``);
+* rollback share = rollback seconds / (draft + verify + rollback seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+StopCause = Literal["end_token", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One committed output token.
+
+    Attributes:
+        token_id: vocabulary id (int). The end token is emitted too when generated.
+        index: 0-based position in the generated output.
+        from_draft: True when the drafter proposed this token and the target accepted it;
+            False for the target's own choices (prefill token, bonus/correction tokens and
+            every token of the plain path).
+    """
+
+    token_id: int
+    index: int
+    from_draft: bool = False
+
+
+@dataclass(frozen=True)
+class CycleEvent:
+    """One DFlash draft-verify cycle, emitted after its committed tokens.
+
+    Attributes:
+        index: 0-based cycle number.
+        drafted: draft tokens proposed (block size - 1, or fewer near ``max_tokens``).
+        accepted: drafts accepted by the target (0..drafted).
+        committed: tokens committed this cycle (accepted + 1, less when an end token or the
+            token limit cut the block).
+        replayed: True when the recurrent state was rolled back and re-run this cycle.
+        draft_s, verify_s, rollback_s: wall seconds spent drafting, verifying, rolling back.
+    """
+
+    index: int
+    drafted: int
+    accepted: int
+    committed: int
+    replayed: bool
+    draft_s: float
+    verify_s: float
+    rollback_s: float
+
+
+@dataclass
+class Summary:
+    """Figures for one finished generation (both paths fill every field).
+
+    Units: seconds, tokens, bytes. ``tok_per_s`` counts generated tokens over generation
+    time only (prefill excluded: from the first token to the last). ``peak_memory_bytes``
+    is ``mx.get_peak_memory()`` during the generation.
+    """
+
+    mode: Literal["plain", "dflash"] = "plain"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float = 0.0
+    tok_per_s: float = 0.0
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float | None = None
+    tau: float | None = None
+    replays: int = 0
+    rollback_share: float | None = None
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rollback_s: float = 0.0
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+    peak_memory_bytes: int = 0
+    stop_cause: StopCause = "length"
+    error: str | None = None
+    accepted_lengths: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (the ``summary`` object of ``chat --json``)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Done:
+    """The last event of every generation; carries the :class:`Summary`."""
+
+    summary: Summary
+
+
+Event = TokenEvent | CycleEvent | Done
