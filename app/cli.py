@@ -1,0 +1,109 @@
+"""Command line: ``python -m app [--gui] [COMMAND ...]``.
+
+With no command the window opens; with no display to open it on (Linux without
+``DISPLAY``/``WAYLAND_DISPLAY``, or ``QT_QPA_PLATFORM=offscreen``) one line says so and the
+headless comparison runs instead (``compare`` on a default demo prompt).
+
+Commands register themselves through a ``register(subparsers)`` function in their module
+(see ``COMMAND_MODULES``); each sets ``func`` to a callable ``(args) -> int`` exit code.
+Exit codes: 0 ok, 2 bad arguments or unusable model files (message on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from app import APP_NAME, __version__
+
+# Modules that add subcommands, in --help order.
+COMMAND_MODULES = [
+    "app.commands.generation",  # chat, compare
+    "app.chat.tools.cli",  # tools
+    "app.engine.catalog",  # models
+    "app.engine.bench",  # bench
+]
+
+DEFAULT_PROMPT = "What is the capital of France, and what currency does it use?"
+
+
+def version_text() -> str:
+    """App, MLX and mlx-lm versions, the MLX device and the BLAS in use (one per line)."""
+    lines = [f"{APP_NAME} {__version__}"]
+    try:
+        import mlx.core as mx
+
+        lines.append(f"mlx {mx.__version__} (device: {mx.default_device()})")
+    except Exception as exc:  # pragma: no cover - shown, not raised
+        lines.append(f"mlx unavailable: {exc}")
+    try:
+        from importlib.metadata import version
+
+        lines.append(f"mlx-lm {version('mlx-lm')}")
+    except Exception as exc:  # pragma: no cover
+        lines.append(f"mlx-lm unavailable: {exc}")
+    try:
+        from app.engine.blas import blas_description
+
+        lines.append(f"BLAS: {blas_description()}")
+    except ImportError:
+        pass
+    return "\n".join(lines)
+
+
+def has_display() -> bool:
+    """True when a Qt window can be shown on this machine."""
+    if os.environ.get("QT_QPA_PLATFORM", "").startswith(("offscreen", "minimal")):
+        return False
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app",
+        description=f"{APP_NAME}: chat with local MLX models, plain or with DFlash "
+        "speculative decoding.",
+    )
+    parser.add_argument("--version", action="store_true", help="print versions and exit")
+    parser.add_argument("--gui", action="store_true", help="open the window even without a display")
+    parser.add_argument(
+        "--data-dir",
+        help="folder for conversations, settings and logs (default: the platform's app-data folder)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):  # not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.data_dir:
+        os.environ["DFLASH_DATA_DIR"] = args.data_dir
+    if args.version:
+        print(version_text())
+        return 0
+    if args.command is None:
+        if args.gui or has_display():
+            from app.ui.main import run_gui
+
+            return run_gui(args)
+        print(
+            "No display available: running the headless comparison on the bundled demo pair "
+            "instead (use --gui to force the window)."
+        )
+        args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT])
+    return args.func(args)

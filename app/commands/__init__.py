@@ -1,0 +1,1 @@
+"""Headless subcommands that live outside a feature package."""
