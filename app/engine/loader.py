@@ -1,0 +1,299 @@
+"""Loading targets (through mlx-lm's loader) and DFlash drafters, and checking that they fit.
+
+Only safetensors are read and ``trust_remote_code`` is never turned on. On the CPU, weights
+stored as float16/bfloat16 are computed in float32 (MLX's fast CPU matmul path is float32);
+on Apple GPUs the checkpoint's dtype is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.engine.errors import (
+    EngineError,
+    ModelLoadError,
+    ModelNotFoundError,
+    PairMismatchError,
+    UnsupportedArchitectureError,
+)
+from app.engine.threads import check_engine_thread
+
+log = logging.getLogger(__name__)
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def resolve_model_path(path_or_repo: str | Path) -> Path:
+    """A local folder for a path or a Hugging Face repo id already in the local cache.
+
+    Raises:
+        ModelNotFoundError: the path does not exist, or the repo is not in the cache (the
+            message names the repo; nothing is downloaded here).
+    """
+    p = Path(path_or_repo).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise ModelNotFoundError(f"{p} is a file; expected a model folder")
+        return p
+    text = str(path_or_repo)
+    if _REPO_ID.match(text) and not text.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(text, local_files_only=True))
+        except Exception as exc:  # LocalEntryNotFoundError and friends
+            raise ModelNotFoundError(
+                f"{text} is not in the local Hugging Face cache; download it first "
+                f"(Models window, or `hf download {text}`) or give a local folder"
+            ) from exc
+    raise ModelNotFoundError(f"no model folder at {p}")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """``config.json`` of a model folder as a dict.
+
+    Raises:
+        ModelLoadError: missing or not valid JSON.
+    """
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json")
+    try:
+        return json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The text model's fields (``text_config`` for multimodal checkpoints such as Qwen3.5)."""
+    return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def _on_cpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu or not mx.metal.is_available()
+
+
+def _upcast_for_cpu(model) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    params = tree_flatten(model.parameters())
+    changed = [(k, v.astype(mx.float32)) for k, v in params if v.dtype in (mx.float16, mx.bfloat16)]
+    if changed:
+        model.update(tree_unflatten(changed))
+
+
+@dataclass
+class LoadedTarget:
+    """A target model ready to generate.
+
+    Attributes:
+        model: the mlx-lm ``nn.Module``.
+        tokenizer: mlx-lm's ``TokenizerWrapper`` (streaming detokenizer, chat template,
+            tool-parser inference).
+        path: the local folder; name: a display name (repo id or folder name).
+        model_type: config ``model_type``; config: the full config dict.
+        eos_token_ids: ids that end generation; context_length: ``max_position_embeddings``.
+    """
+
+    model: Any
+    tokenizer: Any
+    path: Path
+    name: str
+    model_type: str
+    config: dict[str, Any]
+    eos_token_ids: set[int] = field(default_factory=set)
+    context_length: int = 4096
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the target."""
+        return len(self.model.layers)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding table."""
+        return int(self.model.model.embed_tokens.weight.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """Residual stream width."""
+        return int(self.model.model.embed_tokens.weight.shape[1])
+
+
+@dataclass
+class LoadedDrafter:
+    """A DFlash drafter: ``model`` (:class:`~app.engine.drafter.DFlashDrafter`), its
+    ``config`` (:class:`~app.engine.drafter.DrafterConfig`), ``path`` and display ``name``."""
+
+    model: Any
+    config: Any
+    path: Path
+    name: str
+
+
+def load_target(path_or_repo: str | Path) -> LoadedTarget:
+    """Load a target with mlx-lm's loader from a folder or a cached Hugging Face repo id.
+
+    Raises:
+        ModelNotFoundError, ModelLoadError (missing/corrupt files, wrong tensor shapes),
+        UnsupportedArchitectureError (a ``model_type`` mlx-lm does not know).
+    """
+    check_engine_thread()
+    folder = resolve_model_path(path_or_repo)
+    cfg = read_config(folder)
+    if not any(folder.glob("*.safetensors")):
+        raise ModelLoadError(f"{folder} has no .safetensors weights")
+    from mlx_lm.utils import load as mlx_load
+
+    try:
+        model, tokenizer = mlx_load(str(folder), trust_remote_code=False)
+    except EngineError:
+        raise
+    except ValueError as exc:
+        msg = str(exc)
+        if "not supported" in msg.lower() or "model type" in msg.lower():
+            raise UnsupportedArchitectureError(
+                f"model type {cfg.get('model_type')!r} is not supported by mlx-lm: {msg}"
+            ) from exc
+        raise ModelLoadError(f"could not load {folder.name}: {msg}") from exc
+    except (FileNotFoundError, OSError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"could not load {folder.name}: {exc}") from exc
+    if _on_cpu() and "quantization" not in cfg:
+        _upcast_for_cpu(model)
+    tcfg = text_config(cfg)
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    return LoadedTarget(
+        model=model,
+        tokenizer=tokenizer,
+        path=folder,
+        name=str(path_or_repo) if not Path(path_or_repo).exists() else folder.name,
+        model_type=str(cfg.get("model_type", "")),
+        config=cfg,
+        eos_token_ids=eos,
+        context_length=int(tcfg.get("max_position_embeddings") or 4096),
+    )
+
+
+def load_drafter(path_or_repo: str | Path) -> LoadedDrafter:
+    """Load a z-lab DFlash drafter (``config.json`` + ``model.safetensors``).
+
+    Extra ``embed_tokens``/``lm_head`` tensors (one preview checkpoint shipped them) are
+    ignored; every other tensor must be present with the shape the config implies.
+
+    Raises:
+        ModelNotFoundError, UnsupportedArchitectureError (e.g. ``DFlash2DraftModel``),
+        ModelLoadError (missing file or field, corrupt safetensors, wrong tensor shape).
+    """
+    check_engine_thread()
+    import mlx.core as mx
+
+    from app.engine.drafter import DFlashDrafter, DrafterConfig, expected_shapes
+
+    folder = resolve_model_path(path_or_repo)
+    cfg = DrafterConfig.from_dict(read_config(folder))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no model.safetensors")
+    weights: dict[str, Any] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as exc:
+            raise ModelLoadError(f"{f.name} is not a readable safetensors file: {exc}") from exc
+    weights = {
+        k.removeprefix("model."): v
+        for k, v in weights.items()
+        if not k.endswith(("embed_tokens.weight", "lm_head.weight"))
+    }
+    shapes = expected_shapes(cfg)
+    for name, shape in shapes.items():
+        if name not in weights:
+            raise ModelLoadError(f"drafter weights lack the tensor {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ModelLoadError(
+                f"drafter tensor {name} has shape {tuple(weights[name].shape)}, "
+                f"expected {shape} from config.json"
+            )
+    extra = sorted(set(weights) - set(shapes))
+    if extra:
+        log.warning("ignoring %d unexpected drafter tensors (e.g. %s)", len(extra), extra[0])
+    model = DFlashDrafter(cfg)
+    dtype = mx.float32 if _on_cpu() else next(iter(weights.values())).dtype
+    model.load_weights([(k, weights[k].astype(dtype)) for k in shapes], strict=True)
+    mx.eval(model.parameters())
+    return LoadedDrafter(model=model, config=cfg, path=folder, name=folder.name)
+
+
+def check_pair_configs(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any]) -> None:
+    """Config-level fit of a drafter to a target (no weights needed).
+
+    Checks, in order: ``vocab_size``, ``hidden_size``, ``num_target_layers`` (when the drafter
+    states it) and that every ``target_layer_ids`` entry is a layer of the target.
+
+    Raises:
+        PairMismatchError: naming the first field that differs.
+        UnsupportedArchitectureError, ModelLoadError: from parsing the drafter config.
+    """
+    from app.engine.drafter import DrafterConfig
+
+    t = text_config(target_cfg)
+    d = DrafterConfig.from_dict(drafter_cfg)
+    n_layers = int(t.get("num_hidden_layers", 0))
+    for name, tv, dv in (
+        ("vocab_size", int(t.get("vocab_size", -1)), d.vocab_size),
+        ("hidden_size", int(t.get("hidden_size", -1)), d.hidden_size),
+    ):
+        if tv != dv:
+            raise PairMismatchError(name, tv, dv)
+    _check_layers(n_layers, d)
+
+
+def _check_layers(n_layers: int, d) -> None:
+    if d.num_target_layers is not None and d.num_target_layers != n_layers:
+        raise PairMismatchError("num_target_layers", n_layers, d.num_target_layers)
+    bad = [i for i in d.target_layer_ids if not 0 <= i < n_layers]
+    if bad:
+        raise PairMismatchError(
+            "target_layer_ids",
+            f"0..{n_layers - 1}",
+            d.target_layer_ids,
+            f"drafter taps target layer {bad[0]}, but the target has {n_layers} layers "
+            f"(0..{n_layers - 1})",
+        )
+
+
+def check_pair(target: LoadedTarget, drafter: LoadedDrafter) -> None:
+    """Check a loaded pair fits before generating (the loaded tensors, not only configs).
+
+    Raises:
+        PairMismatchError: naming ``vocab_size``, ``hidden_size``, ``num_target_layers``,
+            ``target_layer_ids`` or ``mask_token_id``.
+        UnsupportedArchitectureError: the target family has no tap capture for DFlash.
+    """
+    from app.engine.target import TAP_FAMILIES
+
+    d = drafter.config
+    if d.vocab_size != target.vocab_size:
+        raise PairMismatchError("vocab_size", target.vocab_size, d.vocab_size)
+    if d.hidden_size != target.hidden_size:
+        raise PairMismatchError("hidden_size", target.hidden_size, d.hidden_size)
+    _check_layers(target.num_layers, d)
+    if not 0 <= d.mask_token_id < target.vocab_size:
+        raise PairMismatchError(
+            "mask_token_id",
+            f"0..{target.vocab_size - 1}",
+            d.mask_token_id,
+            f"drafter mask_token_id {d.mask_token_id} is outside the target's vocabulary",
+        )
+    if target.model_type not in TAP_FAMILIES:
+        raise UnsupportedArchitectureError(
+            f"DFlash is not available for {target.model_type!r} targets; plain decoding works"
+        )

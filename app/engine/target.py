@@ -1,0 +1,259 @@
+"""The target model as the DFlash loop needs it: forward passes that capture tap hidden states
+and record the Gated DeltaNet inputs for an exact, cheap rollback.
+
+mlx-lm's models are used as they are (no file of mlx-lm is edited): this module walks
+``model.layers`` itself so it can read the residual stream after chosen layers. Attention layers
+and MLPs are called as mlx-lm defines them. For Gated DeltaNet (GDN) layers
+(``qwen3_5``, ``qwen3_5_moe``, ``qwen3_next``) :func:`gdn_forward` performs the same operations
+as mlx-lm 0.32.2's ``GatedDeltaNet.__call__`` (pinned in pyproject.toml) while keeping the
+per-position inputs of the recurrence (q, k, v, a, b) and the convolution input, so that a
+partially accepted block can be rolled back by re-running only the recurrence over the
+committed positions (:meth:`GDNTape.rollback`).
+
+The GDN recurrence (Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule")
+is run through mlx-lm's ``gated_delta_update``, so Apple GPUs keep mlx-lm's Metal kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+from app.engine.errors import UnsupportedArchitectureError
+
+#: model_type values whose layer structure this module knows (taps and rollback).
+TAP_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"}
+#: hybrid families with recurrent (Gated DeltaNet) layers.
+HYBRID_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next"}
+
+
+@dataclass
+class GDNTape:
+    """What one GDN layer saw during a verify pass, enough to roll it back.
+
+    Shapes (B = batch, S = verify length, K = conv kernel):
+        conv_before: ``(B, K-1, conv_dim)`` conv state before the pass.
+        state_before: ``(B, Hv, Dv, Dk)`` float32 recurrent state before the pass.
+        conv_input: ``(B, K-1+S, conv_dim)`` the convolution's input.
+        q, k: ``(B, S, Hk, Dk)`` normalised; v: ``(B, S, Hv, Dv)``; a, b: ``(B, S, Hv)``.
+    """
+
+    layer: Any
+    cache: ArraysCache
+    conv_before: mx.array
+    state_before: mx.array | None
+    conv_input: mx.array
+    q: mx.array
+    k: mx.array
+    v: mx.array
+    a: mx.array
+    b: mx.array
+
+    def restore(self) -> None:
+        """Put the pre-verify conv and recurrent state back (no computation)."""
+        self.cache[0] = self.conv_before
+        self.cache[1] = self.state_before
+
+    def rollback(self, n: int) -> None:
+        """Set the cache to the state after the first ``n`` positions of the pass.
+
+        Re-runs the recurrence over ``n`` positions from the pre-verify state (the same
+        per-step operations the verify pass and plain decoding run) and cuts the conv state
+        out of the recorded conv input: rows ``n .. n+K-2``.
+        """
+        attn = self.layer
+        km1 = self.conv_before.shape[1]
+        self.cache[0] = mx.contiguous(self.conv_input[:, n : n + km1, :])
+        _, state = gated_delta_update(
+            self.q[:, :n],
+            self.k[:, :n],
+            self.v[:, :n],
+            self.a[:, :n],
+            self.b[:, :n],
+            attn.A_log,
+            attn.dt_bias,
+            self.state_before,
+            None,
+            use_kernel=not attn.training,
+        )
+        self.cache[1] = state
+
+
+def _gdn_project(attn: nn.Module, x: mx.array):
+    """The input projections of a GDN layer: ``(mixed_qkv, z, b, a)`` for either family."""
+    B, S, _ = x.shape
+    if hasattr(attn, "in_proj_qkvz"):  # qwen3_next
+        q, k, v, z, b, a = attn.fix_query_key_value_ordering(
+            attn.in_proj_qkvz(x), attn.in_proj_ba(x)
+        )
+        qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], -1)
+        return qkv, z, b, a
+    qkv = attn.in_proj_qkv(x)
+    z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
+    return qkv, z, attn.in_proj_b(x), attn.in_proj_a(x)
+
+
+def gdn_forward(
+    attn: nn.Module, x: mx.array, mask, cache: ArraysCache, tapes: list[GDNTape] | None
+) -> mx.array:
+    """mlx-lm 0.32.2's ``GatedDeltaNet.__call__`` (qwen3_5 / qwen3_next), recording a tape.
+
+    Args:
+        attn: the layer's ``linear_attn`` module.
+        x: ``(B, S, hidden)`` normed input.
+        mask: the SSM mask from ``create_ssm_mask`` (None for unpadded batch 1).
+        cache: the layer's ``ArraysCache(size=2)``: ``[conv_state, recurrent_state]``.
+        tapes: when a list, a :class:`GDNTape` for this call is appended to it.
+
+    Returns:
+        ``(B, S, hidden)`` layer output; the cache is updated as mlx-lm would update it.
+    """
+    B, S, _ = x.shape
+    qkv, z, b, a = _gdn_project(attn, x)
+    conv_before = cache[0]
+    if conv_before is None:
+        conv_before = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
+    conv_input = mx.concatenate([conv_before, qkv], axis=1)
+    n_keep = attn.conv_kernel_size - 1
+    cache[0] = mx.contiguous(conv_input[:, -n_keep:, :])
+    conv_out = nn.silu(attn.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [attn.key_dim, 2 * attn.key_dim], -1),
+            [attn.num_k_heads, attn.num_k_heads, attn.num_v_heads],
+            [attn.head_k_dim, attn.head_k_dim, attn.head_v_dim],
+        )
+    ]
+    state_before = cache[1]
+    q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+    out, state = gated_delta_update(
+        q, k, v, a, b, attn.A_log, attn.dt_bias, state_before, mask, use_kernel=not attn.training
+    )
+    cache[1] = state
+    cache.advance(S)
+    if tapes is not None:
+        tapes.append(GDNTape(attn, cache, conv_before, state_before, conv_input, q, k, v, a, b))
+    out = attn.norm(out, z)
+    return attn.out_proj(out.reshape(B, S, -1))
+
+
+class TargetRunner:
+    """Forward passes over an mlx-lm target with tap capture and GDN tapes.
+
+    Args:
+        model: an mlx-lm model (``qwen3_5``, ``qwen3_5_moe``, ``qwen3_next``, ``qwen3``,
+            ``llama``; other families raise :class:`UnsupportedArchitectureError`).
+        model_type: the config's ``model_type``.
+    """
+
+    def __init__(self, model: nn.Module, model_type: str):
+        if model_type not in TAP_FAMILIES:
+            raise UnsupportedArchitectureError(
+                f"DFlash needs tap capture, which this app implements for "
+                f"{', '.join(sorted(TAP_FAMILIES))}; {model_type!r} runs in plain mode only"
+            )
+        self.model = model
+        self.model_type = model_type
+        self.inner = model.model  # qwen3_5: Model.model -> language_model.model
+        self.layers = list(model.layers)
+        self.hybrid = any(getattr(layer, "is_linear", False) for layer in self.layers)
+        self.linear = [bool(getattr(layer, "is_linear", False)) for layer in self.layers]
+        self.num_layers = len(self.layers)
+        head_owner = getattr(model, "language_model", model)
+        self._tied = getattr(head_owner.args, "tie_word_embeddings", False) or not hasattr(
+            head_owner, "lm_head"
+        )
+        self._head_owner = head_owner
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The target's token embedding (shared with the drafter)."""
+        return self.inner.embed_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding table."""
+        return int(self.inner.embed_tokens.weight.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream."""
+        return int(self.inner.embed_tokens.weight.shape[1])
+
+    def lm_head(self, h: mx.array) -> mx.array:
+        """Logits ``(..., V)`` from final-normed hidden states ``(..., hidden)``."""
+        if self._tied:
+            return self.inner.embed_tokens.as_linear(h)
+        return self._head_owner.lm_head(h)
+
+    def make_cache(self) -> list:
+        """The model's own cache list (KVCache for attention, ArraysCache for GDN)."""
+        return self.model.make_cache()
+
+    def forward(
+        self,
+        ids: mx.array,
+        cache: list,
+        taps: list[int] | None = None,
+        tapes: list[GDNTape] | None = None,
+        all_logits: bool = True,
+    ) -> tuple[mx.array, mx.array | None]:
+        """Run ``ids`` ``(1, S)`` int32 through the target, updating ``cache``.
+
+        Args:
+            taps: 0-based layer ids whose outputs to return, concatenated on the last axis.
+            tapes: a list that receives one :class:`GDNTape` per GDN layer.
+            all_logits: False computes logits for the last position only.
+
+        Returns:
+            logits ``(1, S, V)`` (or ``(1, 1, V)``) and taps ``(1, S, len(taps) * hidden)``
+            (None when ``taps`` is None).
+        """
+        h = self.inner.embed_tokens(ids)
+        fa_cache = next((c for c, lin in zip(cache, self.linear) if not lin), None)
+        ssm_cache = next((c for c, lin in zip(cache, self.linear) if lin), None)
+        fa_mask = create_attention_mask(h, fa_cache)
+        ssm_mask = create_ssm_mask(h, ssm_cache) if ssm_cache is not None else None
+        wanted = set(taps or ())
+        captured: dict[int, mx.array] = {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            if self.linear[i]:
+                r = gdn_forward(layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, tapes)
+                h = h + r
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            else:
+                h = layer(h, mask=fa_mask, cache=c)
+            if i in wanted:
+                captured[i] = h
+        tap_states = None
+        if taps:
+            tap_states = mx.concatenate([captured[i] for i in taps], axis=-1)
+        if not all_logits:
+            h = h[:, -1:, :]
+        return self.lm_head(self.inner.norm(h)), tap_states
+
+
+def trim_attention(cache: list, linear: list[bool], n: int) -> None:
+    """Drop the last ``n`` positions from every attention (KV) cache."""
+    if n <= 0:
+        return
+    for c, lin in zip(cache, linear):
+        if not lin:
+            c.trim(n)
+
+
+def cache_offset(cache: list, linear: list[bool]) -> int:
+    """Positions held by the attention caches (0 for an all-recurrent model)."""
+    for c, lin in zip(cache, linear):
+        if not lin and isinstance(c, KVCache):
+            return int(c.offset)
+    return 0
