@@ -265,6 +265,24 @@ class DFlashDrafter(nn.Module):
             h = layer(h, ctx, c)
         return self.norm(h)
 
+    def draft(self, runner, pending: int, length: int, taps: mx.array | None, cache) -> list[int]:
+        """Propose ``length - 1`` draft tokens after ``pending`` (greedy, argmax).
+
+        Args:
+            runner: the target's :class:`~app.engine.target.TargetRunner` (its embedding and
+                LM head are used).
+            pending: the last committed token (not yet in the target cache).
+            length: block length L (>= 2); the block is ``[pending] + [mask] * (L-1)``.
+            taps: tap states of positions newly committed to the target, or None.
+            cache: this drafter's context cache (:meth:`make_cache`).
+
+        Returns:
+            ``length - 1`` token ids.
+        """
+        ids = mx.array([[pending] + [self.config.mask_token_id] * (length - 1)], dtype=mx.int32)
+        hidden = self(runner.embed_tokens(ids), taps, cache)
+        return mx.argmax(runner.lm_head(hidden[:, 1:]), axis=-1)[0].tolist()
+
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape for a checkpoint of this config (for load-time validation)."""

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from app.engine.errors import UnsupportedArchitectureError
@@ -197,7 +197,7 @@ class TargetRunner:
 
     def make_cache(self) -> list:
         """The model's own cache list (KVCache for attention, ArraysCache for GDN)."""
-        return self.model.make_cache()
+        return make_prompt_cache(self.model)
 
     def forward(
         self,

@@ -1,0 +1,369 @@
+"""Plain and DFlash generation, emitting the same event types (``app.engine.events``).
+
+The DFlash cycle (Chen et al. 2026; ``shared/DFLASH_NOTES.md``, "The algorithm, one cycle"):
+
+1. Prefill the prompt through the target, keeping the tap states of every prompt position; the
+   first token comes from the last logits and is *pending* (not in the target cache).
+2. Draft: the drafter turns ``[pending] + [mask] * (L-1)`` into L-1 draft tokens (argmax of the
+   target's LM head over the drafter's states).
+3. Verify: the target runs ``[pending] + drafts`` against its cache, giving logits and taps at
+   every position.
+4. Accept: greedy, ``accepted`` = index of the first draft that differs from the target's argmax
+   (L-1 if none); with sampling, the target *samples* each position (its logits processors see
+   the true history) and drafts are accepted while they equal the sample, which leaves the
+   output distribution exactly that of plain sampling (the notes' option 1). Commit
+   ``drafts[:accepted] + [target's token at accepted]``.
+5. Roll back to ``prefix + accepted + 1`` positions: attention caches are trimmed; recurrent
+   (Gated DeltaNet) layers are restored to their pre-verify state and, under ``tape``, re-run
+   through the recurrence only over the committed positions (``GDNTape.rollback``), or, under
+   ``replay``, the committed tokens go through the whole target again (the seed fix).
+6. The next draft is conditioned on the verify taps of the committed positions.
+
+The bonus token is never in the target cache at the end of a cycle; an end token inside a
+committed block ends generation there; no token is dropped because its id is ``mask_token_id``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from app.engine.errors import GenerationError
+from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+from app.engine.target import TargetRunner, trim_attention
+from app.engine.threads import check_engine_thread
+
+
+@dataclass
+class GenerationConfig:
+    """Settings for one generation (both paths take the same ones).
+
+    Attributes:
+        mode: ``plain`` or ``dflash``.
+        max_tokens: generated tokens at most (the end token counts).
+        block_size: DFlash block size (1..the drafter's ``block_size``; None = the drafter's).
+        rollback: ``tape`` (re-run the recurrence only) or ``replay`` (re-run the target).
+        temperature, top_p, top_k, min_p: mlx-lm's ``make_sampler`` settings; 0 = greedy.
+        repetition_penalty: mlx-lm's ``make_logits_processors`` setting (None = off).
+        repetition_context_size: tokens the penalty looks back over (mlx-lm's default 20).
+        seed: seeds ``mx.random`` at the start for a reproducible sampled run.
+        prefill_step: prompt tokens per prefill chunk (both paths use the same chunks).
+    """
+
+    mode: Literal["plain", "dflash"] = "plain"
+    max_tokens: int = 256
+    block_size: int | None = None
+    rollback: Literal["tape", "replay"] = "tape"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    seed: int | None = None
+    prefill_step: int = 512
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are chosen by argmax with no logits processor."""
+        return self.temperature <= 0 and not self.repetition_penalty
+
+
+class Generation:
+    """An iterator of :class:`TokenEvent`, :class:`CycleEvent` and a final :class:`Done`.
+
+    Iterate it on the thread that owns MLX. :meth:`cancel` may be called from any thread; it
+    takes effect before the next DFlash cycle or plain-path token, and the run then ends with
+    ``Done`` whose ``stop_cause`` is ``cancelled``. An unexpected exception ends the run with
+    ``stop_cause == "error"`` and the message in ``summary.error``.
+    """
+
+    def __init__(self, body):
+        self._cancel = threading.Event()
+        self._body = body
+        self.summary: Summary | None = None
+
+    def cancel(self) -> None:
+        """Ask the generation to stop (thread-safe)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called."""
+        return self._cancel.is_set()
+
+    def __iter__(self) -> Iterator:
+        summary = None
+        try:
+            for ev in self._body(self._cancel):
+                if isinstance(ev, Done):
+                    summary = ev.summary
+                yield ev
+        except Exception as exc:  # surfaced as a Done(error), never a crash of the caller
+            summary = Summary(stop_cause="error", error=f"{type(exc).__name__}: {exc}")
+            yield Done(summary)
+        self.summary = summary
+
+
+def _make_choose(config: GenerationConfig):
+    """A function ``(logits (V,), history list[int]) -> int`` applying processors + sampler."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    sampler = make_sampler(config.temperature, config.top_p, config.min_p, 1, config.top_k)
+    processors = make_logits_processors(
+        None, config.repetition_penalty, config.repetition_context_size
+    )
+
+    def choose(logits: mx.array, history: list[int]) -> int:
+        logits = logits[None]
+        if processors:
+            tokens = mx.array(history, dtype=mx.int32)
+            for proc in processors:
+                logits = proc(tokens, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return int(sampler(logprobs).item())
+
+    return choose
+
+
+def _prefill(forward, ids: list[int], step: int, want_taps: bool):
+    """Run the prompt in chunks of ``step`` tokens; returns (last logits (V,), taps or None)."""
+    taps_parts = []
+    logits = None
+    for start in range(0, len(ids), step):
+        chunk = mx.array([ids[start : start + step]], dtype=mx.int32)
+        last = start + step >= len(ids)
+        logits, taps = forward(chunk, last)
+        if want_taps:
+            taps_parts.append(taps)
+            mx.eval(taps)
+        mx.eval(logits)
+    taps_all = None
+    if want_taps:
+        taps_all = taps_parts[0] if len(taps_parts) == 1 else mx.concatenate(taps_parts, 1)
+    return logits[0, -1], taps_all
+
+
+def _cache_arrays(cache: list) -> list:
+    """Every array held by a target cache list (for ``mx.eval``)."""
+    out = []
+    for c in cache:
+        arrays = getattr(c, "cache", None)
+        if arrays is None:
+            arrays = [getattr(c, "keys", None), getattr(c, "values", None)]
+        out.extend(a for a in arrays if a is not None)
+    return out
+
+
+def _summary_common(s: Summary, t_start: float, t_first: float | None, t_end: float) -> None:
+    s.total_s = t_end - t_start
+    s.ttft_s = (t_first - t_start) if t_first is not None else 0.0
+    s.prefill_s = s.ttft_s
+    gen_time = t_end - t_first if t_first is not None else 0.0
+    s.tok_per_s = (s.generated_tokens - 1) / gen_time if s.generated_tokens > 1 and gen_time > 0 else 0.0
+    s.peak_memory_bytes = int(mx.get_peak_memory())
+
+
+def generate(target, prompt_ids: list[int], config: GenerationConfig, drafter=None) -> Generation:
+    """Start a generation (lazily: nothing runs until the result is iterated).
+
+    Args:
+        target: :class:`~app.engine.loader.LoadedTarget`.
+        prompt_ids: the rendered prompt's token ids (non-empty).
+        config: :class:`GenerationConfig`.
+        drafter: :class:`~app.engine.loader.LoadedDrafter`, required for ``mode="dflash"``.
+
+    Raises:
+        GenerationError: empty prompt, no drafter for DFlash, a block size outside
+            1..drafter block size, an unknown mode or rollback strategy.
+        UnsupportedArchitectureError: DFlash on a target family without tap capture.
+    """
+    check_engine_thread()
+    if not prompt_ids:
+        raise GenerationError("the prompt is empty")
+    if config.max_tokens < 1:
+        raise GenerationError("max_tokens must be at least 1")
+    if config.mode == "plain":
+        return Generation(lambda cancel: _plain(target, list(prompt_ids), config, cancel))
+    if config.mode != "dflash":
+        raise GenerationError(f"unknown mode {config.mode!r} (plain or dflash)")
+    if drafter is None:
+        raise GenerationError("DFlash needs a drafter; load one or use plain mode")
+    if config.rollback not in ("tape", "replay"):
+        raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
+    block = config.block_size or drafter.config.block_size
+    if not 1 <= block <= drafter.config.block_size:
+        raise GenerationError(
+            f"block size {block} is outside 1..{drafter.config.block_size} for this drafter"
+        )
+    runner = TargetRunner(target.model, target.model_type)
+    return Generation(
+        lambda cancel: _dflash(target, runner, drafter, list(prompt_ids), config, block, cancel)
+    )
+
+
+def _plain(target, prompt: list[int], config: GenerationConfig, cancel) -> Iterator:
+    model = target.model
+    eos = target.eos_token_ids
+    if config.seed is not None:
+        mx.random.seed(config.seed)
+    mx.reset_peak_memory()
+    s = Summary(mode="plain", prompt_tokens=len(prompt))
+    choose = None if config.greedy else _make_choose(config)
+    t_start = time.perf_counter()
+    cache = make_prompt_cache(model)
+
+    def fwd(chunk, last):
+        return model(chunk, cache=cache), None
+
+    logits, _ = _prefill(fwd, prompt, config.prefill_step, False)
+    history = list(prompt)
+    t_first = None
+    while True:
+        y = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
+        if t_first is None:
+            t_first = time.perf_counter()
+        history.append(y)
+        yield TokenEvent(y, s.generated_tokens, False)
+        s.generated_tokens += 1
+        if y in eos:
+            s.stop_cause = "end_token"
+            break
+        if s.generated_tokens >= config.max_tokens:
+            s.stop_cause = "length"
+            break
+        if cancel.is_set():
+            s.stop_cause = "cancelled"
+            break
+        logits = model(mx.array([[y]], dtype=mx.int32), cache=cache)[0, -1]
+    _summary_common(s, t_start, t_first, time.perf_counter())
+    yield Done(s)
+
+
+def _dflash(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel) -> Iterator:
+    dmodel, dcfg = drafter.model, drafter.config
+    eos = target.eos_token_ids
+    taps = dcfg.target_layer_ids
+    if config.seed is not None:
+        mx.random.seed(config.seed)
+    mx.reset_peak_memory()
+    s = Summary(mode="dflash", prompt_tokens=len(prompt))
+    choose = None if config.greedy else _make_choose(config)
+    t_start = time.perf_counter()
+    cache = runner.make_cache()
+    dcache = dmodel.make_cache()
+
+    def fwd(chunk, last):
+        return runner.forward(chunk, cache, taps=taps, all_logits=False)
+
+    logits, ctx_taps = _prefill(fwd, prompt, config.prefill_step, True)
+    history = list(prompt)
+    pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
+    t_first = time.perf_counter()
+    history.append(pending)
+    yield TokenEvent(pending, 0, False)
+    s.generated_tokens = 1
+    if pending in eos:
+        s.stop_cause = "end_token"
+    elif s.generated_tokens >= config.max_tokens:
+        s.stop_cause = "length"
+    else:
+        while True:
+            if cancel.is_set():
+                s.stop_cause = "cancelled"
+                break
+            remaining = config.max_tokens - s.generated_tokens
+            L = min(block, remaining)
+            # Draft
+            t0 = time.perf_counter()
+            drafts: list[int] = []
+            if L > 1:
+                drafts = dmodel.draft(runner, pending, L, ctx_taps, dcache)
+                ctx_taps = None
+            t1 = time.perf_counter()
+            # Verify
+            verify_ids = mx.array([[pending] + drafts], dtype=mx.int32)
+            tapes: list | None = [] if runner.hybrid else None
+            vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps, tapes=tapes)
+            mx.eval(vlogits, vtaps)
+            if choose is None:
+                choice = mx.argmax(vlogits[0], axis=-1).tolist()
+                accepted = 0
+                while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
+                    accepted += 1
+                bonus = choice[accepted]
+            else:
+                accepted, bonus = 0, None
+                for i in range(L):
+                    y = choose(vlogits[0, i], history + drafts[:i])
+                    if i < len(drafts) and drafts[i] == y:
+                        accepted += 1
+                        continue
+                    bonus = y
+                    break
+            t2 = time.perf_counter()
+            # Roll back to prefix + accepted + 1 positions
+            n = accepted + 1
+            replayed = False
+            if n < L:
+                if runner.hybrid:
+                    replayed = True
+                    if config.rollback == "tape":
+                        for tape in tapes:
+                            tape.rollback(n)
+                        trim_attention(cache, runner.linear, L - n)
+                    else:
+                        for tape in tapes:
+                            tape.restore()
+                        trim_attention(cache, runner.linear, L)
+                        runner.forward(verify_ids[:, :n], cache, all_logits=False)
+                    mx.eval(_cache_arrays(cache))
+                else:
+                    trim_attention(cache, runner.linear, L - n)
+            del tapes
+            t3 = time.perf_counter()
+            ctx_taps = vtaps[:, :n]
+            committed = drafts[:accepted] + [bonus]
+            flags = [True] * accepted + [False]
+            stop = None
+            for j, tok in enumerate(committed):
+                if tok in eos:
+                    committed, flags, stop = committed[: j + 1], flags[: j + 1], "end_token"
+                    break
+            for tok, flag in zip(committed, flags):
+                yield TokenEvent(tok, s.generated_tokens, flag)
+                s.generated_tokens += 1
+            history.extend(committed)
+            pending = committed[-1]
+            s.cycles += 1
+            s.drafted += len(drafts)
+            s.accepted += accepted
+            s.replays += int(replayed)
+            s.draft_s += t1 - t0
+            s.verify_s += t2 - t1
+            s.rollback_s += t3 - t2
+            s.accepted_lengths.append(accepted)
+            yield CycleEvent(
+                s.cycles - 1, len(drafts), accepted, len(committed), replayed,
+                t1 - t0, t2 - t1, t3 - t2,
+            )
+            if stop:
+                s.stop_cause = stop
+                break
+            if s.generated_tokens >= config.max_tokens:
+                s.stop_cause = "length"
+                break
+    if s.cycles:
+        committed_total = s.generated_tokens - 1
+        s.tau = committed_total / s.cycles
+    s.acceptance_rate = s.accepted / s.drafted if s.drafted else None
+    busy = s.draft_s + s.verify_s + s.rollback_s
+    s.rollback_share = s.rollback_s / busy if busy > 0 else None
+    _summary_common(s, t_start, t_first, time.perf_counter())
+    yield Done(s)
