@@ -1,0 +1,138 @@
+"""The ``convert_units`` tool: unit conversion through `pint <https://pint.readthedocs.io>`_.
+
+Units are parsed by pint's own parser (no ``eval``) from its default registry: lengths, masses,
+volumes, times, speeds, temperatures (``degC``/``celsius``, ``degF``/``fahrenheit``,
+``kelvin``; offset units are converted as absolute temperatures), energies, pressures, data
+sizes and so on. Currencies are not units (no network).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import threading
+
+from app.chat.tools.base import ToolError
+
+MAX_UNIT_CHARS = 64
+SIGNIFICANT_DIGITS = 10
+"""Converted values are rounded to this many significant digits."""
+
+_UNIT_TEXT = re.compile(r"^[A-Za-z0-9_ /*^.\-\u00b0\u00b5\u03bc\u00b2\u00b3]+$")
+_ALIASES = {
+    "c": "degC",
+    "°c": "degC",
+    "celsius": "degC",
+    "degrees celsius": "degC",
+    "degree celsius": "degC",
+    "centigrade": "degC",
+    "f": "degF",
+    "°f": "degF",
+    "fahrenheit": "degF",
+    "degrees fahrenheit": "degF",
+    "degree fahrenheit": "degF",
+    "k": "kelvin",
+    "degrees kelvin": "kelvin",
+    "kph": "km/h",
+    "kmh": "km/h",
+    "km/hr": "km/h",
+    "mph": "mile/hour",
+    "mpg": "mile/gallon",
+    "°": "degree",
+}
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def registry():
+    """The shared :class:`pint.UnitRegistry` (built once, on first use; takes about a second)."""
+    with _lock:
+        import pint
+
+        return pint.UnitRegistry(autoconvert_offset_to_baseunit=True)
+
+
+def _unit_text(text: str, which: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ToolError(f"{which} is empty")
+    text = " ".join(text.split())
+    if len(text) > MAX_UNIT_CHARS or not _UNIT_TEXT.match(text):
+        raise ToolError(f"{which} '{text:.40}' is not a unit name")
+    return _ALIASES.get(text.casefold(), text.replace("°C", "degC").replace("°F", "degF"))
+
+
+def _parse_unit(ureg, text: str, which: str):
+    import pint
+
+    try:
+        return ureg.parse_units(text)
+    except (pint.errors.UndefinedUnitError, pint.errors.DefinitionSyntaxError):
+        pass
+    except Exception:  # pint's parser raises several plain errors for odd text
+        pass
+    # Plurals and spaced names: "miles", "square meters", "kilometers per hour".
+    alt = text.replace(" per ", "/").replace("square ", "sq_").replace("cubic ", "cubic_")
+    alt = alt.replace(" ", "_")
+    try:
+        return ureg.parse_units(alt)
+    except Exception:
+        raise ToolError(f"unknown unit '{text:.40}'") from None
+
+
+def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
+    """Tool entry point: convert ``value`` ``from_unit`` into ``to_unit``.
+
+    Returns ``{"value": float|int (10 significant digits), "unit": pint's long name (e.g.
+    "mile"), "symbol": the short form (e.g. "mi")}``. Raises :class:`ToolError` for an
+    unknown unit, units of different dimensions, or a non-finite value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ToolError("value must be a finite number")
+    src = _unit_text(from_unit, "from_unit")
+    dst = _unit_text(to_unit, "to_unit")
+    ureg = registry()
+    import pint
+
+    u_src = _parse_unit(ureg, src, "from_unit")
+    u_dst = _parse_unit(ureg, dst, "to_unit")
+    try:
+        converted = ureg.Quantity(value, u_src).to(u_dst)
+    except pint.errors.DimensionalityError:
+        raise ToolError(
+            f"cannot convert {from_unit.strip()} ({_dims(u_src)}) to {to_unit.strip()} "
+            f"({_dims(u_dst)})"
+        ) from None
+    except pint.errors.OffsetUnitCalculusError as exc:
+        raise ToolError(f"cannot convert these temperature units: {exc}") from None
+    magnitude = float(converted.magnitude)
+    if not math.isfinite(magnitude):
+        raise ToolError("the result is not a finite number")
+    out = float(f"{magnitude:.{SIGNIFICANT_DIGITS}g}")
+    if out.is_integer() and abs(out) < 2**53:
+        out = int(out)
+    return {"value": out, "unit": str(converted.units), "symbol": f"{converted.units:~}"}
+
+
+def _dims(unit) -> str:
+    dims = str(unit.dimensionality)
+    return "dimensionless" if dims in ("", "dimensionless") else dims
+
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "value": {"type": "number", "description": "The amount to convert, e.g. 5."},
+        "from_unit": {
+            "type": "string",
+            "description": 'The unit of the value, e.g. "km", "mile", "kg", "degC", '
+            '"fahrenheit", "liter", "mph".',
+        },
+        "to_unit": {"type": "string", "description": 'The unit to convert to, e.g. "mile".'},
+    },
+    "required": ["value", "from_unit", "to_unit"],
+}
+DESCRIPTION = (
+    "Convert a value between units of the same kind (length, mass, volume, temperature, "
+    "speed, time, area, energy, pressure, data size). Not for currencies."
+)
