@@ -61,7 +61,9 @@ def _power(base: Number, exp: Number) -> Number:
     """``base ** exp`` with the size checked from logarithms before computing."""
     if base == 0 and exp < 0:
         raise ToolError("division by zero (0 raised to a negative power)")
-    if abs(base) > 1 and exp > 0:
+    if base != 0 and abs(base) != 1:
+        # log10 of the result's size, from the operands: refuses 9**9**9**9 and 0.5**-5000
+        # without computing them.
         if exp * math.log10(abs(base)) > math.log10(MAX_MAGNITUDE):
             raise ToolError("the result is too large")
     if isinstance(base, int) and isinstance(exp, int) and exp < 0:
@@ -198,7 +200,10 @@ def _eval(node: ast.AST) -> Number:
         raise ToolError(f"unknown name '{node.id:.40}' (constants: pi, e, tau)")
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name):
-            raise ToolError("only named functions can be called: " + ", ".join(_FUNCTIONS))
+            raise ToolError(
+                f"calling a {type(node.func).__name__} is not allowed "
+                f"(functions: {', '.join(_FUNCTIONS)})"
+            )
         if node.func.id not in _FUNCTIONS:
             raise ToolError(
                 f"function '{node.func.id:.40}' is not allowed (allowed: {', '.join(_FUNCTIONS)})"

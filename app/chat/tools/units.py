@@ -8,7 +8,6 @@ sizes and so on. Currencies are not units (no network).
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import threading
@@ -42,15 +41,19 @@ _ALIASES = {
     "°": "degree",
 }
 _lock = threading.Lock()
+_registry = None
 
 
-@functools.lru_cache(maxsize=1)
 def registry():
-    """The shared :class:`pint.UnitRegistry` (built once, on first use; takes about a second)."""
+    """The shared :class:`pint.UnitRegistry`, built once on first use (about a second; call it
+    early from a worker thread to take that cost before the first conversion)."""
+    global _registry
     with _lock:
-        import pint
+        if _registry is None:
+            import pint
 
-        return pint.UnitRegistry(autoconvert_offset_to_baseunit=True)
+            _registry = pint.UnitRegistry(autoconvert_offset_to_baseunit=True)
+        return _registry
 
 
 def _unit_text(text: str, which: str) -> str:
@@ -108,10 +111,13 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
     magnitude = float(converted.magnitude)
     if not math.isfinite(magnitude):
         raise ToolError("the result is not a finite number")
+    if str(converted.dimensionality) == "[temperature]":
+        # Offset scales go through kelvin, which leaves noise such as 5.7e-14 degC for 32 degF.
+        magnitude = round(magnitude, 9)
     out = float(f"{magnitude:.{SIGNIFICANT_DIGITS}g}")
     if out.is_integer() and abs(out) < 2**53:
         out = int(out)
-    return {"value": out, "unit": str(converted.units), "symbol": f"{converted.units:~}"}
+    return {"value": out, "unit": f"{converted.units:P}", "symbol": f"{converted.units:~P}"}
 
 
 def _dims(unit) -> str:
