@@ -1,0 +1,553 @@
+"""One text pipeline for both decoding paths: token ids in, typed deltas out.
+
+Plain and DFlash decoding emit the same :class:`~app.engine.events.TokenEvent` stream; this
+module is the only place those ids become text, so nothing the user sees depends on which path
+produced them (issue 4). The stages, in order:
+
+1. **Detokenizer**: mlx-lm's streaming detokenizer from the model's ``TokenizerWrapper``
+   (``tokenizer.detokenizer``); it holds back incomplete UTF-8 sequences, so a character split
+   across tokens never shows as U+FFFD mid-stream. End tokens are kept in the token list but
+   never turned into text.
+2. **Stop strings**: matched on the raw text. Text that could be the start of a stop string is
+   held back until it is known not to be one (and flushed at the end); on a hit the text before
+   it is released, the stop string itself and everything after it are dropped, tokens after the
+   one that completed it are cut, and :attr:`TextPipeline.stopped` tells the caller to cancel
+   the engine.
+3. **Reasoning split**: text between the thinking markers (``TokenizerWrapper.think_start`` /
+   ``think_end``, e.g. ``<think>``/``</think>``) is reasoning; a prompt that pre-opened the block
+   starts in reasoning. Inside reasoning only the closing marker is looked for, so a literal
+   ``<tool_call>`` there stays reasoning text.
+4. **Tool calls**: text between the tool-call markers of the tool parser goes to an
+   ``mlx_lm.tool_parsers`` module's ``parse_tool_call`` (the one mlx-lm inferred from the chat
+   template, or an override by name), with the tool definitions (the XML parser takes argument
+   types from them). A call that cannot be parsed (unclosed, invalid JSON/XML) stays in the
+   content as text, flagged, with a warning.
+
+Markers are matched in the decoded text, so they work whether the tokenizer has them as single
+special tokens or spells them over several ordinary tokens.
+
+Whitespace: reasoning and content are trimmed at both ends (leading whitespace is dropped,
+trailing whitespace is held back until more text follows), as the chat template re-renders
+reasoning with ``| trim`` and puts ``\\n\\n`` after ``</think>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call.
+
+    Attributes:
+        id: deterministic per reply: ``call_0``, ``call_1``, ... in the order the calls appear.
+        name: the function name the model wrote (not checked against the tool list).
+        arguments: the parsed arguments (dict; values typed by the tool schema when given).
+    """
+
+    id: str
+    name: str
+    arguments: dict
+
+    def to_dict(self) -> dict:
+        """``{"id", "name", "arguments"}`` (the ``tool_calls`` entries of ``chat --json``)."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def to_message(self) -> dict:
+        """The OpenAI-style entry for an assistant message's ``tool_calls`` (what the chat
+        template reads back): ``{"id", "type": "function", "function": {"name", "arguments"}}``
+        with ``arguments`` as a dict."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    """New answer text. ``malformed`` is True for the text of a tool call that could not be
+    parsed and is kept as content (a :class:`PipelineWarning` comes with it)."""
+
+    text: str
+    malformed: bool = False
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """New reasoning text (inside the thinking block)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call was parsed (emitted once, when its closing marker arrives)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class PipelineWarning:
+    """Something in the text was not what it claimed to be.
+
+    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content).
+    ``message``: one line for the user.
+    """
+
+    code: str
+    message: str
+    text: str = ""
+
+    def to_dict(self) -> dict:
+        """``{"code", "message", "text"}`` for JSON output."""
+        return {"code": self.code, "message": self.message, "text": self.text}
+
+
+@dataclass(frozen=True)
+class StopStringHit:
+    """A stop string was found; the caller should cancel the engine.
+
+    ``stop``: the stop string. ``kept_tokens``: how many generated tokens the reply keeps (the
+    token that completed the stop string is the last one kept).
+    """
+
+    stop: str
+    kept_tokens: int
+
+
+Delta = ContentDelta | ReasoningDelta | ToolCallDelta | PipelineWarning | StopStringHit
+
+_CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
+
+
+def finish_reason_for(stop_cause: str | None, *, stop_hit: bool, has_tool_calls: bool) -> str:
+    """The reply's finish reason (one of :data:`FINISH_REASONS`).
+
+    ``stop_cause``: the engine's ``Summary.stop_cause`` (``end_token``, ``length``,
+    ``cancelled``, ``error``) or None. ``stop_hit``: a stop string ended the reply (the engine
+    then reports ``cancelled``, since it was cancelled for it). ``has_tool_calls``: at least
+    one call was parsed.
+
+    Errors win; a user cancel (not for a stop string) is ``cancelled``; otherwise parsed calls
+    make ``tool_calls``; then ``length`` when the token limit ended it, else ``stop``.
+    """
+    if stop_cause == "error":
+        return "error"
+    if stop_cause == "cancelled" and not stop_hit:
+        return "cancelled"
+    if has_tool_calls:
+        return "tool_calls"
+    if stop_cause == "length" and not stop_hit:
+        return "length"
+    return "stop"
+
+
+def _longest_partial(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some marker."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+def _resolve_parser(tokenizer, override: str | None):
+    """(parse function, module name or None, start marker, end marker), or all None."""
+    if override:
+        try:
+            module = importlib.import_module(f"mlx_lm.tool_parsers.{override}")
+        except ImportError as exc:
+            raise ValueError(f"unknown tool parser {override!r} (see mlx_lm.tool_parsers)") from exc
+        return module.parse_tool_call, override, module.tool_call_start, module.tool_call_end
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    end = getattr(tokenizer, "tool_call_end", None)
+    if parse is None or not start or not end:
+        return None, None, None, None
+    name = getattr(parse, "__module__", "").rsplit(".", 1)[-1] or None
+    return parse, name, start, end
+
+
+class TextPipeline:
+    """Turns one reply's token ids into content, reasoning and tool-call deltas.
+
+    Usage: call :meth:`feed` with each token id (or a chunk of ids) as the engine emits them,
+    act on the returned deltas, cancel the engine when :attr:`stopped` turns True, and call
+    :meth:`finish` with the engine's ``stop_cause`` once the generation is done. Tokens fed after
+    an end token or a stop string are ignored (not kept, not counted).
+
+    Args:
+        tokenizer: an mlx-lm ``TokenizerWrapper`` (detokenizer, thinking markers, tool parser).
+        tools: the tool definitions given to the chat template (passed to the tool parser).
+        starts_in_reasoning: the prompt pre-opened the thinking block
+            (``RenderedPrompt.starts_in_reasoning``).
+        stop: stop strings (empty strings are ignored).
+        tool_parser: name of an ``mlx_lm.tool_parsers`` module (``"qwen3_coder"``,
+            ``"json_tools"``, ...) to use instead of the one mlx-lm inferred.
+        eos_token_ids: end tokens (default ``tokenizer.eos_token_ids``).
+        first_call_index: number of the first call id (``call_<n>``), so ids stay unique across
+            the tool rounds of one reply.
+
+    Raises:
+        ValueError: an unknown ``tool_parser`` name.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        tools: list[dict] | None = None,
+        starts_in_reasoning: bool = False,
+        stop: Sequence[str] | None = None,
+        tool_parser: str | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        first_call_index: int = 0,
+    ):
+        self._tools = tools or None
+        self._detok = tokenizer.detokenizer
+        eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self._eos = {int(t) for t in (eos or ())}
+        self._stops = sorted({s for s in (stop or ()) if s}, key=len, reverse=True)
+        self._parse, self._parser_name, self._tool_start, self._tool_end = _resolve_parser(
+            tokenizer, tool_parser
+        )
+        self._think_start = getattr(tokenizer, "think_start", None)
+        self._think_end = getattr(tokenizer, "think_end", None)
+        if not (self._think_start and self._think_end):
+            self._think_start = self._think_end = None
+        self._state = _REASONING if (starts_in_reasoning and self._think_end) else _CONTENT
+        self._next_call = first_call_index
+
+        self.tokens: list[int] = []
+        """Kept token ids (end token included when generated; none after a stop string)."""
+        self._text_ends: list[int] = []
+        self._raw = ""
+        self._pending = ""
+        self._pending_start = 0
+        self._tool_buf = ""
+        self._hold = {_CONTENT: "", _REASONING: ""}
+        self._parts: dict[str, list[str]] = {_CONTENT: [], _REASONING: []}
+        self._has_text = {_CONTENT: False, _REASONING: False}
+        self.tool_calls: list[ToolCall] = []
+        self.warnings: list[PipelineWarning] = []
+        self.stop_hit: str | None = None
+        """The stop string that ended the reply, or None."""
+        self.ended = False
+        """True once an end token was fed."""
+        self.finish_reason: str | None = None
+        """Set by :meth:`finish`: one of :data:`FINISH_REASONS`."""
+        self._stop_text_end: int | None = None
+        self._finished = False
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def stopped(self) -> bool:
+        """True when the reply is over on the text side (stop string or end token): the
+        caller should cancel the engine; further tokens are ignored."""
+        return self.stop_hit is not None or self.ended
+
+    @property
+    def content(self) -> str:
+        """The answer text so far (tool calls and reasoning excluded)."""
+        return "".join(self._parts[_CONTENT])
+
+    @property
+    def reasoning(self) -> str:
+        """The reasoning text so far."""
+        return "".join(self._parts[_REASONING])
+
+    @property
+    def text(self) -> str:
+        """The raw decoded text of the kept tokens: markers included, end tokens excluded, cut
+        before the stop string when one was hit."""
+        if self._stop_text_end is not None:
+            return self._raw[: self._stop_text_end]
+        return self._raw
+
+    @property
+    def parser_name(self) -> str | None:
+        """The ``mlx_lm.tool_parsers`` module in use, or None when tool calls are not parsed."""
+        return self._parser_name
+
+    # ------------------------------------------------------------------ feeding
+    def feed(self, token_ids: int | Iterable[int]) -> list[Delta]:
+        """Consume one token id or several; returns the deltas they produced, in order."""
+        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        out: list[Delta] = []
+        for tid in ids:
+            if self.stopped or self._finished:
+                break
+            tid = int(tid)
+            self.tokens.append(tid)
+            if tid in self._eos:
+                self.ended = True
+                self._text_ends.append(len(self._raw))
+                break
+            self._detok.add_token(tid)
+            self._append_text(self._detok.last_segment)
+            self._text_ends.append(len(self._raw))
+            self._process(final=False, out=out)
+        return out
+
+    def finish(self, stop_cause: str | None = None) -> list[Delta]:
+        """Flush everything held back and set :attr:`finish_reason`.
+
+        ``stop_cause``: the engine's ``Summary.stop_cause`` (None when unknown: treated as
+        ``end_token``). Returns the last deltas (held text, a malformed unclosed call, ...).
+        Calling it twice returns nothing the second time.
+        """
+        out: list[Delta] = []
+        if self._finished:
+            return out
+        if self.stop_hit is None:
+            self._detok.finalize()
+            self._append_text(self._detok.last_segment)
+            if self._text_ends:
+                self._text_ends[-1] = len(self._raw)
+            self._process(final=True, out=out)
+        self._hold = {_CONTENT: "", _REASONING: ""}
+        self._finished = True
+        self.finish_reason = finish_reason_for(
+            stop_cause or "end_token",
+            stop_hit=self.stop_hit is not None,
+            has_tool_calls=bool(self.tool_calls),
+        )
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _append_text(self, segment: str) -> None:
+        if segment:
+            self._raw += segment
+            self._pending += segment
+
+    def _process(self, *, final: bool, out: list[Delta]) -> None:
+        text = self._pending
+        limit, hit = len(text), None
+        if self._stops:
+            best: tuple[int, str] | None = None
+            for s in self._stops:  # longest first: ties at one index go to the longer string
+                j = text.find(s)
+                if j >= 0 and (best is None or j < best[0]):
+                    best = (j, s)
+            if best is not None:
+                limit, hit = best
+            elif not final:
+                limit = len(text) - _longest_partial(text, self._stops)
+        consumed = self._scan(text[:limit], final or hit is not None, out)
+        if hit is None:
+            self._pending = text[consumed:]
+            self._pending_start += consumed
+            return
+        end = self._pending_start + limit + len(hit)
+        self._stop_text_end = self._pending_start + limit
+        keep = next((i + 1 for i, e in enumerate(self._text_ends) if e >= end), len(self.tokens))
+        del self.tokens[keep:]
+        del self._text_ends[keep:]
+        self._pending = ""
+        self.stop_hit = hit
+        self._close_open_call(out)
+        out.append(StopStringHit(stop=hit, kept_tokens=len(self.tokens)))
+
+    def _markers(self) -> list[str]:
+        if self._state == _REASONING:
+            return [self._think_end]
+        if self._state == _TOOL:
+            return [self._tool_end]
+        return [m for m in (self._think_start, self._tool_start) if m]
+
+    def _scan(self, seg: str, final: bool, out: list[Delta]) -> int:
+        """Route ``seg`` by state; returns how many characters were consumed (a partial
+        marker at the end stays unconsumed unless ``final``)."""
+        i = 0
+        while i < len(seg):
+            markers = self._markers()
+            found: tuple[int, str] | None = None
+            for m in markers:
+                j = seg.find(m, i)
+                if j >= 0 and (found is None or j < found[0]):
+                    found = (j, m)
+            if found is None:
+                end = len(seg) if final else len(seg) - _longest_partial(seg[i:], markers)
+                self._route(seg[i:end], out)
+                i = end
+                break
+            j, marker = found
+            self._route(seg[i:j], out)
+            i = j + len(marker)
+            if self._state == _CONTENT:
+                self._state = _REASONING if marker == self._think_start else _TOOL
+                self._tool_buf = ""
+            elif self._state == _REASONING:
+                self._hold[_REASONING] = ""
+                self._state = _CONTENT
+            else:
+                self._state = _CONTENT
+                self._complete_call(self._tool_buf, out)
+                self._tool_buf = ""
+        if final and self._state == _TOOL:
+            self._close_open_call(out)
+        return i
+
+    def _route(self, text: str, out: list[Delta]) -> None:
+        if not text:
+            return
+        if self._state == _TOOL:
+            self._tool_buf += text
+        else:
+            self._emit(self._state, text, out)
+
+    def _emit(self, kind: str, text: str, out: list[Delta], malformed: bool = False) -> None:
+        if not self._has_text[kind]:
+            text = text.lstrip()
+            if not text:
+                return
+        held = self._hold[kind] + text
+        body = held.rstrip()
+        self._hold[kind] = held[len(body):]
+        if not body:
+            return
+        self._has_text[kind] = True
+        self._parts[kind].append(body)
+        out.append(ContentDelta(body, malformed) if kind == _CONTENT else ReasoningDelta(body))
+
+    def _close_open_call(self, out: list[Delta]) -> None:
+        """An unclosed call at the end of the text: keep it as flagged content."""
+        if self._state != _TOOL:
+            return
+        raw = self._tool_start + self._tool_buf
+        self._state = _CONTENT
+        self._tool_buf = ""
+        self._malformed(raw, "the tool call was not closed", out)
+
+    def _malformed(self, raw: str, why: str, out: list[Delta]) -> None:
+        self.warnings.append(
+            PipelineWarning("malformed_tool_call", f"malformed tool call kept as text: {why}", raw)
+        )
+        out.append(self.warnings[-1])
+        self._emit(_CONTENT, raw, out, malformed=True)
+
+    def _complete_call(self, body: str, out: list[Delta]) -> None:
+        raw = f"{self._tool_start}{body}{self._tool_end}"
+        try:
+            calls = self._parse_body(body)
+        except ValueError as exc:
+            self._malformed(raw, str(exc), out)
+            return
+        for name, arguments in calls:
+            call = ToolCall(id=f"call_{self._next_call}", name=name, arguments=arguments)
+            self._next_call += 1
+            self.tool_calls.append(call)
+            out.append(ToolCallDelta(call))
+
+    def _parse_body(self, body: str) -> list[tuple[str, dict]]:
+        """Parse one call body with the configured parser; the JSON form is tried as a
+        fallback when the body looks like a JSON object. Raises ValueError when malformed."""
+        attempts: list[tuple[str | None, Callable[[str, Any], Any]]] = [
+            (self._parser_name, self._parse)
+        ]
+        if self._parser_name != "json_tools" and body.lstrip().startswith("{"):
+            attempts.append(("json_tools", _json_parse))
+        reason = "unreadable"
+        for name, parse in attempts:
+            if name == "qwen3_coder" and body.count("<parameter=") != body.count("</parameter>"):
+                reason = "a <parameter=...> block is not closed"
+                continue
+            parsed = _try_parse(parse, body, self._tools)
+            if isinstance(parsed, str):
+                reason = parsed
+                continue
+            return parsed
+        raise ValueError(reason)
+
+
+def _json_parse(text: str, tools: Any = None) -> Any:
+    return json.loads(text.strip())
+
+
+def _try_parse(parse: Callable[[str, Any], Any], body: str, tools: Any):
+    """[(name, arguments)] from ``parse``, or a string saying why it failed.
+
+    A value the schema types cannot convert (e.g. ``abc`` for an integer) is parsed again
+    without the schema, so the call survives with text values and the tool reports the bad
+    argument when it runs.
+    """
+    try:
+        try:
+            parsed = parse(body.strip(), tools)
+        except ValueError:
+            if not tools:
+                raise
+            parsed = parse(body.strip(), None)
+    except (ValueError, TypeError, KeyError, AttributeError, SyntaxError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    items = parsed if isinstance(parsed, list) else [parsed]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            return "no function name"
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                return f"arguments are not JSON: {exc.msg}"
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            return "arguments are not an object"
+        calls.append((item["name"], args))
+    if not calls:
+        return "no call"
+    return calls
+
+
+@dataclass
+class PipelineResult:
+    """Everything :func:`run_pipeline` collected (a convenience for tests and batch use)."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    warnings: list[PipelineWarning] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_hit: str | None = None
+
+
+def run_pipeline(
+    tokenizer, chunks: Iterable[Iterable[int]], stop_cause: str = "end_token", **kwargs
+) -> PipelineResult:
+    """Feed ``chunks`` of token ids through a new :class:`TextPipeline` (``kwargs`` go to its
+    constructor), stopping early on a stop string or end token, then finish it with
+    ``stop_cause``; returns the collected :class:`PipelineResult`."""
+    pipe = TextPipeline(tokenizer, **kwargs)
+    deltas: list[Delta] = []
+    for chunk in chunks:
+        deltas += pipe.feed(chunk)
+        if pipe.stopped:
+            break
+    deltas += pipe.finish("cancelled" if pipe.stop_hit else stop_cause)
+    return PipelineResult(
+        deltas=deltas,
+        content=pipe.content,
+        reasoning=pipe.reasoning,
+        tool_calls=list(pipe.tool_calls),
+        warnings=list(pipe.warnings),
+        tokens=list(pipe.tokens),
+        text=pipe.text,
+        finish_reason=pipe.finish_reason,
+        stop_hit=pipe.stop_hit,
+    )

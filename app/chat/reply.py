@@ -1,0 +1,456 @@
+"""The one place a conversation becomes a reply (used by the CLI and the window's worker).
+
+:func:`run_reply` renders the prompt with the model's chat template, runs the engine
+(``app.engine.generate.generate``, plain or DFlash), feeds every committed token through one
+:class:`~app.chat.pipeline.TextPipeline`, cancels the engine on a stop string or on the caller's
+``cancel_event``, and, with ``run_tools``, runs parsed tool calls and continues the reply with
+their results until the model answers without calls (at most ``max_tool_rounds`` rounds).
+
+It runs entirely in the calling thread, which must be the thread that owns MLX (the worker).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.chat.pipeline import (
+    ContentDelta,
+    PipelineWarning,
+    ReasoningDelta,
+    StopStringHit,
+    TextPipeline,
+    ToolCall,
+    ToolCallDelta,
+)
+from app.chat.templates import render_prompt
+from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+
+@dataclass
+class ReplySettings:
+    """How to produce one reply.
+
+    Attributes:
+        mode: ``"plain"`` or ``"dflash"``.
+        max_tokens: generated-token limit per generation round (int > 0).
+        block_size: DFlash block size (None: the drafter's).
+        rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
+        enable_thinking: passed to the chat template; None keeps the tokenizer's default.
+        stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
+        tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
+        run_tools: run parsed calls and continue the reply with their results.
+        max_tool_rounds: at most this many rounds of tool execution per reply.
+        tool_parser: ``mlx_lm.tool_parsers`` module name overriding the inferred one.
+        runnable_tools: ``app.chat.tools`` ``Tool`` objects allowed to run (None: built-ins).
+        tool_timeout_s: seconds one tool call may run.
+        temperature, top_p, top_k, min_p, repetition_penalty, seed: sampling (engine's
+            ``GenerationConfig`` fields; temperature 0 is greedy).
+    """
+
+    mode: str = "plain"
+    max_tokens: int = 256
+    block_size: int | None = None
+    rollback: str = "tape"
+    enable_thinking: bool | None = None
+    stop: list[str] = field(default_factory=list)
+    tools: list[dict] | None = None
+    run_tools: bool = False
+    max_tool_rounds: int = 8
+    tool_parser: str | None = None
+    runnable_tools: list | None = None
+    tool_timeout_s: float = 10.0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class ToolRun:
+    """One executed tool call: the call and its ``app.chat.tools`` ``ToolResult``."""
+
+    call: ToolCall
+    result: Any
+
+    def to_dict(self) -> dict:
+        """``{"id", "name", "ok", "result", "error", "duration_s"}``."""
+        r = self.result
+        return {
+            "id": self.call.id,
+            "name": self.call.name,
+            "ok": bool(r.ok),
+            "result": r.result if r.ok else None,
+            "error": None if r.ok else r.error,
+            "duration_s": round(float(r.duration_s), 6),
+        }
+
+
+@dataclass
+class ReplyRound:
+    """One generation inside a reply (a reply has several only when tools run).
+
+    ``tokens``/``from_draft``: kept generated ids and, per id, whether the drafter proposed it.
+    ``text``: raw decoded text of the kept tokens. ``summary``: the engine's figures with
+    ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
+    round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
+    """
+
+    index: int
+    mode: str
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str
+    summary: Summary
+    prompt_ids: list[int]
+    warnings: list[PipelineWarning] = field(default_factory=list)
+    tool_runs: list[ToolRun] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
+        generated_tokens, summary``."""
+        return {
+            "index": self.index,
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "results": [t.to_dict() for t in self.tool_runs],
+            "finish_reason": self.finish_reason,
+            "generated_tokens": len(self.tokens),
+            "summary": self.summary.to_dict(),
+        }
+
+
+@dataclass
+class Reply:
+    """A finished reply.
+
+    ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
+    ``text``/``summary`` are those of the last round (the final answer when tools ran);
+    ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
+    DFlash request fell back, see ``warnings``). ``messages`` are the messages this reply adds
+    to the conversation (assistant turns with their tool calls, tool results, the final
+    assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
+    round plus reply-level ones (``{"code", "message"}`` dicts).
+    """
+
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str
+    summary: Summary
+    mode: str
+    rounds: list[ReplyRound]
+    messages: list[dict]
+    warnings: list[dict]
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """Generated ids of every round, concatenated."""
+        return [t for r in self.rounds for t in r.tokens]
+
+
+@dataclass(frozen=True)
+class RoundStarted:
+    """A generation round begins (``index`` 0-based, ``prompt_tokens`` its prompt length)."""
+
+    index: int
+    prompt_tokens: int
+    mode: str
+
+
+@dataclass(frozen=True)
+class ToolResultEvent:
+    """A tool call ran (``round``: the round whose call it was)."""
+
+    round: int
+    run: ToolRun
+
+
+@dataclass(frozen=True)
+class RoundFinished:
+    """A generation round ended (its tools, if any, have not run yet)."""
+
+    round: ReplyRound
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    """The last event of :func:`run_reply`."""
+
+    reply: Reply
+
+
+ReplyEvent = (
+    TokenEvent
+    | CycleEvent
+    | ContentDelta
+    | ReasoningDelta
+    | ToolCallDelta
+    | PipelineWarning
+    | StopStringHit
+    | RoundStarted
+    | ToolResultEvent
+    | RoundFinished
+    | ReplyDone
+)
+
+
+def dflash_sampling_supported() -> bool:
+    """True when the engine samples under DFlash (temperature > 0); see issue 10."""
+    try:
+        from app.engine import generate as gen_module
+    except ImportError:
+        return False
+    return bool(getattr(gen_module, "DFLASH_SAMPLING", False))
+
+
+def effective_mode(settings: ReplySettings) -> tuple[str, str | None]:
+    """(mode to run, note or None). DFlash with temperature > 0 runs plain, with a note,
+    until the engine samples under DFlash."""
+    if settings.mode == "dflash" and settings.temperature > 0 and not dflash_sampling_supported():
+        return "plain", (
+            f"temperature {settings.temperature:g} with DFlash is not supported yet: "
+            "running plain decoding instead"
+        )
+    return settings.mode, None
+
+
+def _engine_generate(target, prompt_ids, config, drafter=None):
+    """``app.engine.generate.generate`` (looked up at call time; tests replace this)."""
+    from app.engine.generate import generate
+
+    return generate(target, prompt_ids, config, drafter=drafter)
+
+
+def _generation_config(settings: ReplySettings, mode: str):
+    from app.engine.generate import GenerationConfig
+
+    return GenerationConfig(
+        mode=mode,
+        max_tokens=settings.max_tokens,
+        block_size=settings.block_size,
+        rollback=settings.rollback,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        min_p=settings.min_p,
+        repetition_penalty=settings.repetition_penalty,
+        seed=settings.seed,
+    )
+
+
+def _run_tool(call: ToolCall, settings: ReplySettings):
+    try:
+        from app.chat.tools import run_tool
+    except ImportError:  # package __init__ not there yet
+        from app.chat.tools.base import run_tool
+    return run_tool(
+        call.name, call.arguments, tools=settings.runnable_tools, timeout_s=settings.tool_timeout_s
+    )
+
+
+def assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict:
+    """An assistant message for the chat template (``reasoning_content`` and ``tool_calls``
+    only when non-empty)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = [c.to_message() for c in calls]
+    return msg
+
+
+def tool_message(run: ToolRun) -> dict:
+    """A ``{"role": "tool", "tool_call_id", "name", "content"}`` message carrying the result as
+    ``{"ok": ..., "result"|"error": ...}`` JSON text."""
+    return {
+        "role": "tool",
+        "tool_call_id": run.call.id,
+        "name": run.call.name,
+        "content": run.result.content(),
+    }
+
+
+def run_reply(
+    target,
+    drafter,
+    messages: list[dict],
+    settings: ReplySettings,
+    cancel_event: threading.Event | None = None,
+) -> Iterator[ReplyEvent]:
+    """Produce one reply to ``messages``; a generator of :data:`ReplyEvent`.
+
+    Args:
+        target: ``LoadedTarget``; drafter: ``LoadedDrafter`` or None (needed for DFlash).
+        messages: the conversation (OpenAI-style dicts; see ``render_prompt``).
+        settings: :class:`ReplySettings`.
+        cancel_event: set it from any thread to stop; the engine is cancelled before its next
+            cycle/token and the reply ends with ``finish_reason == "cancelled"``.
+
+    Yields, in order per round: :class:`RoundStarted`; the engine's ``TokenEvent`` (kept tokens
+    only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
+    deltas (``ContentDelta``, ``ReasoningDelta``, ``ToolCallDelta``, ``PipelineWarning``,
+    ``StopStringHit``); :class:`RoundFinished`; then one :class:`ToolResultEvent` per executed
+    call. The last event is :class:`ReplyDone`.
+
+    Raises:
+        ChatTemplateError: the conversation cannot be rendered.
+        EngineError: from the engine (e.g. ``GenerationError`` for a bad block size; DFlash
+            without a drafter).
+    """
+    from app.engine.errors import GenerationError
+
+    mode, note = effective_mode(settings)
+    if mode == "dflash" and drafter is None:
+        raise GenerationError("DFlash decoding needs a drafter model")
+    if settings.max_tool_rounds < 0:
+        raise GenerationError("max_tool_rounds must be >= 0")
+    reply_warnings: list[dict] = []
+    if note:
+        reply_warnings.append({"code": "sampling_fallback", "message": note})
+    convo = list(messages)
+    added: list[dict] = []
+    rounds: list[ReplyRound] = []
+    executed = 0
+    cancelled = False
+    next_call = 0
+    config = _generation_config(settings, mode)
+    while True:
+        index = len(rounds)
+        rendered = render_prompt(
+            target.tokenizer, convo, tools=settings.tools, enable_thinking=settings.enable_thinking
+        )
+        yield RoundStarted(index=index, prompt_tokens=len(rendered.ids), mode=mode)
+        pipe = TextPipeline(
+            target.tokenizer,
+            tools=settings.tools,
+            starts_in_reasoning=rendered.starts_in_reasoning,
+            stop=settings.stop,
+            tool_parser=settings.tool_parser,
+            eos_token_ids=target.eos_token_ids or None,
+            first_call_index=next_call,
+        )
+        gen = _engine_generate(
+            target, rendered.ids, config, drafter=drafter if mode == "dflash" else None
+        )
+        from_draft: list[bool] = []
+        summary: Summary | None = None
+        asked_cancel = False
+        for ev in gen:
+            if cancel_event is not None and cancel_event.is_set() and not asked_cancel:
+                gen.cancel()
+                asked_cancel = cancelled = True
+            if isinstance(ev, TokenEvent):
+                if pipe.stopped or cancelled:
+                    continue
+                from_draft.append(bool(ev.from_draft))
+                yield ev
+                yield from pipe.feed(ev.token_id)
+                if pipe.stopped and not asked_cancel:
+                    gen.cancel()
+                    asked_cancel = True
+            elif isinstance(ev, CycleEvent):
+                yield ev
+            elif isinstance(ev, Done):
+                summary = ev.summary
+        if summary is None:  # an engine that ended without Done: treat as an error
+            summary = Summary(mode=mode, stop_cause="error", error="generation ended without Done")
+        stop_cause = "cancelled" if cancelled else summary.stop_cause
+        if pipe.ended and not cancelled:
+            stop_cause = "end_token"
+        yield from pipe.finish(stop_cause)
+        kept = list(pipe.tokens)
+        if len(kept) != summary.generated_tokens:
+            summary = replace(summary, generated_tokens=len(kept))
+        rnd = ReplyRound(
+            index=index,
+            mode=mode,
+            content=pipe.content,
+            reasoning=pipe.reasoning,
+            tool_calls=list(pipe.tool_calls),
+            finish_reason=pipe.finish_reason or "stop",
+            tokens=kept,
+            from_draft=from_draft[: len(kept)],
+            text=pipe.text,
+            summary=summary,
+            prompt_ids=list(rendered.ids),
+            warnings=list(pipe.warnings),
+        )
+        next_call += len(rnd.tool_calls)
+        rounds.append(rnd)
+        yield RoundFinished(rnd)
+        if summary.stop_cause == "error" and summary.error:
+            reply_warnings.append({"code": "engine_error", "message": summary.error})
+        assistant = assistant_message(rnd.content, rnd.reasoning, rnd.tool_calls)
+        added.append(assistant)
+        convo.append(assistant)
+        if not (settings.run_tools and rnd.finish_reason == "tool_calls"):
+            break
+        if executed >= settings.max_tool_rounds:
+            reply_warnings.append({
+                "code": "tool_round_limit",
+                "message": f"stopped after {executed} tool rounds (the limit); the last "
+                f"{len(rnd.tool_calls)} call(s) were not run",
+            })
+            break
+        for call in rnd.tool_calls:
+            if cancel_event is not None and cancel_event.is_set():
+                cancelled = True
+                break
+            run = ToolRun(call=call, result=_run_tool(call, settings))
+            rnd.tool_runs.append(run)
+            msg = tool_message(run)
+            added.append(msg)
+            convo.append(msg)
+            yield ToolResultEvent(round=index, run=run)
+        executed += 1
+        if cancelled or (cancel_event is not None and cancel_event.is_set()):
+            cancelled = True
+            rnd.finish_reason = "cancelled"
+            break
+    last = rounds[-1]
+    warnings = [w.to_dict() for r in rounds for w in r.warnings] + reply_warnings
+    yield ReplyDone(
+        Reply(
+            content=last.content,
+            reasoning=last.reasoning,
+            tool_calls=list(last.tool_calls),
+            finish_reason=last.finish_reason,
+            tokens=list(last.tokens),
+            from_draft=list(last.from_draft),
+            text=last.text,
+            summary=last.summary,
+            mode=mode,
+            rounds=rounds,
+            messages=added,
+            warnings=warnings,
+        )
+    )
+
+
+def collect_reply(
+    target,
+    drafter,
+    messages: list[dict],
+    settings: ReplySettings,
+    cancel_event: threading.Event | None = None,
+) -> Reply:
+    """Run :func:`run_reply` to the end and return its :class:`Reply`."""
+    reply = None
+    for ev in run_reply(target, drafter, messages, settings, cancel_event):
+        if isinstance(ev, ReplyDone):
+            reply = ev.reply
+    assert reply is not None
+    return reply

@@ -1,0 +1,91 @@
+"""Shared fixtures (keep this file small: fixtures only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The Qwen special tokens, in the order the tiny tokenizers register them.
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
+    "</tool_call>", "<tool_response>", "</tool_response>", "<|mask|>",
+]
+
+_CORPUS = [
+    "The capital of France is Paris, and it uses the euro.",
+    "Let me think about this step by step. First, 17 times 23 is 391.",
+    "I will call the calculator tool with the expression.",
+    '{"name": "calculator", "arguments": {"expression": "2+2"}}',
+    "<function=current_time>\n<parameter=timezone>\nEurope/Paris\n</parameter>\n</function>",
+    "The weather is nice today. Hello world! How are you?",
+    "東京は日本の首都です。北京是中国的首都。🙂🎉👍 naïve café",
+]
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory) -> Path:
+    """A folder with a small byte-level BPE ``tokenizer.json`` (vocab ~400) carrying the Qwen
+    special tokens as added tokens, and the project's chat template; loadable by
+    ``mlx_lm.tokenizer_utils.load`` (BPE streaming detokenizer, qwen3_coder tool parser)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out = tmp_path_factory.mktemp("qwen_tok")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=QWEN_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 3, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    template = (REPO / "resources" / "chat_template.jinja").read_text(encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": template,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_tokenizer_dir):
+    """mlx-lm ``TokenizerWrapper`` over :func:`qwen_tokenizer_dir`."""
+    from mlx_lm.tokenizer_utils import load
+
+    return load(qwen_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    """A session folder for tiny random pairs built by ``app.engine.tiny.build_tiny_pair``."""
+    return tmp_path_factory.mktemp("tiny_pairs")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tiny_root):
+    """(target, drafter) loaded: a tiny ``qwen3_5`` hybrid target and its random drafter
+    (block size 16, one sliding layer)."""
+    from app.engine.loader import load_drafter, load_target
+    from app.engine.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    return load_target(t), load_drafter(d)
+
+
+@pytest.fixture(scope="session")
+def tiny_dense(tiny_root):
+    """(target, drafter) loaded: a tiny dense ``qwen3`` target and its random drafter."""
+    from app.engine.loader import load_drafter, load_target
+    from app.engine.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    return load_target(t), load_drafter(d)

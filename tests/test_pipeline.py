@@ -1,0 +1,329 @@
+"""The text pipeline: token ids from a real byte-level BPE tokenizer (Qwen special tokens),
+fed at every chunk boundary and at seeded random chunkings, with tags and multi-byte
+characters split across tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from mlx_lm.tokenizer_utils import _byte_decoder
+
+from app.chat.pipeline import (
+    ContentDelta,
+    PipelineWarning,
+    ReasoningDelta,
+    StopStringHit,
+    TextPipeline,
+    ToolCallDelta,
+    finish_reason_for,
+    run_pipeline,
+)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write_note",
+            "description": "d",
+            "parameters": {
+                "type": "object",
+                "properties": {"body": {"type": "string"}, "count": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+XML_TWO_CALLS = (
+    "I'll check both.\n<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n"
+    "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=write_note>\n"
+    '<parameter=body>\nline one\nline two: {"k": [1, 2]}\n</parameter>\n<parameter=count>\n3\n'
+    "</parameter>\n</function>\n</tool_call>"
+)
+JSON_CALL = (
+    '<tool_call>\n{"name": "lookup", "arguments": {"query": {"city": "東京", '
+    '"tags": ["a", {"b": null}]}}}\n</tool_call>'
+)
+NESTED = {"query": {"city": "東京", "tags": ["a", {"b": None}]}}
+
+# name, generated text, end token appended, pipeline kwargs, engine stop cause, expected
+CASES = [
+    (
+        "preopened_think",
+        "Let me think: 2+2.\nIt is 4.\n</think>\n\nThe answer is 4.",
+        True,
+        {"starts_in_reasoning": True},
+        "end_token",
+        dict(reasoning="Let me think: 2+2.\nIt is 4.", content="The answer is 4.", calls=[],
+             finish="stop", warnings=[]),
+    ),
+    (
+        "think_in_output_literal_tool_call",
+        "<think>\nHmm, a literal <tool_call> here stays.\n</think>\n\nDone 🙂.",
+        True,
+        {},
+        "end_token",
+        dict(reasoning="Hmm, a literal <tool_call> here stays.", content="Done 🙂.", calls=[],
+             finish="stop", warnings=[]),
+    ),
+    (
+        "xml_two_calls",
+        XML_TWO_CALLS,
+        True,
+        {"tools": TOOLS},
+        "end_token",
+        dict(reasoning="", content="I'll check both.",
+             calls=[("call_0", "calculator", {"expression": "17*23"}),
+                    ("call_1", "write_note",
+                     {"body": 'line one\nline two: {"k": [1, 2]}', "count": 3})],
+             finish="tool_calls", warnings=[]),
+    ),
+    (
+        "json_call_override",
+        JSON_CALL,
+        True,
+        {"tool_parser": "json_tools"},
+        "end_token",
+        dict(reasoning="", content="", calls=[("call_0", "lookup", NESTED)],
+             finish="tool_calls", warnings=[]),
+    ),
+    (
+        "json_call_inferred_parser_fallback",
+        "<think>\nuse lookup\n</think>\n\n" + JSON_CALL,
+        True,
+        {},
+        "end_token",
+        dict(reasoning="use lookup", content="", calls=[("call_0", "lookup", NESTED)],
+             finish="tool_calls", warnings=[]),
+    ),
+    (
+        "unclosed_call",
+        "Try: <tool_call>\n<function=calculator>\n<parameter=expression>\n1+1",
+        True,
+        {},
+        "end_token",
+        dict(reasoning="",
+             content="Try: <tool_call>\n<function=calculator>\n<parameter=expression>\n1+1",
+             calls=[], finish="stop", warnings=["malformed_tool_call"]),
+    ),
+    (
+        "invalid_json_call",
+        '<tool_call>\n{"name": "x", "arguments": {oops}\n</tool_call>\nSorry.',
+        True,
+        {"tool_parser": "json_tools"},
+        "end_token",
+        dict(reasoning="",
+             content='<tool_call>\n{"name": "x", "arguments": {oops}\n</tool_call>\nSorry.',
+             calls=[], finish="stop", warnings=["malformed_tool_call"]),
+    ),
+    (
+        "unclosed_parameter",
+        "<tool_call>\n<function=calculator>\n<parameter=expression>\n1+1\n</function>\n</tool_call>",
+        True,
+        {},
+        "end_token",
+        dict(reasoning="",
+             content="<tool_call>\n<function=calculator>\n<parameter=expression>\n1+1\n"
+             "</function>\n</tool_call>",
+             calls=[], finish="stop", warnings=["malformed_tool_call"]),
+    ),
+    (
+        "stop_string",
+        "Paris is the capital.\nEND-OF-ANSWER\nmore text",
+        False,
+        {"stop": ["END-OF"]},
+        "length",
+        dict(reasoning="", content="Paris is the capital.", calls=[], finish="stop",
+             warnings=[]),
+    ),
+    (
+        "stop_string_cjk",
+        "東京と北京と上海",
+        False,
+        {"stop": ["北京"]},
+        "length",
+        dict(reasoning="", content="東京と", calls=[], finish="stop", warnings=[]),
+    ),
+    (
+        "stop_prefix_flushed_at_end",
+        "The end is nigh END-O",
+        True,
+        {"stop": ["END-OF"]},
+        "end_token",
+        dict(reasoning="", content="The end is nigh END-O", calls=[], finish="stop",
+             warnings=[]),
+    ),
+    (
+        "emoji_cjk_length",
+        "Café 東京 🙂🎉 naïve",
+        False,
+        {},
+        "length",
+        dict(reasoning="", content="Café 東京 🙂🎉 naïve", calls=[], finish="length",
+             warnings=[]),
+    ),
+]
+
+
+def natural_ids(tok, text: str) -> list[int]:
+    """The tokenizer's own encoding (tags are single special tokens)."""
+    return tok.encode(text, add_special_tokens=False)
+
+
+def byte_ids(tok, text: str) -> list[int]:
+    """One token per UTF-8 byte: every tag and every multi-byte character is split."""
+    enc = {b: c for c, b in _byte_decoder().items()}
+    ids = [tok.convert_tokens_to_ids(enc[b]) for b in text.encode("utf-8")]
+    assert all(isinstance(i, int) for i in ids)
+    return ids
+
+
+def chunkings(ids: list[int], seed: int = 0, n_random: int = 6):
+    """Every single split point, one token per chunk, and seeded random chunkings."""
+    for k in range(1, len(ids)):
+        yield [ids[:k], ids[k:]]
+    yield [[i] for i in ids]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        chunks, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 9)
+            chunks.append(ids[i:i + n])
+            i += n
+        yield chunks
+
+
+def check_result(res, expected, stop=None):
+    got_calls = [(c.id, c.name, c.arguments) for c in res.tool_calls]
+    assert res.reasoning == expected["reasoning"]
+    assert res.content == expected["content"]
+    assert got_calls == expected["calls"]
+    assert res.finish_reason == expected["finish"]
+    assert [w.code for w in res.warnings] == expected["warnings"]
+    content = "".join(d.text for d in res.deltas if isinstance(d, ContentDelta))
+    reasoning = "".join(d.text for d in res.deltas if isinstance(d, ReasoningDelta))
+    assert content == res.content and reasoning == res.reasoning
+    for d in res.deltas:
+        if isinstance(d, ContentDelta | ReasoningDelta):
+            assert "\ufffd" not in d.text
+    assert [d.call for d in res.deltas if isinstance(d, ToolCallDelta)] == res.tool_calls
+
+
+@pytest.mark.parametrize("encoding", ["natural", "bytes"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_chunking_gives_the_same_segments(qwen_tokenizer, case, encoding):
+    name, text, with_eos, kwargs, cause, expected = case
+    tok = qwen_tokenizer
+    ids = (natural_ids if encoding == "natural" else byte_ids)(tok, text)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    if with_eos:
+        ids = ids + [eos]
+    runs = 0
+    for chunks in chunkings(ids, seed=len(text)):
+        res = run_pipeline(tok, chunks, stop_cause=cause, **kwargs)
+        check_result(res, expected)
+        runs += 1
+    assert runs == len(ids) + 6
+
+
+def test_tags_split_across_tokens_really_are(qwen_tokenizer):
+    """The byte stream spells <think> over 7 tokens; the natural one uses one token."""
+    assert len(byte_ids(qwen_tokenizer, "<think>")) == 7
+    assert len(natural_ids(qwen_tokenizer, "<think>")) == 1
+
+
+def test_stop_string_cuts_tokens_after_it(qwen_tokenizer):
+    tok = qwen_tokenizer
+    text = "Paris is the capital.\nEND-OF-ANSWER\nmore text"
+    for ids in (natural_ids(tok, text), byte_ids(tok, text)):
+        pipe = TextPipeline(tok, stop=["END-OF"])
+        deltas = pipe.feed(ids)  # one block, as DFlash commits it
+        assert pipe.stopped and pipe.stop_hit == "END-OF"
+        hits = [d for d in deltas if isinstance(d, StopStringHit)]
+        assert len(hits) == 1 and hits[0].kept_tokens == len(pipe.tokens)
+        kept = pipe.tokens
+        assert kept == ids[: len(kept)] and len(kept) < len(ids)
+        assert "END-OF" in tok.decode(kept)
+        assert "END-OF" not in tok.decode(kept[:-1])
+        assert pipe.feed(ids[:3]) == [] and pipe.tokens == kept  # ignored after the stop
+        pipe.finish("cancelled")
+        assert pipe.finish_reason == "stop"
+        assert pipe.text == "Paris is the capital.\n"
+
+
+def test_stop_string_first_half_never_shown_mid_stream(qwen_tokenizer):
+    tok = qwen_tokenizer
+    text = "abc STO more STOP tail"
+    for ids in (natural_ids(tok, text), byte_ids(tok, text)):
+        pipe = TextPipeline(tok, stop=["STOP"])
+        shown = ""
+        for i in ids:
+            for d in pipe.feed(i):
+                if isinstance(d, ContentDelta):
+                    shown += d.text
+            assert not shown.endswith(("S", "ST", "STO")) or shown == "abc STO"
+            if pipe.stopped:
+                break
+        pipe.finish("cancelled")
+        assert pipe.content == "abc STO more"
+
+
+def test_end_token_mid_chunk_drops_later_tokens(qwen_tokenizer):
+    tok = qwen_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    head, tail = natural_ids(tok, "Hello world"), natural_ids(tok, " junk after")
+    pipe = TextPipeline(tok)
+    pipe.feed(head + [eos] + tail)
+    assert pipe.ended and pipe.stopped
+    assert pipe.tokens == head + [eos]
+    pipe.finish("end_token")
+    assert pipe.content == "Hello world" and pipe.text == "Hello world"
+    assert pipe.finish_reason == "stop"
+
+
+def test_bad_typed_parameter_keeps_the_call_with_text_value(qwen_tokenizer):
+    text = (
+        "<tool_call>\n<function=write_note>\n<parameter=count>\nmany\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)], tools=TOOLS)
+    assert [(c.name, c.arguments) for c in res.tool_calls] == [("write_note", {"count": "many"})]
+    assert res.finish_reason == "tool_calls"
+
+
+def test_call_ids_continue_from_first_call_index(qwen_tokenizer):
+    res = run_pipeline(
+        qwen_tokenizer, [natural_ids(qwen_tokenizer, XML_TWO_CALLS)], first_call_index=5
+    )
+    assert [c.id for c in res.tool_calls] == ["call_5", "call_6"]
+
+
+def test_malformed_call_warning_carries_raw_text(qwen_tokenizer):
+    text = "Try: <tool_call>\n<function=calculator>"
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)])
+    (w,) = [d for d in res.deltas if isinstance(d, PipelineWarning)]
+    assert w.text == "<tool_call>\n<function=calculator>"
+    plain = "".join(d.text for d in res.deltas if isinstance(d, ContentDelta) and not d.malformed)
+    flagged = [d.text for d in res.deltas if isinstance(d, ContentDelta) and d.malformed]
+    assert plain == "Try:" and flagged == [" <tool_call>\n<function=calculator>"]
+
+
+def test_unknown_tool_parser_name_is_a_clear_error(qwen_tokenizer):
+    with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
+        TextPipeline(qwen_tokenizer, tool_parser="nope")
+
+
+@pytest.mark.parametrize(
+    "cause, stop_hit, calls, expected",
+    [
+        ("end_token", False, False, "stop"),
+        ("end_token", False, True, "tool_calls"),
+        ("length", False, False, "length"),
+        ("length", False, True, "tool_calls"),
+        ("cancelled", True, False, "stop"),
+        ("cancelled", False, True, "cancelled"),
+        ("error", False, True, "error"),
+    ],
+)
+def test_finish_reason_table(cause, stop_hit, calls, expected):
+    assert finish_reason_for(cause, stop_hit=stop_hit, has_tool_calls=calls) == expected
