@@ -994,15 +994,21 @@ class Store:
     def messages_for_prompt(self, conversation_id: int) -> list[dict]:
         """The active path as chat-template messages (:meth:`Message.to_prompt_dict`).
 
-        Replies still ``generating`` and failed replies (``error``) are left out; ``stopped``
-        and ``interrupted`` replies are sent as far as they got. Reasoning is included as
-        ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier turns'
-        reasoning and trims to the context limit.
+        Replies still ``generating``, failed replies (``error``) and empty replies are left
+        out; ``stopped`` and ``interrupted`` replies are sent as far as they got. Reasoning is
+        included as ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier
+        turns' reasoning and trims to the context limit.
         """
         return [
             m.to_prompt_dict()
             for m in self.active_path(conversation_id)
-            if not (m.role == "assistant" and m.status in ("generating", "error"))
+            if not (
+                m.role == "assistant"
+                and (
+                    m.status in ("generating", "error")
+                    or not (m.content or m.reasoning or m.tool_calls)
+                )
+            )
         ]
 
 
