@@ -1,0 +1,184 @@
+"""Cycle invariants: rollback leaves the exact cache of plain decoding; end tokens, mask-valued
+tokens, the first token and cancellation behave as the notes require."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from engine_fixtures import OracleDrafter, collect, prompt_ids, run
+from mlx_lm.models.cache import make_prompt_cache
+
+from app.engine.events import CycleEvent
+from app.engine.generate import GenerationConfig, generate
+from app.engine.target import TargetRunner, trim_attention
+
+
+def _cache_arrays(cache, offset):
+    """Comparable numpy arrays of a cache list: GDN conv/recurrent state, KV up to offset."""
+    out = []
+    for c in cache:
+        if hasattr(c, "cache"):  # ArraysCache: [conv_state, recurrent_state]
+            out += [np.array(a) for a in c.cache]
+        else:
+            assert c.offset == offset
+            out += [np.array(c.keys[..., :offset, :]), np.array(c.values[..., :offset, :])]
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["tape", "replay"])
+@pytest.mark.parametrize("n_keep", [1, 3, 5])
+def test_rollback_equals_plain_decoding_of_the_same_tokens(tiny_hybrid, strategy, n_keep):
+    target, _ = tiny_hybrid
+    runner = TargetRunner(target.model, target.model_type)
+    ids = prompt_ids(target)
+    block = [17, 33, 101, 250, 5, 64, 77, 300]  # pending token + 7 "drafts"
+
+    cache = runner.make_cache()
+    runner.forward(mx.array([ids]), cache)
+    tapes = []
+    runner.forward(mx.array([block]), cache, tapes=tapes)
+    assert len(tapes) == sum(runner.linear) > 0
+    if strategy == "tape":
+        for t in tapes:
+            t.rollback(n_keep)
+        trim_attention(cache, runner.linear, len(block) - n_keep)
+    else:
+        for t in tapes:
+            t.restore()
+        trim_attention(cache, runner.linear, len(block))
+        runner.forward(mx.array([block[:n_keep]]), cache)
+
+    # plain decoding: the prompt, then the kept tokens one at a time, through mlx-lm's forward
+    ref = make_prompt_cache(target.model)
+    target.model(mx.array([ids]), cache=ref)
+    for tok in block[:n_keep]:
+        target.model(mx.array([[tok]]), cache=ref)
+    offset = len(ids) + n_keep
+    got, want = _cache_arrays(cache, offset), _cache_arrays(ref, offset)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+    # and the next token's logits agree
+    a = runner.forward(mx.array([[9]]), cache)[0]
+    b = target.model(mx.array([[9]]), cache=ref)
+    np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4)
+
+
+def test_without_rollback_the_state_keeps_rejected_drafts(tiny_hybrid):
+    """The failure the seed describes: trimming attention alone leaves the GDN state wrong."""
+    target, _ = tiny_hybrid
+    runner = TargetRunner(target.model, target.model_type)
+    ids = prompt_ids(target)
+    block = [17, 33, 101, 250]
+    cache = runner.make_cache()
+    runner.forward(mx.array([ids]), cache)
+    runner.forward(mx.array([block]), cache)
+    trim_attention(cache, runner.linear, 3)  # keep 1, but the recurrent state saw all 4
+    ref = make_prompt_cache(target.model)
+    target.model(mx.array([ids]), cache=ref)
+    target.model(mx.array([block[:1]]), cache=ref)
+    gdn = [i for i, lin in enumerate(runner.linear) if lin][0]
+    diff = np.abs(np.array(cache[gdn].cache[1]) - np.array(ref[gdn].cache[1])).max()
+    assert diff > 1e-3
+
+
+def _oracle(target, ids, n, block=8, schedule=None):
+    reference = run(target, ids, mode="plain", max_tokens=n + block).tokens
+    return reference, OracleDrafter(reference, len(ids), target.vocab_size, block, [1, 3],
+                                    schedule)
+
+
+def test_end_token_inside_a_block_ends_generation_there(tiny_hybrid):
+    target, _ = tiny_hybrid
+    ids = prompt_ids(target)
+    reference, oracle = _oracle(target, ids, 40, schedule=[None])  # full acceptance
+    j = 13  # a position inside the second block of 8
+    end_id = reference[j]
+    assert end_id not in reference[:j]
+    saved = target.eos_token_ids
+    target.eos_token_ids = {end_id}
+    try:
+        plain = run(target, ids, mode="plain", max_tokens=40)
+        spec = run(target, ids, oracle, mode="dflash", max_tokens=40)
+    finally:
+        target.eos_token_ids = saved
+    assert plain.tokens == reference[: j + 1]
+    assert spec.tokens == plain.tokens  # nothing after the end token is emitted or counted
+    assert spec.summary.stop_cause == "end_token"
+    assert spec.summary.generated_tokens == j + 1
+    assert spec.cycles[-1].committed < spec.cycles[-1].accepted + 1
+
+
+def test_tokens_equal_to_the_mask_id_are_kept(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    ids = prompt_ids(target)
+    plain = run(target, ids, mode="plain", max_tokens=48)
+    mask_like = plain.tokens[7]
+    saved = drafter.config.mask_token_id
+    drafter.config.mask_token_id = mask_like  # the block input uses it; outputs must not drop it
+    try:
+        spec = run(target, ids, drafter, mode="dflash", max_tokens=48)
+    finally:
+        drafter.config.mask_token_id = saved
+    assert spec.tokens == plain.tokens
+    assert spec.tokens.count(mask_like) == plain.tokens.count(mask_like) >= 1
+
+
+def test_first_token_emitted_once(tiny_hybrid):
+    target, _ = tiny_hybrid
+    ids = prompt_ids(target)
+    reference, oracle = _oracle(target, ids, 20, schedule=[None])
+    spec = run(target, ids, oracle, mode="dflash", max_tokens=20)
+    assert spec.tokens == reference[:20]
+    assert spec.indices == list(range(20))
+    assert spec.from_draft[0] is False  # the prefill's token is the target's own
+    first_cycle_tokens = spec.cycles[0].committed
+    assert spec.tokens[1 : 1 + first_cycle_tokens] == reference[1 : 1 + first_cycle_tokens]
+
+
+def test_cancel_stops_before_the_next_cycle(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    ids = prompt_ids(target)
+    gen = generate(target, ids, GenerationConfig(mode="dflash", max_tokens=200), drafter)
+    cycles_at_cancel = []
+
+    def on_cycle(r, g):
+        if len(r.cycles) == 3:
+            g.cancel()
+            cycles_at_cancel.append(len(r.cycles))
+
+    result = collect(gen, on_cycle)
+    assert cycles_at_cancel == [3]
+    assert len(result.cycles) == 3 and result.summary.cycles == 3
+    assert result.summary.stop_cause == "cancelled"
+
+
+def test_cancel_stops_plain_before_the_next_token(tiny_hybrid):
+    target, _ = tiny_hybrid
+    ids = prompt_ids(target)
+    gen = generate(target, ids, GenerationConfig(mode="plain", max_tokens=200))
+    tokens = []
+    for ev in gen:
+        if hasattr(ev, "token_id"):
+            tokens.append(ev.token_id)
+            if len(tokens) == 5:
+                gen.cancel()
+    assert len(tokens) == 5
+    assert gen.summary.stop_cause == "cancelled"
+
+
+def test_summary_figures_are_consistent(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    ids = prompt_ids(target)
+    events = list(generate(target, ids, GenerationConfig(mode="dflash", max_tokens=24), drafter))
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    s = events[-1].summary
+    assert s.prompt_tokens == len(ids)
+    assert s.cycles == len(cycles)
+    assert s.drafted == sum(c.drafted for c in cycles)
+    assert s.draft_s == pytest.approx(sum(c.draft_s for c in cycles))
+    busy = s.draft_s + s.verify_s + s.rollback_s
+    assert s.rollback_share == pytest.approx(s.rollback_s / busy)
+    assert s.ttft_s > 0 and s.tok_per_s > 0 and s.peak_memory_bytes > 0
+    assert s.accepted_lengths == [c.accepted for c in cycles]

@@ -1,0 +1,185 @@
+"""Drafter and target loading: every published config generation loads; every bad case raises
+its typed error with the field or file named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from app.engine.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
+from app.engine.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    PairMismatchError,
+    UnsupportedArchitectureError,
+)
+from app.engine.loader import (
+    check_pair,
+    check_pair_configs,
+    load_drafter,
+    load_target,
+    resolve_model_path,
+)
+
+# Scaled-down copies of the published drafter configs (field layout kept, sizes shrunk).
+QWEN35_4B_CURRENT = {  # current revision: 6 layers, 8 taps, sliding layers, rope_parameters
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 6, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "num_target_layers": 32,
+    "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"},
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "sliding_window": 4096,
+    "tie_word_embeddings": False, "dtype": "bfloat16",
+    "dflash_config": {"block_size": 16, "mask_token_id": 500,
+                      "target_layer_ids": [1, 5, 9, 13, 17, 21, 25, 29]},
+}
+QWEN35_4B_EARLIER = {  # earlier revision: 5 layers, 5 taps, full attention, rope_theta on top
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 5, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "num_target_layers": 32,
+    "rope_theta": 1000000, "block_size": 16,
+    "dflash_config": {"mask_token_id": 497, "target_layer_ids": [1, 8, 15, 22, 29]},
+}
+QWEN3_8B = {  # top-level block_size, no layer_types, taps from the config
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 5, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 512, "num_target_layers": 36, "block_size": 16,
+    "rope_theta": 1000000,
+    "dflash_config": {"mask_token_id": 501, "target_layer_ids": [1, 9, 17, 25, 33]},
+}
+
+
+def _write_drafter(folder, cfg, extra=None, drop=None, reshape=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model = DFlashDrafter(DrafterConfig.from_dict(cfg))
+    weights = dict(tree_flatten(model.parameters()))
+    if drop:
+        weights.pop(drop)
+    if reshape:
+        weights[reshape] = mx.zeros((3, 3))
+    weights.update(extra or {})
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "cfg,block,taps,mask,types",
+    [
+        (QWEN35_4B_CURRENT, 16, [1, 5, 9, 13, 17, 21, 25, 29], 500,
+         ["sliding_attention"] * 5 + ["full_attention"]),
+        (QWEN35_4B_EARLIER, 16, [1, 8, 15, 22, 29], 497, ["full_attention"] * 5),
+        (QWEN3_8B, 16, [1, 9, 17, 25, 33], 501, ["full_attention"] * 5),
+    ],
+)
+def test_published_config_generations_load(tmp_path, cfg, block, taps, mask, types):
+    d = load_drafter(_write_drafter(tmp_path / "d", cfg))
+    assert d.config.block_size == block
+    assert d.config.target_layer_ids == taps
+    assert d.config.mask_token_id == mask
+    assert d.config.layer_types == types
+    rope = cfg.get("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta"))
+    assert d.config.rope_theta == float(rope)
+    assert d.model.layers[0].self_attn.sliding == (types[0] == "sliding_attention")
+
+
+def test_default_taps_spread_from_layer_1_to_n_minus_3():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    cfg = {k: v for k, v in QWEN3_8B.items() if k != "dflash_config"}
+    cfg["mask_token_id"] = 7
+    assert DrafterConfig.from_dict(cfg).target_layer_ids == [1, 9, 17, 25, 33]
+
+
+def test_extra_embedding_and_head_tensors_are_ignored(tmp_path):
+    extra = {"embed_tokens.weight": mx.zeros((512, 64)), "lm_head.weight": mx.zeros((512, 64))}
+    d = load_drafter(_write_drafter(tmp_path / "d", QWEN3_8B, extra=extra))
+    assert "embed_tokens" not in dict(tree_flatten(d.model.parameters()))
+
+
+def test_missing_folder_and_uncached_repo(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError, match="no model folder"):
+        load_drafter(tmp_path / "nope")
+    with pytest.raises(ModelNotFoundError, match="z-lab/Qwen3.5-4B-DFlash"):
+        resolve_model_path("z-lab/Qwen3.5-4B-DFlash")
+
+
+def test_missing_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_drafter(tmp_path / "empty")
+    folder = _write_drafter(tmp_path / "d", QWEN3_8B)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_drafter(folder)
+
+
+def test_other_architecture_is_refused_by_name(tmp_path):
+    cfg = {**QWEN3_8B, "architectures": ["DFlash2DraftModel"]}
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError, match="DFlash2DraftModel"):
+        load_drafter(tmp_path / "d")
+
+
+def test_corrupt_safetensors(tmp_path):
+    folder = _write_drafter(tmp_path / "d", QWEN3_8B)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(b"\x00\x01garbage" + data[: len(data) // 3])
+    with pytest.raises(ModelLoadError, match="not a readable safetensors"):
+        load_drafter(folder)
+
+
+def test_wrong_tensor_shape_and_missing_tensor(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"fc\.weight has shape \(3, 3\)"):
+        load_drafter(_write_drafter(tmp_path / "a", QWEN3_8B, reshape="fc.weight"))
+    with pytest.raises(ModelLoadError, match="lack the tensor norm.weight"):
+        load_drafter(_write_drafter(tmp_path / "b", QWEN3_8B, drop="norm.weight"))
+
+
+def test_missing_config_field(tmp_path):
+    cfg = {k: v for k, v in QWEN3_8B.items() if k != "vocab_size"}
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="vocab_size"):
+        load_drafter(tmp_path / "d")
+
+
+def test_pair_checks_name_the_field(tiny_hybrid, tmp_path):
+    target, drafter = tiny_hybrid
+    check_pair(target, drafter)  # the real pair fits
+    base = json.loads((drafter.path / "config.json").read_text())
+    cases = [
+        ({"vocab_size": 1000}, "vocab_size"),
+        ({"hidden_size": 32}, "hidden_size"),
+        ({"num_target_layers": 32}, "num_target_layers"),
+    ]
+    for change, field in cases:
+        with pytest.raises(PairMismatchError) as err:
+            check_pair_configs(target.config, {**base, **change})
+        assert err.value.field == field
+    bad_taps = {**base, "dflash_config": {**base["dflash_config"], "target_layer_ids": [1, 9]}}
+    with pytest.raises(PairMismatchError, match="taps target layer 9") as err:
+        check_pair_configs(target.config, bad_taps)
+    assert err.value.field == "target_layer_ids"
+    folder = tmp_path / "bad"
+    shutil.copytree(drafter.path, folder)
+    (folder / "config.json").write_text(json.dumps(bad_taps))
+    with pytest.raises(PairMismatchError, match="target_layer_ids"):
+        check_pair(target, load_drafter(folder))
+
+
+def test_target_loads_through_mlx_lm_with_its_tokenizer(tiny_hybrid, tmp_path):
+    target, _ = tiny_hybrid
+    assert target.model_type == "qwen3_5"
+    assert target.tokenizer.has_thinking and target.tokenizer.has_tool_calling
+    assert target.eos_token_ids == {target.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    folder = tmp_path / "t"
+    shutil.copytree(target.path, folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError):
+        load_target(folder)
