@@ -1,0 +1,206 @@
+"""The Models dialog, offscreen: lists, pairing, load callback, folders, download, delete."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+from test_download import COMMIT, REPO, FakeHub, _repo_files  # noqa: E402
+
+from app.engine.catalog import KNOWN_PAIRS, Catalog  # noqa: E402
+from app.engine.tiny import drafter_config, target_config  # noqa: E402
+from app.ui.models_dialog import ModelsDialog, format_duration, progress_text  # noqa: E402
+
+
+def _write_model(folder, config: dict, nbytes: int = 64):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"\0" * nbytes)
+    return folder
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Empty HF cache, a bundled pair that fits, and a user folder whose drafter does not."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    t = target_config("qwen3_5", vocab_size=300, eos_id=299)
+    d = drafter_config(t, mask_id=298, block_size=8, taps=[1, 3], sliding=False)
+    demo_t = _write_model(tmp_path / "res" / "demo-target", t)
+    demo_d = _write_model(tmp_path / "res" / "demo-dflash", d)
+    other = tmp_path / "other"
+    _write_model(other / "big-target", {**t, "vocab_size": 1000})
+    _write_model(other / "wrong-dflash", {**d, "vocab_size": 1000, "num_target_layers": 9})
+    catalog = Catalog(data_dir=tmp_path / "data", bundled=(demo_t, demo_d))
+    return catalog, demo_t, demo_d, other
+
+
+@pytest.fixture
+def loads():
+    return []
+
+
+@pytest.fixture
+def dialog(qtbot, env, loads):
+    catalog = env[0]
+    dlg = ModelsDialog(None, catalog, lambda t, d: loads.append((t, d)))
+    qtbot.addWidget(dlg)
+    return dlg
+
+
+def test_lists_bundled_pair_and_loads_it(dialog, env, loads):
+    _, demo_t, demo_d, _ = env
+    assert dialog.targets.topLevelItemCount() == 1
+    row = dialog.targets.topLevelItem(0)
+    assert [row.text(i) for i in (0, 1, 3, 4)] == ["demo-target", "bundled", "demo-dflash",
+                                                    str(demo_t)]
+    size = sum(f.stat().st_size for f in demo_t.iterdir())
+    assert row.text(2) == f"{size} B"
+    assert dialog.drafters.topLevelItemCount() == 1
+    assert dialog.known.topLevelItemCount() == len(KNOWN_PAIRS)
+    assert dialog.known.topLevelItem(0).text(6) == "not downloaded"
+    assert dialog.dflash_available()
+    assert dialog.selected_drafter().name == "demo-dflash"
+    assert "Memory:" in dialog.memory_label.text()
+    dialog.load_button.click()
+    assert loads == [(str(demo_t), str(demo_d))]
+    # plain decoding is always offered
+    dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.count() - 1)
+    assert dialog.selected_drafter() is None
+    dialog.load_button.click()
+    assert loads[-1] == (str(demo_t), None)
+
+
+def test_added_folder_with_mismatched_drafter_disables_dflash_with_reason(dialog, env, loads):
+    _, _, _, other = env
+    assert dialog.add_folder(other)
+    assert dialog.targets.topLevelItemCount() == 2
+    assert dialog.select_target("big-target")
+    assert not dialog.dflash_available()
+    assert dialog.drafter_combo.count() == 1 and dialog.selected_drafter() is None
+    reason = dialog.dflash_reason.text()
+    assert reason.startswith("DFlash is off") and "num_target_layers" in reason
+    assert dialog.targets.currentItem().text(3) == "plain only"
+    dialog.load_button.click()
+    assert loads == [(str(other / "big-target"), None)]
+    # the bundled target does not offer the wrong drafter and says why
+    assert dialog.select_target("demo-target")
+    assert [dialog.drafter_combo.itemText(i) for i in range(dialog.drafter_combo.count())] == [
+        "demo-dflash (DFlash)", "None: plain decoding"]
+    assert "wrong-dflash: " in dialog.dflash_reason.text()
+    assert "vocab_size" in dialog.dflash_reason.text()
+    # Remove folder forgets it
+    assert dialog.select_target("big-target")
+    dialog.remove_folder_button.click()
+    assert dialog.targets.topLevelItemCount() == 1
+
+
+def test_add_folder_error_is_shown_not_raised(dialog, tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda *a: shown.append(a[2]))
+    assert not dialog.add_folder(tmp_path / "missing")
+    assert shown and "not a folder" in shown[0]
+
+
+def test_memory_warning_asks_before_loading(dialog, loads, monkeypatch):
+    import app.ui.models_dialog as md
+    from app.engine import catalog as cat
+
+    real = cat.estimate_memory
+    monkeypatch.setattr(md, "estimate_memory",
+                        lambda t, d=None: real(t, d, machine_bytes=100))
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *a: asked.append(a[2]) or QMessageBox.StandardButton.No)
+    assert dialog.load_selected() is False
+    assert loads == [] and "above 75%" in asked[0]
+    monkeypatch.setattr(QMessageBox, "question", lambda *a: QMessageBox.StandardButton.Yes)
+    assert dialog.load_selected() is True and len(loads) == 1
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    server = FakeHub(_repo_files(), slow_file="model-00002-of-00002.safetensors")
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    yield server
+    server.close()
+
+
+def test_download_progress_then_delete(dialog, hub, qtbot, tmp_path, monkeypatch):
+    labels = []
+    dialog.runner.progress.connect(lambda r, p: labels.append(progress_text(p)))
+    dialog.repo_edit.setText(REPO)
+    with qtbot.waitSignal(dialog.runner.finished, timeout=30000):
+        dialog.download_button.click()
+        assert dialog.cancel_button.isEnabled() and not dialog.download_button.isEnabled()
+    qtbot.waitUntil(lambda: dialog.download_button.isEnabled(), timeout=5000)
+    assert dialog.status_label.text() == f"Downloaded {REPO}."
+    assert dialog.progress_bar.value() == 1000
+    assert any(" of " in t and "/s" in t and "left" in t for t in labels)
+    assert dialog.select_target(REPO)
+    entry = dialog.selected_target()
+    assert entry.source == "cache" and entry.revision == COMMIT
+    assert dialog.targets.currentItem().text(1) == "HF cache"
+
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *a: asked.append(a[2]) or QMessageBox.StandardButton.Yes)
+    assert dialog.delete_button.isEnabled()
+    dialog.delete_button.click()
+    size = sum(len(d) for n, d in hub.files.items() if n != "README.md")
+    assert "This frees" in asked[0] and f"{size / 1e6:.1f} MB" in asked[0]
+    assert not dialog.select_target(REPO)
+    assert "Deleted" in dialog.status_label.text()
+
+
+def test_cancel_download_registers_nothing(dialog, hub, qtbot):
+    def cancel_on_big_file(repo, p):
+        if p.current_file == "model-00002-of-00002.safetensors" and p.bytes_done > 0:
+            dialog.cancel_button.click()
+
+    dialog.runner.progress.connect(cancel_on_big_file)
+    dialog.repo_edit.setText(REPO)
+    with qtbot.waitSignal(dialog.runner.finished, timeout=30000) as blocker:
+        dialog.download_button.click()
+    qtbot.waitUntil(lambda: dialog.download_button.isEnabled(), timeout=5000)
+    assert blocker.args[0] is None
+    assert "cancelled" in dialog.status_label.text()
+    assert not dialog.select_target(REPO)
+
+
+def test_unreachable_hub_message(dialog, qtbot, monkeypatch):
+    import socket
+
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    dialog.repo_edit.setText(REPO)
+    with qtbot.waitSignal(dialog.runner.finished, timeout=30000):
+        dialog.download_button.click()
+    qtbot.waitUntil(lambda: dialog.download_button.isEnabled(), timeout=5000)
+    assert dialog.status_label.text().startswith("Download failed: cannot reach")
+
+
+def test_known_pair_selection_fills_both_repos(dialog):
+    dialog.known.setCurrentItem(dialog.known.topLevelItem(0))
+    p = KNOWN_PAIRS[0]
+    assert dialog.repo_edit.text() == f"{p.target_repo} + {p.drafter_repo}"
+
+
+def test_formatting():
+    assert format_duration(95) == "1 min 35 s"
+    assert format_duration(7300) == "2 h 1 min"
+    assert format_duration(None) == "?"
