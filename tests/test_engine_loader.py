@@ -169,7 +169,7 @@ def test_pair_checks_name_the_field(tiny_hybrid, tmp_path):
     folder = tmp_path / "bad"
     shutil.copytree(drafter.path, folder)
     (folder / "config.json").write_text(json.dumps(bad_taps))
-    with pytest.raises(PairMismatchError, match="target_layer_ids"):
+    with pytest.raises(PairMismatchError, match="taps target layer 9"):
         check_pair(target, load_drafter(folder))
 
 
