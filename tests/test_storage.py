@@ -358,6 +358,8 @@ def test_live_writer_is_not_marked_interrupted(db):
     reply = a.begin_reply(conv.id, mode="plain")
     with Store(db) as b:  # same process: the writer is alive
         assert b.get_message(reply.id).status == "generating"
+    with Store(db) as b:  # closing another store leaves a's reply alone
+        assert b.get_message(reply.id).status == "generating"
     final = a.finish_reply(reply.id, content="done", status="stopped", finish_reason="cancelled")
     assert (final.status, final.content, final.finish_reason) == ("stopped", "done", "cancelled")
     a.close()

@@ -199,6 +199,7 @@ class Store:
         self._depth = 0
         self._pending: dict[int, dict] = {}
         self._last_write: dict[int, float] = {}
+        self._generating: set[int] = set()  # replies begun by this store, not finished
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
@@ -232,8 +233,8 @@ class Store:
     # --- plumbing ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Write what partial updates are still held back, mark this process's unfinished
-        replies ``interrupted``, and close the connection. Safe to call twice."""
+        """Write what partial updates are still held back, mark the replies this store began
+        and did not finish ``interrupted``, and close the connection. Safe to call twice."""
         with self._lock:
             if self._db is None:
                 return
@@ -241,11 +242,14 @@ class Store:
                 for mid in list(self._pending):
                     self._write_partial(mid)
                 with self._tx():
-                    self._db.execute(
-                        "UPDATE messages SET status = 'interrupted' "
-                        "WHERE status = 'generating' AND writer_pid = ?",
-                        (os.getpid(),),
-                    )
+                    for mid in self._generating:
+                        self._db.execute(
+                            "UPDATE messages SET status = 'interrupted', writer_pid = NULL, "
+                            "finish_reason = coalesce(finish_reason, 'interrupted') "
+                            "WHERE id = ? AND status = 'generating'",
+                            (mid,),
+                        )
+                self._generating.clear()
             finally:
                 self._db.close()
                 self._db = None
@@ -457,6 +461,7 @@ class Store:
         for mid in ids:
             self._pending.pop(mid, None)
             self._last_write.pop(mid, None)
+            self._generating.discard(mid)
 
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
         """Conversations whose title or any message content contains ``text``
@@ -664,6 +669,8 @@ class Store:
                 ),
             )
             mid = int(cur.lastrowid)
+            if status == "generating":
+                self._generating.add(mid)
             if activate:
                 self.set_active(mid)
             if auto:
@@ -890,6 +897,7 @@ class Store:
                 extra["summary"] = summary
             self._write_partial(message_id, extra)
             self._last_write.pop(message_id, None)
+            self._generating.discard(message_id)
         return self.get_message(message_id)
 
     # --- import ---------------------------------------------------------------------------
