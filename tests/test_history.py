@@ -8,6 +8,7 @@ import pytest
 from app.chat.history import (
     ContextOverflowError,
     context_limit,
+    fit_for_tokenizer,
     fit_history,
     split_turns,
     template_uses_past_reasoning,
@@ -186,3 +187,27 @@ def test_template_probe(qwen_tokenizer):
         raise jinja2.TemplateError("no")
 
     assert template_uses_past_reasoning(broken) is False
+
+
+def test_fit_for_tokenizer_leaves_out_old_turns_and_their_reasoning(qwen_tokenizer):
+    msgs = [
+        {"role": "user", "content": "Hello world! " * 20},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "step by step"},
+        {"role": "user", "content": "How are you?"},
+        {"role": "assistant", "content": "Fine.", "reasoning_content": "The weather is nice"},
+        {"role": "user", "content": "And today?"},
+    ]
+    roomy = fit_for_tokenizer(msgs, qwen_tokenizer, 100_000, enable_thinking=False)
+    assert roomy.left_out_turns == 0
+    assert all("reasoning_content" not in m for m in roomy.messages)
+    rendered = qwen_tokenizer.apply_chat_template(
+        roomy.messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert rendered.count("Hello world!") == 20 and "step by step" not in rendered
+
+    # room for the last two turns only: the long first turn goes
+    tight = roomy.prompt_tokens - 1
+    fit = fit_for_tokenizer(msgs, qwen_tokenizer, tight + 50, reserve=50, enable_thinking=False)
+    assert fit.left_out_turns == 1 and fit.left_out_messages == 2
+    assert [m["content"] for m in fit.messages] == ["How are you?", "Fine.", "And today?"]
+    assert fit.prompt_tokens <= tight

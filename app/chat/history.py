@@ -214,3 +214,34 @@ def template_uses_past_reasoning(render: Callable[[list[dict]], str]) -> bool:
         return _PROBE in render(probe)
     except Exception:  # a template that rejects the probe does not use it either
         return False
+
+
+def fit_for_tokenizer(
+    messages: Sequence[dict],
+    tokenizer,
+    limit: int,
+    *,
+    reserve: int = 0,
+    tools: list[dict] | None = None,
+    **template_kwargs,
+) -> FittedHistory:
+    """:func:`fit_history` measured with the tokenizer's own chat template.
+
+    Earlier turns' reasoning is sent back only when the template shows it
+    (:func:`template_uses_past_reasoning`). ``tools`` and ``template_kwargs`` (e.g.
+    ``enable_thinking``) are rendered as they will be for generation. Raises as
+    :func:`fit_history` does.
+    """
+
+    def render(msgs: list[dict]) -> str:
+        return tokenizer.apply_chat_template(
+            msgs, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
+
+    return fit_history(
+        messages,
+        token_counter(tokenizer, tools=tools, **template_kwargs),
+        limit,
+        reserve=reserve,
+        keep_reasoning=template_uses_past_reasoning(render),
+    )
