@@ -328,3 +328,27 @@ def test_models_cli_json(hf_home, tmp_path, monkeypatch, capsys):
 
     assert main(["models", "--add-folder", str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_real_tiny_pair_from_the_cache_pairs_and_loads(tiny_root, tmp_path, monkeypatch):
+    """A loadable tiny pair placed in the cache: the catalog pairs it, the engine loads the
+    paths the catalog gives and agrees that the pair fits."""
+    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.engine.tiny import build_tiny_pair
+
+    t_dir, d_dir = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for repo, folder in (("org/tiny-real", t_dir), ("org/tiny-real-dflash", d_dir)):
+        make_cache_repo(cache, repo, {p.name: p.read_bytes() for p in folder.iterdir()
+                                      if p.is_file() and p.name != "built.json"})
+    catalog = make_catalog(tmp_path)
+    target = catalog.find("org/tiny-real")
+    assert target is not None and target.kind == "target"
+    drafter = catalog.drafters_for(target)[0]
+    assert drafter.name == "org/tiny-real-dflash"
+    loaded_t, loaded_d = load_target(str(target.path)), load_drafter(str(drafter.path))
+    check_pair(loaded_t, loaded_d)
+    assert loaded_d.config.block_size == drafter.to_dict()["block_size"] == 16
+    est = cat.estimate_memory(target, drafter, context=256)
+    assert est.weights_bytes == (t_dir / "model.safetensors").stat().st_size
