@@ -225,6 +225,8 @@ def test_convert_units_values():
     assert r.result["value"] == pytest.approx(3 * 1.609344, rel=1e-9)
     r = run_tool("convert_units", {"value": 90, "from_unit": "km/h", "to_unit": "m/s"})
     assert r.result["value"] == 25
+    r = run_tool("convert_units", {"value": 2, "from_unit": "m^2", "to_unit": "cm**2"})
+    assert r.result["value"] == 20000 and r.result["symbol"] == "cm²"
 
 
 @pytest.mark.parametrize(
@@ -236,11 +238,18 @@ def test_convert_units_values():
         ({"value": "five", "from_unit": "km", "to_unit": "m"}, "must be a number"),
         ({"value": True, "from_unit": "km", "to_unit": "m"}, "must be a number"),
         ({"value": 1, "from_unit": "", "to_unit": "m"}, "empty"),
+        # pint computes numbers in unit text exactly: these would run for ever unrefused
+        ({"value": 1, "from_unit": "10**10**10 m", "to_unit": "m"}, "must follow a unit name"),
+        ({"value": 1, "from_unit": "m", "to_unit": "m**10**10"}, "small whole numbers"),
+        ({"value": 1, "from_unit": "m^2^2", "to_unit": "m"}, "small whole numbers"),
+        ({"value": 1, "from_unit": "(10)**99", "to_unit": "m"}, "not a unit name"),
+        ({"value": 1e308, "from_unit": "km", "to_unit": "nm"}, "not a finite number"),
     ],
 )
 def test_convert_units_errors(args, fragment):
-    r = run_tool("convert_units", args)
+    r = run_tool("convert_units", args, timeout_s=GUARD_S)
     assert not r.ok
+    assert "timed out" not in r.error
     assert fragment in r.error, r.error
 
 

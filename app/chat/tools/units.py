@@ -19,6 +19,8 @@ SIGNIFICANT_DIGITS = 10
 """Converted values are rounded to this many significant digits."""
 
 _UNIT_TEXT = re.compile(r"^[A-Za-z0-9_ /*^.\-\u00b0\u00b5\u03bc\u00b2\u00b3]+$")
+_EXPONENT = re.compile(r"\*\*|\^")
+_SMALL_POWER = re.compile(r"^\s*[+-]?\d{1,2}(?![\d.])(?!\s*(\*\*|\^))")
 _ALIASES = {
     "c": "degC",
     "°c": "degC",
@@ -62,6 +64,15 @@ def _unit_text(text: str, which: str) -> str:
     text = " ".join(text.split())
     if len(text) > MAX_UNIT_CHARS or not _UNIT_TEXT.match(text):
         raise ToolError(f"{which} '{text:.40}' is not a unit name")
+    # pint evaluates numbers inside unit text exactly, so "10**10**10 m" would run for ever:
+    # an exponent may only follow a unit name and must be a small number, used once.
+    for match in _EXPONENT.finditer(text):
+        before = text[: match.start()].rstrip()
+        after = text[match.end() :]
+        if not before or not (before[-1].isalpha() or before[-1] == "_"):
+            raise ToolError(f"{which} '{text:.40}': a power must follow a unit name")
+        if not _SMALL_POWER.match(after):
+            raise ToolError(f"{which} '{text:.40}': powers must be small whole numbers")
     return _ALIASES.get(text.casefold(), text.replace("°C", "degC").replace("°F", "degF"))
 
 
