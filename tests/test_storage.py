@@ -216,9 +216,20 @@ def test_newer_schema_and_foreign_files_are_left_untouched(db, tmp_path):
 
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite at all" * 100)
-    with pytest.raises(StorageError, match="not a readable conversation database"):
+    with pytest.raises(StorageError, match="cannot use .*junk.db as the conversation database"):
         Store(junk)
     assert junk.read_bytes() == b"this is not sqlite at all" * 100
+
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.execute("INSERT INTO notes VALUES ('mine')")
+    con.commit()
+    con.close()
+    before = foreign.read_bytes()
+    with pytest.raises(StorageError, match="not a DFlash Chat database"):
+        Store(foreign)
+    assert foreign.read_bytes() == before
 
 
 _WRITER = textwrap.dedent(

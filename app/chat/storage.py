@@ -209,16 +209,17 @@ class Store:
             raise StorageError(f"cannot open the conversation database {self.path}: {exc}") from exc
         try:
             self._db.execute("PRAGMA busy_timeout = 10000")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._check_version()  # before anything that writes to the file
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("PRAGMA foreign_keys = ON")
             self._migrate()
             if recover:
                 self.recover_interrupted()
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise StorageError(
-                f"{self.path} is not a readable conversation database ({exc}); "
+                f"cannot use {self.path} as the conversation database ({exc}); "
                 "it was left as it is"
             ) from exc
         except StorageError:
@@ -304,24 +305,29 @@ class Store:
         row = self._q("SELECT max(version) FROM schema_version")
         return int(row[0][0] or 0)
 
+    def _check_version(self) -> int:
+        """The file's schema version; raises when this app must not touch the file."""
+        version = self._read_version()
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"{self.path} was written by a newer DFlash Chat (schema {version}, this "
+                f"version reads up to {SCHEMA_VERSION}); it was left as it is"
+            )
+        if version == 0:
+            tables = self._q(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+            if tables:
+                raise StorageError(
+                    f"{self.path} holds tables but no schema version: not a DFlash Chat "
+                    "database; it was left as it is"
+                )
+        return version
+
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = self._read_version()
-            if version > SCHEMA_VERSION:
-                raise SchemaTooNewError(
-                    f"{self.path} was written by a newer DFlash Chat (schema {version}, this "
-                    f"version reads up to {SCHEMA_VERSION}); it was left as it is"
-                )
+            version = self._check_version()  # again, now under the write lock
             if version == 0:
-                tables = self._q(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name NOT LIKE 'sqlite_%'"
-                )
-                if tables:
-                    raise StorageError(
-                        f"{self.path} holds tables but no schema version: not a DFlash Chat "
-                        "database; it was left as it is"
-                    )
                 db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
                 db.execute("INSERT INTO schema_version VALUES (0)")
             for target in range(version + 1, SCHEMA_VERSION + 1):
