@@ -523,3 +523,44 @@ def test_default_path_follows_data_dir(monkeypatch, tmp_path):
     with Store.open_default() as s:
         s.new_conversation("x")
     assert (tmp_path / "elsewhere" / "conversations.db").is_file()
+
+
+def test_reply_recorder_saves_engine_events(db):
+    from app.chat.storage import ReplyRecorder
+    from app.engine.events import CycleEvent, Done, TokenEvent
+
+    events = [
+        TokenEvent(token_id=7, index=0, from_draft=False),
+        TokenEvent(token_id=8, index=1, from_draft=True),
+        TokenEvent(token_id=9, index=2, from_draft=False),
+        CycleEvent(index=0, drafted=3, accepted=1, committed=2, replayed=True,
+                   draft_s=0.01, verify_s=0.02, rollback_s=0.001),
+        Done(Summary(mode="dflash", generated_tokens=3, stop_cause="cancelled",
+                     acceptance_rate=1 / 3)),
+    ]
+    with Store(db, partial_interval_s=60.0) as s:
+        conv = s.new_conversation()
+        s.add_message(conv.id, "user", "go")
+        reply = s.begin_reply(conv.id, mode="dflash", block_size=4, rollback="tape")
+        rec = ReplyRecorder(s, reply.id)
+        saved = []
+        for i, ev in enumerate(events):
+            if isinstance(ev, TokenEvent):
+                saved.append(rec.token(ev))
+                saved.append(rec.text(content="abc"[: i + 1], reasoning="r"))
+            elif isinstance(ev, Done):
+                final = rec.finish(ev.summary)
+        assert saved[0] is True and not any(saved[1:])  # throttled after the first write
+        assert (final.status, final.finish_reason) == ("stopped", "cancelled")
+        assert final.token_ids == [7, 8, 9] and final.from_draft == [False, True, False]
+        assert (final.content, final.reasoning) == ("abc", "r")
+        assert final.summary["acceptance_rate"] == pytest.approx(1 / 3)
+
+        failed = ReplyRecorder(s, s.regenerate(reply.id, mode="plain").id).finish(
+            Summary(stop_cause="error", error="boom")
+        )
+        assert (failed.status, failed.error) == ("error", "boom")
+        done = ReplyRecorder(s, s.regenerate(reply.id, mode="plain").id).finish(
+            Summary(stop_cause="end_token")
+        )
+        assert (done.status, done.finish_reason) == ("complete", "end_token")
