@@ -213,7 +213,9 @@ def test_cancel_registers_nothing_and_a_later_download_resumes(hub, online, tmp_
     assert not (repo_dir / "snapshots" / COMMIT / "config.json").exists()
     assert not (repo_dir / "snapshots" / COMMIT / "model-00002-of-00002.safetensors").exists()
     assert not list(repo_dir.rglob("*.incomplete"))
-    assert Catalog(data_dir=tmp_path / "data", bundled=()).find(REPO) is None
+    catalog = Catalog(data_dir=tmp_path / "data", bundled=())
+    assert catalog.find(REPO) is None
+    assert "incomplete download" in dict(catalog.scan().skipped)[REPO]
     assert hub.gets["model-00001-of-00002.safetensors"] == 1
 
     path = dl.download_repo(REPO)
@@ -253,3 +255,17 @@ def test_delete_frees_the_reported_size(hub, online):
     assert not (online / "models--org--tiny-remote").exists()
     with pytest.raises(ModelNotFoundError):
         dl.delete_cached_repo(REPO)
+
+
+def test_models_cli_download(hub, online, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DFLASH_RESOURCES", str(tmp_path / "no-resources"))
+    from app.cli import main
+
+    assert main(["models", "--json", "--download", REPO]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert [t["name"] for t in report["targets"]] == [REPO]
+    assert f"{REPO}: {online}" in out.err
+    assert main(["models", "--download", "org/nope"]) == 2
+    assert "org/nope was not found" in capsys.readouterr().err

@@ -599,6 +599,12 @@ class Catalog:
             rev = _pick_revision(repo)
             if rev is None:
                 continue
+            if not (rev.snapshot_path / "config.json").exists() and not rev.refs:
+                result.skipped.append(
+                    (repo.repo_id, "incomplete download (no config.json yet); download it "
+                     "again to resume")
+                )
+                continue
             entry, reason = _entry(
                 rev.snapshot_path,
                 "cache",
@@ -944,6 +950,11 @@ def _run_models(args: argparse.Namespace) -> int:
         if not catalog.remove_folder(args.remove_folder):
             print(f"error: {args.remove_folder} is not in the folder list", file=sys.stderr)
             return 2
+    if args.download:
+        code = _download_cli(args.download)
+        if code:
+            return code
+        catalog.refresh()
     report = catalog_report(catalog)
     if catalog.folders_error:
         print(f"warning: {catalog.folders_error}", file=sys.stderr)
@@ -954,8 +965,36 @@ def _run_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download_cli(repos: list[str]) -> int:
+    """Download ``repos`` in order, printing one progress line to stderr; 2 on failure."""
+    from app.engine import download as dl
+
+    def show(p) -> None:
+        total = format_bytes(p.bytes_total) if p.bytes_total else "?"
+        eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "?"
+        print(
+            f"\r{p.repo_id}: {format_bytes(p.bytes_done)} of {total}, "
+            f"{format_bytes(p.rate_bps)}/s, {eta} left   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    for repo in repos:
+        try:
+            path = dl.download_repo(repo, on_progress=show, min_interval_s=0.5)
+        except KeyboardInterrupt:
+            print(f"\ndownload of {repo} interrupted; run again to resume", file=sys.stderr)
+            return 2
+        except EngineError as exc:
+            print(f"\nerror: {exc}", file=sys.stderr)
+            return 2
+        print(f"\n{repo}: {path}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers) -> None:
-    """Add ``models [--json] [--add-folder DIR] [--remove-folder DIR]`` to the CLI."""
+    """Add ``models [--json] [--add-folder DIR] [--remove-folder DIR] [--download REPO...]``."""
     p = subparsers.add_parser(
         "models",
         help="list targets and DFlash drafters (bundled, folders, HF cache) and which fit",
@@ -965,4 +1004,11 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--add-folder", metavar="DIR", help="add a model folder (persisted)")
     p.add_argument("--remove-folder", metavar="DIR", help="forget a model folder")
+    p.add_argument(
+        "--download",
+        nargs="+",
+        metavar="REPO",
+        help="download Hugging Face repos into the cache first (e.g. a known pair's target "
+        "and drafter)",
+    )
     p.set_defaults(func=_run_models)
