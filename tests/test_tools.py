@@ -93,6 +93,8 @@ def test_builtin_names_order_and_openai_shape():
         ("sin(0) + cos(0)", 1),
         ("2**1000 // 2**999", 2),
         ("3 \u00d7 4 \u00f7 2", 6),
+        ("min(3.5)", 3.5),
+        ("max(2, 7, -1)", 7),
     ],
 )
 def test_calculator_values(expression, expected):

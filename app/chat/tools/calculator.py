@@ -166,8 +166,8 @@ _FUNCTIONS: dict[str, tuple[Any, int, int]] = {
     "acos": (_domain(math.acos, "acos", -1, 1), 1, 1),
     "atan": (math.atan, 1, 1),
     "factorial": (_factorial, 1, 1),
-    "min": (min, 1, 20),
-    "max": (max, 1, 20),
+    "min": (lambda *xs: min(xs), 1, 20),
+    "max": (lambda *xs: max(xs), 1, 20),
 }
 
 
