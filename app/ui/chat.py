@@ -1,0 +1,295 @@
+"""The chat view (rendered conversation) and the composer (input box, switch, buttons).
+
+The view renders finished messages as Markdown (``app.ui.render``) and streams the reply being
+generated as plain text appended at the end (cheap per tick); when the reply finishes the whole
+conversation is rendered again. Auto-scroll follows new text only while the view is scrolled
+to the bottom: scrolling up pauses it, scrolling back down resumes it.
+"""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QEvent, Qt, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.render import message_html, tokens_html
+from app.ui.store import Conversation, Message
+
+
+def figures_line(msg: Message) -> str:
+    """The per-reply figures line: mode, tok/s, tau, replays, block size, rollback, state."""
+    v = msg.version
+    if v is None:
+        return ""
+    r = v.result
+    parts = ["DFlash" if r.mode == "dflash" else "Plain"]
+    s = r.summary
+    if s is not None and not v.stopped:
+        parts.append(f"{s.tok_per_s:.1f} tok/s")
+        if r.mode == "dflash" and s.tau is not None:
+            parts.append(f"τ {s.tau:.2f}")
+            parts.append(f"{s.replays} replay{'s' if s.replays != 1 else ''}")
+    if v.stopped:
+        cycles = s.cycles if s is not None else 0
+        parts.append(f"{len(r.tokens)} tokens")
+        if r.mode == "dflash":
+            parts.append(f"{cycles} cycles")
+    elif s is not None:
+        parts.append(f"{s.generated_tokens} tokens")
+    if r.mode == "dflash":
+        parts.append(f"block {r.block_size or 'default'}")
+        parts.append(r.rollback)
+    if v.stopped:
+        parts.append("stopped")
+    elif r.finish_reason == "length":
+        parts.append("cut at max tokens")
+    if v.error:
+        parts.append("error")
+    return " · ".join(parts)
+
+
+class ChatView(QTextBrowser):
+    """Read-only rendered conversation with copy links on code blocks.
+
+    Signals: ``linkActivated(str)`` for app links (``continue:``, ``choose:plain``,
+    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard)."""
+
+    linkActivated = Signal(str)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("chat")
+        self.setAccessibleName("Conversation")
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._on_anchor)
+        self.codes: list[str] = []
+        self.palette_colours: dict = {}
+        self.colour_drafts = False
+        self.follow = True
+        self._stream_pos: int | None = None
+        self.verticalScrollBar().valueChanged.connect(self._on_scroll)
+        self.verticalScrollBar().rangeChanged.connect(self._on_range)
+
+    # ---- scrolling
+    def _at_bottom(self) -> bool:
+        sb = self.verticalScrollBar()
+        return sb.value() >= sb.maximum() - 4
+
+    def _on_scroll(self, _value: int) -> None:
+        self.follow = self._at_bottom()
+
+    def _on_range(self, _lo: int, hi: int) -> None:
+        if self.follow:
+            self.verticalScrollBar().setValue(hi)
+
+    def _on_anchor(self, url: QUrl) -> None:
+        link = url.toString()
+        if link.startswith("copy:"):
+            try:
+                QGuiApplication.clipboard().setText(self.codes[int(link[5:])])
+            except (ValueError, IndexError):
+                pass
+            return
+        self.linkActivated.emit(link)
+
+    # ---- rendering
+    def render(self, conv: Conversation | None, streaming: bool = False) -> None:
+        """Render the whole conversation (``streaming``: the last turn is being generated
+        and is streamed by :meth:`append_stream`)."""
+        c = self.palette_colours
+        self.codes = []
+        out = [f'<div style="color:{c.get("text", "#000")};">']
+        msgs = conv.messages if conv else []
+        last_assistant = max((i for i, m in enumerate(msgs) if m.role == "assistant"),
+                             default=-1)
+        for i, m in enumerate(msgs):
+            if m.role == "user":
+                out.append(
+                    f'<table width="100%" cellpadding="10" style="margin-top:10px;'
+                    f' background-color:{c.get("user_bg")};"><tr><td>'
+                    f'<b style="color:{c.get("accent")};">You</b><br>'
+                    f'{message_html(m.content, self.codes, c)}</td></tr></table>')
+            elif m.role == "assistant":
+                out.append(self._assistant_html(i, m, i == last_assistant, streaming))
+        out.append("</div>")
+        self.setHtml("".join(out))
+        self._stream_pos = None
+        if streaming:
+            cur = self.textCursor()
+            cur.movePosition(QTextCursor.End)
+            self._stream_pos = cur.position()
+        if self.follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def _assistant_html(self, i: int, m: Message, is_last: bool, streaming: bool) -> str:
+        c = self.palette_colours
+        head = f'<p style="margin-top:14px;"><b style="color:{c.get("accent")};">Assistant</b>'
+        v = m.version
+        if v is None:
+            return head + ("" if streaming else " <i>(no reply)</i>") + "</p>"
+        r = v.result
+        head += "</p>"
+        if r.reasoning:
+            head += (f'<p style="color:{c.get("muted")}; font-size:small;">'
+                     f'<a href="reasoning:{i}" style="color:{c.get("muted")};">'
+                     f"Reasoning ({len(r.reasoning.split())} words) — show in pane</a></p>")
+        if self.colour_drafts and r.pieces:
+            body = tokens_html(r.pieces, r.from_draft, c)
+        else:
+            body = message_html(r.content, self.codes, c) if r.content.strip() else ""
+        if r.tool_calls:
+            names = ", ".join(html.escape(str(t.get("name"))) for t in r.tool_calls)
+            body += (f'<p style="color:{c.get("muted")}; font-size:small;">'
+                     f"Called {names} (see the tool pane)</p>")
+        if v.error:
+            body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
+        foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
+        if m.is_compare:
+            other = "plain" if m.chosen == "dflash" else "dflash"
+            label = "Plain" if other == "plain" else "DFlash"
+            foot += (f' · compare turn · <a href="choose:{other}" style="color:{c.get("accent")};">'
+                     f"continue from {label} instead</a>")
+        if is_last and not streaming and r.finish_reason == "length" and not v.stopped:
+            foot += f' · <a href="continue:" style="color:{c.get("accent")};">Continue</a>'
+        foot += "</p>"
+        return head + body + foot
+
+    def append_stream(self, text: str) -> None:
+        """Append streamed reply text at the end (plain text, no re-render)."""
+        if not text:
+            return
+        follow = self.follow
+        cur = QTextCursor(self.document())
+        cur.movePosition(QTextCursor.End)
+        cur.insertText(text)
+        if follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+
+class Composer(QWidget):
+    """Input box with the Plain | DFlash switch, Send, Stop and Compare.
+
+    Enter sends, Shift+Enter inserts a new line. Signals: ``send(str)``, ``stop()``,
+    ``compare(str)``; ``mode()`` returns "plain" or "dflash"."""
+
+    send = Signal(str)
+    stop = Signal()
+    compare = Signal(str)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.edit = QPlainTextEdit()
+        self.edit.setObjectName("composer")
+        self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.edit.setAccessibleName("Message input")
+        self.edit.setFixedHeight(76)
+        self.edit.installEventFilter(self)
+        self.plain_btn = QPushButton("Plain")
+        self.dflash_btn = QPushButton("DFlash")
+        for b, tip in ((self.plain_btn, "Decode one token per target forward."),
+                       (self.dflash_btn, "DFlash block-diffusion speculative decoding "
+                                         "(exact: greedy output equals plain).")):
+            b.setCheckable(True)
+            b.setToolTip(tip)
+            b.setAccessibleName(f"{b.text()} decoding")
+        self.mode_group = QButtonGroup(self)
+        self.mode_group.setExclusive(True)
+        self.mode_group.addButton(self.plain_btn)
+        self.mode_group.addButton(self.dflash_btn)
+        self.dflash_btn.setChecked(True)
+        self.colour_box = QCheckBox("Colour drafter tokens")
+        self.colour_box.setToolTip("Tint tokens the drafter proposed and the target accepted.")
+        self.colour_box.setAccessibleName("Colour drafter tokens")
+        self.send_btn = QPushButton("Send")
+        self.send_btn.setObjectName("send")
+        self.send_btn.setToolTip("Send (Enter / Ctrl+Return)")
+        self.send_btn.setAccessibleName("Send")
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.setToolTip("Stop generating (Esc)")
+        self.stop_btn.setAccessibleName("Stop")
+        self.stop_btn.setEnabled(False)
+        self.compare_btn = QPushButton("Compare")
+        self.compare_btn.setToolTip("Run the prompt plain, then with DFlash, side by side "
+                                    "(Ctrl+Shift+C)")
+        self.compare_btn.setAccessibleName("Compare plain and DFlash")
+        self.note = QLabel("")
+        self.note.setObjectName("figureName")
+        row = QHBoxLayout()
+        row.setSpacing(6)
+        row.addWidget(self.plain_btn)
+        row.addWidget(self.dflash_btn)
+        row.addSpacing(10)
+        row.addWidget(self.colour_box)
+        row.addWidget(self.note, 1)
+        row.addWidget(self.compare_btn)
+        row.addWidget(self.stop_btn)
+        row.addWidget(self.send_btn)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 8, 12, 10)
+        lay.setSpacing(6)
+        lay.addWidget(self.edit)
+        lay.addLayout(row)
+        self.send_btn.clicked.connect(self._send)
+        self.stop_btn.clicked.connect(self.stop.emit)
+        self.compare_btn.clicked.connect(self._compare)
+
+    def mode(self) -> str:
+        """"dflash" or "plain" (the switch)."""
+        return "dflash" if self.dflash_btn.isChecked() else "plain"
+
+    def set_mode(self, mode: str) -> None:
+        """Set the switch."""
+        (self.dflash_btn if mode == "dflash" else self.plain_btn).setChecked(True)
+
+    def set_busy(self, busy: bool) -> None:
+        """Generating: Send/Compare off, Stop on (and the reverse)."""
+        self.send_btn.setEnabled(not busy)
+        self.compare_btn.setEnabled(not busy and self.dflash_btn.isEnabled())
+        self.stop_btn.setEnabled(busy)
+
+    def set_dflash_available(self, ok: bool, reason: str = "") -> None:
+        """Enable DFlash (and Compare) only with a drafter; ``reason`` is shown otherwise."""
+        self.dflash_btn.setEnabled(ok)
+        self.compare_btn.setEnabled(ok)
+        self.dflash_btn.setToolTip(self.dflash_btn.toolTip() if ok else reason)
+        if not ok:
+            self.plain_btn.setChecked(True)
+
+    def _take(self) -> str | None:
+        text = self.edit.toPlainText().strip()
+        if not text or not self.send_btn.isEnabled():
+            return None
+        self.edit.clear()
+        return text
+
+    def _send(self) -> None:
+        text = self._take()
+        if text:
+            self.send.emit(text)
+
+    def _compare(self) -> None:
+        text = self._take()
+        if text:
+            self.compare.emit(text)
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt override)
+        if obj is self.edit and event.type() == QEvent.KeyPress:
+            ke: QKeyEvent = event
+            if ke.key() in (Qt.Key_Return, Qt.Key_Enter) and \
+                    not ke.modifiers() & Qt.ShiftModifier:
+                self._send()
+                return True
+        return super().eventFilter(obj, event)

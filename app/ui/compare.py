@@ -1,0 +1,167 @@
+"""Compare: the same prompt through plain and DFlash, side by side.
+
+The first token where the two outputs differ is highlighted on both sides; when they agree
+the header says "identical, N tokens". Each side shows its figures; the header gives the
+speed ratio (DFlash tok/s / plain tok/s). The user picks the version the conversation
+continues from (DFlash's by default).
+"""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QTextBrowser,
+    QVBoxLayout,
+)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token that differs between ``a`` and ``b`` (token id lists); when
+    one is a prefix of the other, the shorter length; None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    if len(a) != len(b):
+        return min(len(a), len(b))
+    return None
+
+
+def verdict(plain, dflash) -> str:
+    """Header text for two :class:`~app.ui.worker.ReplyResult` objects."""
+    diff = first_difference(plain.tokens, dflash.tokens)
+    if diff is None:
+        text = f"identical, {len(plain.tokens)} tokens"
+    else:
+        text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
+               f"{len(dflash.tokens)} DFlash)"
+    ps, ds = plain.summary, dflash.summary
+    if ps is not None and ds is not None and ps.tok_per_s > 0:
+        text += f" · DFlash {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
+    return text
+
+
+def pieces_html(pieces: list[str], mark: int | None, colours: dict) -> str:
+    """Token texts as HTML, the token at index ``mark`` on the highlight colour."""
+    out = []
+    for i, p in enumerate(pieces):
+        body = html.escape(p).replace("\n", "<br>")
+        if i == mark:
+            body = (f'<span style="background-color:{colours.get("diff_bg", "#fdd")};">'
+                    f"{body or '∅'}</span>")
+        out.append(body)
+    if mark is not None and mark >= len(pieces):
+        out.append(f'<span style="background-color:{colours.get("diff_bg", "#fdd")};">'
+                   "[ended]</span>")
+    return "<p>" + "".join(out) + "</p>"
+
+
+def side_figures(result) -> str:
+    """One line of figures for a side."""
+    s = result.summary
+    if s is None:
+        return "no figures"
+    parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens",
+             f"first token {s.ttft_s * 1000:.0f} ms"]
+    if result.mode == "dflash":
+        if s.tau is not None:
+            parts.append(f"τ {s.tau:.2f}")
+        if s.acceptance_rate is not None:
+            parts.append(f"acceptance {s.acceptance_rate * 100:.0f}%")
+        parts.append(f"{s.replays} replays")
+    return " · ".join(parts)
+
+
+class CompareView(QFrame):
+    """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain" or "dflash"."""
+
+    chosen = Signal(str)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("side")
+        self.header = QLabel("")
+        self.header.setObjectName("sectionTitle")
+        self.header.setAccessibleName("Comparison result")
+        self.colours: dict = {}
+        self.texts: dict[str, QTextBrowser] = {}
+        self.figs: dict[str, QLabel] = {}
+        self.buttons: dict[str, QPushButton] = {}
+        grid = QGridLayout()
+        for col, (key, title) in enumerate((("plain", "Plain"), ("dflash", "DFlash"))):
+            t = QLabel(title)
+            t.setObjectName("sectionTitle")
+            tb = QTextBrowser()
+            tb.setAccessibleName(f"{title} reply")
+            fig = QLabel("")
+            fig.setObjectName("figureName")
+            fig.setWordWrap(True)
+            btn = QPushButton(f"Continue from {title}")
+            btn.setCheckable(True)
+            btn.setAccessibleName(f"Continue from {title}")
+            btn.clicked.connect(lambda _=False, k=key: self._choose(k))
+            grid.addWidget(t, 0, col)
+            grid.addWidget(tb, 1, col)
+            grid.addWidget(fig, 2, col)
+            grid.addWidget(btn, 3, col)
+            self.texts[key], self.figs[key], self.buttons[key] = tb, fig, btn
+        top = QHBoxLayout()
+        top.addWidget(self.header, 1)
+        self.close_btn = QPushButton("Hide")
+        self.close_btn.setAccessibleName("Hide comparison")
+        self.close_btn.clicked.connect(self.hide)
+        top.addWidget(self.close_btn)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 8, 12, 8)
+        lay.addLayout(top)
+        lay.addLayout(grid)
+        self.results: dict = {}
+
+    def _choose(self, key: str) -> None:
+        self.set_choice(key)
+        self.chosen.emit(key)
+
+    def set_choice(self, key: str) -> None:
+        """Check the button of the version the conversation continues from."""
+        for k, b in self.buttons.items():
+            b.setChecked(k == key)
+
+    def show_running(self, which: str) -> None:
+        """Header while a side is generating."""
+        self.header.setText(f"Comparing… running {'DFlash' if which == 'dflash' else 'plain'}")
+
+    def stream(self, key: str, text: str) -> None:
+        """Show a side's streaming text (plain text)."""
+        tb = self.texts[key]
+        tb.setPlainText(text)
+        tb.verticalScrollBar().setValue(tb.verticalScrollBar().maximum())
+
+    def set_results(self, plain, dflash, chosen: str = "dflash") -> None:
+        """Show two finished :class:`~app.ui.worker.ReplyResult`; either may be None (stopped
+        before it ran)."""
+        self.results = {"plain": plain, "dflash": dflash}
+        mark = None
+        if plain is not None and dflash is not None:
+            mark = first_difference(plain.tokens, dflash.tokens)
+            self.header.setText(verdict(plain, dflash))
+        else:
+            self.header.setText("comparison stopped before both sides ran")
+        for key, r in self.results.items():
+            if r is None:
+                self.texts[key].setPlainText("")
+                self.figs[key].setText("not run")
+                self.buttons[key].setEnabled(False)
+                continue
+            self.buttons[key].setEnabled(True)
+            pieces = r.pieces if r.pieces else [r.content]
+            self.texts[key].setHtml(pieces_html(pieces, mark if r.pieces else None,
+                                                self.colours))
+            self.figs[key].setText(side_figures(r))
+        self.set_choice(chosen)
+

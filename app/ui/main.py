@@ -1,0 +1,130 @@
+"""Window entry point: ``run_gui(args) -> int`` (called by ``app.cli`` with a display or
+``--gui``).
+
+One instance at a time: the first launch listens on a :class:`QLocalServer` named after the
+data folder; a second launch connects, asks it to come to the front and exits 0. The Qt event
+loop runs under qasync so asyncio work (downloads, file I/O) can share it. Logs go to
+``<data dir>/dflash-chat.log``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QCoreApplication, QSettings
+from PySide6.QtNetwork import QLocalServer, QLocalSocket
+from PySide6.QtWidgets import QApplication
+
+from app import APP_NAME, __version__
+from app.paths import default_data_dir
+
+log = logging.getLogger(__name__)
+
+
+def server_name(data_dir: Path) -> str:
+    """The single-instance socket name for ``data_dir`` (one instance per database)."""
+    digest = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]
+    return f"dflash-chat-{digest}"
+
+
+def notify_running_instance(name: str, timeout_ms: int = 500) -> bool:
+    """True when an instance listens on ``name`` (it is asked to raise its window)."""
+    sock = QLocalSocket()
+    sock.connectToServer(name)
+    if not sock.waitForConnected(timeout_ms):
+        return False
+    sock.write(b"raise\n")
+    sock.flush()
+    sock.waitForBytesWritten(timeout_ms)
+    sock.disconnectFromServer()
+    return True
+
+
+def listen(name: str, on_raise) -> QLocalServer:
+    """Serve ``name``; ``on_raise()`` runs when a second launch connects."""
+    server = QLocalServer()
+    QLocalServer.removeServer(name)  # a stale socket left by a crash
+    server.listen(name)
+
+    def accept() -> None:
+        while server.hasPendingConnections():
+            conn = server.nextPendingConnection()
+            conn.readyRead.connect(lambda c=conn: (c.readAll(), on_raise()))
+            conn.disconnected.connect(conn.deleteLater)
+
+    server.newConnection.connect(accept)
+    return server
+
+
+def setup_logging(data_dir: Path) -> Path:
+    """Rotating log file ``<data_dir>/dflash-chat.log`` (1 MB x 3); returns its path."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "dflash-chat.log"
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=1_000_000, backupCount=3,
+                                                   encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return path
+
+
+def make_store(data_dir: Path):
+    """The conversation store: SQLite storage (issue 8) when available, else in memory."""
+    try:
+        from app.ui.storage_adapter import open_store  # written once app.chat.storage exists
+    except ImportError:
+        from app.ui.store import MemoryStore
+
+        return MemoryStore()
+    return open_store(data_dir)
+
+
+def run_gui(args=None) -> int:
+    """Open the window and run the event loop; returns the exit code (0 also when another
+    instance was focused instead)."""
+    QCoreApplication.setOrganizationName("DFlash")
+    QCoreApplication.setApplicationName(APP_NAME)
+    QCoreApplication.setApplicationVersion(__version__)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    data_dir = Path(getattr(args, "data_dir", None) or default_data_dir())
+    name = server_name(data_dir)
+    if notify_running_instance(name):
+        print(f"{APP_NAME} is already running; brought it to the front.")
+        return 0
+    log_path = setup_logging(data_dir)
+    log.info("starting %s %s, data in %s", APP_NAME, __version__, data_dir)
+    qs = QSettings(str(data_dir / "settings.ini"), QSettings.IniFormat)
+
+    from app.ui.window import MainWindow
+
+    win = MainWindow(store=make_store(data_dir), qsettings=qs)
+    win.log_path = log_path
+
+    def bring_up() -> None:
+        win.showNormal()
+        win.raise_()
+        win.activateWindow()
+
+    server = listen(name, bring_up)
+    win.show()
+    try:
+        import asyncio
+
+        import qasync
+
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        closed = asyncio.Event()
+        app.aboutToQuit.connect(closed.set)
+        with loop:
+            loop.run_until_complete(closed.wait())
+        code = 0
+    except ImportError:  # qasync missing: plain Qt loop
+        code = app.exec()
+    server.close()
+    return code

@@ -1,0 +1,344 @@
+"""Right-hand panes: the live figures panel with its per-cycle chart, the tool-call pane and
+a collapsible section container.
+
+Figure definitions (tooltips) are the engine's (``app/engine/events.py``, after the DFlash
+paper): acceptance rate = accepted drafts / drafted; tau = mean tokens committed per verify
+cycle; replays = cycles whose recurrent state was rolled back and re-run; rollback share =
+rollback seconds / (draft + verify + rollback seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QLabel,
+    QSizePolicy,
+    QToolButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine.events import CycleEvent, Summary
+
+FIGURES: list[tuple[str, str, str]] = [
+    ("acceptance", "Acceptance",
+     "Acceptance rate = accepted draft tokens / drafted tokens (DFlash only). Not the share of "
+     "output tokens that came from the drafter."),
+    ("tau", "τ (tokens/cycle)",
+     "Tau = mean tokens committed per verify cycle (accepted + 1, at most the block size); the "
+     "prefill's first token is not a cycle."),
+    ("replays", "Replays",
+     "Cycles whose recurrent state was rolled back and the committed tokens run again "
+     "(through the recurrence only under 'tape', through the whole target under 'replay')."),
+    ("rollback_share", "Rollback share",
+     "Rollback seconds / (draft + verify + rollback seconds)."),
+    ("tok_per_s", "tok/s",
+     "Generated tokens per second, from the first token to the last (prefill excluded)."),
+    ("ttft", "First token",
+     "Time to first token: from the request to the first generated token (prefill included)."),
+    ("cycles", "Cycles", "DFlash draft-verify cycles run."),
+    ("tokens", "Tokens", "Tokens generated (the end token included when generated)."),
+    ("context", "Context", "Prompt + generated tokens / the target's context limit."),
+]
+
+
+@dataclass
+class LiveStats:
+    """Figures accumulated from the event stream while a reply is generated.
+
+    Times are the GUI's clock (seconds, ``time.monotonic``) and are replaced by the engine's
+    :class:`Summary` figures when the reply finishes (:meth:`apply_summary`).
+    """
+
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    tokens: int = 0
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    replays: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rollback_s: float = 0.0
+    accepted_lengths: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    context_limit: int = 0
+    summary: Summary | None = None
+
+    def on_token(self, now: float | None = None) -> None:
+        """Count one committed token."""
+        now = time.monotonic() if now is None else now
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.tokens += 1
+
+    def on_cycle(self, ev: CycleEvent) -> None:
+        """Add one DFlash cycle."""
+        self.cycles += 1
+        self.drafted += ev.drafted
+        self.accepted += ev.accepted
+        self.committed += ev.committed
+        self.replays += int(ev.replayed)
+        self.draft_s += ev.draft_s
+        self.verify_s += ev.verify_s
+        self.rollback_s += ev.rollback_s
+        self.accepted_lengths.append(ev.accepted)
+
+    def apply_summary(self, s: Summary) -> None:
+        """Take the engine's final figures (the panel then shows exactly these)."""
+        self.summary = s
+        self.prompt_tokens = s.prompt_tokens
+        if s.accepted_lengths:
+            self.accepted_lengths = list(s.accepted_lengths)
+
+    def values(self) -> dict:
+        """The numbers the panel shows, keyed as in :data:`FIGURES` (None: not applicable).
+
+        Units: acceptance and rollback_share as fractions, ttft in seconds, tok_per_s in
+        tokens per second, context as (used, limit)."""
+        s = self.summary
+        if s is not None:
+            return {
+                "acceptance": s.acceptance_rate,
+                "tau": s.tau,
+                "replays": s.replays,
+                "rollback_share": s.rollback_share,
+                "tok_per_s": s.tok_per_s,
+                "ttft": s.ttft_s,
+                "cycles": s.cycles,
+                "tokens": s.generated_tokens,
+                "context": (s.prompt_tokens + s.generated_tokens, self.context_limit),
+            }
+        spent = self.draft_s + self.verify_s + self.rollback_s
+        rate = None
+        if self.first_token_at is not None and self.last_token_at is not None \
+                and self.tokens > 1 and self.last_token_at > self.first_token_at:
+            rate = (self.tokens - 1) / (self.last_token_at - self.first_token_at)
+        return {
+            "acceptance": self.accepted / self.drafted if self.drafted else None,
+            "tau": self.committed / self.cycles if self.cycles else None,
+            "replays": self.replays,
+            "rollback_share": self.rollback_s / spent if spent > 0 else None,
+            "tok_per_s": rate,
+            "ttft": (self.first_token_at - self.started) if self.first_token_at else None,
+            "cycles": self.cycles,
+            "tokens": self.tokens,
+            "context": ((self.prompt_tokens or 0) + self.tokens, self.context_limit),
+        }
+
+
+def format_figure(key: str, value) -> str:
+    """Display text for one figure value ("–" when not applicable)."""
+    if value is None:
+        return "–"
+    if key in ("acceptance", "rollback_share"):
+        return f"{value * 100:.1f}%"
+    if key == "tau":
+        return f"{value:.2f}"
+    if key == "tok_per_s":
+        return f"{value:.1f}"
+    if key == "ttft":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    if key == "context":
+        used, limit = value
+        return f"{used:,} / {limit:,}" if limit else f"{used:,}"
+    return f"{value:,}"
+
+
+class AcceptChart(QWidget):
+    """Bar chart of accepted draft tokens per cycle, drawn with QPainter; bars at the maximum
+    (every draft accepted) use a second colour. Shows the last ``max_bars`` cycles."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.values: list[int] = []
+        self.max_value = 1
+        self.max_bars = 120
+        self.colours = {"bar": "#2a9d8f", "bar_full": "#1d6f8a", "muted": "#667085",
+                        "border": "#d9dee5"}
+        self.setMinimumHeight(90)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setAccessibleName("Accepted drafts per cycle chart")
+        self.setToolTip("Accepted draft tokens per DFlash cycle (newest on the right).")
+
+    def set_values(self, values: list[int], max_value: int | None = None) -> None:
+        """Replace the bars; ``max_value`` is the top of the scale (block size - 1)."""
+        self.values = list(values)
+        top = max(self.values, default=1)
+        self.max_value = max(1, max_value or 0, top)
+        self.update()
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 (Qt override)
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        r = QRectF(self.rect()).adjusted(24, 6, -4, -14)
+        p.setPen(QPen(QColor(self.colours["border"]), 1))
+        p.drawLine(r.bottomLeft(), r.bottomRight())
+        p.setPen(QColor(self.colours["muted"]))
+        f = p.font()
+        f.setPointSizeF(max(6.0, f.pointSizeF() * 0.8))
+        p.setFont(f)
+        p.drawText(QRectF(0, r.top() - 6, 22, 14), Qt.AlignRight, str(self.max_value))
+        p.drawText(QRectF(0, r.bottom() - 8, 22, 14), Qt.AlignRight, "0")
+        vals = self.values[-self.max_bars:]
+        if not vals:
+            p.drawText(r, Qt.AlignCenter, "no cycles yet")
+            p.end()
+            return
+        n = max(len(vals), 24)
+        w = r.width() / n
+        for i, v in enumerate(vals):
+            h = r.height() * v / self.max_value
+            colour = self.colours["bar_full"] if v >= self.max_value else self.colours["bar"]
+            p.fillRect(QRectF(r.left() + i * w + 0.5, r.bottom() - h, max(1.0, w - 1.5), h),
+                       QColor(colour))
+        p.setPen(QColor(self.colours["muted"]))
+        p.drawText(QRectF(r.left(), r.bottom() + 1, r.width(), 13), Qt.AlignRight,
+                   f"{len(self.values)} cycles")
+        p.end()
+
+
+class LivePanel(QWidget):
+    """The live figures (see :data:`FIGURES`) and the per-cycle chart."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        grid = QGridLayout()
+        grid.setSpacing(6)
+        self.labels: dict[str, QLabel] = {}
+        for i, (key, name, tip) in enumerate(FIGURES):
+            tile = QFrame()
+            tile.setObjectName("figure")
+            tile.setToolTip(tip)
+            lay = QVBoxLayout(tile)
+            lay.setContentsMargins(8, 5, 8, 5)
+            lay.setSpacing(0)
+            value = QLabel("–")
+            value.setObjectName("figureValue")
+            value.setToolTip(tip)
+            value.setAccessibleName(name)
+            value.setAccessibleDescription(tip)
+            caption = QLabel(name)
+            caption.setObjectName("figureName")
+            lay.addWidget(value)
+            lay.addWidget(caption)
+            grid.addWidget(tile, i // 3, i % 3)
+            self.labels[key] = value
+        self.mode_label = QLabel("")
+        self.mode_label.setObjectName("figureName")
+        self.chart = AcceptChart()
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addLayout(grid)
+        outer.addWidget(self.chart)
+        outer.addWidget(self.mode_label)
+        self.shown: dict = {}
+
+    def show_stats(self, stats: LiveStats, block_size: int | None = None) -> None:
+        """Show the figures of ``stats`` (the summary's when the reply finished)."""
+        self.shown = stats.values()
+        for key, label in self.labels.items():
+            label.setText(format_figure(key, self.shown.get(key)))
+        self.chart.set_values(stats.accepted_lengths,
+                              (block_size - 1) if block_size else None)
+
+    def clear(self) -> None:
+        """Back to dashes and an empty chart."""
+        self.show_stats(LiveStats())
+
+
+class Collapsible(QWidget):
+    """A titled section whose body can be folded away (the arrow button toggles it)."""
+
+    def __init__(self, title: str, body: QWidget, parent=None, expanded: bool = True) -> None:
+        super().__init__(parent)
+        self.button = QToolButton()
+        self.button.setObjectName("collapse")
+        self.button.setText(title)
+        self.button.setCheckable(True)
+        self.button.setChecked(expanded)
+        self.button.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.button.setArrowType(Qt.DownArrow if expanded else Qt.RightArrow)
+        self.button.setAccessibleName(f"Show or hide {title}")
+        self.button.toggled.connect(self._toggle)
+        self.body = body
+        body.setVisible(expanded)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        lay.addWidget(self.button)
+        lay.addWidget(body)
+
+    def _toggle(self, on: bool) -> None:
+        self.button.setArrowType(Qt.DownArrow if on else Qt.RightArrow)
+        self.body.setVisible(on)
+
+
+class ToolPane(QTreeWidget):
+    """Tool calls of the shown reply: one row per call (name, status, duration) with the
+    arguments as formatted JSON and the result as children."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setColumnCount(3)
+        self.setHeaderLabels(["Tool", "Status", "Time"])
+        self.setAccessibleName("Tool calls")
+        self.setRootIsDecorated(True)
+        self.setWordWrap(True)
+        self.header().setStretchLastSection(False)
+        self.header().setSectionResizeMode(0, self.header().ResizeMode.Stretch)
+        self._calls: list[dict] = []
+
+    def set_calls(self, calls: list[dict]) -> None:
+        """Show ``calls`` (dicts with name, arguments, result, error, duration_s)."""
+        if calls == self._calls:
+            return
+        self._calls = [dict(c) for c in calls]
+        self.clear()
+        for c in self._calls:
+            if c.get("error"):
+                status = "error"
+            elif c.get("result") is not None:
+                status = "done"
+            else:
+                status = "running"
+            dur = c.get("duration_s")
+            item = QTreeWidgetItem([str(c.get("name", "?")), status,
+                                    f"{dur * 1000:.0f} ms" if isinstance(dur, (int, float))
+                                    else ""])
+            args = c.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass
+            arg_text = json.dumps(args, indent=2, ensure_ascii=False) \
+                if not isinstance(args, str) else args
+            QTreeWidgetItem(item, ["arguments:\n" + arg_text])
+            if c.get("error"):
+                QTreeWidgetItem(item, ["error: " + str(c["error"])])
+            elif c.get("result") is not None:
+                res = c["result"]
+                text = res if isinstance(res, str) else json.dumps(res, indent=2,
+                                                                   ensure_ascii=False)
+                QTreeWidgetItem(item, ["result:\n" + text])
+            for i in range(item.childCount()):
+                item.child(i).setFirstColumnSpanned(True)
+            self.addTopLevelItem(item)
+            item.setExpanded(True)
+
+    def calls(self) -> list[dict]:
+        """The calls shown (copies)."""
+        return [dict(c) for c in self._calls]

@@ -1,0 +1,216 @@
+"""Generation settings: app defaults in QSettings, per-conversation overrides, the dialog.
+
+Effective settings = :data:`DEFAULTS` <- QSettings app defaults <- the conversation's
+overrides (the conversation wins). Keys and units:
+
+* ``system_prompt`` (str), ``max_tokens`` (int tokens), ``block_size`` (int; 0 = the
+  drafter's own), ``rollback`` ("tape" | "replay"), ``thinking`` (bool), ``stop_strings``
+  (list[str]), ``use_tools`` (bool: offer the built-in tools and run their calls),
+  ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int),
+  ``min_p`` (float), ``repetition_penalty`` (float; 1 = off), ``seed`` (int; -1 = none).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+)
+
+DEFAULTS: dict = {
+    "system_prompt": "You are a helpful assistant.",
+    "max_tokens": 512,
+    "block_size": 0,
+    "rollback": "tape",
+    "thinking": True,
+    "stop_strings": [],
+    "use_tools": True,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "seed": -1,
+}
+
+
+def _coerce(key: str, value):
+    default = DEFAULTS[key]
+    if isinstance(default, bool):
+        return value in (True, "true", "1", 1)
+    if isinstance(default, int):
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, list):
+        if isinstance(value, str):
+            return [s for s in value.split("\n") if s]
+        return list(value or [])
+    return str(value)
+
+
+def load_defaults(qs: QSettings) -> dict:
+    """App defaults from QSettings (group ``generation``) over :data:`DEFAULTS`."""
+    out = dict(DEFAULTS)
+    qs.beginGroup("generation")
+    try:
+        for key in DEFAULTS:
+            if qs.contains(key):
+                try:
+                    out[key] = _coerce(key, qs.value(key))
+                except (TypeError, ValueError):
+                    pass
+    finally:
+        qs.endGroup()
+    return out
+
+
+def save_defaults(qs: QSettings, values: dict) -> None:
+    """Write app defaults (only known keys) to QSettings."""
+    qs.beginGroup("generation")
+    try:
+        for key in DEFAULTS:
+            if key in values:
+                v = values[key]
+                qs.setValue(key, "\n".join(v) if isinstance(v, list) else v)
+    finally:
+        qs.endGroup()
+    qs.sync()
+
+
+def effective(defaults: dict, overrides: dict) -> dict:
+    """The settings a reply uses: ``defaults`` updated by the conversation's ``overrides``."""
+    out = dict(defaults)
+    out.update({k: v for k, v in overrides.items() if k in DEFAULTS})
+    return out
+
+
+def reply_settings(values: dict, mode: str) -> dict:
+    """The dict the worker turns into ``ReplySettings``: None for "use the default"."""
+    s = dict(values)
+    s["mode"] = mode
+    s["block_size"] = values.get("block_size") or None
+    s["seed"] = None if values.get("seed", -1) < 0 else values["seed"]
+    s["repetition_penalty"] = None if values.get("repetition_penalty", 1.0) == 1.0 \
+        else values["repetition_penalty"]
+    s["enable_thinking"] = bool(values.get("thinking", True))
+    return s
+
+
+class SettingsDialog(QDialog):
+    """Edit generation settings; "Save for this chat" stores overrides with the conversation,
+    "Save as defaults" writes the app defaults. ``saved(dict, str)`` gives the values and
+    "conversation" or "defaults"."""
+
+    saved = Signal(dict, str)
+
+    def __init__(self, values: dict, parent=None, max_block: int | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setAccessibleName("Settings")
+        self.system = QPlainTextEdit(values["system_prompt"])
+        self.system.setFixedHeight(80)
+        self.system.setAccessibleName("System prompt")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 131072)
+        self.max_tokens.setValue(values["max_tokens"])
+        self.max_tokens.setAccessibleName("Max tokens")
+        self.block = QSpinBox()
+        self.block.setRange(0, max_block or 64)
+        self.block.setSpecialValueText("drafter default")
+        self.block.setValue(values["block_size"])
+        self.block.setAccessibleName("Block size")
+        self.block.setToolTip("Tokens per DFlash block (1 committed + block-1 drafts); at most "
+                              "the drafter's trained block size.")
+        self.rollback = QComboBox()
+        self.rollback.addItems(["tape", "replay"])
+        self.rollback.setCurrentText(values["rollback"])
+        self.rollback.setAccessibleName("Rollback strategy")
+        self.rollback.setToolTip("tape: re-run only the recurrence over committed tokens; "
+                                 "replay: run the committed tokens through the whole target.")
+        self.thinking = QCheckBox("Let the model think before answering")
+        self.thinking.setChecked(values["thinking"])
+        self.thinking.setAccessibleName("Thinking")
+        self.use_tools = QCheckBox("Offer the built-in tools (calculator, time, units, "
+                                   "countries)")
+        self.use_tools.setChecked(values["use_tools"])
+        self.use_tools.setAccessibleName("Use tools")
+        self.stops = QLineEdit(" | ".join(values["stop_strings"]))
+        self.stops.setPlaceholderText("e.g.  END | ###")
+        self.stops.setAccessibleName("Stop strings")
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(values["temperature"])
+        self.temperature.setAccessibleName("Temperature")
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.0, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setValue(values["top_p"])
+        self.top_p.setAccessibleName("Top p")
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        self.seed.setValue(values["seed"])
+        self.seed.setAccessibleName("Seed")
+        note = QLabel("Temperature 0 decodes greedily; DFlash then gives exactly the plain "
+                      "reply. Sampling under DFlash follows the engine's support.")
+        note.setWordWrap(True)
+        note.setObjectName("figureName")
+        form = QFormLayout()
+        form.addRow("System prompt", self.system)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Block size", self.block)
+        form.addRow("Rollback", self.rollback)
+        form.addRow("", self.thinking)
+        form.addRow("", self.use_tools)
+        form.addRow("Stop strings", self.stops)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top p", self.top_p)
+        form.addRow("Seed", self.seed)
+        buttons = QDialogButtonBox(QDialogButtonBox.Cancel)
+        self.for_chat = QPushButton("Save for this chat")
+        self.for_chat.setDefault(True)
+        self.as_defaults = QPushButton("Save as defaults")
+        buttons.addButton(self.for_chat, QDialogButtonBox.AcceptRole)
+        buttons.addButton(self.as_defaults, QDialogButtonBox.ApplyRole)
+        buttons.rejected.connect(self.reject)
+        self.for_chat.clicked.connect(lambda: self._save("conversation"))
+        self.as_defaults.clicked.connect(lambda: self._save("defaults"))
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(note)
+        lay.addWidget(buttons)
+        self._base = dict(values)
+
+    def values(self) -> dict:
+        """The dialog's values (all keys of :data:`DEFAULTS`)."""
+        out = dict(self._base)
+        out.update(
+            system_prompt=self.system.toPlainText(),
+            max_tokens=self.max_tokens.value(),
+            block_size=self.block.value(),
+            rollback=self.rollback.currentText(),
+            thinking=self.thinking.isChecked(),
+            use_tools=self.use_tools.isChecked(),
+            stop_strings=[s.strip() for s in self.stops.text().split("|") if s.strip()],
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            seed=self.seed.value(),
+        )
+        return out
+
+    def _save(self, where: str) -> None:
+        self.saved.emit(self.values(), where)
+        self.accept()

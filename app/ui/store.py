@@ -1,0 +1,120 @@
+"""Conversations as the window holds them, behind a small store interface.
+
+:class:`MemoryStore` keeps everything in memory; when ``app.chat.storage`` (issue 8, SQLite)
+lands, an adapter with the same methods replaces it without touching the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Version:
+    """One generated version of an assistant turn.
+
+    ``result`` is the worker's :class:`app.ui.worker.ReplyResult`; ``stopped`` is True when
+    the user pressed Stop (the reply is partial); ``error`` holds a generation error message.
+    """
+
+    result: Any
+    stopped: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Message:
+    """A chat message. ``role`` is "system", "user" or "assistant".
+
+    Assistant turns keep every version (a Compare turn has "plain" and "dflash"); ``chosen``
+    is the key of the version the conversation continues from (DFlash's by default).
+    """
+
+    role: str
+    content: str = ""
+    versions: dict[str, Version] = field(default_factory=dict)
+    chosen: str = ""
+    created: float = field(default_factory=time.time)
+
+    @property
+    def version(self) -> Version | None:
+        """The chosen version (None for user messages or a turn still being generated)."""
+        return self.versions.get(self.chosen)
+
+    @property
+    def is_compare(self) -> bool:
+        """True for a Compare turn (both modes kept)."""
+        return {"plain", "dflash"} <= set(self.versions)
+
+    def text(self) -> str:
+        """The text the conversation continues from."""
+        v = self.version
+        return v.result.content if v is not None else self.content
+
+
+@dataclass
+class Conversation:
+    """A conversation: ``settings`` holds per-conversation overrides of the app defaults."""
+
+    id: int
+    title: str
+    messages: list[Message] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    updated: float = field(default_factory=time.time)
+
+    def history(self) -> list[dict]:
+        """Messages in chat-template form ([{role, content}]) from the chosen versions."""
+        out = []
+        for m in self.messages:
+            if m.role == "assistant" and m.version is None:
+                continue
+            out.append({"role": m.role, "content": m.text()})
+        return out
+
+
+class ConversationStore(Protocol):
+    """What the window needs from storage."""
+
+    def list(self) -> list[Conversation]: ...
+
+    def new(self, title: str = "New chat") -> Conversation: ...
+
+    def get(self, conv_id: int) -> Conversation | None: ...
+
+    def save(self, conv: Conversation) -> None: ...
+
+    def delete(self, conv_id: int) -> None: ...
+
+
+class MemoryStore:
+    """In-memory :class:`ConversationStore` (newest conversation first in :meth:`list`)."""
+
+    def __init__(self) -> None:
+        self._convs: dict[int, Conversation] = {}
+        self._ids = itertools.count(1)
+
+    def list(self) -> list[Conversation]:
+        """All conversations, most recently updated first."""
+        return sorted(self._convs.values(), key=lambda c: (c.updated, c.id), reverse=True)
+
+    def new(self, title: str = "New chat") -> Conversation:
+        """Create and return an empty conversation."""
+        conv = Conversation(id=next(self._ids), title=title)
+        self._convs[conv.id] = conv
+        return conv
+
+    def get(self, conv_id: int) -> Conversation | None:
+        """The conversation with ``conv_id`` or None."""
+        return self._convs.get(conv_id)
+
+    def save(self, conv: Conversation) -> None:
+        """Store ``conv`` (updates its timestamp)."""
+        conv.updated = time.time()
+        self._convs[conv.id] = conv
+
+    def delete(self, conv_id: int) -> None:
+        """Remove a conversation (no error when it does not exist)."""
+        self._convs.pop(conv_id, None)

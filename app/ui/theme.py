@@ -1,0 +1,123 @@
+"""Light and dark palettes that follow the system colour scheme, and the app's stylesheet.
+
+The scheme comes from ``QStyleHints.colorScheme()`` (Qt >= 6.5); the window re-applies the
+theme when it changes. Colours are a calm slate/teal set chosen for this app.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+
+LIGHT = {
+    "window": "#f6f7f9",
+    "base": "#ffffff",
+    "alt": "#eef1f4",
+    "text": "#1f2328",
+    "muted": "#667085",
+    "accent": "#0f7b8a",
+    "accent_text": "#ffffff",
+    "border": "#d9dee5",
+    "code_bg": "#f0f2f5",
+    "user_bg": "#e8f3f5",
+    "draft_bg": "#d6f0dd",
+    "diff_bg": "#ffd7d5",
+    "bar": "#2a9d8f",
+    "bar_full": "#1d6f8a",
+    "error": "#b42318",
+}
+
+DARK = {
+    "window": "#1b1e23",
+    "base": "#23272e",
+    "alt": "#2b3038",
+    "text": "#e6e8eb",
+    "muted": "#9aa4b2",
+    "accent": "#4fb8c4",
+    "accent_text": "#0d1117",
+    "border": "#3a404a",
+    "code_bg": "#2d333b",
+    "user_bg": "#213038",
+    "draft_bg": "#1f4a33",
+    "diff_bg": "#6b2b2b",
+    "bar": "#3fb9a8",
+    "bar_full": "#58a6d6",
+    "error": "#ff7b72",
+}
+
+
+def system_is_dark() -> bool:
+    """True when the platform asks for a dark colour scheme."""
+    app = QGuiApplication.instance()
+    if app is None:
+        return False
+    try:
+        return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+    except AttributeError:  # pragma: no cover - Qt < 6.5
+        return app.palette().color(QPalette.Window).lightness() < 128
+
+
+def colours(dark: bool | None = None) -> dict:
+    """The colour dict for ``dark`` (None: follow the system)."""
+    if dark is None:
+        dark = system_is_dark()
+    return DARK if dark else LIGHT
+
+
+def make_palette(c: dict) -> QPalette:
+    """A :class:`QPalette` from a colour dict."""
+    p = QPalette()
+    p.setColor(QPalette.Window, QColor(c["window"]))
+    p.setColor(QPalette.WindowText, QColor(c["text"]))
+    p.setColor(QPalette.Base, QColor(c["base"]))
+    p.setColor(QPalette.AlternateBase, QColor(c["alt"]))
+    p.setColor(QPalette.Text, QColor(c["text"]))
+    p.setColor(QPalette.Button, QColor(c["alt"]))
+    p.setColor(QPalette.ButtonText, QColor(c["text"]))
+    p.setColor(QPalette.Highlight, QColor(c["accent"]))
+    p.setColor(QPalette.HighlightedText, QColor(c["accent_text"]))
+    p.setColor(QPalette.ToolTipBase, QColor(c["base"]))
+    p.setColor(QPalette.ToolTipText, QColor(c["text"]))
+    p.setColor(QPalette.PlaceholderText, QColor(c["muted"]))
+    p.setColor(QPalette.Link, QColor(c["accent"]))
+    p.setColor(QPalette.Disabled, QPalette.Text, QColor(c["muted"]))
+    p.setColor(QPalette.Disabled, QPalette.ButtonText, QColor(c["muted"]))
+    return p
+
+
+def stylesheet(c: dict) -> str:
+    """The app stylesheet for colour dict ``c``."""
+    return f"""
+    QWidget {{ font-size: 13px; }}
+    QSplitter::handle {{ background: {c['border']}; }}
+    QSplitter::handle:horizontal {{ width: 1px; }}
+    QSplitter::handle:vertical {{ height: 1px; }}
+    QListWidget#conversations {{ background: {c['alt']}; border: none; padding: 6px; }}
+    QListWidget#conversations::item {{ padding: 7px 8px; border-radius: 6px; }}
+    QListWidget#conversations::item:selected {{ background: {c['accent']};
+        color: {c['accent_text']}; }}
+    QTextBrowser#chat {{ background: {c['base']}; border: none; padding: 8px 16px; }}
+    QPlainTextEdit#composer {{ background: {c['base']}; border: 1px solid {c['border']};
+        border-radius: 8px; padding: 6px; }}
+    QPlainTextEdit#composer:focus {{ border: 1px solid {c['accent']}; }}
+    QPushButton {{ padding: 5px 12px; border-radius: 6px; border: 1px solid {c['border']};
+        background: {c['base']}; }}
+    QPushButton:hover {{ border-color: {c['accent']}; }}
+    QPushButton#send {{ background: {c['accent']}; color: {c['accent_text']};
+        border: none; font-weight: 600; }}
+    QPushButton#send:disabled {{ background: {c['border']}; color: {c['muted']}; }}
+    QPushButton:checkable:checked {{ background: {c['accent']}; color: {c['accent_text']};
+        border-color: {c['accent']}; }}
+    QFrame#side {{ background: {c['window']}; }}
+    QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
+    QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}
+    QLabel#figureName {{ color: {c['muted']}; font-size: 11px; }}
+    QFrame#figure {{ background: {c['base']}; border: 1px solid {c['border']};
+        border-radius: 8px; }}
+    QLabel#banner {{ background: {c['diff_bg']}; color: {c['text']}; padding: 6px 10px;
+        border-radius: 6px; }}
+    QTreeWidget, QPlainTextEdit {{ background: {c['base']}; border: 1px solid {c['border']};
+        border-radius: 6px; }}
+    QToolButton#collapse {{ border: none; font-weight: 600; }}
+    QStatusBar {{ color: {c['muted']}; }}
+    """
