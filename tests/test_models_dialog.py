@@ -163,18 +163,18 @@ def test_download_progress_then_delete(dialog, hub, qtbot, tmp_path, monkeypatch
 
 
 def test_cancel_download_registers_nothing(dialog, hub, qtbot):
-    def cancel_on_big_file(repo, p):
-        if p.current_file == "model-00002-of-00002.safetensors" and p.bytes_done > 0:
-            dialog.cancel_button.click()
-
-    dialog.runner.progress.connect(cancel_on_big_file)
+    hub.delay_s = 0.05  # the big file takes ~1 s: time to press Cancel in the middle
     dialog.repo_edit.setText(REPO)
     with qtbot.waitSignal(dialog.runner.finished, timeout=30000) as blocker:
         dialog.download_button.click()
+        qtbot.waitUntil(lambda: 300 < dialog.progress_bar.value() < 900, timeout=10000)
+        assert "left" in dialog.progress_label.text()
+        dialog.cancel_button.click()
     qtbot.waitUntil(lambda: dialog.download_button.isEnabled(), timeout=5000)
     assert blocker.args[0] is None
     assert "cancelled" in dialog.status_label.text()
     assert not dialog.select_target(REPO)
+    assert hub.gets["model-00002-of-00002.safetensors"] == 1
 
 
 def test_unreachable_hub_message(dialog, qtbot, monkeypatch):
