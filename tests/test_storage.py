@@ -564,3 +564,53 @@ def test_reply_recorder_saves_engine_events(db):
             Summary(stop_cause="end_token")
         )
         assert (done.status, done.finish_reason) == ("complete", "end_token")
+
+
+def test_a_real_generation_round_trips_with_its_highlighting(db, tiny_hybrid):
+    """Generate with the engine on a tiny random pair, store through ReplyRecorder, reopen:
+    token ids, drafter flags and figures are those the engine emitted."""
+    from app.chat.storage import ReplyRecorder
+    from app.engine.events import Done, TokenEvent
+    from app.engine.generate import GenerationConfig, generate
+
+    target, drafter = tiny_hybrid
+    with Store(db, partial_interval_s=0.0) as s:
+        conv = s.new_conversation(target_path=str(target.path), drafter_path=str(drafter.path),
+                                  system_prompt="You are terse.")
+        s.add_message(conv.id, "user", "The capital of France is")
+        emitted: dict[str, list] = {}
+        for mode in ("dflash", "plain"):
+            path = s.active_path(conv.id)
+            reply = (s.begin_reply(conv.id, mode=mode, block_size=8, rollback="tape")
+                     if path[-1].role == "user" else s.regenerate(path[-1].id, mode=mode))
+            # the prompt is taken once the new reply exists: it leaves the replies out
+            prompt = target.tokenizer.apply_chat_template(
+                s.messages_for_prompt(conv.id), add_generation_prompt=True, tokenize=True
+            )
+            rec = ReplyRecorder(s, reply.id)
+            config = GenerationConfig(mode=mode, max_tokens=20, block_size=8)
+            tokens = []
+            for ev in generate(target, prompt, config, drafter if mode == "dflash" else None):
+                if isinstance(ev, TokenEvent):
+                    tokens.append(ev)
+                    rec.token(ev)
+                    rec.text(content=target.tokenizer.decode([t.token_id for t in tokens]))
+                elif isinstance(ev, Done):
+                    summary = ev.summary
+                    rec.finish(summary)
+            emitted[mode] = tokens
+            assert summary.stop_cause in ("end_token", "length")
+        dflash_id, plain_id = [v.id for v in s.versions(reply.id)]
+
+    with Store(db) as s:
+        d, p = s.get_message(dflash_id), s.get_message(plain_id)
+        assert d.token_ids == [e.token_id for e in emitted["dflash"]]
+        assert d.from_draft == [e.from_draft for e in emitted["dflash"]]
+        assert p.token_ids == [e.token_id for e in emitted["plain"]]
+        assert not any(p.from_draft)
+        assert d.summary["mode"] == "dflash" and d.summary["cycles"] >= 1
+        assert d.summary["generated_tokens"] == len(d.token_ids)
+        assert d.status == p.status == "complete"
+        # greedy DFlash equals greedy plain, token for token, and both versions are kept
+        assert d.token_ids == p.token_ids
+        assert s.active_path(conv.id)[-1].id == plain_id
