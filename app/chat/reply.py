@@ -208,12 +208,17 @@ ReplyEvent = (
 
 
 def dflash_sampling_supported() -> bool:
-    """True when the engine samples under DFlash (temperature > 0); see issue 10."""
+    """True when the engine samples under DFlash (temperature > 0; issue 10).
+
+    ``app.engine.generate`` implements it (the target samples each verified position and drafts
+    are accepted while they equal its sample); an engine may opt out with
+    ``DFLASH_SAMPLING = False``.
+    """
     try:
         from app.engine import generate as gen_module
     except ImportError:
         return False
-    return bool(getattr(gen_module, "DFLASH_SAMPLING", False))
+    return bool(getattr(gen_module, "DFLASH_SAMPLING", True))
 
 
 def effective_mode(settings: ReplySettings) -> tuple[str, str | None]:
