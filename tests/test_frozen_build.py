@@ -1,0 +1,276 @@
+"""The frozen (PyInstaller) build: icon files, bundle contents, and the frozen binary running.
+
+The slow tests build ``packaging/dflash_chat.spec`` once per session into a temporary folder
+(on Linux a one-folder bundle; the macOS ``.app`` wrapping is behind a ``sys.platform`` guard in
+the spec) and run the frozen executable offscreen: ``--version``, the built-in tools (pint,
+tzdata and the bundled data files) and ``compare --json`` on the bundled demo pair. A module
+missing from the hidden imports or a data file left out makes one of them fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import app
+from app.paths import resources_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGING = ROOT / "packaging"
+SPEC = PACKAGING / "dflash_chat.spec"
+EXE_NAME = "dflash-chat"
+DEMO_TARGET_CONFIG = ROOT / "resources" / "models" / "demo-target" / "config.json"
+
+sys.path.insert(0, str(PACKAGING))
+import bundle_lists  # noqa: E402
+import make_icon  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Fast checks (no build)
+# ---------------------------------------------------------------------------------------------
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk (PNG spec: signature, then IHDR first)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_icon_source_is_square_1024_with_transparent_corners():
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(make_icon.SOURCE_PNG))
+    assert not image.isNull()
+    assert (image.width(), image.height()) == (1024, 1024)
+    assert image.pixelColor(5, 5).alpha() == 0  # outside the rounded square
+    assert image.pixelColor(512, 900).alpha() == 255  # body
+    centre = image.pixelColor(330, 330)  # inside the white bubble
+    assert (centre.red(), centre.green(), centre.blue()) == (255, 255, 255)
+
+
+def test_iconset_has_every_apple_size(tmp_path):
+    written = make_icon.write_iconset(tmp_path / "x.iconset")
+    sizes = {p.name: _png_size(p.read_bytes()) for p in written}
+    assert sizes["icon_16x16.png"] == (16, 16)
+    assert sizes["icon_16x16@2x.png"] == (32, 32)
+    assert sizes["icon_128x128.png"] == (128, 128)
+    assert sizes["icon_256x256@2x.png"] == (512, 512)
+    assert sizes["icon_512x512@2x.png"] == (1024, 1024)
+    assert len(sizes) == 10
+
+
+def test_icns_container_lists_png_entries_with_consistent_lengths(tmp_path):
+    out = make_icon.write_icns(tmp_path / "a.icns", use_iconutil=False)
+    data = out.read_bytes()
+    assert data[:4] == b"icns"
+    assert struct.unpack(">I", data[4:8])[0] == len(data)
+    entries = {}
+    pos = 8
+    while pos < len(data):
+        kind = data[pos : pos + 4]
+        length = struct.unpack(">I", data[pos + 4 : pos + 8])[0]
+        entries[kind] = _png_size(data[pos + 8 : pos + length])
+        pos += length
+    assert pos == len(data)
+    assert entries[b"ic07"] == (128, 128)
+    assert entries[b"ic10"] == (1024, 1024)
+    assert entries[b"ic11"] == (32, 32)
+    assert entries[b"ic14"] == (512, 512)
+
+
+def test_icon_rejects_bad_sizes_and_sources(tmp_path):
+    with pytest.raises(ValueError, match="at least 16"):
+        make_icon.render_icon(8)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="cannot read"):
+        make_icon.write_iconset(tmp_path / "y.iconset", source=bad)
+
+
+def _imported_modules(package_dir: Path) -> set[str]:
+    """Every absolute module name imported anywhere under ``package_dir`` (static)."""
+    names: set[str] = set()
+    for path in package_dir.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_app_imports_nothing_the_bundle_excludes():
+    """A module the spec excludes but the app imports would only fail in the frozen app."""
+    imported = _imported_modules(ROOT / "app")
+    excluded = bundle_lists.EXCLUDES + bundle_lists.QT_EXCLUDES
+    clashes = sorted(
+        name for name in imported for ex in excluded if name == ex or name.startswith(ex + ".")
+    )
+    # matplotlib may be imported lazily by optional plot code; it is an extra, not bundled.
+    clashes = [c for c in clashes if not c.startswith("matplotlib")]
+    assert clashes == [], f"app imports modules excluded from the bundle: {clashes}"
+
+
+def test_supported_families_exist_in_installed_mlx_lm_and_transformers():
+    import importlib.util
+
+    for fam in bundle_lists.MLX_LM_FAMILIES:
+        assert importlib.util.find_spec(f"mlx_lm.models.{fam}") is not None, fam
+    for fam in bundle_lists.HF_KEEP:
+        assert importlib.util.find_spec(f"transformers.models.{fam}") is not None, fam
+    excluded = bundle_lists.excluded_hf_model_packages()
+    assert "transformers.models.gemma" in excluded
+    assert not any(e.endswith((".qwen2", ".auto", ".llama")) for e in excluded)
+
+
+# ---------------------------------------------------------------------------------------------
+# The frozen build (slow; CI runs it)
+# ---------------------------------------------------------------------------------------------
+
+
+def _frozen_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("PYTHONPATH", "PYTHONHOME", "DFLASH_RESOURCES", "VIRTUAL_ENV"):
+        env.pop(key, None)
+    env.update(
+        QT_QPA_PLATFORM="offscreen",
+        HF_HUB_OFFLINE="1",
+        DFLASH_DATA_DIR=str(tmp / "data"),
+        DFLASH_CACHE_DIR=str(tmp / "cache"),
+        HF_HOME=str(tmp / "hf"),
+        # No system zoneinfo: the bundled tzdata package must answer (zoneinfo reads this).
+        PYTHONTZPATH="",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def frozen(tmp_path_factory):
+    """Build the one-folder bundle once; returns (executable, bundle folder, scratch dir)."""
+    pytest.importorskip("PyInstaller", reason="PyInstaller is in the 'test' extra")
+    tmp = tmp_path_factory.mktemp("frozen")
+    dist, work = tmp / "dist", tmp / "work"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "PyInstaller",
+            "--noconfirm",
+            "--distpath",
+            str(dist),
+            "--workpath",
+            str(work),
+            str(SPEC),
+        ],
+        cwd=tmp,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, (
+        f"PyInstaller failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    bundle = dist / app.APP_NAME
+    exe = bundle / EXE_NAME
+    assert exe.is_file() and os.access(exe, os.X_OK), f"no executable at {exe}"
+    return exe, bundle, tmp
+
+
+def _run(frozen, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    exe, _bundle, tmp = frozen
+    return subprocess.run(
+        [str(exe), *args],
+        cwd=tmp,
+        env=_frozen_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_frozen_version_reports_pinned_versions(frozen):
+    proc = _run(frozen, "--version", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{app.APP_NAME} {app.__version__}"
+    assert any(line.startswith(f"mlx {importlib.metadata.version('mlx')} ") for line in lines), (
+        lines
+    )
+    assert f"mlx-lm {importlib.metadata.version('mlx-lm')}" in lines
+
+
+@pytest.mark.slow
+def test_frozen_bundle_contents(frozen):
+    _exe, bundle, _tmp = frozen
+    internal = bundle / "_internal"
+    # Every resource file travels, byte for byte.
+    src = resources_dir()
+    for path in src.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            copy = internal / "resources" / path.relative_to(src)
+            assert copy.is_file(), f"resource left out: {path.relative_to(src)}"
+            assert copy.stat().st_size == path.stat().st_size
+    # mlx's library sits in mlx/lib (the metallib is beside it on macOS).
+    libdir = internal / "mlx" / "lib"
+    libs = [p.name for p in libdir.iterdir()]
+    assert any(n.startswith("libmlx") for n in libs), libs
+    if sys.platform == "darwin":
+        assert "mlx.metallib" in libs
+    # Only the supported transformers model folders, and none of the excluded packages.
+    models = {p.name for p in (internal / "transformers" / "models").iterdir() if p.is_dir()}
+    assert models == set(bundle_lists.HF_KEEP)
+    for name in ("torch", "matplotlib", "PIL", "pytest"):
+        assert not (internal / name).exists(), f"{name} should not be bundled"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tool", "arguments", "check"),
+    [
+        ("calculator", {"expression": "17*23"}, lambda r: r == 391),
+        # pint's unit definitions are data files: 1 mile = 1.609344 km (international mile).
+        (
+            "convert_units",
+            {"value": 1, "from_unit": "mile", "to_unit": "km"},
+            lambda r: abs(r["value"] - 1.609344) < 1e-9,
+        ),
+        # zoneinfo needs tzdata's files when the system has none: Tokyo is UTC+09:00, no DST.
+        ("current_time", {"timezone": "Asia/Tokyo"}, lambda r: r["utc_offset"] == "+09:00"),
+        # resources/data/countries.json must travel with the bundle.
+        ("country_info", {"name": "Peru"}, lambda r: r["capital"] == "Lima"),
+    ],
+)
+def test_frozen_tools_run(frozen, tool, arguments, check):
+    proc = _run(frozen, "tools", "run", tool, "--args", json.dumps(arguments), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert payload["ok"] is True, payload
+    assert check(payload["result"]), payload
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not DEMO_TARGET_CONFIG.exists(),
+    reason="the bundled demo pair (resources/models/demo-target) is not in this checkout yet",
+)
+def test_frozen_compare_on_bundled_pair_is_identical(frozen):
+    proc = _run(frozen, "compare", "--json", "--max-tokens", "32", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["identical"] is True, result
+    plain, dflash = result["plain"], result["dflash"]
+    assert len(plain["tokens"]) > 0
+    assert plain["tokens"] == dflash["tokens"]
