@@ -102,7 +102,7 @@ def run_gui(args=None) -> int:
 
     from app.ui.window import MainWindow
 
-    win = MainWindow(store=make_store(data_dir), qsettings=qs)
+    win = MainWindow(store=make_store(data_dir), qsettings=qs, data_dir=data_dir)
     win.log_path = log_path
 
     def bring_up() -> None:

@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         store: conversation store (default :class:`~app.ui.store.MemoryStore`).
         qsettings: where defaults, layout and last model live (default: the app's QSettings).
         auto_load: load the last/default model when shown.
+        data_dir: the app's data folder (models list, storage); None for the default.
 
     Signals: ``replyFinished(object)`` with the finished :class:`Message` (tests, storage).
     """
@@ -79,8 +80,10 @@ class MainWindow(QMainWindow):
     loadFailed = Signal(str)
 
     def __init__(self, backend: Backend | None = None, store: ConversationStore | None = None,
-                 qsettings: QSettings | None = None, auto_load: bool = True) -> None:
+                 qsettings: QSettings | None = None, auto_load: bool = True,
+                 data_dir: Path | None = None) -> None:
         super().__init__()
+        self.data_dir = data_dir
         from app.engine.threads import forbid_engine_on_current_thread
 
         forbid_engine_on_current_thread()
@@ -240,6 +243,7 @@ class MainWindow(QMainWindow):
         mb = self.menuBar()
         f = mb.addMenu("&File")
         self.new_action = act(f, "New chat", self.new_chat, QKeySequence.New)
+        act(f, "Models…", self.open_models, "Ctrl+M", QStyle.SP_DriveHDIcon)
         act(f, "Open model folder…", self.open_model_dialog, "Ctrl+O", QStyle.SP_DirOpenIcon)
         act(f, "Use default model", self.load_default)
         act(f, "Unload model", self.unload)
@@ -313,6 +317,21 @@ class MainWindow(QMainWindow):
         self.model = None
         self.model_label.setText("No model loaded")
         self.worker.unloadRequested.emit()
+
+    def open_models(self) -> None:
+        """The Models dialog (issue 9): pick, download, pair and remove models."""
+        from app.engine.catalog import Catalog
+        from app.ui.models_dialog import ModelsDialog
+
+        try:
+            catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
+            dlg = ModelsDialog(self, catalog, lambda t, d: self.load_model(str(t), str(d or "")))
+        except Exception as exc:  # the window stays usable whatever the scan hits
+            log.exception("models dialog")
+            self.show_banner(f"Could not open the models list: {exc}")
+            return
+        dlg.show()
+        self._models_dialog = dlg
 
     def open_model_dialog(self) -> None:
         """Pick a target folder, then (optionally) a drafter folder."""

@@ -1,0 +1,385 @@
+"""The desktop window, offscreen (pytest-qt): chat, reasoning and tool panes, live panel,
+Stop, plain == DFlash, Compare, load errors, and no MLX call on the GUI thread.
+
+Two kinds of backend: the real one (``EngineBackend`` over a tiny random-weight pair built by
+``app.engine.tiny``) and a scripted one that emits the engine's and the chat pipeline's real
+event dataclasses at a controlled pace (for Stop and exact figures).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
+
+from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
+from app.engine.errors import ModelLoadError, WrongThreadError  # noqa: E402
+from app.engine.events import CycleEvent, Done, Summary, TokenEvent  # noqa: E402
+from app.ui.compare import first_difference  # noqa: E402
+from app.ui.panels import FIGURES, format_figure  # noqa: E402
+from app.ui.worker import EngineBackend, ModelInfo, assert_not_gui_thread  # noqa: E402
+
+PROMPT = "What is the capital of France?"
+
+
+# ------------------------------------------------------------------ helpers
+@pytest.fixture(autouse=True)
+def _allow_engine_after():
+    """The window marks the GUI (main) thread as MLX-free; undo it for other test files."""
+    yield
+    from app.engine.threads import allow_engine_on_current_thread
+
+    allow_engine_on_current_thread()
+
+
+@pytest.fixture
+def qs(tmp_path):
+    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    s.beginGroup("generation")
+    s.setValue("use_tools", False)
+    s.setValue("max_tokens", 12)
+    s.setValue("system_prompt", "")
+    s.endGroup()
+    return s
+
+
+def make_window(qtbot, qs, backend):
+    from app.ui.window import MainWindow
+
+    win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def close_window(win):
+    win.shutdown()
+
+
+def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
+    if mode:
+        win.composer.set_mode(mode)
+    with qtbot.waitSignal(win.replyFinished, timeout=timeout) as blocker:
+        assert (win.compare(text) if compare else win.send(text))
+    return blocker.args[0]
+
+
+class ScriptedBackend:
+    """Emits reasoning, content (with a code block), tokens and DFlash cycles; ``delay_s``
+    per cycle; checks the cancel event before every cycle like the engine does."""
+
+    def __init__(self, cycles=6, block=4, delay_s=0.0, fail_load=None):
+        self.cycles = cycles
+        self.block = block
+        self.delay_s = delay_s
+        self.fail_load = fail_load
+        self.emitted_cycles = 0
+        self.summary: Summary | None = None
+        self.threads: list[int] = []
+
+    def load(self, target, drafter):
+        self.threads.append(threading.get_ident())
+        if self.fail_load and target == self.fail_load:
+            raise ModelLoadError(f"could not load {target}: config.json is missing")
+        return ModelInfo(target_name="scripted", target_path=target, drafter_name="scripted-d",
+                         drafter_path=drafter or "d", context_length=2048,
+                         drafter_block_size=self.block)
+
+    def unload(self):
+        pass
+
+    def memory_bytes(self):
+        return 123 * 2**20
+
+    def pieces(self, tokens):
+        return [f"t{t} " for t in tokens]
+
+    def reply(self, messages, settings, cancel):
+        self.threads.append(threading.get_ident())
+        return self._events(settings, cancel)
+
+    def _events(self, settings, cancel):
+        mode = settings["mode"]
+        yield ReasoningDelta("Paris is the capital. ")
+        yield ReasoningDelta("Say it plainly.")
+        idx = 0
+        accepted_lengths = []
+        n_tok = 1
+        yield TokenEvent(100, 0, False)
+        yield ContentDelta("The capital is **Paris**.\n\n```python\nprint('Paris')\n```\n")
+        stopped = False
+        for c in range(self.cycles):
+            if cancel.is_set():
+                stopped = True
+                break
+            acc = c % self.block
+            for k in range(acc + 1):
+                idx += 1
+                yield TokenEvent(100 + idx, idx, k < acc)
+                yield ContentDelta(f" w{idx}")
+            accepted_lengths.append(acc)
+            n_tok += acc + 1
+            yield CycleEvent(c, self.block - 1, acc, acc + 1, acc < self.block - 1,
+                             0.001, 0.002, 0.0005 if acc < self.block - 1 else 0.0)
+            self.emitted_cycles += 1
+            if self.delay_s:
+                time.sleep(self.delay_s)
+        cycles = len(accepted_lengths)
+        drafted = cycles * (self.block - 1)
+        accepted = sum(accepted_lengths)
+        replays = sum(1 for a in accepted_lengths if a < self.block - 1)
+        self.summary = Summary(
+            mode=mode, prompt_tokens=42, generated_tokens=n_tok, ttft_s=0.0123,
+            tok_per_s=321.5, cycles=cycles, drafted=drafted, accepted=accepted,
+            acceptance_rate=accepted / drafted if drafted else None,
+            tau=n_tok / cycles if cycles else None, replays=replays,
+            rollback_share=0.0625, stop_cause="cancelled" if stopped else "end_token",
+            accepted_lengths=list(accepted_lengths),
+        )
+        yield Done(self.summary)
+
+
+# ------------------------------------------------------------------ scripted backend
+def test_prompt_fills_chat_reasoning_and_live_panel(qtbot, qs):
+    backend = ScriptedBackend(cycles=7, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        chat_text = win.chat.toPlainText()
+        assert "Paris" in chat_text and "w5" in chat_text
+        assert PROMPT in chat_text
+        assert win.reasoning.toPlainText() == "Paris is the capital. Say it plainly."
+        s = backend.summary
+        shown = win.live.shown
+        assert shown["acceptance"] == s.acceptance_rate
+        assert shown["tau"] == s.tau
+        assert shown["replays"] == s.replays
+        assert shown["rollback_share"] == s.rollback_share
+        assert shown["tok_per_s"] == s.tok_per_s
+        assert shown["ttft"] == s.ttft_s
+        assert shown["cycles"] == s.cycles == 7
+        assert shown["tokens"] == s.generated_tokens
+        assert shown["context"] == (s.prompt_tokens + s.generated_tokens, 2048)
+        for key, _name, _tip in FIGURES:
+            assert win.live.labels[key].text() == format_figure(key, shown[key])
+            assert win.live.labels[key].toolTip()
+        assert win.live.chart.values == [0, 1, 2, 3, 0, 1, 2]
+        v = msg.version
+        assert v.result.mode == "dflash" and not v.stopped
+        assert v.result.from_draft.count(True) == s.accepted
+        # the code block got a copy link that copies the code
+        assert win.chat.codes == ["print('Paris')"]
+        QGuiApplication.clipboard().setText("")
+        from PySide6.QtCore import QUrl
+
+        win.chat.anchorClicked.emit(QUrl("copy:0"))
+        assert QGuiApplication.clipboard().text() == "print('Paris')"
+    finally:
+        close_window(win)
+
+
+def test_stop_leaves_partial_reply_marked_stopped(qtbot, qs):
+    backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.composer.set_mode("dflash")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            qtbot.waitUntil(lambda: win._run is not None and
+                            win._run["stats"][""].cycles >= 5, timeout=10_000)
+            assert win.composer.stop_btn.isEnabled()
+            win.composer.stop_btn.click()
+        msg = blocker.args[0]
+        v = msg.version
+        assert v.stopped
+        assert v.result.finish_reason == "cancelled"
+        assert 5 <= backend.emitted_cycles < 100_000
+        assert v.result.summary.cycles == backend.emitted_cycles
+        assert win.live.shown["cycles"] == backend.emitted_cycles
+        assert len(v.result.tokens) == backend.summary.generated_tokens
+        assert "stopped" in win.chat.toPlainText()
+        assert win.composer.send_btn.isEnabled() and not win.composer.stop_btn.isEnabled()
+    finally:
+        close_window(win)
+
+
+def test_load_error_shows_message_and_window_stays_usable(qtbot, qs):
+    backend = ScriptedBackend(fail_load="broken-model")
+    win = make_window(qtbot, qs, backend)
+    try:
+        with qtbot.waitSignal(win.loadFailed, timeout=10_000):
+            win.load_model("broken-model", "")
+        assert win.banner_row.isVisible()
+        assert "config.json is missing" in win.banner.text()
+        assert win.model is None
+        assert not win.send("hello")  # no model: a message, no crash
+        assert "No model is loaded" in win.banner.text()
+        win.load_model("good-model", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        msg = send_and_wait(qtbot, win, "hello again", mode="plain")
+        assert msg.version is not None and msg.version.result.tokens
+    finally:
+        close_window(win)
+
+
+def test_engine_load_error_from_real_loader(qtbot, qs, tmp_path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    win = make_window(qtbot, qs, EngineBackend())
+    try:
+        with qtbot.waitSignal(win.loadFailed, timeout=30_000) as blocker:
+            win.load_model(str(empty), "")
+        assert "config.json" in blocker.args[0] or "not-a-model" in blocker.args[0]
+        assert blocker.args[0] in win.banner.text()
+        assert win.isVisible() and win.composer.edit.isEnabled()
+    finally:
+        close_window(win)
+
+
+def test_wrong_thread_guard_raises_on_gui_thread(qtbot, qs):
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        with pytest.raises(WrongThreadError):
+            assert_not_gui_thread("load_target")
+    finally:
+        close_window(win)
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+# ------------------------------------------------------------------ the real engine
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    from app.engine.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("ui_tiny"), "qwen3_5", seed=0, block_size=8)
+
+
+@pytest.fixture
+def engine_window(qtbot, qs, tiny_dirs, monkeypatch):
+    """A window on the tiny pair whose engine entry points record their thread."""
+    import app.chat.reply as reply_mod
+    import app.engine.generate as gen_mod
+    import app.engine.loader as loader_mod
+
+    calls: list[tuple[str, int]] = []
+
+    def recording(name, fn):
+        def wrapper(*a, **k):
+            calls.append((name, threading.get_ident()))
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(loader_mod, "load_target", recording("load_target",
+                                                             loader_mod.load_target))
+    monkeypatch.setattr(loader_mod, "load_drafter", recording("load_drafter",
+                                                              loader_mod.load_drafter))
+    monkeypatch.setattr(gen_mod, "generate", recording("generate", gen_mod.generate))
+    monkeypatch.setattr(reply_mod, "run_reply", recording("run_reply", reply_mod.run_reply))
+    win = make_window(qtbot, qs, EngineBackend())
+    win.engine_calls = calls
+    t, d = tiny_dirs
+    with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+        win.load_model(str(t), str(d))
+    yield win
+    close_window(win)
+
+
+def test_tiny_pair_plain_equals_dflash_and_compare_identical(qtbot, engine_window):
+    win = engine_window
+    main = threading.get_ident()
+    plain = send_and_wait(qtbot, win, PROMPT, mode="plain").version.result
+    win.new_chat()
+    dflash = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    assert plain.mode == "plain" and dflash.mode == "dflash"
+    assert len(plain.tokens) == 12
+    assert plain.tokens == dflash.tokens
+    assert plain.content == dflash.content and plain.reasoning == dflash.reasoning
+    # the panel shows the finished reply's engine summary
+    s = dflash.summary
+    assert s.mode == "dflash" and s.cycles > 0
+    assert win.live.shown["cycles"] == s.cycles
+    assert win.live.shown["tau"] == s.tau
+    assert win.live.shown["acceptance"] == s.acceptance_rate
+    assert win.live.shown["tokens"] == s.generated_tokens
+    assert win.reasoning.toPlainText() == dflash.reasoning
+    # thinking on: the template pre-opens <think>, so the random text is reasoning
+    assert dflash.reasoning
+    win.new_chat()
+    msg = send_and_wait(qtbot, win, PROMPT, compare=True)
+    assert msg.is_compare and msg.chosen == "dflash"
+    header = win.compare_view.header.text()
+    assert header.startswith(f"identical, {len(plain.tokens)} tokens")
+    assert msg.versions["plain"].result.tokens == plain.tokens
+    win.compare_view.buttons["plain"].click()
+    assert msg.chosen == "plain"
+    # no engine entry point ran on the GUI thread
+    names = {n for n, _ in win.engine_calls}
+    assert {"load_target", "load_drafter", "run_reply", "generate"} <= names
+    assert all(ident != main for _, ident in win.engine_calls)
+
+
+def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, monkeypatch):
+    """The real pipeline and tool runner over a scripted token stream."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    import app.chat.reply as reply_mod
+
+    tok = load_tokenizer(tiny_dirs[0])
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    rounds = [
+        "<tool_call>\n<function=calculator>\n<parameter=expression>\n2+3\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "The sum is 5.",
+    ]
+
+    class Scripted:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def cancel(self):
+            pass
+
+        def __iter__(self):
+            for i, t in enumerate(self.ids):
+                yield TokenEvent(t, i, False)
+            yield Done(Summary(mode="plain", generated_tokens=len(self.ids),
+                               stop_cause="end_token"))
+
+    script = iter(rounds)
+
+    def fake_generate(target, prompt_ids, config, drafter=None):
+        return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
+
+    monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)
+    win = engine_window
+    win.defaults["use_tools"] = True
+    win.defaults["thinking"] = False
+    msg = send_and_wait(qtbot, win, "What is 2+3?", mode="plain")
+    r = msg.version.result
+    assert r.content == "The sum is 5."
+    calls = win.tools.calls()
+    assert [c["name"] for c in calls] == ["calculator"]
+    assert calls[0]["arguments"] == {"expression": "2+3"}
+    assert calls[0]["result"] == 5
+    top = win.tools.topLevelItem(0)
+    assert top.text(0) == "calculator" and top.text(1) == "done"
+    chat = win.chat.toPlainText()
+    assert "The sum is 5." in chat
+    assert "<tool_call>" not in chat and "<function=" not in chat
