@@ -425,6 +425,10 @@ def test_edit_and_rerun_drops_later_turns_from_prompt_not_storage(db):
         assert [v.content for v in s.versions(edited.id)] == [
             "first question", "first question, edited"
         ]
+        # a reply's own prompt does not depend on the active path
+        assert [m["content"] for m in s.prompt_for_reply(a2.id)] == [
+            "sys", "first question", "first answer", "second question"
+        ]
         s.set_active(a2.id)
         assert [m["content"] for m in s.messages_for_prompt(conv.id)] == [
             "sys", "first question", "first answer", "second question", "second answer"
@@ -442,6 +446,9 @@ def test_compare_turn_stores_both_and_the_choice(db):
         assert plain.compare_group == dflash.compare_group is not None
         assert (plain.mode, dflash.mode, dflash.block_size) == ("plain", "dflash", 16)
         assert s.messages_for_prompt(conv.id)[-1]["role"] == "user"
+        assert s.prompt_for_reply(plain.id) == s.prompt_for_reply(dflash.id) == [
+            {"role": "user", "content": "Compare me"}
+        ]
         s.finish_reply(plain.id, content="P", token_ids=[3, 4])
         s.finish_reply(dflash.id, content="P", token_ids=[3, 4], from_draft=[False, True])
         assert s.active_path(conv.id)[-1].id == dflash.id
@@ -583,9 +590,8 @@ def test_a_real_generation_round_trips_with_its_highlighting(db, tiny_hybrid):
             path = s.active_path(conv.id)
             reply = (s.begin_reply(conv.id, mode=mode, block_size=8, rollback="tape")
                      if path[-1].role == "user" else s.regenerate(path[-1].id, mode=mode))
-            # the prompt is taken once the new reply exists: it leaves the replies out
             prompt = target.tokenizer.apply_chat_template(
-                s.messages_for_prompt(conv.id), add_generation_prompt=True, tokenize=True
+                s.prompt_for_reply(reply.id), add_generation_prompt=True, tokenize=True
             )
             rec = ReplyRecorder(s, reply.id)
             config = GenerationConfig(mode=mode, max_tokens=20, block_size=8)

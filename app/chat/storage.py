@@ -1013,17 +1013,34 @@ class Store:
         included as ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier
         turns' reasoning and trims to the context limit.
         """
-        return [
-            m.to_prompt_dict()
-            for m in self.active_path(conversation_id)
-            if not (
-                m.role == "assistant"
-                and (
-                    m.status in ("generating", "error")
-                    or not (m.content or m.reasoning or m.tool_calls)
-                )
+        return _prompt_dicts(self.active_path(conversation_id))
+
+    def prompt_for_reply(self, reply_id: int) -> list[dict]:
+        """The chat-template messages a reply answers: the messages from the first one down to
+        the reply's parent, whatever the active path is (same filtering as
+        :meth:`messages_for_prompt`). Use it after :meth:`begin_reply`, :meth:`regenerate` or
+        :meth:`begin_compare` to build the prompt for that reply."""
+        chain: list[Message] = []
+        node = self.get_message(reply_id)
+        while node.parent_id is not None:
+            node = self.get_message(node.parent_id)
+            chain.append(node)
+        return _prompt_dicts(chain[::-1])
+
+
+def _prompt_dicts(messages: list[Message]) -> list[dict]:
+    """Chat-template dicts of ``messages``, leaving out unusable replies."""
+    return [
+        m.to_prompt_dict()
+        for m in messages
+        if not (
+            m.role == "assistant"
+            and (
+                m.status in ("generating", "error")
+                or not (m.content or m.reasoning or m.tool_calls)
             )
-        ]
+        )
+    ]
 
 
 # --- row helpers --------------------------------------------------------------------------
