@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
+from PySide6.QtWidgets import QDialog, QMessageBox  # noqa: E402
 from test_download import COMMIT, REPO, FakeHub, _repo_files  # noqa: E402
 
 from app.engine.catalog import KNOWN_PAIRS, Catalog  # noqa: E402
@@ -67,8 +67,10 @@ def test_lists_bundled_pair_and_loads_it(dialog, env, loads):
     assert dialog.dflash_available()
     assert dialog.selected_drafter().name == "demo-dflash"
     assert "Memory:" in dialog.memory_label.text()
+    dialog.show()
     dialog.load_button.click()
     assert loads == [(str(demo_t), str(demo_d))]
+    assert dialog.result() == QDialog.DialogCode.Accepted and not dialog.isVisible()
     # plain decoding is always offered
     dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.count() - 1)
     assert dialog.selected_drafter() is None

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
     QGroupBox,
     QHBoxLayout,
@@ -181,7 +182,7 @@ class ModelsDialog(QDialog):
         self.drafter_combo = QComboBox()
         self.drafter_combo.currentIndexChanged.connect(lambda *_: self._update_estimate())
         pick.addWidget(self.drafter_combo, 1)
-        self.load_button = QPushButton("Load")
+        self.load_button = QPushButton("Load pair")
         self.load_button.clicked.connect(self.load_selected)
         pick.addWidget(self.load_button)
         layout.addLayout(pick)
@@ -239,6 +240,9 @@ class ModelsDialog(QDialog):
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
         layout.addWidget(self.status_label)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
 
         self.known.currentItemChanged.connect(lambda *_: self._on_known_selected())
         self.drafters.itemClicked.connect(lambda *_: self._focus("drafters"))
@@ -365,9 +369,8 @@ class ModelsDialog(QDialog):
     # ---- actions ------------------------------------------------------------------------
 
     def load_selected(self) -> bool:
-        """Call ``on_load_pair`` for the selected target and drafter; True when called.
-
-        Above 75% of the machine's memory the user is asked first."""
+        """Call ``on_load_pair`` for the selected target and drafter, then close the dialog;
+        True when called. Above 75% of the machine's memory the user is asked first."""
         target = self.selected_target()
         if target is None:
             return False
@@ -380,6 +383,7 @@ class ModelsDialog(QDialog):
             if answer != QMessageBox.StandardButton.Yes:
                 return False
         self.on_load_pair(str(target.path), str(drafter.path) if drafter else None)
+        self.accept()
         return True
 
     def _choose_folder(self) -> None:
