@@ -269,3 +269,33 @@ def test_models_cli_download(hub, online, tmp_path, monkeypatch, capsys):
     assert f"{REPO}: {online}" in out.err
     assert main(["models", "--download", "org/nope"]) == 2
     assert "org/nope was not found" in capsys.readouterr().err
+
+
+def test_xet_progress_counts_each_byte_once_and_cancels():
+    """Real hub files are often Xet-backed: huggingface_hub then drives two bars (transfer and
+    reconstruction). With the adapter they fold into one and bytes are counted once."""
+    from types import SimpleNamespace
+
+    from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
+
+    plan = dl.DownloadPlan(REPO, "main", COMMIT, (dl.RemoteFile("model.safetensors", 1000),))
+    cancel = threading.Event()
+    events = []
+    tracker = dl._Tracker(plan, events.append, cancel, min_interval_s=0.0)
+    bar_class = type("_JobBar", (dl._Bar,), {"tracker": tracker})
+    tracker.start_file("model.safetensors")
+    with XetDownloadProgressReporter(reconstruction_desc="r", total=1000, log_level=30,
+                                     tqdm_class=bar_class) as rep:
+        assert rep.transfer_bar is rep.reconstruction_bar  # folded into one bar
+        for done in (300, 600):
+            rep.update_progress(SimpleNamespace(
+                total_bytes_completed=done, total_transfer_bytes_completed=done,
+                total_bytes_completion_rate=None, total_transfer_bytes_completion_rate=None,
+                total_bytes=1000))
+        assert events[-1].bytes_done == 600
+        cancel.set()
+        with pytest.raises(dl.DownloadCancelled):
+            rep.update_progress(SimpleNamespace(
+                total_bytes_completed=900, total_transfer_bytes_completed=900,
+                total_bytes_completion_rate=None, total_transfer_bytes_completion_rate=None,
+                total_bytes=1000))
