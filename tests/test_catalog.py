@@ -51,9 +51,13 @@ def make_folder_model(folder: Path, config: dict, weights: bytes) -> Path:
     return folder
 
 
+def tiny_target_config() -> dict:
+    return target_config("qwen3_5", vocab_size=300, eos_id=299)
+
+
 @pytest.fixture
 def tiny_configs():
-    t = target_config("qwen3_5", vocab_size=300, eos_id=299)
+    t = tiny_target_config()
     d = drafter_config(t, mask_id=298, block_size=8, taps=[1, 3], sliding=True)
     return t, d
 
@@ -318,6 +322,10 @@ def test_models_cli_json(hf_home, tmp_path, monkeypatch, capsys):
     assert targets["org/tiny-target"]["drafters"] == ["org/tiny-dflash"]
     assert targets["org/tiny-target"]["not_fitting"][0]["field"] == "hidden_size"
     assert targets["org/tiny-target"]["path"].endswith(REV)
+    mem = targets["org/tiny-target"]["memory"]
+    kv, state = cat.cache_bytes(tiny_target_config(), 4096)
+    assert (mem["kv_bytes"], mem["state_bytes"], mem["context_tokens"]) == (kv, state, 4096)
+    assert mem["drafter_bytes"] > 0 and mem["message"].startswith("needs about")
     assert {d["name"] for d in report["drafters"]} == {"org/tiny-dflash", "org/other-dflash"}
     assert all(d["size_bytes"] > 0 for d in report["drafters"])
     assert len(report["known_pairs"]) == len(cat.KNOWN_PAIRS)

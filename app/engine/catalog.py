@@ -822,7 +822,8 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(total_bytes=self.total_bytes, fraction=self.fraction, warn=self.warn)
+        out.update(total_bytes=self.total_bytes, fraction=self.fraction, warn=self.warn,
+                   message=self.message())
         return out
 
 
@@ -873,8 +874,9 @@ def format_bytes(n: float | None) -> str:
 def catalog_report(catalog: Catalog) -> dict:
     """The JSON document printed by ``python -m app models --json``.
 
-    Keys: ``cache_dir``, ``folders``, ``targets`` (each with ``drafters``: names that fit, and
-    ``not_fitting``: ``{name, field, reason}``), ``drafters``, ``known_pairs`` (with whether
+    Keys: ``cache_dir``, ``folders``, ``targets`` (each with ``drafters``: names that fit,
+    ``not_fitting``: ``{name, field, reason}``, and ``memory``: :class:`MemoryEstimate` as a
+    dict for the target with its first fitting drafter), ``drafters``, ``known_pairs`` (with whether
     each repo is in the cache), ``skipped`` (``{path, reason}``).
     """
     scan = catalog.scan()
@@ -884,6 +886,8 @@ def catalog_report(catalog: Catalog) -> dict:
         checks = catalog.pair_checks(t)
         item = t.to_dict()
         item["drafters"] = [c.drafter.name for c in checks if c.fits]
+        best = next((c.drafter for c in checks if c.fits), None)
+        item["memory"] = estimate_memory(t, best).to_dict()
         item["not_fitting"] = [
             {"name": c.drafter.name, "field": c.field, "reason": c.reason}
             for c in checks
@@ -914,6 +918,7 @@ def _print_text(report: dict) -> None:
         print("  (none)")
     for t in report["targets"]:
         print(f"  {t['name']}  [{t['source']}, {format_bytes(t['size_bytes'])}]  {t['path']}")
+        print(f"    memory: {t['memory']['message']}")
         if t["drafters"]:
             print(f"    DFlash drafters that fit: {', '.join(t['drafters'])}")
         else:
