@@ -11,7 +11,13 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QEvent, Qt, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QTextCursor
+from PySide6.QtGui import (
+    QGuiApplication,
+    QKeyEvent,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -26,6 +32,9 @@ from PySide6.QtWidgets import (
 
 from app.ui.render import message_html, tokens_html
 from app.ui.store import Conversation, Message
+
+STREAM_MARKDOWN_CHARS = 6000
+"""Streamed replies up to this many characters are re-rendered as Markdown every tick."""
 
 
 def figures_line(msg: Message) -> str:
@@ -127,9 +136,13 @@ class ChatView(QTextBrowser):
         out.append("</div>")
         self.setHtml("".join(out))
         self._stream_pos = None
+        self._base_codes = list(self.codes)
+        self._stream_len = 0
+        self._stream_plain = False
         if streaming:
-            cur = self.textCursor()
+            cur = QTextCursor(self.document())
             cur.movePosition(QTextCursor.End)
+            cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._stream_pos = cur.position()
         if self.follow:
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
@@ -167,14 +180,29 @@ class ChatView(QTextBrowser):
         foot += "</p>"
         return head + body + foot
 
-    def append_stream(self, text: str) -> None:
-        """Append streamed reply text at the end (plain text, no re-render)."""
-        if not text:
+    def set_stream(self, text: str) -> None:
+        """Show ``text``, the reply generated so far, below the last message.
+
+        Up to :data:`STREAM_MARKDOWN_CHARS` characters the streamed part is re-rendered as
+        Markdown each tick; past that only the new characters are appended as plain text,
+        so a tick costs the same however long the reply grows."""
+        if self._stream_pos is None or len(text) == self._stream_len:
             return
         follow = self.follow
         cur = QTextCursor(self.document())
-        cur.movePosition(QTextCursor.End)
-        cur.insertText(text)
+        if len(text) <= STREAM_MARKDOWN_CHARS and not self._stream_plain:
+            cur.setPosition(self._stream_pos)
+            cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cur.removeSelectedText()
+            codes = list(self._base_codes)
+            cur.insertHtml(message_html(text, codes, self.palette_colours))
+            self.codes = codes
+        else:
+            if not self._stream_plain:  # switch to plain appends from here on
+                self._stream_plain = True
+            cur.movePosition(QTextCursor.End)
+            cur.insertText(text[self._stream_len:], QTextCharFormat())
+        self._stream_len = len(text)
         if follow:
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
@@ -198,7 +226,9 @@ class Composer(QWidget):
         self.edit.setFixedHeight(76)
         self.edit.installEventFilter(self)
         self.plain_btn = QPushButton("Plain")
+        self.plain_btn.setObjectName("segLeft")
         self.dflash_btn = QPushButton("DFlash")
+        self.dflash_btn.setObjectName("segRight")
         for b, tip in ((self.plain_btn, "Decode one token per target forward."),
                        (self.dflash_btn, "DFlash block-diffusion speculative decoding "
                                          "(exact: greedy output equals plain).")):
@@ -229,8 +259,11 @@ class Composer(QWidget):
         self.note.setObjectName("figureName")
         row = QHBoxLayout()
         row.setSpacing(6)
-        row.addWidget(self.plain_btn)
-        row.addWidget(self.dflash_btn)
+        seg = QHBoxLayout()
+        seg.setSpacing(0)
+        seg.addWidget(self.plain_btn)
+        seg.addWidget(self.dflash_btn)
+        row.addLayout(seg)
         row.addSpacing(10)
         row.addWidget(self.colour_box)
         row.addWidget(self.note, 1)

@@ -318,7 +318,7 @@ class ToolPane(QTreeWidget):
             item = QTreeWidgetItem([str(c.get("name", "?")), status,
                                     f"{dur * 1000:.0f} ms" if isinstance(dur, (int, float))
                                     else ""])
-            args = c.get("arguments")
+            args = c.get("arguments") or {}
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
@@ -334,9 +334,9 @@ class ToolPane(QTreeWidget):
                 text = res if isinstance(res, str) else json.dumps(res, indent=2,
                                                                    ensure_ascii=False)
                 QTreeWidgetItem(item, ["result:\n" + text])
+            self.addTopLevelItem(item)
             for i in range(item.childCount()):
                 item.child(i).setFirstColumnSpanned(True)
-            self.addTopLevelItem(item)
             item.setExpanded(True)
 
     def calls(self) -> list[dict]:

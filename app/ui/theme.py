@@ -106,8 +106,12 @@ def stylesheet(c: dict) -> str:
     QPushButton#send {{ background: {c['accent']}; color: {c['accent_text']};
         border: none; font-weight: 600; }}
     QPushButton#send:disabled {{ background: {c['border']}; color: {c['muted']}; }}
-    QPushButton:checkable:checked {{ background: {c['accent']}; color: {c['accent_text']};
-        border-color: {c['accent']}; }}
+    QPushButton:checked {{ background: {c['accent']}; color: {c['accent_text']};
+        border-color: {c['accent']}; font-weight: 600; }}
+    QPushButton#segLeft {{ border-top-right-radius: 0; border-bottom-right-radius: 0;
+        margin-right: 0; min-width: 56px; }}
+    QPushButton#segRight {{ border-top-left-radius: 0; border-bottom-left-radius: 0;
+        margin-left: 0; border-left: none; min-width: 56px; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}

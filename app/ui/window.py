@@ -133,6 +133,8 @@ class MainWindow(QMainWindow):
         self.conv_list.setObjectName("conversations")
         self.conv_list.setAccessibleName("Conversations")
         self.conv_list.currentItemChanged.connect(self._on_conv_selected)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.conv_list.setTextElideMode(Qt.ElideRight)
         new_btn = QPushButton(st.standardIcon(QStyle.SP_FileDialogNewFolder), " New chat")
         new_btn.setAccessibleName("New chat")
         new_btn.setToolTip("New chat (Ctrl+N)")
@@ -200,7 +202,7 @@ class MainWindow(QMainWindow):
         rl.setContentsMargins(10, 10, 10, 10)
         rl.setSpacing(10)
         rl.addWidget(self.live_section)
-        rl.addWidget(self.reasoning_section, 3)
+        rl.addWidget(self.reasoning_section, 2)
         rl.addWidget(self.tools_section, 2)
 
         self.split = QSplitter(Qt.Horizontal)
@@ -597,7 +599,7 @@ class MainWindow(QMainWindow):
             elif k == "done":
                 self._finish_side(tag, ev.data)
         if streamed:
-            self.chat.append_stream("".join(streamed))
+            self.chat.set_stream(run["text"][""])
         if run["tags"] != [""]:
             cur_tag = run["current"]
             if cur_tag not in run["results"]:
@@ -616,6 +618,8 @@ class MainWindow(QMainWindow):
 
     def _finish_side(self, tag: str, result: ReplyResult) -> None:
         run = self._run
+        if result.mode == "dflash" and not result.block_size and self.model:
+            result.block_size = self.model.drafter_block_size
         run["results"][tag] = result
         if result.summary is not None:
             run["stats"][tag].apply_summary(result.summary)

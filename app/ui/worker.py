@@ -361,7 +361,7 @@ def _tool_call_dict(obj: Any) -> dict:
     return {
         "id": str(d.get("id") or ""),
         "name": str(d.get("name") or "?"),
-        "arguments": d.get("arguments", {}),
+        "arguments": d.get("arguments"),
         "result": d.get("result"),
         "error": d.get("error"),
         "duration_s": d.get("duration_s"),

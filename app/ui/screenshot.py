@@ -1,0 +1,158 @@
+"""Take the README screenshot: ``python -m app.ui.screenshot OUT.png [--model DIR --drafter DIR]``.
+
+With ``--model`` the window runs the real engine on that pair (e.g. the bundled demo pair) and
+is grabbed while the second reply is being generated. Without it a scripted backend replays a
+fixed conversation through the same event types (for layout work; the figures are then
+made up and the window says "scripted" in its status bar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = [
+    ("What is the capital of France, and what currency does it use?",
+     "The user asks two things: the capital and the currency. France's capital is Paris. "
+     "France is in the eurozone, so the euro.",
+     "The capital of France is **Paris**, and France uses the **euro** (EUR)."),
+    ("Convert 25 degrees Celsius to Fahrenheit and show the formula in Python.",
+     "Use F = C * 9/5 + 32. 25 * 9/5 = 45, plus 32 gives 77. The user also wants Python, so "
+     "a short function and a call. Let me check with the unit tool first.",
+     "25 °C is **77 °F**. The conversion multiplies by 9/5 and adds 32:\n\n"
+     "```python\ndef c_to_f(c: float) -> float:\n    return c * 9 / 5 + 32\n\n"
+     "print(c_to_f(25))  # 77.0\n```\n\nThe `convert_units` tool gave the same value."),
+]
+
+
+class ScriptedBackend:
+    """Replays :data:`SCRIPT` with DFlash-like cycles (made-up figures)."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def load(self, target, drafter):
+        from app.ui.worker import ModelInfo
+
+        return ModelInfo(target_name="demo-target (scripted)", target_path=target,
+                         drafter_name="demo-dflash (scripted)", drafter_path=drafter,
+                         context_length=4096, drafter_block_size=8,
+                         memory_bytes=412 * 2**20)
+
+    def unload(self):
+        pass
+
+    def memory_bytes(self):
+        return 412 * 2**20
+
+    def pieces(self, tokens):
+        return ["x"] * len(tokens)
+
+    def reply(self, messages, settings, cancel):
+        return self._events(settings, cancel)
+
+    def _events(self, settings, cancel):
+        import random
+
+        from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCall, ToolCallDelta
+        from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+        _, reasoning, content = SCRIPT[min(self.turn, len(SCRIPT) - 1)]
+        self.turn += 1
+        rng = random.Random(self.turn)
+        slow = float(os.environ.get("SCRIPT_DELAY", "0.03"))
+        words = reasoning.split(" ")
+        for w in words:
+            yield ReasoningDelta(w + " ")
+            time.sleep(slow / 4)
+        if self.turn == 2:
+            yield ToolCallDelta(ToolCall("call_0", "convert_units",
+                                         {"value": 25, "from_unit": "degC", "to_unit": "degF"}))
+
+            class _Res:
+                def to_dict(self):
+                    return {"id": "call_0", "name": "convert_units", "ok": True,
+                            "result": {"value": 77.0, "unit": "degree_Fahrenheit"},
+                            "error": None, "duration_s": 0.004}
+            yield type("ToolResultEvent", (), {"run": _Res()})()
+        chunks = [content[i:i + 6] for i in range(0, len(content), 6)]
+        idx, lengths = 0, []
+        for c, chunk in enumerate(chunks):
+            if cancel.is_set():
+                break
+            acc = min(7, max(0, int(rng.gauss(4.5, 2))))
+            for k in range(acc + 1):
+                yield TokenEvent(1000 + idx, idx, k < acc)
+                idx += 1
+            yield ContentDelta(chunk)
+            lengths.append(acc)
+            yield CycleEvent(c, 7, acc, acc + 1, acc < 7, 0.003, 0.006, 0.0004)
+            time.sleep(slow)
+        n = len(lengths)
+        yield Done(Summary(
+            mode="dflash", prompt_tokens=118, generated_tokens=idx, ttft_s=0.084,
+            tok_per_s=96.4, cycles=n, drafted=7 * n, accepted=sum(lengths),
+            acceptance_rate=sum(lengths) / (7 * n), tau=idx / n,
+            replays=sum(1 for a in lengths if a < 7), rollback_share=0.041,
+            stop_cause="end_token", accepted_lengths=lengths))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render the window and save a PNG; returns an exit code."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out")
+    p.add_argument("--model")
+    p.add_argument("--drafter", default="")
+    p.add_argument("--size", default="1360x860")
+    p.add_argument("--dark", action="store_true")
+    args = p.parse_args(argv)
+    import tempfile
+
+    from PySide6.QtCore import QEventLoop, QSettings
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    from app.ui import theme
+    from app.ui.window import MainWindow
+
+    if args.dark:
+        theme.system_is_dark = lambda: True
+    tmp = tempfile.mkdtemp()
+    qs = QSettings(str(Path(tmp) / "s.ini"), QSettings.IniFormat)
+    qs.setValue("generation/use_tools", bool(args.model is None))
+    backend = None if args.model else ScriptedBackend()
+    win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
+    w, h = (int(v) for v in args.size.split("x"))
+    win.resize(w, h)
+    win.show()
+
+    def pump(cond, timeout=300.0):
+        end = time.time() + timeout
+        while not cond() and time.time() < end:
+            app.processEvents(QEventLoop.AllEvents, 30)
+            time.sleep(0.01)
+
+    win.load_model(args.model or "demo-target", args.drafter or "demo-dflash")
+    pump(lambda: win.model is not None or win.banner_row.isVisible())
+    if win.model is None:
+        print(win.banner.text(), file=sys.stderr)
+        return 2
+    win.clear_banner()
+    win.send(SCRIPT[0][0])
+    pump(lambda: not win.busy)
+    win.composer.set_mode("dflash")
+    win.send(SCRIPT[1][0])
+    # grab mid-reply: once a good part of the second reply is on screen
+    pump(lambda: not win.busy or (win._run and win._run["stats"][""].cycles > 14), 120)
+    pump(lambda: False, 0.05)
+    win.grab().save(args.out)
+    print(f"saved {args.out}")
+    win.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
