@@ -1,0 +1,395 @@
+"""Headless ``chat`` and ``compare`` commands (issues 3-5; the JSON contract is in the README).
+
+``python -m app chat [--model M --draft-model D] --mode {plain,dflash} --prompt TEXT ...``
+prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
+summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
+``python -m app compare ...`` runs plain then DFlash on the same prompt and prints
+``{"plain", "dflash", "identical", "first_divergence", "near_tie"}``.
+
+Both go through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
+0 ok (a divergence is reported, not an error), 2 bad arguments or unusable model files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.chat.reply import Reply, ReplySettings, collect_reply, effective_mode
+from app.engine.errors import EngineError
+
+DEFAULT_PROMPT = "What is the capital of France, and what currency does it use?"
+TINY_PAIR_FOLDER = "tiny-pair"
+
+
+class CommandError(Exception):
+    """A problem with the command's input (exit code 2, message on stderr)."""
+
+
+# ------------------------------------------------------------------------------ arguments
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 10, got {value:g}")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="target: a folder or a cached Hugging Face repo id "
+                   "(default: the bundled demo pair)")
+    p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message")
+    p.add_argument("--system-prompt", help="a system message")
+    p.add_argument("--max-tokens", type=_positive_int, default=256,
+                   help="generated tokens at most per round (default 256)")
+    p.add_argument("--block-size", type=_positive_int,
+                   help="DFlash block size, 1..the drafter's (default: the drafter's)")
+    p.add_argument("--rollback", choices=["tape", "replay"], default="tape",
+                   help="recurrent-state rollback under DFlash (default tape)")
+    think = p.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", default=None,
+                       help="thinking on in the chat template")
+    think.add_argument("--no-think", dest="think", action="store_false",
+                       help="thinking off in the chat template")
+    p.add_argument("--temp", type=_temperature, default=0.0,
+                   help="sampling temperature (default 0: greedy)")
+    p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--tools", default="builtin", metavar="{builtin,none,FILE}",
+                   help="tool definitions shown to the model: the built-in tools (default), "
+                   "none, or a JSON file of definitions")
+    p.add_argument("--tool-parser", help="mlx_lm.tool_parsers module to use instead of the "
+                   "one inferred from the chat template (e.g. json_tools)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable)")
+    p.add_argument("--run-tools", action="store_true",
+                   help="run the model's tool calls (built-in tools) and continue the reply")
+    p.add_argument("--max-tool-rounds", type=_non_negative_int, default=8,
+                   help="tool rounds at most per reply (default 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(subparsers) -> None:
+    """Add the ``chat`` and ``compare`` subcommands."""
+    chat = subparsers.add_parser(
+        "chat", help="one reply, plain or DFlash",
+        description="Generate one reply to --prompt and print it with its figures.",
+    )
+    _add_common(chat)
+    chat.add_argument("--mode", choices=["plain", "dflash"], default="dflash",
+                      help="decoding mode (default dflash)")
+    chat.set_defaults(func=run_chat)
+    compare = subparsers.add_parser(
+        "compare", help="plain then DFlash on the same prompt",
+        description="Run plain then DFlash decoding on the same prompt and report whether the "
+        "tokens are identical, where they first differ and how close the target's top two "
+        "logits are there.",
+    )
+    _add_common(compare)
+    compare.set_defaults(func=run_compare)
+
+
+# ------------------------------------------------------------------------------ setup
+def _warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
+    """(target, drafter or None) paths/repo ids from the arguments, the bundled demo pair, or
+    a tiny random pair built under ``cache_dir()`` (one line on stderr says so)."""
+    from app.paths import cache_dir, demo_pair_dirs
+
+    if args.model:
+        if need_drafter and not args.draft_model:
+            raise CommandError("DFlash needs --draft-model with --model (or use --mode plain)")
+        return args.model, args.draft_model
+    if args.draft_model:
+        raise CommandError("--draft-model needs --model (the target it was made for)")
+    target, drafter = demo_pair_dirs()
+    if (target / "config.json").is_file() and (drafter / "config.json").is_file():
+        return str(target), str(drafter)
+    from app.engine.tiny import build_tiny_pair
+
+    root = cache_dir() / TINY_PAIR_FOLDER
+    _warn(f"The bundled demo pair is missing: using a tiny random-weight pair in {root} "
+          "(its text is gibberish).")
+    t, d = build_tiny_pair(root)
+    return str(t), str(d)
+
+
+def load_tools(spec: str) -> list[dict] | None:
+    """Tool definitions for ``--tools``: ``builtin``, ``none`` or a JSON file path."""
+    if spec == "none":
+        return None
+    if spec == "builtin":
+        try:
+            from app.chat.tools import tool_schemas
+        except ImportError:
+            return None
+        return tool_schemas()
+    from app.chat.tools import ToolFileError, load_tool_file, tool_schemas
+
+    try:
+        return tool_schemas(load_tool_file(Path(spec)))
+    except ToolFileError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def default_thinking(target: str, drafter: str | None) -> bool | None:
+    """The known pair's recommended thinking setting, else None (the template's default)."""
+    from app.engine.catalog import known_pair_for
+
+    for name in (drafter, target):
+        pair = known_pair_for(name)
+        if pair is not None:
+            return pair.thinking
+    return None
+
+
+def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | None):
+    """:class:`ReplySettings` for ``mode`` from parsed arguments."""
+    return ReplySettings(
+        mode=mode,
+        max_tokens=args.max_tokens,
+        block_size=args.block_size,
+        rollback=args.rollback,
+        enable_thinking=think,
+        stop=list(args.stop),
+        tools=tools,
+        run_tools=args.run_tools,
+        max_tool_rounds=args.max_tool_rounds,
+        tool_parser=args.tool_parser,
+        temperature=args.temp,
+        seed=args.seed,
+    )
+
+
+def _messages(args) -> list[dict]:
+    msgs = []
+    if args.system_prompt:
+        msgs.append({"role": "system", "content": args.system_prompt})
+    msgs.append({"role": "user", "content": args.prompt})
+    return msgs
+
+
+def _load(args, need_drafter: bool):
+    from app.engine.loader import check_pair, load_drafter, load_target
+
+    tpath, dpath = resolve_pair(args, need_drafter)
+    target = load_target(tpath)
+    drafter = None
+    if dpath and need_drafter:
+        drafter = load_drafter(dpath)
+        check_pair(target, drafter)
+    return target, drafter, tpath, dpath
+
+
+# ------------------------------------------------------------------------------ output
+def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
+    """The ``chat --json`` object for ``reply``."""
+    block = None
+    if reply.mode == "dflash":
+        block = settings.block_size or (drafter.config.block_size if drafter else None)
+    out: dict[str, Any] = {
+        "mode": reply.mode,
+        "block_size": block,
+        "rollback": settings.rollback,
+        "tokens": reply.tokens,
+        "text": reply.text,
+        "summary": reply.summary.to_dict(),
+        "content": reply.content,
+        "reasoning": reply.reasoning,
+        "tool_calls": [c.to_dict() for c in reply.tool_calls],
+        "finish_reason": reply.finish_reason,
+        "from_draft": reply.from_draft,
+        "warnings": reply.warnings,
+    }
+    if with_rounds:
+        out["rounds"] = [r.to_dict() for r in reply.rounds]
+    return out
+
+
+def figures_line(reply: Reply, block: int | None = None) -> str:
+    """One line of figures: mode, tokens, tok/s, TTFT, acceptance, tau, replays, finish."""
+    s = reply.summary
+    parts = [reply.mode + (f" (block {block})" if block else "")]
+    parts.append(f"{len(reply.tokens)} tokens")
+    parts.append(f"{s.tok_per_s:.1f} tok/s")
+    parts.append(f"TTFT {s.ttft_s:.2f} s")
+    if reply.mode == "dflash":
+        acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
+        tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
+        parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
+    parts.append(f"finish {reply.finish_reason}")
+    return " · ".join(parts)
+
+
+def _print_reply(reply: Reply, block: int | None) -> None:
+    for r in reply.rounds[:-1]:
+        for run in r.tool_runs:
+            print(f"[tool call] {run.call.name} {json.dumps(run.call.arguments, ensure_ascii=False)}")
+            print(f"[tool result] {run.result.content()}")
+    if reply.reasoning:
+        print("[reasoning]")
+        print(reply.reasoning)
+        print("[answer]")
+    print(reply.content)
+    for c in reply.tool_calls:
+        print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
+    for w in reply.warnings:
+        print(f"[warning] {w['message']}")
+    print(figures_line(reply, block))
+
+
+# ------------------------------------------------------------------------------ commands
+def _guard(fn, args) -> int:
+    try:
+        return fn(args)
+    except (EngineError, CommandError, ValueError) as exc:
+        _warn(f"error: {exc}")
+        return 2
+
+
+def run_chat(args) -> int:
+    """``chat``: one reply; returns the exit code."""
+    return _guard(_chat, args)
+
+
+def run_compare(args) -> int:
+    """``compare``: plain then DFlash; returns the exit code."""
+    return _guard(_compare, args)
+
+
+def _chat(args) -> int:
+    tools = load_tools(args.tools)
+    settings = settings_from_args(args, args.mode, tools, args.think)
+    mode, note = effective_mode(settings)
+    if note:
+        _warn(note)
+    target, drafter, tpath, dpath = _load(args, need_drafter=mode == "dflash")
+    if settings.enable_thinking is None:
+        settings.enable_thinking = default_thinking(tpath, dpath)
+    reply = collect_reply(target, drafter, _messages(args), settings)
+    obj = chat_object(reply, settings, drafter, args.run_tools)
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False))
+    else:
+        _print_reply(reply, obj["block_size"])
+    return 0
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """First index where ``a`` and ``b`` differ, the shorter length when one is a prefix of
+    the other, None when equal."""
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def near_tie(target, prompt_ids: list[int], prefix: list[int], tokens: dict[str, int | None],
+             index: int) -> dict:
+    """The target's top two logits after ``prompt_ids + prefix`` (one full forward, no cache).
+
+    ``tokens``: the token each run chose there (None where a run had ended). Returns
+    ``{"index", "top": [{"id", "logit"}, {"id", "logit"}], "gap", "<run>_token",
+    "<run>_logit"}``; logits are float32 values of the target's last position.
+    """
+    import mlx.core as mx
+
+    ids = mx.array([list(prompt_ids) + list(prefix)], dtype=mx.int32)
+    logits = target.model(ids)[0, -1].astype(mx.float32)
+    order = mx.argsort(-logits)[:2].tolist()
+    values = logits.tolist()
+    out: dict[str, Any] = {
+        "index": index,
+        "top": [{"id": int(i), "logit": float(values[i])} for i in order],
+        "gap": float(values[order[0]] - values[order[1]]),
+    }
+    for name, tok in tokens.items():
+        out[f"{name}_token"] = tok
+        out[f"{name}_logit"] = None if tok is None else float(values[tok])
+    return out
+
+
+def _near_tie_for(target, plain: Reply, dflash: Reply) -> dict | None:
+    """Near-tie figures at the first divergence of the two replies' rounds (the prompt of the
+    round where they first differ, plus the common prefix inside it)."""
+    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
+        i = first_divergence(rp.tokens, rd.tokens)
+        if i is None:
+            continue
+        if rp.prompt_ids != rd.prompt_ids:
+            return None
+        pick = {
+            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
+            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
+        }
+        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
+    return None
+
+
+def _compare(args) -> int:
+    tools = load_tools(args.tools)
+    target, drafter, tpath, dpath = _load(args, need_drafter=True)
+    think = args.think if args.think is not None else default_thinking(tpath, dpath)
+    results = {}
+    for mode in ("plain", "dflash"):
+        settings = settings_from_args(args, mode, tools, think)
+        run_mode, note = effective_mode(settings)
+        if note:
+            _warn(note)
+        reply = collect_reply(target, drafter, _messages(args), settings)
+        results[mode] = (reply, settings)
+    (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
+    div = first_divergence(plain.all_tokens, dflash.all_tokens)
+    tie = _near_tie_for(target, plain, dflash) if div is not None else None
+    obj = {
+        "plain": chat_object(plain, ps, drafter, args.run_tools),
+        "dflash": chat_object(dflash, ds, drafter, args.run_tools),
+        "identical": div is None,
+        "first_divergence": div,
+        "near_tie": tie,
+    }
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False))
+        return 0
+    for name, (reply, _) in results.items():
+        print(f"== {name} ==")
+        _print_reply(reply, obj[name]["block_size"])
+    if div is None:
+        print("identical: yes")
+    else:
+        gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
+        print(f"identical: no (first divergence at token {div}{gap})")
+    sp, sd = plain.summary.tok_per_s, dflash.summary.tok_per_s
+    if sp > 0 and sd > 0:
+        print(f"speed: DFlash {sd:.1f} tok/s vs plain {sp:.1f} tok/s ({sd / sp:.2f}x)")
+    return 0

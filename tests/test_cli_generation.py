@@ -1,0 +1,200 @@
+"""`python -m app chat` / `compare` on the tiny random pair: the JSON contract, both modes
+identical, error exits, the tiny fallback, --run-tools rounds and the near-tie helper."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from app.chat import reply as reply_mod
+from app.cli import main
+from app.commands.generation import first_divergence, near_tie
+from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+CHAT_FIELDS = {"mode", "block_size", "rollback", "tokens", "text", "summary", "content",
+               "reasoning", "tool_calls", "finish_reason"}
+
+
+@pytest.fixture(scope="module")
+def pair_paths(tiny_root):
+    from app.engine.tiny import build_tiny_pair
+
+    return build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def pair_args(pair_paths):
+    return ["--model", str(pair_paths[0]), "--draft-model", str(pair_paths[1])]
+
+
+def test_chat_json_identical_in_both_modes(capsys, pair_paths):
+    objs = {}
+    for mode in ("plain", "dflash"):
+        code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", mode,
+                                 "--prompt", "Name a capital.", "--max-tokens", "24",
+                                 "--tools", "none", "--json")
+        assert code == 0, err
+        objs[mode] = json.loads(out)
+        assert CHAT_FIELDS <= set(objs[mode])
+    p, d = objs["plain"], objs["dflash"]
+    assert p["mode"] == "plain" and d["mode"] == "dflash"
+    assert p["block_size"] is None and d["block_size"] == 16
+    for key in ("tokens", "text", "content", "reasoning", "tool_calls", "finish_reason"):
+        assert p[key] == d[key], key
+    assert len(p["tokens"]) == p["summary"]["generated_tokens"] > 0
+    assert d["summary"]["cycles"] > 0 and d["summary"]["mode"] == "dflash"
+    assert "rounds" not in p
+
+
+def test_compare_json_identical_with_replays(capsys, pair_paths):
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "Hello",
+                             "--max-tokens", "32", "--tools", "none", "--block-size", "4",
+                             "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert set(obj) == {"plain", "dflash", "identical", "first_divergence", "near_tie"}
+    assert obj["identical"] is True and obj["first_divergence"] is None
+    assert obj["near_tie"] is None
+    assert obj["plain"]["tokens"] == obj["dflash"]["tokens"]
+    assert obj["dflash"]["block_size"] == 4 and obj["dflash"]["summary"]["replays"] > 0
+
+
+def test_chat_human_output(capsys, pair_paths):
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                             "--prompt", "Hi", "--max-tokens", "8", "--no-think",
+                             "--tools", "none")
+    assert code == 0, err
+    last = out.rstrip("\n").splitlines()[-1]
+    assert last.startswith("plain · 8 tokens · ") and last.endswith("finish length")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "/nonexistent/model", "--draft-model", "/x"], "/nonexistent/model"),
+        (["--model", "/nonexistent/model"], "DFlash needs --draft-model"),
+        (["--draft-model", "/x"], "--draft-model needs --model"),
+        (["--tools", "/nonexistent/tools.json"], "tool file not found"),
+        (["--block-size", "99"], "block size 99"),
+        (["--tool-parser", "nope"], "unknown tool parser"),
+    ],
+)
+def test_bad_input_exits_2_without_traceback(capsys, pair_paths, extra, message):
+    args = ["chat", "--prompt", "x", "--max-tokens", "2", "--mode", "dflash"]
+    if "--model" not in extra and "--draft-model" not in extra:
+        args += pair_args(pair_paths)
+    code, out, err = run_cli(capsys, *args, *extra)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--max-tokens", "0"], ["--temp", "-1"],
+                                  ["--rollback", "nope"], ["--think", "--no-think"]])
+def test_bad_arguments_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(["chat", *argv])
+    assert exc.value.code == 2
+
+
+def test_missing_demo_pair_builds_tiny_pair(capsys, tmp_path, monkeypatch):
+    import shutil
+
+    from app.paths import resource_path
+
+    res = tmp_path / "resources_without_models"
+    res.mkdir()
+    shutil.copy(resource_path("chat_template.jinja"), res / "chat_template.jinja")
+    monkeypatch.setenv("DFLASH_RESOURCES", str(res))
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, err = run_cli(capsys, "chat", "--mode", "plain", "--prompt", "x",
+                             "--max-tokens", "3", "--tools", "none", "--json")
+    assert code == 0, err
+    assert "bundled demo pair is missing" in err and str(tmp_path / "cache") in err
+    assert (tmp_path / "cache" / "tiny-pair").is_dir()
+    assert len(json.loads(out)["tokens"]) == 3
+
+
+def test_near_tie_top_token_is_the_greedy_choice(tiny_hybrid):
+    from app.chat.reply import ReplySettings, collect_reply
+
+    target, drafter = tiny_hybrid
+    rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
+                        ReplySettings(mode="plain", max_tokens=6))
+    prompt = rep.rounds[0].prompt_ids
+    for k in (0, 3):
+        tie = near_tie(target, prompt, rep.tokens[:k], {"plain": rep.tokens[k]}, k)
+        assert tie["index"] == k
+        assert tie["top"][0]["id"] == rep.tokens[k] == tie["plain_token"]
+        assert tie["plain_logit"] == tie["top"][0]["logit"]
+        assert tie["gap"] == tie["top"][0]["logit"] - tie["top"][1]["logit"] >= 0
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 5, 3], 1), ([1, 2], [1, 2, 3], 2),
+     ([], [4], 0)],
+)
+def test_first_divergence(a, b, expected):
+    assert first_divergence(a, b) == expected
+
+
+class _Scripted:
+    """A scripted engine for the CLI: round k emits ``scripts[k]`` (token ids)."""
+
+    def __init__(self, scripts):
+        self.scripts, self.calls = scripts, 0
+
+    def __call__(self, target, prompt_ids, config, drafter=None):
+        ids = self.scripts[min(self.calls, len(self.scripts) - 1)]
+        self.calls += 1
+        cancel = threading.Event()
+        mode = config.mode
+
+        class Gen:
+            def cancel(self):
+                cancel.set()
+
+            def __iter__(self):
+                for i, t in enumerate(ids):
+                    yield TokenEvent(t, i, from_draft=mode == "dflash" and i % 2 == 1)
+                    if mode == "dflash" and i % 2 == 1:
+                        yield CycleEvent(i // 2, 1, 1, 2, False, 0.0, 0.0, 0.0)
+                yield Done(Summary(mode=mode, generated_tokens=len(ids), stop_cause="end_token"))
+
+        return Gen()
+
+
+def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
+    from app.engine.loader import load_target
+
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n</parameter>\n"
+            "</function>\n</tool_call>")
+    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
+               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
+    objs = []
+    for mode in ("plain", "dflash"):
+        monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
+        code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", mode,
+                                 "--prompt", "17*23?", "--no-think", "--run-tools", "--json")
+        assert code == 0, err
+        objs.append(json.loads(out))
+    for obj in objs:
+        assert obj["content"] == "It is 391." and obj["finish_reason"] == "stop"
+        assert [r["finish_reason"] for r in obj["rounds"]] == ["tool_calls", "stop"]
+        r0 = obj["rounds"][0]
+        assert r0["tool_calls"] == [
+            {"id": "call_0", "name": "calculator", "arguments": {"expression": "17*23"}}
+        ]
+        assert r0["results"][0]["ok"] is True and r0["results"][0]["result"] == 391
+    strip = [{k: v for k, v in o.items() if k not in ("mode", "block_size", "summary",
+                                                      "from_draft", "rounds")} for o in objs]
+    assert strip[0] == strip[1]
