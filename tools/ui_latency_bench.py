@@ -1,0 +1,160 @@
+"""Event-loop latency of the window under a fast token stream (issue 7, "Measure").
+
+Streams synthetic events (a ``TokenEvent`` and a ``ContentDelta`` per token, a ``CycleEvent``
+every few tokens, some reasoning first) from the real worker thread into the real window at
+``--rate`` tokens per second for ``--seconds``, and measures how late a 5 ms precise timer on
+the GUI thread fires: latency = (time between two firings) - 5 ms. Prints p50/p99/max in ms
+and the number of render ticks; the goal is p99 < 50 ms on this CPU.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tools/ui_latency_bench.py [--rate 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+WORDS = ("the drafter proposes a block of tokens and the target verifies them in one pass "
+         "so several tokens are committed per cycle when the guesses are right ").split()
+
+
+class StreamBackend:
+    """Emits ``rate`` tokens per second for ``seconds`` (paced in 5 ms slices)."""
+
+    def __init__(self, rate: float, seconds: float, block: int = 8) -> None:
+        self.rate, self.seconds, self.block = rate, seconds, block
+        self.sent = 0
+
+    def load(self, target, drafter):
+        from app.ui.worker import ModelInfo
+
+        return ModelInfo(target_name="synthetic", target_path=target, drafter_name="synthetic",
+                         drafter_path=drafter, context_length=32768, drafter_block_size=8)
+
+    def unload(self):
+        pass
+
+    def memory_bytes(self):
+        return 0
+
+    def pieces(self, tokens):
+        return [""] * len(tokens)
+
+    def reply(self, messages, settings, cancel):
+        return self._events(cancel)
+
+    def _events(self, cancel):
+        from app.chat.pipeline import ContentDelta, ReasoningDelta
+        from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+        for w in WORDS[:20]:
+            yield ReasoningDelta(w + " ")
+        start = time.perf_counter()
+        i = cycle = 0
+        since_cycle = 0
+        while not cancel.is_set():
+            elapsed = time.perf_counter() - start
+            if elapsed >= self.seconds:
+                break
+            due = int(elapsed * self.rate)
+            while i < due:
+                yield TokenEvent(i % 500, i, since_cycle > 0)
+                word = WORDS[i % len(WORDS)]
+                yield ContentDelta(word + (".\n\n" if i % 60 == 59 else " "))
+                i += 1
+                since_cycle += 1
+                if since_cycle == 5:
+                    yield CycleEvent(cycle, self.block - 1, 4, 5, True, 1e-4, 2e-4, 1e-5)
+                    cycle += 1
+                    since_cycle = 0
+            time.sleep(0.005)
+        self.sent = i
+        yield Done(Summary(mode="dflash", generated_tokens=i, cycles=cycle,
+                           tok_per_s=i / max(1e-9, time.perf_counter() - start),
+                           stop_cause="length"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the figures; exit code 0 (1 when the window failed)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", type=float, default=2000.0, help="tokens per second")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--period-ms", type=float, default=5.0, help="probe timer period")
+    args = ap.parse_args(argv)
+
+    import tempfile
+
+    from PySide6.QtCore import QEventLoop, QSettings, Qt, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    from app.ui.window import MainWindow
+
+    qs = QSettings(str(Path(tempfile.mkdtemp()) / "s.ini"), QSettings.IniFormat)
+    backend = StreamBackend(args.rate, args.seconds)
+    win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
+    win.resize(1280, 800)
+    win.show()
+    win.load_model("synthetic", "synthetic")
+    end = time.time() + 10
+    while win.model is None and time.time() < end:
+        app.processEvents(QEventLoop.AllEvents, 20)
+    if win.model is None:
+        print("model did not load", file=sys.stderr)
+        return 1
+
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+
+    def probe() -> None:
+        now = time.perf_counter()
+        gaps.append((now - last[0]) * 1000.0 - args.period_ms)
+        last[0] = now
+
+    ticks = [0]
+    orig = win.render_pending
+
+    def counted() -> None:
+        ticks[0] += 1
+        orig()
+
+    win.timer.timeout.disconnect()
+    win.timer.timeout.connect(counted)
+    timer = QTimer()
+    timer.setTimerType(Qt.PreciseTimer)
+    timer.setInterval(int(args.period_ms))
+    timer.timeout.connect(probe)
+    win.composer.set_mode("dflash")
+    t0 = time.perf_counter()
+    win.send("Stream as fast as you can.")
+    last[0] = time.perf_counter()
+    timer.start()
+    while win.busy and time.perf_counter() - t0 < args.seconds + 30:
+        app.processEvents(QEventLoop.AllEvents, 50)
+        time.sleep(0.0005)
+    timer.stop()
+    wall = time.perf_counter() - t0
+    gaps = [max(0.0, g) for g in gaps[1:]]
+    q = statistics.quantiles(gaps, n=100) if len(gaps) >= 2 else [0.0] * 99
+    chars = len(win.chat.toPlainText())
+    print(f"tokens streamed      {backend.sent} in {wall:.1f} s "
+          f"({backend.sent / max(wall, 1e-9):.0f} tok/s requested {args.rate:.0f})")
+    print(f"render ticks         {ticks[0]} (timer {win.timer.interval()} ms)")
+    print(f"probe samples        {len(gaps)} (period {args.period_ms:g} ms)")
+    print(f"event-loop latency   p50 {q[49]:.1f} ms   p99 {q[98]:.1f} ms   "
+          f"max {max(gaps, default=0):.1f} ms")
+    print(f"chat characters      {chars}")
+    print(f"goal p99 < 50 ms:    {'met' if q[98] < 50 else 'NOT met'}")
+    win.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
