@@ -163,20 +163,6 @@ def test_check_pair_reads_text_config_and_top_level_dflash_fields():
     assert info.value.field == "target_layer_ids" and "32" in str(info.value)
 
 
-def test_engine_check_agrees_on_the_fixture_fields(tiny_configs):
-    """The engine's check (imports mlx) gives the same verdicts as the catalog's."""
-    loader = pytest.importorskip("app.engine.loader")
-    if not hasattr(loader, "check_pair_configs"):
-        pytest.skip("engine has no check_pair_configs")
-    t, d = tiny_configs
-    loader.check_pair_configs(t, d)
-    for change, field in [({"vocab_size": 512}, "vocab_size"), ({"hidden_size": 32},
-                                                                 "hidden_size")]:
-        with pytest.raises(PairMismatchError) as info:
-            loader.check_pair_configs(t, {**d, **change})
-        assert info.value.field == field
-
-
 def test_folders_persist_and_bundled_pair_is_listed(tmp_path, tiny_configs, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     t, d = tiny_configs

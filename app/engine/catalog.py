@@ -212,21 +212,6 @@ def check_pair_configs(target_config: dict, drafter_config: dict) -> None:
         )
 
 
-def _pair_check():
-    """The pair check to use: the engine's ``app.engine.loader.check_pair_configs`` when its
-    drafter module (which imports mlx) is already loaded, else :func:`check_pair_configs`.
-
-    Both check the same fields in the same order; this one never imports mlx, so the GUI
-    thread can call it before the worker has loaded anything.
-    """
-    if "app.engine.drafter" in sys.modules:
-        loader = sys.modules.get("app.engine.loader")
-        fn = getattr(loader, "check_pair_configs", None) if loader is not None else None
-        if callable(fn):
-            return fn
-    return check_pair_configs
-
-
 @lru_cache(maxsize=1)
 def _mlx_lm_models() -> tuple[frozenset[str], dict[str, str]]:
     """Model types with a module in the installed mlx-lm, and its ``MODEL_REMAPPING``.
@@ -638,7 +623,7 @@ class Catalog:
 
     def pair_checks(self, target: ModelEntry) -> list[PairCheck]:
         """Every drafter checked against ``target``: fitting ones first, then the others."""
-        check = _pair_check()
+        check = check_pair_configs
         out = []
         for drafter in self.scan().drafters:
             try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.engine.catalog import check_pair_configs, text_config  # noqa: F401 (re-exported)
 from app.engine.errors import (
     EngineError,
     ModelLoadError,
@@ -67,11 +68,6 @@ def read_config(folder: Path) -> dict[str, Any]:
         return json.loads(cfg_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
-
-
-def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The text model's fields (``text_config`` for multimodal checkpoints such as Qwen3.5)."""
-    return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
 
 
 def _on_cpu() -> bool:
@@ -230,30 +226,6 @@ def load_drafter(path_or_repo: str | Path) -> LoadedDrafter:
     model.load_weights([(k, weights[k].astype(dtype)) for k in shapes], strict=True)
     mx.eval(model.parameters())
     return LoadedDrafter(model=model, config=cfg, path=folder, name=folder.name)
-
-
-def check_pair_configs(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any]) -> None:
-    """Config-level fit of a drafter to a target (no weights needed).
-
-    Checks, in order: ``vocab_size``, ``hidden_size``, ``num_target_layers`` (when the drafter
-    states it) and that every ``target_layer_ids`` entry is a layer of the target.
-
-    Raises:
-        PairMismatchError: naming the first field that differs.
-        UnsupportedArchitectureError, ModelLoadError: from parsing the drafter config.
-    """
-    from app.engine.drafter import DrafterConfig
-
-    t = text_config(target_cfg)
-    d = DrafterConfig.from_dict(drafter_cfg)
-    n_layers = int(t.get("num_hidden_layers", 0))
-    for name, tv, dv in (
-        ("vocab_size", int(t.get("vocab_size", -1)), d.vocab_size),
-        ("hidden_size", int(t.get("hidden_size", -1)), d.hidden_size),
-    ):
-        if tv != dv:
-            raise PairMismatchError(name, tv, dv)
-    _check_layers(n_layers, d)
 
 
 def _check_layers(n_layers: int, d) -> None:
