@@ -8,11 +8,13 @@ produced them (issue 4). The stages, in order:
    (``tokenizer.detokenizer``); it holds back incomplete UTF-8 sequences, so a character split
    across tokens never shows as U+FFFD mid-stream. End tokens are kept in the token list but
    never turned into text.
-2. **Stop strings**: matched on the raw text. Text that could be the start of a stop string is
-   held back until it is known not to be one (and flushed at the end); on a hit the text before
-   it is released, the stop string itself and everything after it are dropped, tokens after the
-   one that completed it are cut, and :attr:`TextPipeline.stopped` tells the caller to cancel
-   the engine.
+2. **Stop strings**: matched on the decoded text, in every state, with the markers below, by
+   mlx-lm's ``TextStateMachine`` (``mlx_lm.generate``). Text that could be the start of a stop
+   string or marker is held back until it is known not to be one (and flushed at the end). On a
+   hit the text before it is released, the stop string and everything after it are dropped,
+   tokens after the one that completed it are cut, and :attr:`TextPipeline.stopped` tells the
+   caller to cancel the engine. (mlx-lm's own stop matching works on token sequences, which
+   misses a stop string tokenized differently in context; matching text does not.)
 3. **Reasoning split**: text between the thinking markers (``TokenizerWrapper.think_start`` /
    ``think_end``, e.g. ``<think>``/``</think>``) is reasoning; a prompt that pre-opened the block
    starts in reasoning. Inside reasoning only the closing marker is looked for, so a literal
@@ -38,6 +40,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from mlx_lm.generate import TextStateMachine
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
@@ -151,17 +155,6 @@ def finish_reason_for(stop_cause: str | None, *, stop_hit: bool, has_tool_calls:
     return "stop"
 
 
-def _longest_partial(text: str, markers: Iterable[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some marker."""
-    best = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:n]):
-                best = n
-                break
-    return best
-
-
 def _resolve_parser(tokenizer, override: str | None):
     """(parse function, module name or None, start marker, end marker), or all None."""
     if override:
@@ -228,13 +221,25 @@ class TextPipeline:
             self._think_start = self._think_end = None
         self._state = _REASONING if (starts_in_reasoning and self._think_end) else _CONTENT
         self._next_call = first_call_index
+        # Markers and stop strings are matched in the decoded text by mlx-lm's
+        # TextStateMachine (Aho-Corasick; text that may start a match is held back). Stop
+        # strings lead to the end state None in every state. Unlike mlx-lm's default machine,
+        # reasoning has no edge into tool calls: a literal <tool_call> there stays reasoning.
+        transitions: dict[str, list[tuple[str, str | None]]] = {_CONTENT: []}
+        if self._think_start:
+            transitions[_CONTENT].append((self._think_start, _REASONING))
+            transitions[_REASONING] = [(self._think_end, _CONTENT)]
+        if self._tool_start:
+            transitions[_CONTENT].append((self._tool_start, _TOOL))
+            transitions[_TOOL] = [(self._tool_end, _CONTENT)]
+        for edges in transitions.values():
+            edges.extend((w, None) for w in self._stops)
+        self._sm_state = TextStateMachine(transitions).make_state(initial=self._state)
 
         self.tokens: list[int] = []
         """Kept token ids (end token included when generated; none after a stop string)."""
         self._text_ends: list[int] = []
         self._raw = ""
-        self._pending = ""
-        self._pending_start = 0
         self._tool_buf = ""
         self._hold = {_CONTENT: "", _REASONING: ""}
         self._parts: dict[str, list[str]] = {_CONTENT: [], _REASONING: []}
@@ -295,9 +300,11 @@ class TextPipeline:
                 self._text_ends.append(len(self._raw))
                 break
             self._detok.add_token(tid)
-            self._append_text(self._detok.last_segment)
+            segment = self._detok.last_segment
+            self._raw += segment
             self._text_ends.append(len(self._raw))
-            self._process(final=False, out=out)
+            if segment:
+                self._split(segment, out)
         return out
 
     def finish(self, stop_cause: str | None = None) -> list[Delta]:
@@ -312,10 +319,14 @@ class TextPipeline:
             return out
         if self.stop_hit is None:
             self._detok.finalize()
-            self._append_text(self._detok.last_segment)
+            segment = self._detok.last_segment
+            self._raw += segment
             if self._text_ends:
                 self._text_ends[-1] = len(self._raw)
-            self._process(final=True, out=out)
+            if segment:
+                self._split(segment, out)
+            if self.stop_hit is None:
+                self._flush(out)
         self._hold = {_CONTENT: "", _REASONING: ""}
         self._finished = True
         self.finish_reason = finish_reason_for(
@@ -326,78 +337,50 @@ class TextPipeline:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _append_text(self, segment: str) -> None:
-        if segment:
-            self._raw += segment
-            self._pending += segment
+    def _split(self, text: str, out: list[Delta]) -> None:
+        """Run ``text`` through the state machine and route its segments."""
+        self._sm_state, segments = TextStateMachine.split(self._sm_state, text)
+        self._route_segments(segments, out)
+        if self._sm_state[0] is None:  # a stop string matched: the machine has ended
+            self._on_stop(len(self._sm_state[3]), out)
 
-    def _process(self, *, final: bool, out: list[Delta]) -> None:
-        text = self._pending
-        limit, hit = len(text), None
-        if self._stops:
-            best: tuple[int, str] | None = None
-            for s in self._stops:  # longest first: ties at one index go to the longer string
-                j = text.find(s)
-                if j >= 0 and (best is None or j < best[0]):
-                    best = (j, s)
-            if best is not None:
-                limit, hit = best
-            elif not final:
-                limit = len(text) - _longest_partial(text, self._stops)
-        consumed = self._scan(text[:limit], final or hit is not None, out)
-        if hit is None:
-            self._pending = text[consumed:]
-            self._pending_start += consumed
-            return
-        end = self._pending_start + limit + len(hit)
-        self._stop_text_end = self._pending_start + limit
+    def _flush(self, out: list[Delta]) -> None:
+        """Release text held as a possible marker/stop prefix (end of generation)."""
+        self._sm_state, held, name = TextStateMachine.flush(self._sm_state)
+        if held and name is not None:
+            self._route_segments([(name, held)], out)
+        if self._state == _TOOL:
+            self._close_open_call(out)
+
+    def _route_segments(self, segments: list[tuple[str | None, str]], out: list[Delta]) -> None:
+        for name, text in segments:
+            if name is None:
+                break
+            if name != self._state:
+                self._transition(name, out)
+            self._route(text, out)
+
+    def _transition(self, new: str, out: list[Delta]) -> None:
+        old, self._state = self._state, new
+        if old == _REASONING:
+            self._hold[_REASONING] = ""
+        elif old == _TOOL:
+            body, self._tool_buf = self._tool_buf, ""
+            self._complete_call(body, out)
+        if new == _TOOL:
+            self._tool_buf = ""
+
+    def _on_stop(self, after: int, out: list[Delta]) -> None:
+        """A stop string ended at ``len(raw) - after``: cut text and tokens there."""
+        end = len(self._raw) - after
+        hit = next(w for w in self._stops if self._raw.endswith(w, 0, end))
+        self._stop_text_end = end - len(hit)
         keep = next((i + 1 for i, e in enumerate(self._text_ends) if e >= end), len(self.tokens))
         del self.tokens[keep:]
         del self._text_ends[keep:]
-        self._pending = ""
         self.stop_hit = hit
         self._close_open_call(out)
         out.append(StopStringHit(stop=hit, kept_tokens=len(self.tokens)))
-
-    def _markers(self) -> list[str]:
-        if self._state == _REASONING:
-            return [self._think_end]
-        if self._state == _TOOL:
-            return [self._tool_end]
-        return [m for m in (self._think_start, self._tool_start) if m]
-
-    def _scan(self, seg: str, final: bool, out: list[Delta]) -> int:
-        """Route ``seg`` by state; returns how many characters were consumed (a partial
-        marker at the end stays unconsumed unless ``final``)."""
-        i = 0
-        while i < len(seg):
-            markers = self._markers()
-            found: tuple[int, str] | None = None
-            for m in markers:
-                j = seg.find(m, i)
-                if j >= 0 and (found is None or j < found[0]):
-                    found = (j, m)
-            if found is None:
-                end = len(seg) if final else len(seg) - _longest_partial(seg[i:], markers)
-                self._route(seg[i:end], out)
-                i = end
-                break
-            j, marker = found
-            self._route(seg[i:j], out)
-            i = j + len(marker)
-            if self._state == _CONTENT:
-                self._state = _REASONING if marker == self._think_start else _TOOL
-                self._tool_buf = ""
-            elif self._state == _REASONING:
-                self._hold[_REASONING] = ""
-                self._state = _CONTENT
-            else:
-                self._state = _CONTENT
-                self._complete_call(self._tool_buf, out)
-                self._tool_buf = ""
-        if final and self._state == _TOOL:
-            self._close_open_call(out)
-        return i
 
     def _route(self, text: str, out: list[Delta]) -> None:
         if not text:
