@@ -383,3 +383,49 @@ def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, m
     chat = win.chat.toPlainText()
     assert "The sum is 5." in chat
     assert "<tool_call>" not in chat and "<function=" not in chat
+
+
+# ------------------------------------------------------------------ storage
+def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, tmp_path):
+    from app.ui.storage_adapter import SqliteStore
+
+    db = tmp_path / "conversations.db"
+    from app.ui.window import MainWindow
+
+    backend = ScriptedBackend(cycles=5, block=4)
+    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+    first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    # a long second reply, cut by quitting the app
+    backend.cycles, backend.delay_s = 100_000, 0.002
+    win.composer.set_mode("plain")
+    assert win.send("Tell me more.")
+    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+                    timeout=10_000)
+    conv_id = win.conv.id
+    win.shutdown()
+    assert not win.busy
+    partial_tokens = backend.summary.generated_tokens
+
+    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+                      auto_load=False)
+    qtbot.addWidget(win2)
+    try:
+        conv = win2.conv
+        assert conv is not None and conv.id == conv_id
+        assert conv.title == PROMPT
+        roles = [m.role for m in conv.messages]
+        assert roles == ["user", "assistant", "user", "assistant"]
+        reloaded = conv.messages[1].version.result
+        assert reloaded.content == first.content
+        assert reloaded.tokens == first.tokens and reloaded.from_draft == first.from_draft
+        assert reloaded.summary.tau == first.summary.tau
+        last = conv.messages[3]
+        assert last.version.stopped
+        assert len(last.version.result.tokens) == partial_tokens
+        assert last.version.result.content.startswith("The capital is **Paris**.")
+        assert "stopped" in win2.chat.toPlainText()
+    finally:
+        win2.shutdown()

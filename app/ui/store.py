@@ -23,6 +23,7 @@ class Version:
     result: Any
     stopped: bool = False
     error: str | None = None
+    saved: bool = False
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Message:
     versions: dict[str, Version] = field(default_factory=dict)
     chosen: str = ""
     created: float = field(default_factory=time.time)
+    ids: dict[str, int] = field(default_factory=dict)
+    """Storage row ids: "" for a user message, the version key for each reply version."""
 
     @property
     def version(self) -> Version | None:
@@ -88,6 +91,14 @@ class ConversationStore(Protocol):
 
     def delete(self, conv_id: int) -> None: ...
 
+    def begin_reply(self, conv: Conversation, msg: Message, keys: list[str],
+                    settings: dict) -> None: ...
+
+    def progress(self, msg: Message, key: str, content: str, reasoning: str,
+                 tokens: list[int], from_draft: list[bool]) -> None: ...
+
+    def close(self) -> None: ...
+
 
 class MemoryStore:
     """In-memory :class:`ConversationStore` (newest conversation first in :meth:`list`)."""
@@ -118,3 +129,14 @@ class MemoryStore:
     def delete(self, conv_id: int) -> None:
         """Remove a conversation (no error when it does not exist)."""
         self._convs.pop(conv_id, None)
+
+    def begin_reply(self, conv: Conversation, msg: Message, keys: list[str],
+                    settings: dict) -> None:
+        """A reply started (nothing to do in memory)."""
+
+    def progress(self, msg: Message, key: str, content: str, reasoning: str,
+                 tokens: list[int], from_draft: list[bool]) -> None:
+        """A reply grew (nothing to do in memory)."""
+
+    def close(self) -> None:
+        """Nothing to release."""

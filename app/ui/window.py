@@ -397,7 +397,7 @@ class MainWindow(QMainWindow):
         if self.busy:
             self.stop()
         conv = self.store.new()
-        self.store.save(conv)
+        self._save(conv)
         self.select_conversation(conv)
         self.composer.edit.setFocus()
         return conv
@@ -429,7 +429,7 @@ class MainWindow(QMainWindow):
         if ok == QMessageBox.Yes:
             self.store.delete(self.conv.id)
             convs = self.store.list()
-            self.select_conversation(convs[0] if convs else None)
+            self.select_conversation(self.store.get(convs[0].id) if convs else None)
 
     def show_message_details(self, msg: Message | None) -> None:
         """Reasoning and tool calls of ``msg`` in the right-hand panes."""
@@ -467,7 +467,7 @@ class MainWindow(QMainWindow):
                 self.new_chat()
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
-            self.store.save(self.conv)
+            self._save(self.conv)
 
     # ------------------------------------------------------------------ generation
     def send(self, text: str) -> bool:
@@ -503,12 +503,17 @@ class MainWindow(QMainWindow):
         conv.messages.append(Message("user", text))
         reply = Message("assistant")
         conv.messages.append(reply)
-        self.store.save(conv)
-        self._refresh_list()
         messages = ([{"role": "system", "content": values["system_prompt"]}]
                     if values["system_prompt"].strip() else [])
         messages += history + [{"role": "user", "content": text}]
         rs = settings_mod.reply_settings(values, mode)
+        try:
+            self.store.save(conv)
+            self.store.begin_reply(conv, reply, tags if tags != [""] else [mode], rs)
+        except Exception as exc:  # storage trouble must not stop the chat
+            log.exception("saving the new turn")
+            self.show_banner(f"Could not save this turn: {exc}")
+        self._refresh_list()
         self._req += 1
         limit = self.model.context_length
         self._run = {
@@ -516,6 +521,7 @@ class MainWindow(QMainWindow):
             "stats": {t: LiveStats(context_limit=limit) for t in tags},
             "text": {t: "" for t in tags}, "reasoning": {t: "" for t in tags},
             "calls": {t: {} for t in tags}, "results": {}, "errors": {},
+            "tokens": {t: [] for t in tags}, "flags": {t: [] for t in tags},
             "stopped": False, "settings": rs, "current": tags[0],
         }
         self._pending = []
@@ -564,6 +570,8 @@ class MainWindow(QMainWindow):
             k = ev.kind
             if k == "token":
                 stats.on_token()
+                run["tokens"][tag].append(ev.data.token_id)
+                run["flags"][tag].append(ev.data.from_draft)
             elif k == "cycle":
                 stats.on_cycle(ev.data)
             elif k == "content":
@@ -607,6 +615,14 @@ class MainWindow(QMainWindow):
         if details_changed:
             self.tools.set_calls(list(run["calls"][run["current"]].values()))
         cur = run["current"]
+        if cur not in run["results"]:
+            try:
+                self.store.progress(run["msg"], cur or run["mode"], run["text"][cur],
+                                    run["reasoning"][cur], run["tokens"][cur],
+                                    run["flags"][cur])
+            except Exception:  # the reply keeps streaming; the final save retries
+                log.exception("saving a partial reply")
+        cur = run["current"]
         mode = cur or run["mode"]
         self.live.show_stats(run["stats"][cur], self._block_for(mode, run["settings"]))
 
@@ -637,7 +653,7 @@ class MainWindow(QMainWindow):
         self.render_pending()
         msg: Message = run["msg"]
         for tag, result in run["results"].items():
-            key = tag or result.mode
+            key = tag or run["mode"]
             stopped = run["stopped"] or result.finish_reason == "cancelled"
             msg.versions[key] = Version(result, stopped=stopped,
                                         error=run["errors"].get(tag))
@@ -650,7 +666,7 @@ class MainWindow(QMainWindow):
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
-        self.store.save(run["conv"])
+        self._save(run["conv"])
         if run["conv"] is self.conv:
             self.chat.render(self.conv)
             self.show_message_details(msg)
@@ -660,11 +676,18 @@ class MainWindow(QMainWindow):
                                                            run["settings"]))
         self.replyFinished.emit(msg)
 
+    def _save(self, conv: Conversation) -> None:
+        try:
+            self.store.save(conv)
+        except Exception as exc:
+            log.exception("saving the conversation")
+            self.show_banner(f"Could not save the conversation: {exc}")
+
     def _on_compare_choice(self, key: str) -> None:
         for m in reversed(self.conv.messages if self.conv else []):
             if m.role == "assistant" and m.is_compare:
                 m.chosen = key
-                self.store.save(self.conv)
+                self._save(self.conv)
                 self.chat.render(self.conv)
                 self.show_message_details(m)
                 return
@@ -728,8 +751,11 @@ class MainWindow(QMainWindow):
             conv = None
         if conv is None:
             convs = self.store.list()
-            conv = convs[0] if convs else None
+            conv = self.store.get(convs[0].id) if convs else None
         self.select_conversation(conv)
+        problem = getattr(self.store, "problem", None)
+        if problem:
+            self.show_banner(f"Chats are kept in memory only this time: {problem}")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states and the switch to QSettings."""
@@ -740,7 +766,11 @@ class MainWindow(QMainWindow):
         self.qs.sync()
 
     def shutdown(self, timeout_ms: int = 15000) -> None:
-        """Cancel a running reply, keep its partial text, stop the worker thread."""
+        """Cancel a running reply, keep its partial text, stop the worker thread, close the
+        store (a second call does nothing)."""
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
         if self.busy:
             self.stop()
             loop = QEventLoop()
@@ -752,6 +782,10 @@ class MainWindow(QMainWindow):
         self.timer.stop()
         self.save_layout()
         self.workers.stop(timeout_ms)
+        try:
+            self.store.close()
+        except Exception:
+            log.exception("closing the store")
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.shutdown()
