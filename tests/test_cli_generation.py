@@ -198,3 +198,29 @@ def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
     strip = [{k: v for k, v in o.items() if k not in ("mode", "block_size", "summary",
                                                       "from_draft", "rounds")} for o in objs]
     assert strip[0] == strip[1]
+
+
+def test_near_tie_reported_at_a_forced_divergence(tiny_hybrid):
+    from types import SimpleNamespace
+
+    from app.chat.reply import ReplySettings, collect_reply
+    from app.commands.generation import _near_tie_for
+
+    target, drafter = tiny_hybrid
+    rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
+                        ReplySettings(mode="plain", max_tokens=6))
+    changed = list(rep.tokens)
+    changed[4] = (changed[4] + 1) % 100
+    other = SimpleNamespace(rounds=[SimpleNamespace(tokens=changed,
+                                                    prompt_ids=rep.rounds[0].prompt_ids)])
+    tie = _near_tie_for(target, rep, other)
+    assert tie["index"] == 4 and first_divergence(rep.tokens, changed) == 4
+    assert tie["plain_token"] == rep.tokens[4] == tie["top"][0]["id"]
+    assert tie["dflash_token"] == changed[4] and tie["dflash_logit"] <= tie["plain_logit"]
+
+
+def test_compare_human_output(capsys, pair_paths):
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "Hi",
+                             "--max-tokens", "8", "--tools", "none", "--no-think")
+    assert code == 0, err
+    assert "== plain ==" in out and "== dflash ==" in out and "identical: yes" in out

@@ -327,3 +327,16 @@ def test_unknown_tool_parser_name_is_a_clear_error(qwen_tokenizer):
 )
 def test_finish_reason_table(cause, stop_hit, calls, expected):
     assert finish_reason_for(cause, stop_hit=stop_hit, has_tool_calls=calls) == expected
+
+
+def test_call_to_unknown_function_is_still_a_parsed_call(qwen_tokenizer):
+    text = "<tool_call>\n<function=teleport>\n<parameter=to>\nMars\n</parameter>\n</function>\n</tool_call>"
+    res = run_pipeline(qwen_tokenizer, [byte_ids(qwen_tokenizer, text)], tools=TOOLS)
+    assert [(c.name, c.arguments) for c in res.tool_calls] == [("teleport", {"to": "Mars"})]
+    assert res.finish_reason == "tool_calls" and res.warnings == []
+
+
+def test_json_call_with_string_arguments_is_decoded(qwen_tokenizer):
+    text = '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": [1, {\\"y\\": 2}]}"}\n</tool_call>'
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)], tool_parser="json_tools")
+    assert [(c.name, c.arguments) for c in res.tool_calls] == [("f", {"x": [1, {"y": 2}]})]
