@@ -60,8 +60,9 @@ def listen(name: str, on_raise) -> QLocalServer:
     return server
 
 
-def setup_logging(data_dir: Path) -> Path:
-    """Rotating log file ``<data_dir>/dflash-chat.log`` (1 MB x 3); returns its path."""
+def setup_logging(data_dir: Path) -> logging.Handler:
+    """Rotating log file ``<data_dir>/dflash-chat.log`` (1 MB x 3) on the root logger;
+    returns the handler (its ``baseFilename`` is the path)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "dflash-chat.log"
     handler = logging.handlers.RotatingFileHandler(path, maxBytes=1_000_000, backupCount=3,
@@ -70,7 +71,7 @@ def setup_logging(data_dir: Path) -> Path:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    return path
+    return handler
 
 
 def make_store(data_dir: Path):
@@ -96,14 +97,14 @@ def run_gui(args=None) -> int:
     if notify_running_instance(name):
         print(f"{APP_NAME} is already running; brought it to the front.")
         return 0
-    log_path = setup_logging(data_dir)
+    handler = setup_logging(data_dir)
     log.info("starting %s %s, data in %s", APP_NAME, __version__, data_dir)
     qs = QSettings(str(data_dir / "settings.ini"), QSettings.IniFormat)
 
     from app.ui.window import MainWindow
 
     win = MainWindow(store=make_store(data_dir), qsettings=qs, data_dir=data_dir)
-    win.log_path = log_path
+    win.log_path = Path(handler.baseFilename)
 
     def bring_up() -> None:
         win.showNormal()
@@ -111,6 +112,7 @@ def run_gui(args=None) -> int:
         win.activateWindow()
 
     server = listen(name, bring_up)
+    app.aboutToQuit.connect(win.shutdown)
     win.show()
     try:
         import asyncio
@@ -127,4 +129,7 @@ def run_gui(args=None) -> int:
     except ImportError:  # qasync missing: plain Qt loop
         code = app.exec()
     server.close()
+    log.info("quit")
+    logging.getLogger().removeHandler(handler)
+    handler.close()
     return code
