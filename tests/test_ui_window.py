@@ -104,6 +104,7 @@ class ScriptedBackend:
 
     def reply(self, messages, settings, cancel):
         self.threads.append(threading.get_ident())
+        self.last_settings, self.last_messages = dict(settings), list(messages)
         return self._events(settings, cancel)
 
     def _events(self, settings, cancel):
@@ -429,3 +430,62 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
         assert "stopped" in win2.chat.toPlainText()
     finally:
         win2.shutdown()
+
+
+# ------------------------------------------------------------------ settings, about
+def test_conversation_settings_override_app_defaults(qtbot, qs):
+    from app.ui import settings as settings_mod
+
+    settings_mod.save_defaults(qs, {"max_tokens": 77, "system_prompt": "Be brief.",
+                                    "block_size": 0, "stop_strings": ["END", "###"]})
+    backend = ScriptedBackend(cycles=2)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, "first", mode="dflash")
+        s = backend.last_settings
+        assert s["max_tokens"] == 77 and s["block_size"] is None
+        assert s["stop_strings"] == ["END", "###"]
+        assert backend.last_messages[0] == {"role": "system", "content": "Be brief."}
+        win.open_settings()
+        dlg = win._settings_dialog
+        assert dlg.max_tokens.value() == 77
+        dlg.max_tokens.setValue(5)
+        dlg.block.setValue(3)
+        dlg.for_chat.click()
+        assert win.conv.settings == {"max_tokens": 5, "block_size": 3}
+        send_and_wait(qtbot, win, "second", mode="dflash")
+        assert backend.last_settings["max_tokens"] == 5
+        assert backend.last_settings["block_size"] == 3
+        # history carries the first turn
+        assert [m["role"] for m in backend.last_messages] == ["system", "user", "assistant",
+                                                              "user"]
+        win.new_chat()
+        send_and_wait(qtbot, win, "third", mode="dflash")
+        assert backend.last_settings["max_tokens"] == 77
+        assert settings_mod.load_defaults(qs)["max_tokens"] == 77
+    finally:
+        close_window(win)
+
+
+def test_about_box_and_debug_info(qtbot, qs):
+    backend = ScriptedBackend()
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("/models/target-x", "/models/drafter-y")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.show_about()
+        dlg = win._about
+        from PySide6.QtWidgets import QTextBrowser
+
+        texts = {tb.accessibleName(): tb.toPlainText() for tb in dlg.findChildren(QTextBrowser)}
+        assert "LGPL" in texts["Licences"]
+        assert "/models/target-x" in texts["Versions"]
+        QGuiApplication.clipboard().setText("")
+        dlg.copy_debug_info()
+        text = QGuiApplication.clipboard().text()
+        assert "PySide6" in text and "mlx-lm" in text and "BLAS" in text
+        assert "target: /models/target-x" in text and "drafter: /models/drafter-y" in text
+    finally:
+        close_window(win)
