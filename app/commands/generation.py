@@ -257,8 +257,9 @@ def _print_reply(reply: Reply, block: int | None) -> None:
     if reply.reasoning:
         print("[reasoning]")
         print(reply.reasoning)
-        print("[answer]")
-    print(reply.content)
+        print("[answer]" if reply.content else "[answer] (none: the reply ended while reasoning)")
+    if reply.content or not reply.reasoning:
+        print(reply.content)
     for c in reply.tool_calls:
         print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
     for w in reply.warnings:
