@@ -4,7 +4,17 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; with no subcommand, open the window (or the headless comparison)."""
+    """Run the command line; with no subcommand, open the window (or the headless comparison).
+
+    Started as ``python -m app`` on Linux, the process first re-executes itself once with an
+    optimized BLAS preloaded when one is installed, and says once on stderr when it has none
+    (:mod:`app.engine.blas`).
+    """
+    if argv is None:
+        from app.engine.blas import maybe_reexec_with_optimized_blas, warn_if_slow_blas
+
+        maybe_reexec_with_optimized_blas()
+        warn_if_slow_blas(sys.stderr)
     from app.cli import main as cli_main
 
     return cli_main(argv)

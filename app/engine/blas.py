@@ -1,0 +1,273 @@
+"""Which BLAS the running process uses for MLX's CPU matrix products, and how to get a fast one.
+
+Why it matters (``shared/DFLASH_NOTES.md``, "Speed off Apple GPUs"): the Linux ``mlx-cpu``
+wheel links a reference (netlib) BLAS, bundled as ``mlx_cpu.libs/libblas-<hash>.so.3.10.0``.
+Its ``cblas_sgemm`` runs at a few GFLOP/s whatever the batch, so a T-token forward costs about
+T times a 1-token forward and speculative verification cannot beat plain decoding. libmlx calls
+the standard ``cblas_*`` names, so an optimized BLAS loaded ahead of it (Debian's
+``libopenblas0-pthread`` through ``LD_PRELOAD``) takes over those calls.
+
+How the library in use is found (Linux): glibc resolves a symbol of a ``dlopen``-ed library
+through the global scope first (the executable, its dependencies and ``LD_PRELOAD``-ed
+objects), then the library's own dependencies. So ``dlsym(RTLD_DEFAULT, "cblas_sgemm")``
+followed by ``dladdr`` names the object that wins when one is in the global scope; otherwise
+libmlx binds to the BLAS among its own dependencies, found in ``/proc/self/maps``. On macOS,
+MLX uses Accelerate (and the GPU through Metal); nothing is changed there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+#: Set in the environment of a re-executed process (guards against exec loops).
+REEXEC_GUARD = "DFLASH_BLAS_REEXECED"
+#: ``1`` turns the automatic re-exec of :func:`maybe_reexec_with_optimized_blas` off.
+NO_REEXEC = "DFLASH_NO_BLAS_REEXEC"
+#: Set (to the library path) by the Makefile and by the re-exec when OpenBLAS is preloaded.
+PRELOADED = "DFLASH_BLAS_PRELOADED"
+#: Debian/Ubuntu's OpenBLAS build exporting the standard BLAS names (``libopenblas0-pthread``).
+OPENBLAS_GLOB = "/usr/lib/*/openblas-pthread/libblas.so.3"
+
+_warned = False
+
+
+@dataclass(frozen=True)
+class BlasInfo:
+    """The BLAS in use.
+
+    Attributes:
+        name: a short human name, e.g. ``"OpenBLAS"``, ``"reference BLAS (netlib, bundled with
+            mlx-cpu)"``, ``"Accelerate (macOS)"``, ``"unknown"``.
+        path: the shared object's file path ("" when not a file, e.g. on macOS).
+        optimized: True for a tuned BLAS (OpenBLAS, MKL, BLIS, Accelerate).
+        loaded: True when read from the libraries mapped in this process; False when MLX is not
+            loaded yet and the answer is what libmlx will bind to (``LD_PRELOAD`` and the
+            wheel's bundled libraries).
+    """
+
+    name: str
+    path: str
+    optimized: bool
+    loaded: bool = True
+
+
+def classify(path: str) -> tuple[str, bool]:
+    """(name, optimized) for a BLAS shared object's path, judged by its file and folder names.
+
+    Raises nothing; an unrecognised ``libblas`` is reported as a reference BLAS (Debian's
+    ``/usr/lib/<arch>/blas/libblas.so.3`` is netlib's).
+    """
+    low = path.lower()
+    base = os.path.basename(low)
+    if "openblas" in low:
+        return "OpenBLAS", True
+    if "mkl" in base:
+        return "Intel MKL", True
+    if "blis" in base:
+        return "BLIS", True
+    if "atlas" in low:
+        return "ATLAS", True
+    if "accelerate" in low or "veclib" in low:
+        return "Accelerate (macOS)", True
+    if "mlx_cpu.libs" in low or "mlx.libs" in low:
+        return "reference BLAS (netlib, bundled with mlx-cpu)", False
+    return "reference BLAS (netlib)", False
+
+
+def _mapped_paths() -> list[str]:
+    """File paths of the shared objects mapped in this process (Linux ``/proc/self/maps``)."""
+    seen: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    p = parts[5].strip()
+                    if p not in seen:
+                        seen.append(p)
+    except OSError:
+        pass
+    return seen
+
+
+def _is_blas_object(path: str) -> bool:
+    base = os.path.basename(path).lower()
+    return base.startswith(("libblas", "libopenblas", "libmkl_rt", "libblis", "libcblas",
+                            "libsatlas", "libtatlas"))
+
+
+def _global_cblas_provider() -> str | None:
+    """The file of the object that ``cblas_sgemm`` resolves to in the global scope, or None."""
+
+    class _DlInfo(ctypes.Structure):
+        _fields_ = [
+            ("dli_fname", ctypes.c_char_p),
+            ("dli_fbase", ctypes.c_void_p),
+            ("dli_sname", ctypes.c_char_p),
+            ("dli_saddr", ctypes.c_void_p),
+        ]
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.dlsym.restype = ctypes.c_void_p
+        libc.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        addr = libc.dlsym(None, b"cblas_sgemm")  # None == RTLD_DEFAULT on glibc
+        if not addr:
+            return None
+        info = _DlInfo()
+        if not libc.dladdr(addr, ctypes.byref(info)) or not info.dli_fname:
+            return None
+        return os.path.realpath(info.dli_fname.decode()) if info.dli_fname else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _predicted() -> BlasInfo:
+    """What libmlx will bind to when it is loaded (MLX not imported yet)."""
+    for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        if _is_blas_object(p):
+            name, opt = classify(p)
+            return BlasInfo(name, p, opt, loaded=False)
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("mlx")
+    except (ImportError, ValueError):
+        spec = None
+    if spec and spec.submodule_search_locations:
+        site = os.path.dirname(list(spec.submodule_search_locations)[0])
+        libs = sorted(glob.glob(os.path.join(site, "mlx_cpu.libs", "libblas*")))
+        if libs:
+            name, opt = classify(libs[0])
+            return BlasInfo(name, libs[0], opt, loaded=False)
+    return BlasInfo("unknown", "", False, loaded=False)
+
+
+def blas_in_use(load_mlx: bool = False) -> BlasInfo:
+    """The BLAS that MLX's CPU matrix products call in this process.
+
+    Args:
+        load_mlx: import ``mlx.core`` first so that its libraries are mapped (off by default:
+            the GUI thread must not import MLX; without MLX loaded the answer is predicted and
+            ``loaded`` is False).
+
+    Returns:
+        :class:`BlasInfo`. macOS: ``Accelerate (macOS)``. Linux: the object that provides
+        ``cblas_sgemm`` in the global scope (e.g. a preloaded OpenBLAS), else the BLAS mapped
+        among MLX's own dependencies.
+    """
+    if sys.platform == "darwin":
+        return BlasInfo("Accelerate (macOS)", "", True)
+    if load_mlx:
+        try:
+            import mlx.core  # noqa: F401
+        except ImportError:
+            pass
+    mapped = _mapped_paths()
+    if not any("libmlx" in os.path.basename(p) for p in mapped):
+        return _predicted()
+    provider = _global_cblas_provider()
+    if provider:
+        name, opt = classify(provider)
+        return BlasInfo(name, provider, opt)
+    blas = [p for p in mapped if _is_blas_object(p)]
+    if not blas:
+        return BlasInfo("unknown", "", False)
+    # Prefer the copy shipped beside MLX (its own dependency) when several are mapped.
+    blas.sort(key=lambda p: ("mlx" not in p.lower(), p))
+    name, opt = classify(blas[0])
+    return BlasInfo(name, blas[0], opt)
+
+
+def blas_description(load_mlx: bool = True) -> str:
+    """One line naming the BLAS in use, its file, and whether it is optimized.
+
+    E.g. ``"OpenBLAS (optimized) /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"``
+    or ``"reference BLAS (netlib, bundled with mlx-cpu) (slow) /.../libblas-bd8a282c.so..."``.
+    """
+    info = blas_in_use(load_mlx=load_mlx)
+    state = "optimized" if info.optimized else "slow"
+    pending = "" if info.loaded else ", expected once MLX loads"
+    return f"{info.name} ({state}{pending})" + (f" {info.path}" if info.path else "")
+
+
+def slow_blas_message(info: BlasInfo) -> str:
+    """The warning text for a reference BLAS: why DFlash will be slow and how to fix it."""
+    return (
+        f"warning: MLX is using a {info.name} ({info.path or 'path unknown'}). With it a "
+        "T-token forward costs about T times a 1-token forward, so DFlash speculative decoding "
+        "will be slower than plain decoding on this CPU (the tokens are still exact). Fix: "
+        "`make run` installs (as root) and preloads Debian's OpenBLAS; otherwise run "
+        "`sudo apt install libopenblas0-pthread` and start the app through make, or set "
+        "LD_PRELOAD=/usr/lib/<arch>/openblas-pthread/libblas.so.3."
+    )
+
+
+def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False) -> bool:
+    """Print :func:`slow_blas_message` to ``stream`` (default stderr) once per process, on
+    Linux without an optimized BLAS. Returns True when it printed this time."""
+    global _warned
+    if _warned or not sys.platform.startswith("linux"):
+        return False
+    info = blas_in_use(load_mlx=load_mlx)
+    if info.optimized or info.name == "unknown":
+        return False
+    _warned = True
+    print(slow_blas_message(info), file=stream or sys.stderr, flush=True)
+    return True
+
+
+def find_openblas() -> str | None:
+    """Path of Debian's OpenBLAS ``libblas.so.3`` (``/usr/lib/*/openblas-pthread/``), or None."""
+    found = sorted(glob.glob(OPENBLAS_GLOB))
+    return found[0] if found else None
+
+
+def maybe_reexec_with_optimized_blas(argv: list[str] | None = None) -> None:
+    """On Linux, exec this process again with Debian's OpenBLAS in ``LD_PRELOAD`` (once).
+
+    Does nothing (returns) when: not Linux; frozen (PyInstaller); ``DFLASH_NO_BLAS_REEXEC=1``;
+    already re-executed (``DFLASH_BLAS_REEXECED``); no ``openblas-pthread/libblas.so.3``
+    exists; an OpenBLAS is already preloaded or mapped; or the process was not started as
+    ``python -m app`` (``__main__`` is not ``app.__main__``, e.g. under pytest).
+
+    Args:
+        argv: the full command line to run again (default ``sys.orig_argv``: interpreter,
+            its options, ``-m app`` and the arguments).
+
+    Raises:
+        Nothing on failure to exec (``OSError`` is swallowed and the process continues).
+    """
+    if not sys.platform.startswith("linux") or getattr(sys, "frozen", False):
+        return
+    if os.environ.get(NO_REEXEC) == "1" or os.environ.get(REEXEC_GUARD):
+        return
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != "app.__main__":
+        return
+    lib = find_openblas()
+    if lib is None:
+        return
+    preload = os.environ.get("LD_PRELOAD", "")
+    if "openblas" in preload.lower() or any("openblas" in p.lower() for p in _mapped_paths()):
+        return
+    cmd = list(argv) if argv is not None else list(getattr(sys, "orig_argv", []))
+    if not cmd:
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
+    env[PRELOADED] = lib
+    env[REEXEC_GUARD] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, *cmd[1:]], env)
+    except OSError:
+        return

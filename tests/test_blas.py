@@ -1,0 +1,129 @@
+"""The BLAS report names the library actually mapped in the process; the warning prints once."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.engine import blas
+
+REPO = Path(__file__).resolve().parent.parent
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def _mapped_blas_files() -> set[str]:
+    """BLAS shared objects in /proc/self/maps, read independently of app.engine.blas."""
+    out = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            path = line.rstrip("\n").split(" ")[-1]
+            name = os.path.basename(path)
+            if path.startswith("/") and ("blas" in name or "mkl" in name):
+                out.add(path)
+    return out
+
+
+@linux_only
+def test_description_names_a_library_mapped_in_this_process():
+    import mlx.core as mx
+
+    mx.eval(mx.ones((4, 4)) @ mx.ones((4, 4)))
+    info = blas.blas_in_use()
+    assert info.loaded
+    mapped = _mapped_blas_files()
+    assert info.path in mapped, (info, mapped)
+    desc = blas.blas_description()
+    assert info.path in desc and info.name in desc
+    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if "openblas" in p]
+    if preloaded:
+        assert info.name == "OpenBLAS" and info.optimized
+        assert "(optimized)" in desc
+    elif not any("openblas" in p or "mkl" in p for p in mapped):
+        assert not info.optimized and "(slow)" in desc
+
+
+_CHILD = textwrap.dedent(
+    """
+    import io, json, sys
+    from app.engine import blas
+    info = blas.blas_in_use(load_mlx=True)
+    maps = open("/proc/self/maps").read()
+    buf = io.StringIO()
+    first = blas.warn_if_slow_blas(buf)
+    second = blas.warn_if_slow_blas(buf)
+    print(json.dumps({"name": info.name, "path": info.path, "optimized": info.optimized,
+                      "in_maps": info.path in maps, "first": first, "second": second,
+                      "text": buf.getvalue()}))
+    """
+)
+
+
+def _child(env_extra: dict) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(env_extra)
+    res = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@linux_only
+def test_reference_blas_detected_and_warning_printed_once():
+    got = _child({})
+    assert got["in_maps"]
+    assert "mlx_cpu.libs" in got["path"] and not got["optimized"]
+    assert got["first"] is True and got["second"] is False
+    assert got["text"].count("warning:") == 1
+    assert "libopenblas0-pthread" in got["text"] and "T times" in got["text"]
+
+
+@linux_only
+@pytest.mark.skipif(blas.find_openblas() is None, reason="Debian's OpenBLAS is not installed")
+def test_preloaded_openblas_detected_and_no_warning():
+    lib = blas.find_openblas()
+    got = _child({"LD_PRELOAD": lib})
+    assert got["in_maps"] and got["name"] == "OpenBLAS" and got["optimized"]
+    assert os.path.realpath(got["path"]) == os.path.realpath(lib)
+    assert got["first"] is False and got["text"] == ""
+
+
+def test_classify_known_files():
+    assert blas.classify("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3") == (
+        "OpenBLAS", True)
+    assert blas.classify("/opt/intel/lib/libmkl_rt.so.2") == ("Intel MKL", True)
+    name, opt = blas.classify("/x/site-packages/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0")
+    assert "reference" in name and not opt
+    assert blas.classify("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3")[1] is False
+
+
+def test_warning_is_silent_on_macos(monkeypatch):
+    monkeypatch.setattr(blas, "_warned", False)
+    monkeypatch.setattr(blas.sys, "platform", "darwin")
+    buf = io.StringIO()
+    assert blas.warn_if_slow_blas(buf) is False and buf.getvalue() == ""
+    assert blas.blas_in_use() == blas.BlasInfo("Accelerate (macOS)", "", True)
+
+
+@linux_only
+@pytest.mark.skipif(blas.find_openblas() is None, reason="Debian's OpenBLAS is not installed")
+def test_python_m_app_reexecs_once_with_openblas(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", blas.REEXEC_GUARD, blas.NO_REEXEC, blas.PRELOADED)}
+    res = subprocess.run([sys.executable, "-m", "app", "--version"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "BLAS: OpenBLAS (optimized)" in res.stdout
+    assert "warning:" not in res.stderr
+    env[blas.NO_REEXEC] = "1"
+    res = subprocess.run([sys.executable, "-m", "app", "--version"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert "BLAS: reference BLAS" in res.stdout
+    assert res.stderr.count("warning: MLX is using a reference BLAS") == 1
