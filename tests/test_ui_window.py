@@ -489,3 +489,18 @@ def test_about_box_and_debug_info(qtbot, qs):
         assert "target: /models/target-x" in text and "drafter: /models/drafter-y" in text
     finally:
         close_window(win)
+
+
+def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
+    win = engine_window
+    backend = win.workers.worker.backend
+    long_text = "The capital of France is Paris, and it uses the euro. " * 4
+    win.composer.set_mode("plain")
+    send_and_wait(qtbot, win, long_text)
+    prompt_1 = win.conv.messages[-1].version.result.summary.prompt_tokens
+    backend.target.context_length = prompt_1 + 30  # room for one turn and the reply only
+    msg = send_and_wait(qtbot, win, long_text)
+    assert "1 earlier turn was left out" in win.banner.text()
+    # the second prompt was built without the first turn: same length as the first
+    assert msg.version.result.summary.prompt_tokens == prompt_1
+    assert len(win.conv.messages) == 4  # nothing is dropped from the conversation itself

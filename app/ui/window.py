@@ -601,6 +601,8 @@ class MainWindow(QMainWindow):
             elif k == "warning":
                 if ev.data:
                     self.statusBar().showMessage(ev.data, 8000)
+            elif k == "notice":
+                self.show_banner(ev.data)
             elif k == "error":
                 run["errors"][tag] = ev.data
                 self.show_banner(ev.data)

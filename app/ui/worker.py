@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from app.engine.errors import EngineError, WrongThreadError
+from app.engine.errors import EngineError, GenerationError, WrongThreadError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ class UiEvent:
     ``kind`` is one of: ``token`` (data: :class:`TokenEvent`), ``cycle`` (:class:`CycleEvent`),
     ``content`` / ``reasoning`` (str delta), ``tool_call`` (dict: id, name, arguments),
     ``tool_result`` (dict: id, name, result, error, duration_s), ``round`` (dict: index,
-    prompt_tokens, mode), ``warning`` (str), ``engine_done`` (:class:`Summary`), ``done`` (:class:`ReplyResult`), ``error`` (str message).
+    prompt_tokens, mode), ``warning`` / ``notice`` (str, the latter shown as a message),
+    ``engine_done`` (:class:`Summary`), ``done`` (:class:`ReplyResult`), ``error`` (str message).
     ``tag`` says which side of a Compare turn the event belongs to ("plain" / "dflash"), or
     "" for an ordinary reply.
     """
@@ -263,8 +264,33 @@ class EngineBackend:
             reply_mod = None
         if reply_mod is not None:
             rs = _make_reply_settings(reply_mod, settings)
-            return iter(reply_mod.run_reply(self.target, drafter, messages, rs, cancel))
+            messages, notice = self._fit(messages, rs)
+            events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel)
+            if notice:
+                return _prepend(UiEvent("notice", notice), events)
+            return iter(events)
         return self._fallback_reply(messages, settings, cancel, drafter)
+
+    def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
+        """Leave out the oldest turns so the prompt fits the context limit with room for
+        ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
+
+        Raises :class:`GenerationError` when the current message alone does not fit."""
+        try:
+            from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
+        except ImportError:
+            return messages, None
+        limit = context_limit(getattr(self.target, "context_length", None) or None)
+        kwargs = {}
+        if getattr(rs, "enable_thinking", None) is not None:
+            kwargs["enable_thinking"] = rs.enable_thinking
+        try:
+            fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
+                                       reserve=min(int(getattr(rs, "max_tokens", 0)), limit // 2),
+                                       tools=getattr(rs, "tools", None), **kwargs)
+        except ContextOverflowError as exc:
+            raise GenerationError(str(exc)) from exc
+        return fitted.messages, fitted.notice()
 
     def _fallback_reply(self, messages, settings, cancel, drafter) -> Iterator:
         """Plain engine generation with mlx-lm's detokenizer (no reasoning/tool split)."""
@@ -310,6 +336,11 @@ class EngineBackend:
         if out:
             out[-1] += detok.last_segment
         return out
+
+
+def _prepend(first: Any, rest: Iterator) -> Iterator:
+    yield first
+    yield from rest
 
 
 def _mlx_device() -> str:
