@@ -79,6 +79,17 @@ CASES = [
              finish="tool_calls", warnings=[]),
     ),
     (
+        "compact_xml_call_as_the_template_renders_it",
+        "<tool_call>\n<function=calculator><parameter=expression>\nsqrt(16) + 2\n</parameter>"
+        "</function>\n</tool_call>",
+        True,
+        {},
+        "end_token",
+        dict(reasoning="", content="",
+             calls=[("call_0", "calculator", {"expression": "sqrt(16) + 2"})],
+             finish="tool_calls", warnings=[]),
+    ),
+    (
         "json_call_override",
         JSON_CALL,
         True,
