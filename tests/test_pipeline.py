@@ -351,3 +351,21 @@ def test_json_call_with_string_arguments_is_decoded(qwen_tokenizer):
     text = '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": [1, {\\"y\\": 2}]}"}\n</tool_call>'
     res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)], tool_parser="json_tools")
     assert [(c.name, c.arguments) for c in res.tool_calls] == [("f", {"x": [1, {"y": 2}]})]
+
+
+def test_without_a_tool_parser_calls_stay_plain_content(qwen_tokenizer_dir, tmp_path):
+    import json
+    import shutil
+
+    from mlx_lm.tokenizer_utils import load
+
+    shutil.copy(qwen_tokenizer_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load(tmp_path)  # no chat template: mlx-lm infers no tool parser
+    assert tok.tool_parser is None
+    text = "<think>\nhm\n</think>\n\nA <tool_call>\n{\"name\": \"f\"}\n</tool_call>"
+    res = run_pipeline(tok, [byte_ids(tok, text)])
+    assert res.reasoning == "hm"
+    assert res.content == "A <tool_call>\n{\"name\": \"f\"}\n</tool_call>"
+    assert res.tool_calls == [] and res.warnings == [] and res.finish_reason == "stop"

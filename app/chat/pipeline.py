@@ -162,7 +162,10 @@ def _resolve_parser(tokenizer, override: str | None):
             module = importlib.import_module(f"mlx_lm.tool_parsers.{override}")
         except ImportError as exc:
             raise ValueError(f"unknown tool parser {override!r} (see mlx_lm.tool_parsers)") from exc
-        return module.parse_tool_call, override, module.tool_call_start, module.tool_call_end
+        try:
+            return module.parse_tool_call, override, module.tool_call_start, module.tool_call_end
+        except AttributeError as exc:
+            raise ValueError(f"{override!r} is not an mlx_lm tool parser") from exc
     parse = getattr(tokenizer, "tool_parser", None)
     start = getattr(tokenizer, "tool_call_start", None)
     end = getattr(tokenizer, "tool_call_end", None)
