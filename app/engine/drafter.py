@@ -265,6 +265,13 @@ class DFlashDrafter(nn.Module):
             h = layer(h, ctx, c)
         return self.norm(h)
 
+    def extend_context(self, taps: mx.array, cache: list[KVCache]) -> None:
+        """Append context rows for ``taps`` ``(B, C, n_taps * hidden)`` without drafting."""
+        ctx = self.hidden_norm(self.fc(taps))
+        for layer, c in zip(self.layers, cache):
+            k, v = layer.self_attn._kv(ctx, c.offset)
+            c.update_and_fetch(k, v)
+
     def draft(self, runner, pending: int, length: int, taps: mx.array | None, cache) -> list[int]:
         """Propose ``length - 1`` draft tokens after ``pending`` (greedy, argmax).
 

@@ -73,6 +73,9 @@ class CycleEvent:
 class Summary:
     """Figures for one finished generation (both paths fill every field).
 
+    ``reused_tokens`` of the ``prompt_tokens`` came from the kept cache of an earlier turn
+    (prefix reuse); only the rest were prefilled.
+
     Units: seconds, tokens, bytes. ``tok_per_s`` counts generated tokens over generation
     time only (prefill excluded: from the first token to the last). ``peak_memory_bytes``
     is ``mx.get_peak_memory()`` during the generation.
@@ -80,6 +83,7 @@ class Summary:
 
     mode: Literal["plain", "dflash"] = "plain"
     prompt_tokens: int = 0
+    reused_tokens: int = 0
     generated_tokens: int = 0
     ttft_s: float = 0.0
     tok_per_s: float = 0.0

@@ -36,6 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+from app.engine.prefix import PromptCache
 from app.engine.target import TargetRunner, trim_attention
 from app.engine.threads import check_engine_thread
 
@@ -132,18 +133,31 @@ def _make_choose(config: GenerationConfig):
     return choose
 
 
-def _prefill(forward, ids: list[int], step: int, want_taps: bool):
-    """Run the prompt in chunks of ``step`` tokens; returns (last logits (V,), taps or None)."""
+def _chunks(start: int, end: int, step: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """Split ``[start, end)`` into chunks of at most ``step`` that also break at ``cuts``."""
+    edges = sorted({start, end, *(c for c in cuts if start < c < end)})
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        out += [(i, min(i + step, b)) for i in range(a, b, step)]
+    return out
+
+
+def _prefill(forward, ids: list[int], start: int, step: int, want_taps: bool, snap=None,
+             cuts: list[int] = ()):
+    """Run ``ids[start:]`` in chunks (breaking at ``cuts``); ``snap(pos)`` after each cut and
+    at the end. Returns (last logits (V,), taps of the prefilled positions or None)."""
     taps_parts = []
     logits = None
-    for start in range(0, len(ids), step):
-        chunk = mx.array([ids[start : start + step]], dtype=mx.int32)
-        last = start + step >= len(ids)
-        logits, taps = forward(chunk, last)
+    chunks = _chunks(start, len(ids), step, list(cuts))
+    for a, b in chunks:
+        chunk = mx.array([ids[a:b]], dtype=mx.int32)
+        logits, taps = forward(chunk, b == len(ids))
         if want_taps:
             taps_parts.append(taps)
             mx.eval(taps)
         mx.eval(logits)
+        if snap is not None and (b in cuts or b == len(ids)):
+            snap(b)
     taps_all = None
     if want_taps:
         taps_all = taps_parts[0] if len(taps_parts) == 1 else mx.concatenate(taps_parts, 1)
@@ -170,7 +184,14 @@ def _summary_common(s: Summary, t_start: float, t_first: float | None, t_end: fl
     s.peak_memory_bytes = int(mx.get_peak_memory())
 
 
-def generate(target, prompt_ids: list[int], config: GenerationConfig, drafter=None) -> Generation:
+def generate(
+    target,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+    drafter=None,
+    session: PromptCache | None = None,
+    boundaries: list[int] = (),
+) -> Generation:
     """Start a generation (lazily: nothing runs until the result is iterated).
 
     Args:
@@ -178,6 +199,10 @@ def generate(target, prompt_ids: list[int], config: GenerationConfig, drafter=No
         prompt_ids: the rendered prompt's token ids (non-empty).
         config: :class:`GenerationConfig`.
         drafter: :class:`~app.engine.loader.LoadedDrafter`, required for ``mode="dflash"``.
+        session: a :class:`~app.engine.prefix.PromptCache` kept across turns: the common prefix
+            with its ids is reused, and the caches are stored back at the end.
+        boundaries: prompt positions (e.g. the end of the history before the generation
+            prompt) where the recurrent state is snapshotted for later reuse.
 
     Raises:
         GenerationError: empty prompt, no drafter for DFlash, a block size outside
@@ -190,7 +215,9 @@ def generate(target, prompt_ids: list[int], config: GenerationConfig, drafter=No
     if config.max_tokens < 1:
         raise GenerationError("max_tokens must be at least 1")
     if config.mode == "plain":
-        return Generation(lambda cancel: _plain(target, list(prompt_ids), config, cancel))
+        return Generation(
+            lambda cancel: _plain(target, list(prompt_ids), config, cancel, session, boundaries)
+        )
     if config.mode != "dflash":
         raise GenerationError(f"unknown mode {config.mode!r} (plain or dflash)")
     if drafter is None:
@@ -204,11 +231,27 @@ def generate(target, prompt_ids: list[int], config: GenerationConfig, drafter=No
         )
     runner = TargetRunner(target.model, target.model_type)
     return Generation(
-        lambda cancel: _dflash(target, runner, drafter, list(prompt_ids), config, block, cancel)
+        lambda cancel: _dflash(
+            target, runner, drafter, list(prompt_ids), config, block, cancel, session, boundaries
+        )
     )
 
 
-def _plain(target, prompt: list[int], config: GenerationConfig, cancel) -> Iterator:
+def _start(session: PromptCache | None, prompt: list[int], need_drafter: bool) -> int:
+    """Reused prompt tokens (0 without a session or a usable prefix)."""
+    return session.prepare(prompt, need_drafter) if session is not None else 0
+
+
+def _plain(target, prompt, config, cancel, session=None, boundaries=()) -> Iterator:
+    try:
+        yield from _plain_body(target, prompt, config, cancel, session, boundaries)
+    except BaseException:
+        if session is not None:
+            session.clear()  # the kept caches may be half-updated
+        raise
+
+
+def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator:
     model = target.model
     eos = target.eos_token_ids
     if config.seed is not None:
@@ -217,13 +260,16 @@ def _plain(target, prompt: list[int], config: GenerationConfig, cancel) -> Itera
     s = Summary(mode="plain", prompt_tokens=len(prompt))
     choose = None if config.greedy else _make_choose(config)
     t_start = time.perf_counter()
-    cache = make_prompt_cache(model)
+    s.reused_tokens = start = _start(session, prompt, False)
+    cache = session.target_cache if start else make_prompt_cache(model)
+    snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
 
     def fwd(chunk, last):
         return model(chunk, cache=cache), None
 
-    logits, _ = _prefill(fwd, prompt, config.prefill_step, False)
+    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries)
     history = list(prompt)
+    cache_ids = list(prompt)
     t_first = None
     while True:
         y = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
@@ -242,11 +288,27 @@ def _plain(target, prompt: list[int], config: GenerationConfig, cancel) -> Itera
             s.stop_cause = "cancelled"
             break
         logits = model(mx.array([[y]], dtype=mx.int32), cache=cache)[0, -1]
+        cache_ids.append(y)
+    if session is not None:
+        session.store(cache_ids, cache, None, 0)
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)
 
 
-def _dflash(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel) -> Iterator:
+def _dflash(target, runner, drafter, prompt, config, block, cancel, session=None,
+            boundaries=()) -> Iterator:
+    try:
+        yield from _dflash_body(
+            target, runner, drafter, prompt, config, block, cancel, session, boundaries
+        )
+    except BaseException:
+        if session is not None:
+            session.clear()
+        raise
+
+
+def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel,
+                 session, boundaries) -> Iterator:
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids
@@ -256,14 +318,19 @@ def _dflash(target, runner: TargetRunner, drafter, prompt, config, block: int, c
     s = Summary(mode="dflash", prompt_tokens=len(prompt))
     choose = None if config.greedy else _make_choose(config)
     t_start = time.perf_counter()
-    cache = runner.make_cache()
-    dcache = dmodel.make_cache()
+    s.reused_tokens = start = _start(session, prompt, True)
+    if start:
+        cache, dcache = session.target_cache, session.drafter_cache
+    else:
+        cache, dcache = runner.make_cache(), dmodel.make_cache()
+    snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
 
     def fwd(chunk, last):
         return runner.forward(chunk, cache, taps=taps, all_logits=False)
 
-    logits, ctx_taps = _prefill(fwd, prompt, config.prefill_step, True)
+    logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries)
     history = list(prompt)
+    cache_ids = list(prompt)
     pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
     t_first = time.perf_counter()
     history.append(pending)
@@ -329,6 +396,7 @@ def _dflash(target, runner: TargetRunner, drafter, prompt, config, block: int, c
             del tapes
             t3 = time.perf_counter()
             ctx_taps = vtaps[:, :n]
+            cache_ids.extend(verify_ids[0, :n].tolist())
             committed = drafts[:accepted] + [bonus]
             flags = [True] * accepted + [False]
             stop = None
@@ -359,6 +427,14 @@ def _dflash(target, runner: TargetRunner, drafter, prompt, config, block: int, c
             if s.generated_tokens >= config.max_tokens:
                 s.stop_cause = "length"
                 break
+    if session is not None:
+        extend = getattr(dmodel, "extend_context", None)
+        if ctx_taps is not None and extend is not None:
+            extend(ctx_taps, dcache)
+        if extend is not None:
+            session.store(cache_ids, cache, dcache, len(cache_ids))
+        else:
+            session.store(cache_ids, cache, None, 0)
     if s.cycles:
         committed_total = s.generated_tokens - 1
         s.tau = committed_total / s.cycles

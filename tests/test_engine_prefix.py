@@ -1,0 +1,108 @@
+"""Prefix reuse across turns: the reused state gives the logits of a cold prefill, turn two
+prefills only the new tokens, and a template that rewrites earlier text falls back to a snapshot
+that is still a prefix."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from engine_fixtures import collect
+
+from app.engine.generate import GenerationConfig, generate
+from app.engine.prefix import PromptCache, common_prefix
+from app.engine.target import TargetRunner
+
+
+def _gen(target, ids, drafter=None, session=None, boundaries=(), **kw):
+    cfg = GenerationConfig(**{"mode": "plain", "max_tokens": 12, **kw})
+    return collect(generate(target, ids, cfg, drafter, session=session, boundaries=boundaries))
+
+
+def _render(target, messages, gen_prompt=True):
+    return list(target.tokenizer.apply_chat_template(messages, add_generation_prompt=gen_prompt))
+
+
+@pytest.mark.parametrize("pair", ["tiny_hybrid", "tiny_dense"])
+def test_reused_prefix_gives_cold_logits_and_prefills_only_new_tokens(request, pair):
+    target, _ = request.getfixturevalue(pair)
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    session = PromptCache()
+    first = _gen(target, turn1, session=session)
+    covered = turn1 + first.tokens[:-1]  # the last token is pending, never fed
+    assert session.ids == covered
+    turn2 = covered + [first.tokens[-1]] + _render(target, [{"role": "user", "content": "More"}])
+    # next-token logits after the reused prefix == a cold prefill of the whole prompt
+    reused = session.prepare(turn2, need_drafter=False)
+    assert reused == len(covered)
+    runner = TargetRunner(target.model, target.model_type)
+    warm = runner.forward(mx.array([turn2[reused:]]), session.target_cache)[0][0, -1]
+    cold = runner.forward(mx.array([turn2]), runner.make_cache())[0][0, -1]
+    np.testing.assert_allclose(np.array(warm), np.array(cold), atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["plain", "dflash"])
+@pytest.mark.parametrize("pair", ["tiny_hybrid", "tiny_dense"])
+def test_turn_two_reuses_the_cache_and_matches_a_cold_run(request, pair, mode):
+    target, drafter = request.getfixturevalue(pair)
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    first = _gen(target, turn1, drafter, session, mode=mode)
+    turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Another?"}])
+    warm = _gen(target, turn2, drafter, session, mode=mode)
+    cold = _gen(target, turn2, drafter, mode=mode)
+    plain = _gen(target, turn2)
+    assert warm.tokens == cold.tokens == plain.tokens
+    assert warm.summary.reused_tokens == len(turn1) + len(first.tokens) - 1
+    assert warm.summary.prompt_tokens - warm.summary.reused_tokens == len(turn2) - (
+        len(turn1) + len(first.tokens) - 1
+    )
+    assert cold.summary.reused_tokens == 0
+
+
+def test_template_that_strips_reasoning_falls_back_to_the_history_snapshot(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    session = PromptCache()
+    history = [{"role": "user", "content": "What is 2+2?"}]
+    turn1 = _render(target, history)
+    boundary = len(_render(target, history, gen_prompt=False))
+    assert turn1[:boundary] == _render(target, history, gen_prompt=False)
+    _gen(target, turn1, drafter, session, boundaries=[boundary], mode="dflash")
+    history2 = history + [
+        {"role": "assistant", "content": "4", "reasoning_content": "two plus two"},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+    turn2 = _render(target, history2)
+    lcp = common_prefix(session.ids, turn2)
+    assert boundary <= lcp < len(turn1)  # the template rewrote the earlier reply
+    for mode in ("dflash", "plain"):
+        warm = _gen(target, turn2, drafter, session, mode=mode)
+        cold = _gen(target, turn2, drafter, mode=mode)
+        assert warm.tokens == cold.tokens
+        if mode == "dflash":
+            assert warm.summary.reused_tokens == boundary  # the snapshot, never a wrong state
+
+
+def test_plain_turn_then_dflash_turn_stays_exact(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Hi"}])
+    first = _gen(target, turn1, drafter, session, mode="plain")
+    turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Bye"}])
+    warm = _gen(target, turn2, drafter, session, mode="dflash")
+    assert warm.tokens == _gen(target, turn2).tokens
+    assert warm.summary.reused_tokens == 0  # the drafter had not seen the prefix: cold
+
+
+def test_snapshot_memory_is_bounded(tiny_hybrid):
+    target, _ = tiny_hybrid
+    session = PromptCache()
+    ids = _render(target, [{"role": "user", "content": "Hello there"}])
+    _gen(target, ids, session=session, boundaries=[5, 10])
+    one = session.snapshots[0].nbytes
+    assert [s.position for s in session.snapshots][:3] == [5, 10, len(ids)]
+    assert session.snapshot_bytes == one * len(session.snapshots)
+    small = PromptCache(max_snapshot_bytes=2 * one)
+    _gen(target, ids, session=small, boundaries=[5, 10])
+    assert len(small.snapshots) == 2 and small.snapshot_bytes <= 2 * one
+    assert small.snapshots[-1].position == len(small.ids)  # the newest are kept
