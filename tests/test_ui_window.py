@@ -504,3 +504,65 @@ def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
     # the second prompt was built without the first turn: same length as the first
     assert msg.version.result.summary.prompt_tokens == prompt_1
     assert len(win.conv.messages) == 4  # nothing is dropped from the conversation itself
+
+
+def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_path):
+    import json
+
+    from app.ui.storage_adapter import SqliteStore
+    from app.ui.window import MainWindow
+
+    db = tmp_path / "conversations.db"
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        first = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        backend.cycles = 5
+        win.composer.set_mode("plain")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        msg = win.conv.messages[-1]
+        assert msg is first and list(msg.versions) == ["dflash", "plain"]
+        assert msg.chosen == "plain" and len(win.conv.messages) == 2
+        assert "version 2 of 2" in win.chat.toPlainText()
+        win._on_chat_link("version:1:dflash")
+        assert msg.chosen == "dflash"
+        # a Compare turn on top, continued from Plain
+        cmp_msg = send_and_wait(qtbot, win, "Compare this.", compare=True)
+        assert cmp_msg.compare and cmp_msg.chosen == "dflash"
+        win.compare_view.buttons["plain"].click()
+        assert cmp_msg.chosen == "plain"
+        conv_id = win.conv.id
+        win.rename_conversation("Capitals")
+        out = tmp_path / "chat.json"
+        assert win.export_chat(str(out))
+        data = json.loads(out.read_text())
+        assert data["conversation"]["title"] == "Capitals"
+        assert win.export_chat(str(tmp_path / "chat.md"))
+        assert "# Capitals" in (tmp_path / "chat.md").read_text()
+        win.search_box.setText("Compare this")
+        assert [win.conv_list.item(i).data(0x0100) for i in range(win.conv_list.count())] == \
+            [conv_id]
+        win.search_box.setText("no such words anywhere")
+        assert win.conv_list.count() == 0
+        win.search_box.setText("")
+        assert win.import_chat(str(out))
+        assert win.conv.id != conv_id and win.conv.title == "Capitals"
+    finally:
+        win.shutdown()
+    # relaunch: versions and choices come back from the database
+    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+                      auto_load=False)
+    qtbot.addWidget(win2)
+    try:
+        conv = win2.store.get(conv_id)
+        reply, cmp_reply = conv.messages[1], conv.messages[3]
+        assert set(reply.versions) == {"dflash", "plain"} and reply.chosen == "dflash"
+        assert cmp_reply.compare and cmp_reply.chosen == "plain"
+        assert cmp_reply.versions["plain"].result.mode == "plain"
+        assert conv.history()[-1]["content"] == cmp_reply.versions["plain"].result.content
+    finally:
+        win2.shutdown()

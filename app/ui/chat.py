@@ -175,6 +175,16 @@ class ChatView(QTextBrowser):
             label = "Plain" if other == "plain" else "DFlash"
             foot += (f' · compare turn · <a href="choose:{other}" style="color:{c.get("accent")};">'
                      f"continue from {label} instead</a>")
+        if not m.is_compare and len(m.versions) > 1:
+            keys = list(m.versions)
+            pos = keys.index(m.chosen)
+            foot += f" · version {pos + 1} of {len(keys)}"
+            if pos > 0:
+                foot += (f' · <a href="version:{i}:{keys[pos - 1]}" '
+                         f'style="color:{c.get("accent")};">‹ previous</a>')
+            if pos < len(keys) - 1:
+                foot += (f' · <a href="version:{i}:{keys[pos + 1]}" '
+                         f'style="color:{c.get("accent")};">next ›</a>')
         if is_last and not streaming and r.finish_reason == "length" and not v.stopped:
             foot += f' · <a href="continue:" style="color:{c.get("accent")};">Continue</a>'
         foot += "</p>"

@@ -92,12 +92,21 @@ class SqliteStore:
                 conv.messages.append(Message("user", m.content, ids={"": m.id}))
             elif m.role == "assistant":
                 msg = Message("assistant")
-                rows = [m]
                 partner = self.db.compare_partner(m.id)
                 if partner is not None:
-                    rows.append(partner)
-                for row in rows:
-                    key = row.mode or "plain"
+                    msg.compare = True
+                    rows = [(m.mode or "plain", m), (partner.mode or "plain", partner)]
+                else:
+                    rows = []
+                    for row in self.db.versions(m.id):
+                        if row.role != "assistant" or row.compare_group:
+                            continue
+                        key, n = row.mode or "plain", 1
+                        while key in dict(rows):
+                            n += 1
+                            key = f"{row.mode or 'plain'}#{n}"
+                        rows.append((key, row))
+                for key, row in rows:
                     msg.versions[key] = Version(
                         result_from_row(row),
                         stopped=row.status in ("stopped", "interrupted"),
@@ -105,7 +114,8 @@ class SqliteStore:
                         saved=row.status != "generating",
                     )
                     msg.ids[key] = row.id
-                msg.chosen = m.mode or "plain"
+                    if row.id == m.id:
+                        msg.chosen = key
                 conv.messages.append(msg)
         return conv
 
@@ -123,7 +133,7 @@ class SqliteStore:
                         continue
                     self._finish(msg.ids[key], v)
                     v.saved = True
-                if msg.is_compare and msg.chosen in msg.ids:
+                if len(msg.ids) > 1 and msg.chosen in msg.ids:
                     self.db.set_active(msg.ids[msg.chosen])
         stored = self.db.get_conversation(conv.id)
         if stored.title:
@@ -139,6 +149,34 @@ class SqliteStore:
             token_ids=list(r.tokens), from_draft=list(r.from_draft),
             summary=r.summary.to_dict() if r.summary is not None else None,
             finish_reason=r.finish_reason, error=v.error)
+
+    def rename(self, conv_id: int, title: str) -> None:
+        """Set a conversation's title (raises ValueError when empty)."""
+        self.db.rename(conv_id, title)
+
+    def export(self, conv_id: int, path: Path) -> Path:
+        """Write the conversation to ``path`` (``.json``: JSON, else Markdown)."""
+        from app.chat.export import write_export
+
+        return write_export(self.db, conv_id, Path(path))
+
+    def import_file(self, path: Path) -> Conversation:
+        """Import a JSON export as a new conversation and return it (window form).
+
+        Raises ``app.chat.export.ImportFormatError`` or OSError."""
+        from app.chat.export import import_json
+
+        c = import_json(self.db, Path(path))
+        return self.get(c.id)
+
+    def search(self, text: str) -> list[int]:
+        """Ids of conversations whose messages or title contain ``text``."""
+        ids = []
+        for hit in self.db.search(text):
+            cid = getattr(hit, "conversation_id", None)
+            if cid is not None and cid not in ids:
+                ids.append(cid)
+        return ids
 
     def delete(self, conv_id: int) -> None:
         """Delete a conversation and its messages."""
@@ -165,12 +203,15 @@ class SqliteStore:
                                                   generation=generation)
             msg.ids.update(plain=plain.id, dflash=dflash.id)
         else:
-            mode = keys[0]
-            row = self.db.begin_reply(conv.id, mode=mode,
-                                      block_size=block if mode == "dflash" else None,
-                                      rollback=rollback if mode == "dflash" else None,
-                                      generation=generation)
-            msg.ids[mode] = row.id
+            mode = settings.get("mode") or "plain"
+            kwargs = {"block_size": block if mode == "dflash" else None,
+                      "rollback": rollback if mode == "dflash" else None,
+                      "generation": generation}
+            if msg.ids:  # a new version of a stored reply: a sibling row
+                row = self.db.regenerate(next(iter(msg.ids.values())), mode=mode, **kwargs)
+            else:
+                row = self.db.begin_reply(conv.id, mode=mode, **kwargs)
+            msg.ids[keys[0]] = row.id
 
     def progress(self, msg: Message, key: str, content: str, reasoning: str,
                  tokens: list[int], from_draft: list[bool]) -> None:

@@ -30,8 +30,9 @@ class Version:
 class Message:
     """A chat message. ``role`` is "system", "user" or "assistant".
 
-    Assistant turns keep every version (a Compare turn has "plain" and "dflash"); ``chosen``
-    is the key of the version the conversation continues from (DFlash's by default).
+    Assistant turns keep every version: a Compare turn (``compare``) has "plain" and
+    "dflash"; regenerated replies add "<mode>#<n>". ``chosen`` is the key of the version the
+    conversation continues from (DFlash's by default).
     """
 
     role: str
@@ -39,6 +40,7 @@ class Message:
     versions: dict[str, Version] = field(default_factory=dict)
     chosen: str = ""
     created: float = field(default_factory=time.time)
+    compare: bool = False
     ids: dict[str, int] = field(default_factory=dict)
     """Storage row ids: "" for a user message, the version key for each reply version."""
 
@@ -49,8 +51,8 @@ class Message:
 
     @property
     def is_compare(self) -> bool:
-        """True for a Compare turn (both modes kept)."""
-        return {"plain", "dflash"} <= set(self.versions)
+        """True for a Compare turn (plain and DFlash versions of one prompt)."""
+        return self.compare
 
     def text(self) -> str:
         """The text the conversation continues from."""

@@ -19,7 +19,9 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
@@ -145,7 +147,13 @@ class MainWindow(QMainWindow):
         ll.setContentsMargins(8, 10, 8, 8)
         title = QLabel("Chats")
         title.setObjectName("sectionTitle")
+        self.search_box = QLineEdit()
+        self.search_box.setPlaceholderText("Search chats")
+        self.search_box.setClearButtonEnabled(True)
+        self.search_box.setAccessibleName("Search chats")
+        self.search_box.textChanged.connect(lambda _t: self._refresh_list())
         ll.addWidget(title)
+        ll.addWidget(self.search_box)
         ll.addWidget(self.conv_list, 1)
         ll.addWidget(new_btn)
 
@@ -250,6 +258,9 @@ class MainWindow(QMainWindow):
         act(f, "Use default model", self.load_default)
         act(f, "Unload model", self.unload)
         f.addSeparator()
+        act(f, "Export chat…", self.export_chat, "Ctrl+E")
+        act(f, "Import chat…", self.import_chat)
+        f.addSeparator()
         act(f, "Settings…", self.open_settings, QKeySequence.Preferences)
         f.addSeparator()
         act(f, "Quit", self.close, QKeySequence.Quit)
@@ -258,6 +269,8 @@ class MainWindow(QMainWindow):
         self.stop_action = act(c, "Stop", self.stop, "Esc")
         self.compare_action = act(c, "Compare plain and DFlash",
                                   lambda: self.composer._compare(), "Ctrl+Shift+C")
+        self.regen_action = act(c, "Regenerate last reply", self.regenerate, "Ctrl+R")
+        act(c, "Rename chat…", self.rename_chat, "F2")
         act(c, "Delete chat", self.delete_chat)
         h = mb.addMenu("&Help")
         act(h, "About DFlash Chat", self.show_about)
@@ -383,7 +396,22 @@ class MainWindow(QMainWindow):
     def _refresh_list(self) -> None:
         self.conv_list.blockSignals(True)
         self.conv_list.clear()
-        for conv in self.store.list():
+        convs = self.store.list()
+        query = self.search_box.text().strip() if hasattr(self, "search_box") else ""
+        if query:
+            search = getattr(self.store, "search", None)
+            if search is not None:
+                try:
+                    hits = set(search(query))
+                except Exception:
+                    log.exception("search")
+                    hits = set()
+                convs = [c for c in convs if c.id in hits]
+            else:
+                q = query.lower()
+                convs = [c for c in convs if q in c.title.lower() or any(
+                    q in m.text().lower() for m in c.messages)]
+        for conv in convs:
             item = QListWidgetItem(conv.title)
             item.setData(Qt.UserRole, conv.id)
             item.setToolTip(conv.title)
@@ -430,6 +458,63 @@ class MainWindow(QMainWindow):
             self.store.delete(self.conv.id)
             convs = self.store.list()
             self.select_conversation(self.store.get(convs[0].id) if convs else None)
+
+    def rename_chat(self) -> None:
+        """Ask for a new title for the shown conversation."""
+        if self.conv is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.conv.title)
+        if ok and title.strip():
+            self.rename_conversation(title)
+
+    def rename_conversation(self, title: str) -> None:
+        """Set the shown conversation's title (stored at once)."""
+        rename = getattr(self.store, "rename", None)
+        try:
+            if rename is not None:
+                rename(self.conv.id, title)
+            self.conv.title = " ".join(title.split())
+        except Exception as exc:
+            self.show_banner(f"Could not rename: {exc}")
+        self._refresh_list()
+
+    def export_chat(self, path: str | None = None) -> bool:
+        """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
+        export = getattr(self.store, "export", None)
+        if self.conv is None or export is None:
+            self.show_banner("Export needs a saved conversation.")
+            return False
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(
+                self, "Export chat", f"{self.conv.title[:40] or 'chat'}.md",
+                "Markdown (*.md);;JSON (*.json)")
+            if not path:
+                return False
+        try:
+            export(self.conv.id, Path(path))
+        except Exception as exc:
+            self.show_banner(f"Could not export: {exc}")
+            return False
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+        return True
+
+    def import_chat(self, path: str | None = None) -> bool:
+        """Import a conversation exported as JSON and show it."""
+        importer = getattr(self.store, "import_file", None)
+        if importer is None:
+            self.show_banner("Import needs the conversation database.")
+            return False
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
+            if not path:
+                return False
+        try:
+            conv = importer(Path(path))
+        except Exception as exc:
+            self.show_banner(f"Could not import {Path(path).name}: {exc}")
+            return False
+        self.select_conversation(conv)
+        return True
 
     def show_message_details(self, msg: Message | None) -> None:
         """Reasoning and tool calls of ``msg`` in the right-hand panes."""
@@ -479,13 +564,27 @@ class MainWindow(QMainWindow):
         """Run ``text`` plain then with DFlash; show both side by side."""
         return self._start(text, ["plain", "dflash"])
 
-    def _start(self, text: str, tags: list[str]) -> bool:
+    def regenerate(self) -> bool:
+        """Generate a new version of the last reply in the selected mode; the earlier
+        versions stay and can be switched back to (links under the reply)."""
+        conv = self.conv
+        if conv is None or len(conv.messages) < 2 or conv.messages[-1].role != "assistant":
+            self.show_banner("There is no reply to regenerate yet.")
+            return False
+        if conv.messages[-1].compare:
+            self.show_banner("A Compare turn already holds both versions; pick one with "
+                             "“continue from …”.")
+            return False
+        return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
+
+    def _start(self, text: str, tags: list[str], again: Message | None = None) -> bool:
         if self.busy:
             return False
         if self.model is None:
             self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
                              "model (File › Open model folder…).")
-            self.composer.edit.setPlainText(text)
+            if again is None:
+                self.composer.edit.setPlainText(text)
             return False
         mode = self.composer.mode()
         if (mode == "dflash" or tags != [""]) and not self.model.drafter_name:
@@ -499,17 +598,26 @@ class MainWindow(QMainWindow):
         if not any(m.role == "user" for m in conv.messages):
             conv.title = text.strip().splitlines()[0][:48] or "New chat"
         values = self.current_settings()
-        history = conv.history()
-        conv.messages.append(Message("user", text))
-        reply = Message("assistant")
-        conv.messages.append(reply)
+        key = mode
+        if again is None:
+            history = conv.history()
+            conv.messages.append(Message("user", text))
+            reply = Message("assistant", compare=tags != [""])
+            conv.messages.append(reply)
+        else:
+            reply = again
+            history = Conversation(0, "", conv.messages[:-2]).history()
+            n = 1
+            while key in reply.versions:
+                n += 1
+                key = f"{mode}#{n}"
         messages = ([{"role": "system", "content": values["system_prompt"]}]
                     if values["system_prompt"].strip() else [])
         messages += history + [{"role": "user", "content": text}]
         rs = settings_mod.reply_settings(values, mode)
         try:
             self.store.save(conv)
-            self.store.begin_reply(conv, reply, tags if tags != [""] else [mode], rs)
+            self.store.begin_reply(conv, reply, tags if tags != [""] else [key], rs)
         except Exception as exc:  # storage trouble must not stop the chat
             log.exception("saving the new turn")
             self.show_banner(f"Could not save this turn: {exc}")
@@ -517,7 +625,7 @@ class MainWindow(QMainWindow):
         self._req += 1
         limit = self.model.context_length
         self._run = {
-            "id": self._req, "conv": conv, "msg": reply, "tags": tags, "mode": mode,
+            "id": self._req, "conv": conv, "msg": reply, "tags": tags, "mode": mode, "key": key,
             "stats": {t: LiveStats(context_limit=limit) for t in tags},
             "text": {t: "" for t in tags}, "reasoning": {t: "" for t in tags},
             "calls": {t: {} for t in tags}, "results": {}, "errors": {},
@@ -536,6 +644,8 @@ class MainWindow(QMainWindow):
         self.chat.render(conv, streaming=True)
         if tags != [""]:
             self.compare_view.show()
+            total = sum(self.centre_split.sizes()) or 600
+            self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
             self.compare_view.set_results(None, None)
             self.compare_view.show_running(tags[0])
         self.worker.replyRequested.emit(self._req, messages, rs, tags)
@@ -655,12 +765,13 @@ class MainWindow(QMainWindow):
         self.render_pending()
         msg: Message = run["msg"]
         for tag, result in run["results"].items():
-            key = tag or run["mode"]
+            key = tag or run["key"]
             stopped = run["stopped"] or result.finish_reason == "cancelled"
             msg.versions[key] = Version(result, stopped=stopped,
                                         error=run["errors"].get(tag))
         if run["tags"] == [""]:
-            msg.chosen = next(iter(msg.versions), "")
+            msg.chosen = run["key"] if run["key"] in msg.versions else \
+                next(iter(msg.versions), "")
         else:
             msg.chosen = "dflash" if "dflash" in msg.versions else next(iter(msg.versions), "")
             self.compare_view.set_results(run["results"].get("plain"),
@@ -687,7 +798,7 @@ class MainWindow(QMainWindow):
 
     def _on_compare_choice(self, key: str) -> None:
         for m in reversed(self.conv.messages if self.conv else []):
-            if m.role == "assistant" and m.is_compare:
+            if m.role == "assistant" and m.compare:
                 m.chosen = key
                 self._save(self.conv)
                 self.chat.render(self.conv)
@@ -697,6 +808,17 @@ class MainWindow(QMainWindow):
     def _on_chat_link(self, link: str) -> None:
         if link.startswith("continue:"):
             self.send("Continue from where you stopped.")
+        elif link.startswith("version:") and self.conv is not None and not self.busy:
+            _, idx, key = link.split(":", 2)
+            try:
+                msg = self.conv.messages[int(idx)]
+            except (ValueError, IndexError):
+                return
+            if key in msg.versions:
+                msg.chosen = key
+                self._save(self.conv)
+                self.chat.render(self.conv)
+                self.show_message_details(msg)
         elif link.startswith("choose:"):
             key = link.split(":", 1)[1]
             self.compare_view.set_choice(key)
