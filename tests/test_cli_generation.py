@@ -224,3 +224,28 @@ def test_compare_human_output(capsys, pair_paths):
                              "--max-tokens", "8", "--tools", "none", "--no-think")
     assert code == 0, err
     assert "== plain ==" in out and "== dflash ==" in out and "identical: yes" in out
+
+
+def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_paths, monkeypatch):
+    from app.engine.loader import load_target
+
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ("Checking.\n<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n"
+            "</parameter>\n</function>\n</tool_call>")
+    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
+               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                             "--prompt", "17*23?", "--no-think", "--run-tools")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[:6] == [
+        "[answer]",
+        "Checking.",
+        '[tool call] calculator {"expression": "17*23"}',
+        '[tool result] {"ok": true, "result": 391}',
+        "[answer]",
+        "It is 391.",
+    ]
+    assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish stop")

@@ -295,13 +295,56 @@ def _chat(args) -> int:
     target, drafter, tpath, dpath = _load(args, need_drafter=mode == "dflash")
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
-    reply = collect_reply(target, drafter, _messages(args), settings)
-    obj = chat_object(reply, settings, drafter, args.run_tools)
     if args.json:
-        print(json.dumps(obj, ensure_ascii=False))
-    else:
-        _print_reply(reply, obj["block_size"])
+        reply = collect_reply(target, drafter, _messages(args), settings)
+        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools), ensure_ascii=False))
+        return 0
+    reply = _stream_reply(target, drafter, _messages(args), settings)
+    block = chat_object(reply, settings, drafter, False)["block_size"]
+    for w in reply.warnings:
+        print(f"[warning] {w['message']}")
+    print(figures_line(reply, block))
     return 0
+
+
+def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
+    """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
+    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
+    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
+
+    section = None
+    reply = None
+
+    def enter(name: str | None) -> None:
+        nonlocal section
+        if name == section:
+            return
+        if section is not None:
+            print(flush=True)
+        if name is not None:
+            print(f"[{name}]")
+        section = name
+
+    for ev in run_reply(target, drafter, messages, settings):
+        if isinstance(ev, ReasoningDelta):
+            enter("reasoning")
+            print(ev.text, end="", flush=True)
+        elif isinstance(ev, ContentDelta):
+            enter("answer")
+            print(ev.text, end="", flush=True)
+        elif isinstance(ev, ToolCallDelta):
+            enter(None)
+            args = json.dumps(ev.call.arguments, ensure_ascii=False)
+            print(f"[tool call] {ev.call.name} {args}", flush=True)
+        elif isinstance(ev, ToolResultEvent):
+            enter(None)
+            print(f"[tool result] {ev.run.result.content()}", flush=True)
+        elif isinstance(ev, ReplyDone):
+            reply = ev.reply
+    enter(None)
+    if reply.reasoning and not reply.content and not reply.tool_calls:
+        print("[answer] (none: the reply ended while reasoning)")
+    return reply
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
