@@ -566,3 +566,91 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         assert conv.history()[-1]["content"] == cmp_reply.versions["plain"].result.content
     finally:
         win2.shutdown()
+
+
+# ------------------------------------------------------------------ keys, names, errors
+def test_enter_sends_shift_enter_newline_and_shortcuts(qtbot, qs):
+    from PySide6.QtCore import Qt
+
+    backend = ScriptedBackend(cycles=2)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        edit = win.composer.edit
+        edit.setFocus()
+        qtbot.keyClicks(edit, "line one")
+        qtbot.keyClick(edit, Qt.Key_Return, Qt.ShiftModifier)
+        qtbot.keyClicks(edit, "line two")
+        assert edit.toPlainText() == "line one\nline two"
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            qtbot.keyClick(edit, Qt.Key_Return)
+        assert edit.toPlainText() == ""
+        assert backend.last_messages[-1] == {"role": "user", "content": "line one\nline two"}
+        shortcuts = {a.text(): a.shortcut().toString() for a in
+                     (win.send_action, win.stop_action, win.new_action, win.compare_action)}
+        assert shortcuts == {"Send": "Ctrl+Return", "Stop": "Esc", "New chat": "Ctrl+N",
+                             "Compare plain and DFlash": "Ctrl+Shift+C"}
+        n = len(win.store.list())
+        win.new_action.trigger()
+        assert len(win.store.list()) == n + 1 and win.conv.messages == []
+    finally:
+        close_window(win)
+
+
+def test_controls_have_accessible_names(qtbot, qs):
+    from PySide6.QtWidgets import (
+        QAbstractButton,
+        QAbstractSpinBox,
+        QComboBox,
+        QLineEdit,
+        QPlainTextEdit,
+        QTextBrowser,
+        QWidget,
+    )
+
+    labelled = ("QPushButton", "QCheckBox", "QRadioButton")  # named by their visible text
+    kinds = (QAbstractButton, QPlainTextEdit, QTextBrowser, QLineEdit, QComboBox,
+             QAbstractSpinBox)
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.open_settings()
+        for root in (win, win._settings_dialog):
+            unnamed = []
+            for w in root.findChildren(QWidget):
+                if not isinstance(w, kinds) or not w.isVisibleTo(root):
+                    continue
+                if isinstance(w.parent(), QAbstractSpinBox):  # a spin box's inner editor
+                    continue
+                if w.accessibleName():
+                    continue
+                if w.metaObject().className() in labelled and w.text():
+                    continue
+                unnamed.append(w.metaObject().className())
+            assert unnamed == [], root
+    finally:
+        close_window(win)
+
+
+class FailingBackend(ScriptedBackend):
+    def _events(self, settings, cancel):
+        from app.engine.errors import GenerationError
+
+        yield ContentDelta("Half an ans")
+        yield TokenEvent(5, 0, False)
+        raise GenerationError("block size 99 is larger than the drafter's 8")
+
+
+def test_generation_error_keeps_window_and_partial_text(qtbot, qs):
+    win = make_window(qtbot, qs, FailingBackend())
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "block size 99" in win.banner.text()
+        assert msg.version.error and "block size 99" in msg.version.error
+        assert msg.version.result.content == "Half an ans"
+        assert win.composer.send_btn.isEnabled()
+        assert len(win.conv.messages) == 2
+    finally:
+        close_window(win)

@@ -115,7 +115,8 @@ class SettingsDialog(QDialog):
 
     saved = Signal(dict, str)
 
-    def __init__(self, values: dict, parent=None, max_block: int | None = None) -> None:
+    def __init__(self, values: dict, parent=None, max_block: int | None = None,
+                 dflash_sampling: bool = True) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setAccessibleName("Settings")
@@ -159,13 +160,35 @@ class SettingsDialog(QDialog):
         self.top_p.setSingleStep(0.05)
         self.top_p.setValue(values["top_p"])
         self.top_p.setAccessibleName("Top p")
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 100000)
+        self.top_k.setSpecialValueText("off")
+        self.top_k.setValue(values["top_k"])
+        self.top_k.setAccessibleName("Top k")
+        self.min_p = QDoubleSpinBox()
+        self.min_p.setRange(0.0, 1.0)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setValue(values["min_p"])
+        self.min_p.setAccessibleName("Min p")
+        self.rep = QDoubleSpinBox()
+        self.rep.setRange(1.0, 2.0)
+        self.rep.setSingleStep(0.05)
+        self.rep.setSpecialValueText("off")
+        self.rep.setValue(values["repetition_penalty"])
+        self.rep.setAccessibleName("Repetition penalty")
         self.seed = QSpinBox()
         self.seed.setRange(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
         self.seed.setValue(values["seed"])
         self.seed.setAccessibleName("Seed")
-        note = QLabel("Temperature 0 decodes greedily; DFlash then gives exactly the plain "
-                      "reply. Sampling under DFlash follows the engine's support.")
+        if dflash_sampling:
+            text = ("Temperature 0 decodes greedily: DFlash then gives exactly the plain reply. "
+                    "Above 0 both modes sample from the same distribution (mlx-lm's samplers; "
+                    "DFlash accepts a draft only where it equals the target's sample).")
+        else:
+            text = ("DFlash is greedy-only with this engine: at temperature > 0 the reply runs "
+                    "plain decoding, and the window says so.")
+        note = QLabel(text)
         note.setWordWrap(True)
         note.setObjectName("figureName")
         form = QFormLayout()
@@ -178,6 +201,9 @@ class SettingsDialog(QDialog):
         form.addRow("Stop strings", self.stops)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top p", self.top_p)
+        form.addRow("Top k", self.top_k)
+        form.addRow("Min p", self.min_p)
+        form.addRow("Repetition penalty", self.rep)
         form.addRow("Seed", self.seed)
         buttons = QDialogButtonBox(QDialogButtonBox.Cancel)
         self.for_chat = QPushButton("Save for this chat")
@@ -207,6 +233,9 @@ class SettingsDialog(QDialog):
             stop_strings=[s.strip() for s in self.stops.text().split("|") if s.strip()],
             temperature=self.temperature.value(),
             top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            min_p=self.min_p.value(),
+            repetition_penalty=self.rep.value(),
             seed=self.seed.value(),
         )
         return out

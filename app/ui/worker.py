@@ -140,6 +140,7 @@ class ModelInfo:
     note: str = ""
     card: str = ""
     device: str = ""
+    dflash_sampling: bool = True
 
 
 # --------------------------------------------------------------------------- backends
@@ -225,6 +226,7 @@ class EngineBackend:
             card=card,
             device=_mlx_device(),
             note=note,
+            dflash_sampling=_dflash_sampling(),
         )
 
     def unload(self) -> None:
@@ -341,6 +343,14 @@ class EngineBackend:
 def _prepend(first: Any, rest: Iterator) -> Iterator:
     yield first
     yield from rest
+
+
+def _dflash_sampling() -> bool:
+    try:
+        from app.chat.reply import dflash_sampling_supported
+    except ImportError:
+        return False
+    return bool(dflash_sampling_supported())
 
 
 def _mlx_device() -> str:
