@@ -194,9 +194,15 @@ def build_tiny_pair(
 
     from app.engine.drafter import DFlashDrafter, DrafterConfig
 
+    import hashlib
+
+    from app.paths import resource_path
+
     root = Path(root)
+    template = resource_path("chat_template.jinja").read_bytes()
     key = {"family": family, "seed": seed, "block_size": block_size, "sliding": sliding,
-           "weight_scale": weight_scale, "version": 2}
+           "weight_scale": weight_scale, "version": 2,
+           "template": hashlib.sha256(template).hexdigest()[:16]}
     target_dir, drafter_dir = root / f"{family}-target", root / f"{family}-dflash"
     marker = root / f"{family}-built.json"
     if marker.is_file() and json.loads(marker.read_text()) == key:
