@@ -99,6 +99,9 @@ def stylesheet(c: dict) -> str:
     QTextBrowser#chat {{ background: {c['base']}; border: none; padding: 8px 16px; }}
     QPlainTextEdit#composer {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 8px; padding: 6px; }}
+    QLineEdit {{ background: {c['base']}; border: 1px solid {c['border']}; border-radius: 6px;
+        padding: 4px 6px; }}
+    QLineEdit:focus {{ border: 1px solid {c['accent']}; }}
     QPlainTextEdit#composer:focus {{ border: 1px solid {c['accent']}; }}
     QPushButton {{ padding: 5px 12px; border-radius: 6px; border: 1px solid {c['border']};
         background: {c['base']}; }}
