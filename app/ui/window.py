@@ -656,7 +656,7 @@ class MainWindow(QMainWindow):
         """Stop the running reply (takes effect within one cycle or token)."""
         if self.busy and self._run is not None:
             self._run["stopped"] = True
-            self.worker.cancel()
+            self.worker.cancel(self._run["id"])
             self.statusBar().showMessage("Stopping…", 3000)
 
     def _on_events(self, req_id: int, batch: list) -> None:

@@ -511,12 +511,16 @@ class Worker(QObject):
         super().__init__()
         self.backend: Backend = backend or EngineBackend()
         self._cancel = threading.Event()
+        self._cancelled: set[int] = set()
         self.loadRequested.connect(self._on_load)
         self.replyRequested.connect(self._on_reply)
         self.unloadRequested.connect(self._on_unload)
 
-    def cancel(self) -> None:
-        """Ask the running reply to stop (thread-safe; takes effect within one cycle/token)."""
+    def cancel(self, req_id: int | None = None) -> None:
+        """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
+        ``req_id`` a request still waiting in the queue is stopped too when it starts."""
+        if req_id is not None:
+            self._cancelled.add(req_id)
         self._cancel.set()
 
     @Slot(str, str)
@@ -548,7 +552,9 @@ class Worker(QObject):
         """Run one reply per tag (["" ] normally, ["plain", "dflash"] for Compare)."""
         global _worker_thread_ident
         _worker_thread_ident = threading.get_ident()
-        self._cancel.clear()
+        self._cancel = threading.Event()
+        if req_id in self._cancelled:
+            self._cancel.set()
         try:
             for tag in tags:
                 s = dict(settings)
