@@ -1,0 +1,176 @@
+"""``python -m app bench`` on a tiny random pair: JSON figures, files, ratios, interleaving."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from app.cli import main
+from app.engine import bench
+from app.engine.events import Summary
+
+MODES = {"plain", "dflash+tape@2", "dflash+replay@2", "dflash+tape@4", "dflash+replay@4"}
+
+
+@pytest.fixture(scope="module")
+def pair_paths(tiny_root):
+    from app.engine.tiny import build_tiny_pair
+
+    # Same arguments as conftest's tiny_hybrid, so the folders are shared.
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    return str(t), str(d)
+
+
+@pytest.fixture(scope="module")
+def bench_run(pair_paths, tmp_path_factory):
+    """One tiny bench run with --json and --out: (parsed stdout, out folder, prompt file)."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("bench")
+    prompts = tmp / "prompts.json"
+    prompts.write_text(json.dumps([{"id": "capital", "messages": [
+        {"role": "user", "content": "What is the capital of France?"}]}]))
+    out = tmp / "out"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", "--model", pair_paths[0], "--draft-model", pair_paths[1],
+                     "--prompts", str(prompts), "--repeats", "1", "--block-sizes", "2,4",
+                     "--max-tokens", "16", "--json", "--out", str(out)])
+    assert code == 0
+    return json.loads(buf.getvalue()), out
+
+
+def test_json_has_every_mode_with_sane_figures(bench_run, pair_paths):
+    result, _ = bench_run
+    modes = result["modes"]
+    assert set(modes) == MODES
+    for name, f in modes.items():
+        for key in ("tok_per_s", "ttft_s", "acceptance_rate", "tau", "replays",
+                    "rollback_share", "ratio_to_plain", "identical_tokens"):
+            assert key in f, (name, key)
+        assert f["identical_tokens"] is True
+        assert f["tok_per_s"] > 0 and f["ttft_s"] > 0
+        assert f["ratio_to_plain"] > 0
+        assert f["runs"] == 1
+        assert f["generated_tokens"] == modes["plain"]["generated_tokens"]
+    assert modes["plain"]["ratio_to_plain"] == pytest.approx(1.0)
+    assert modes["plain"]["replays"] == 0 and modes["plain"]["tau"] is None
+    for b in (2, 4):
+        tape, replay = modes[f"dflash+tape@{b}"], modes[f"dflash+replay@{b}"]
+        assert 0 < tape["replays"] <= tape["cycles"]
+        assert tape["replays"] == replay["replays"]
+        assert tape["cycles"] == replay["cycles"]
+        assert tape["acceptance_rate"] == replay["acceptance_rate"]
+        assert 0 <= tape["acceptance_rate"] <= 1
+        assert 1 <= tape["tau"] <= b
+        assert 0 < tape["rollback_share"] < 1
+        shares = tape["draft_share"] + tape["verify_share"] + tape["rollback_share"]
+        assert shares == pytest.approx(1.0)
+        # Every cycle that was not a full acceptance needed a rollback (hybrid target).
+        assert result["tape_vs_replay_rollback"][str(b)] > 0
+    assert result["identical_tokens"] is True
+
+
+def test_header_reports_versions_blas_and_models(bench_run, pair_paths):
+    import mlx.core as mx
+
+    from app import __version__
+    from app.engine.blas import blas_description
+
+    h = bench_run[0]["header"]
+    assert h["app"] == __version__ and h["mlx"] == mx.__version__
+    assert h["mlx_lm"] and h["device"]
+    assert h["blas"] == blas_description()
+    assert h["target"] == pair_paths[0] and h["drafter"] == pair_paths[1]
+    assert h["block_sizes"] == [2, 4] and h["repeats"] == 1 and h["max_tokens"] == 16
+
+
+def test_out_writes_json_csv_and_png(bench_run):
+    result, out = bench_run
+    saved = json.loads((out / "bench.json").read_text())
+    assert set(saved["modes"]) == MODES
+    with (out / "runs.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["mode"] for r in rows} == MODES and len(rows) == len(MODES)
+    plain_row = next(r for r in rows if r["mode"] == "plain")
+    assert float(plain_row["tok_per_s"]) == pytest.approx(result["modes"]["plain"]["tok_per_s"])
+    with (out / "summary.csv").open() as fh:
+        summary = {r["name"]: r for r in csv.DictReader(fh)}
+    assert set(summary) == MODES
+    assert summary["dflash+tape@4"]["mode"] == "dflash"
+    assert int(summary["dflash+tape@4"]["replays"]) == result["modes"]["dflash+tape@4"]["replays"]
+    for name in ("tok_per_s.png", "accepted_length.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def _rec(mode, prompt, repeat, tps, tokens=(1, 2, 3)):
+    return bench.RunRecord(mode, prompt, repeat, 10, list(tokens),
+                           Summary(mode=mode.mode, generated_tokens=len(tokens), tok_per_s=tps))
+
+
+def test_ratio_is_the_median_of_pairwise_ratios_and_divergence_is_flagged():
+    plain, tape = bench.Mode("plain", "plain"), bench.Mode("dflash+tape@4", "dflash", "tape", 4)
+    records = [
+        _rec(plain, "a", 0, 10.0), _rec(tape, "a", 0, 20.0),  # ratio 2
+        _rec(plain, "b", 0, 20.0), _rec(tape, "b", 0, 20.0),  # ratio 1
+        _rec(plain, "c", 0, 40.0), _rec(tape, "c", 0, 60.0, tokens=(1, 2, 4)),  # 1.5, differs
+    ]
+    figs = bench.aggregate(records, [plain, tape])
+    # Pairwise median is 1.5; the ratio of medians would be 20/20 = 1.0.
+    assert figs["dflash+tape@4"]["ratio_to_plain"] == pytest.approx(1.5)
+    assert figs["dflash+tape@4"]["tok_per_s"] == pytest.approx(20.0)
+    assert figs["dflash+tape@4"]["identical_tokens"] is False
+    assert figs["plain"]["identical_tokens"] is True
+
+
+def test_modes_are_interleaved_with_a_rotating_order(monkeypatch):
+    calls = []
+
+    def fake(target, drafter, ids, mode, max_tokens, prompt_id="", repeat=0):
+        calls.append((mode.name, prompt_id, repeat, max_tokens))
+        return _rec(mode, prompt_id, repeat, 1.0)
+
+    monkeypatch.setattr(bench, "run_one", fake)
+    modes = bench.make_modes([2, 4])
+    recs = bench.run_matrix(None, None, [("a", [1]), ("b", [2])], modes, 2, 16)
+    warm, timed = calls[: len(modes)], calls[len(modes):]
+    assert all(c[3] == 8 for c in warm) and len(recs) == 2 * 2 * len(modes)
+    firsts = [timed[i][0] for i in range(0, len(timed), len(modes))]
+    assert firsts == [m.name for m in modes[:4]]  # each step starts one mode later
+    for i in range(0, len(timed), len(modes)):
+        assert sorted(c[0] for c in timed[i:i + len(modes)]) == sorted(m.name for m in modes)
+
+
+def test_scaling_prompts_have_exact_lengths_and_costs(tiny_hybrid, tmp_path):
+    target, drafter = tiny_hybrid
+    for n in (40, 97):
+        assert len(bench._exact_length_prompt(target, n)) == n
+    sc = bench.run_scaling(target, drafter, 4, lengths=(40, 80), max_tokens=8, generated=70)
+    assert [r["prompt_tokens"] for r in sc["context"]] == [40, 80]
+    for r in sc["context"]:
+        assert r["plain_ms_per_token"] > 0 and r["dflash_ms_per_token"] > 0
+    assert [p["generated"] for p in sc["generated"]["plain"]] == [32, 64]
+    assert "not meaningful" in sc["note"]
+    result = {"header": {"target": "t", "device": "cpu", "blas": "x (y)"},
+              "modes": {}, "scaling": sc}
+    paths = bench.plot_results(result, [], tmp_path)
+    assert (tmp_path / "cost_per_token.png") in paths
+    assert (tmp_path / "cost_per_token.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_prompt_file_exits_2_with_a_message(pair_paths, tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text("[{\"id\": 1}]")
+    code = main(["bench", "--model", pair_paths[0], "--draft-model", pair_paths[1],
+                 "--prompts", str(bad), "--json"])
+    assert code == 2
+    assert "prompt 0 has no 'messages'" in capsys.readouterr().err
+
+
+def test_multi_turn_hook_says_not_yet(capsys):
+    assert main(["bench", "--multi-turn"]) == 0
+    assert "not yet" in capsys.readouterr().out
