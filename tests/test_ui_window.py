@@ -654,3 +654,61 @@ def test_generation_error_keeps_window_and_partial_text(qtbot, qs):
         assert len(win.conv.messages) == 2
     finally:
         close_window(win)
+
+
+# ------------------------------------------------------------------ models, theme, layout
+def test_models_dialog_loads_the_bundled_pair_through_the_worker(qtbot, qs, tmp_path,
+                                                                 monkeypatch, tiny_dirs):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    t, d = tiny_dirs
+    monkeypatch.setattr("app.paths.demo_pair_dirs", lambda: (t, d))
+    backend = ScriptedBackend()
+    from app.ui.window import MainWindow
+
+    win = MainWindow(backend=backend, qsettings=qs, auto_load=False, data_dir=tmp_path / "data")
+    qtbot.addWidget(win)
+    try:
+        win.open_models()
+        dlg = win._models_dialog
+        assert dlg.targets.topLevelItemCount() == 1
+        with qtbot.waitSignal(win.modelLoaded, timeout=10_000) as blocker:
+            assert dlg.load_selected()
+        info = blocker.args[0]
+        assert info.target_path == str(t) and info.drafter_path == str(d)
+        assert win.qs.value("model/target") == str(t)
+        assert "Drafter" in win.model_label.text()
+    finally:
+        win.shutdown()
+
+
+def test_palette_follows_system_scheme_and_layout_is_restored(qtbot, qs, monkeypatch):
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui import theme
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        monkeypatch.setattr(theme, "system_is_dark", lambda: True)
+        win.apply_theme()
+        assert QApplication.instance().palette().color(QPalette.Window).name() == \
+            theme.DARK["window"]
+        monkeypatch.setattr(theme, "system_is_dark", lambda: False)
+        win.apply_theme()
+        assert QApplication.instance().palette().color(QPalette.Window).name() == \
+            theme.LIGHT["window"]
+        win.composer.set_mode("plain")
+        sizes = [200, 700, 300]
+        win.split.setSizes(sizes)
+        kept = win.split.sizes()
+    finally:
+        close_window(win)
+    win2 = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        assert win2.composer.mode() == "plain"
+        assert win2.qs.value("window/geometry") is not None  # offscreen clamps its size
+        # the right panel keeps its width (the centre takes what the window size changed)
+        assert win2.split.sizes()[2] == kept[2] != 380
+    finally:
+        close_window(win2)
