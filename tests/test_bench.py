@@ -72,6 +72,8 @@ def test_json_has_every_mode_with_sane_figures(bench_run, pair_paths):
         # Every cycle that was not a full acceptance needed a rollback (hybrid target).
         assert result["tape_vs_replay_rollback"][str(b)] > 0
     assert result["identical_tokens"] is True
+    best = max(modes[f"dflash+tape@{b}"]["ratio_to_plain"] for b in (2, 4))
+    assert result["goals"]["best_tape_ratio_to_plain"] == pytest.approx(best)
 
 
 def test_header_reports_versions_blas_and_models(bench_run, pair_paths):
@@ -174,3 +176,27 @@ def test_bad_prompt_file_exits_2_with_a_message(pair_paths, tmp_path, capsys):
 def test_multi_turn_hook_says_not_yet(capsys):
     assert main(["bench", "--multi-turn"]) == 0
     assert "not yet" in capsys.readouterr().out
+
+
+def test_goals_from_figures():
+    def mode(rb, ratio):
+        return {"rollback": rb, "ratio_to_plain": ratio}
+
+    result = {
+        "modes": {"plain": mode(None, 1.0), "dflash+tape@4": mode("tape", 1.6),
+                  "dflash+replay@4": mode("replay", 0.9), "dflash+tape@8": mode("tape", 2.3)},
+        "tape_vs_replay_rollback": {"4": 0.1, "8": 0.25},
+        "identical_tokens": True,
+        "scaling": {"context": [
+            {"prompt_tokens": 128, "plain_ms_per_token": 10.0, "dflash_ms_per_token": 5.0},
+            {"prompt_tokens": 4096, "plain_ms_per_token": 15.0, "dflash_ms_per_token": 6.0}]},
+    }
+    g = bench.goals(result)
+    assert g["best_tape_ratio_to_plain"] == 2.3 and g["tape_2x_plain_identical"] is True
+    assert g["worst_tape_over_replay_rollback"] == 0.25
+    assert g["tape_rollback_le_fifth_of_replay"] is False
+    assert g["plain_cost_growth"] == pytest.approx(1.5)
+    assert g["dflash_cost_growth"] == pytest.approx(1.2)
+    assert g["dflash_growth_le_plain"] is True
+    result["identical_tokens"] = False
+    assert bench.goals(result)["tape_2x_plain_identical"] is False

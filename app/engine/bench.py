@@ -15,8 +15,9 @@ against generated length, plain and DFlash. Tau at lengths the model pair never 
 training is not meaningful (the cost figures are), and the report says so.
 
 ``--json`` prints one object ``{"header", "modes", "tape_vs_replay_rollback", "scaling",
-"identical_tokens"}``; ``--out DIR`` writes ``bench.json``, ``runs.csv``, ``summary.csv`` and
-PNG plots (matplotlib, imported only then).
+"identical_tokens", "goals"}``; ``--out DIR`` writes ``bench.json``, ``runs.csv``,
+``summary.csv`` and PNG plots (matplotlib, imported only then); without ``--json`` and
+``--out`` they go to ``benchmarks/<UTC time>/`` in the app-data folder.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
                    help=f"generated tokens at most per run (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--out", type=Path, help="folder for bench.json, CSV files and PNG plots "
-                   "(default: ./bench-results unless --json)")
+                   "(default: benchmarks/<UTC time> in the app-data folder, none with --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
                    "against prompt length (128..4096) and against generated length")
@@ -371,6 +372,35 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     return out
 
 
+def goals(result: dict) -> dict:
+    """Issue 11's goals, reported (never asserted): DFlash + tape >= 2x plain with identical
+    tokens (best block size); tape rollback <= 1/5 of replay rollback per replay (every block
+    size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
+    (with ``--scaling``). Values are None when not measured."""
+    tapes = {k: v for k, v in result["modes"].items() if v["rollback"] == "tape"}
+    ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
+    best = max(ratios) if ratios else None
+    tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]
+    out: dict[str, Any] = {
+        "best_tape_ratio_to_plain": best,
+        "tape_2x_plain_identical": None if best is None
+        else bool(best >= 2.0 and result["identical_tokens"]),
+        "worst_tape_over_replay_rollback": max(tvr) if tvr else None,
+        "tape_rollback_le_fifth_of_replay": bool(max(tvr) <= 0.2) if tvr else None,
+        "plain_cost_growth": None, "dflash_cost_growth": None,
+        "dflash_growth_le_plain": None,
+    }
+    sc = result.get("scaling")
+    rows = [r for r in (sc or {}).get("context", [])
+            if r.get("plain_ms_per_token") and r.get("dflash_ms_per_token")]
+    if len(rows) >= 2:
+        g_plain = rows[-1]["plain_ms_per_token"] / rows[0]["plain_ms_per_token"]
+        g_dflash = rows[-1]["dflash_ms_per_token"] / rows[0]["dflash_ms_per_token"]
+        out.update(plain_cost_growth=g_plain, dflash_cost_growth=g_dflash,
+                   dflash_growth_le_plain=bool(g_dflash <= g_plain))
+    return out
+
+
 # ------------------------------------------------------------------------------ scaling
 def _exact_length_prompt(target, n: int) -> list[int]:
     """Chat-template prompt ids of exactly ``n`` tokens (filler text cut to fit)."""
@@ -504,6 +534,16 @@ def text_report(result: dict) -> str:
         lines.append("tape/replay rollback cost per replay: " + ", ".join(
             f"B={b}: {_fmt(v)}" for b, v in tvr.items()) + " (goal <= 0.20)")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
+    g = result.get("goals")
+    if g:
+        lines.append(f"goal DFlash+tape >= 2x plain: best {_fmt(g['best_tape_ratio_to_plain'])}x"
+                     f" -> {g['tape_2x_plain_identical']}; goal tape rollback <= 1/5 replay: "
+                     f"worst {_fmt(g['worst_tape_over_replay_rollback'])} -> "
+                     f"{g['tape_rollback_le_fifth_of_replay']}")
+        if g["dflash_growth_le_plain"] is not None:
+            lines.append(f"goal cost growth with context DFlash <= plain: plain "
+                         f"{_fmt(g['plain_cost_growth'])}x, DFlash {_fmt(g['dflash_cost_growth'])}x"
+                         f" -> {g['dflash_growth_le_plain']}")
     sc = result.get("scaling")
     if sc:
         lines.append("")
@@ -701,8 +741,13 @@ def run_bench(args) -> int:
         if not args.json:
             _err("scaling: cost per token against prompt and generated length ...")
         result["scaling"] = run_scaling(target, drafter, max(blocks))
+    result["goals"] = goals(result)
     result["header"]["wall_s"] = round(time.perf_counter() - t0, 1)
-    out = args.out if args.out is not None else (None if args.json else Path("bench-results"))
+    out = args.out
+    if out is None and not args.json:
+        from app.paths import default_data_dir
+
+        out = default_data_dir() / "benchmarks" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     written: list[Path] = []
     if out is not None:
         try:
