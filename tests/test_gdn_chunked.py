@@ -7,10 +7,11 @@ import os
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.gated_delta import gated_delta_ops
+from mlx_lm.models.gated_delta import gated_delta_ops, gated_delta_update
 
 from app.engine import gdn_chunked
 from app.engine.gdn_chunked import chunked_gated_delta as _chunked
+from app.engine.gdn_chunked import chunked_gated_delta_update
 
 TOL = 1e-5  # absolute, per unit of the reference's largest magnitude (float32 rounding)
 
@@ -289,3 +290,34 @@ def test_bad_inputs_raise():
         chunked_gated_delta(q, k, v, g, beta, state, mx.ones((1, 5), dtype=mx.bool_))
     with pytest.raises(ValueError, match="g must"):
         chunked_gated_delta(q, k, v, g[..., None], beta, state)
+
+
+def _layer_inputs(seed: int, t: int):
+    """q, k, v, a, b, A_log, dt_bias as a qwen3_5 GDN layer passes them (B 1, Hk 2, Hv 4)."""
+    q, k, v, _, _, state = make_inputs(seed, 1, t, 2, 4, 16, 16)
+    a = mx.random.normal((1, t, 4))
+    b = mx.random.normal((1, t, 4))
+    a_log = mx.log(mx.random.uniform(1.0, 16.0, (4,)))
+    dt_bias = mx.random.normal((4,))
+    return (q, k, v, a, b, a_log, dt_bias, state)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lower_bound": -5.0}, {"allow_neg_eigval": True}],
+    ids=["plain", "lower-bound", "neg-eigval"],
+)
+def test_update_wrapper_matches_mlx_lm(options):
+    args = _layer_inputs(43, 16)
+    y_ref, s_ref = gated_delta_update(*args, None, use_kernel=False, **options)
+    y, s = chunked_gated_delta_update(*args, None, chunk_size=8, **options)
+    assert_close(y, y_ref, f"wrapper y {options}")
+    assert_close(s, s_ref, f"wrapper state {options}")
+
+
+def test_update_wrapper_single_step_is_mlx_lm_bitwise():
+    args = _layer_inputs(47, 1)
+    y_ref, s_ref = gated_delta_update(*args, None, use_kernel=False)
+    y, s = chunked_gated_delta_update(*args, None)
+    np.testing.assert_array_equal(np.array(y), np.array(y_ref))
+    np.testing.assert_array_equal(np.array(s), np.array(s_ref))

@@ -49,8 +49,9 @@ import math
 from functools import partial
 
 import mlx.core as mx
+from mlx_lm.models.gated_delta import compute_g, compute_lower_bound_g, gated_delta_update
 
-__all__ = ["chunked_gated_delta"]
+__all__ = ["chunked_gated_delta", "chunked_gated_delta_update"]
 
 # Largest number of float32 elements the vector-gating path materialises at once for its
 # [B, H, n, C, C, Dk] decay tensor (about 64 MiB).
@@ -247,6 +248,71 @@ def chunked_gated_delta(
     if fn is None:
         fn = _COMPILED[key] = mx.compile(partial(_chunked_core, chunk=chunk))
     return fn(*args)
+
+
+def chunked_gated_delta_update(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    a: mx.array,
+    b: mx.array,
+    A_log: mx.array,  # noqa: N803 (mlx-lm's parameter name)
+    dt_bias: mx.array,
+    state: mx.array | None = None,
+    mask: mx.array | None = None,
+    *,
+    use_kernel: bool = True,
+    lower_bound: float | None = None,
+    allow_neg_eigval: bool = False,
+    chunk_size: int = 16,
+    min_tokens: int = 2,
+    compiled: bool = False,
+) -> tuple[mx.array, mx.array]:
+    """Drop-in for mlx-lm 0.32's ``gated_delta_update`` that uses the chunked pass off Metal.
+
+    Same arguments and results as ``mlx_lm.models.gated_delta.gated_delta_update``: q, k
+    ``[B, T, Hk, Dk]`` normalised by ``normalize_qk``; v ``[B, T, Hv, Dv]``; a, b
+    ``[B, T, Hv]`` (pre-activation decay and write-strength inputs); A_log, dt_bias ``[Hv]``;
+    state ``[B, Hv, Dv, Dk]`` or None; mask ``[B, T]`` or None. Returns ``(y, state)`` with y
+    ``[B, T, Hv, Dv]`` in q's dtype and the float32 state.
+
+    beta and g are computed exactly as mlx-lm does (``sigmoid(b)``, doubled when
+    ``allow_neg_eigval``; ``compute_g`` / ``compute_lower_bound_g``). The call is handed to
+    mlx-lm unchanged when its Metal kernel would run (``use_kernel`` on a Metal GPU device)
+    or when ``T < min_tokens`` (a single decode step is cheaper as mlx-lm's one step, and
+    then matches plain decoding bit for bit); otherwise :func:`chunked_gated_delta` runs
+    with ``chunk_size`` and ``compiled``. Masked steps output 0 on the chunked path (mlx-lm's
+    ops loop returns ``S q`` there; its Metal kernel returns 0).
+
+    Raises:
+        ValueError: as :func:`chunked_gated_delta` for inconsistent shapes.
+    """
+    on_metal = mx.default_device() == mx.gpu and mx.metal.is_available()
+    if (use_kernel and on_metal) or q.shape[1] < min_tokens:
+        return gated_delta_update(
+            q,
+            k,
+            v,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            state,
+            mask,
+            use_kernel=use_kernel,
+            lower_bound=lower_bound,
+            allow_neg_eigval=allow_neg_eigval,
+        )
+    beta = mx.sigmoid(b)
+    if allow_neg_eigval:
+        beta = beta * 2.0
+    if lower_bound is None:
+        g = compute_g(A_log, a, dt_bias)
+    else:
+        g = compute_lower_bound_g(A_log, a, dt_bias, lower_bound)
+    return chunked_gated_delta(
+        q, k, v, g, beta, state, mask, chunk_size=chunk_size, compiled=compiled
+    )
 
 
 def _chunked_core(q, k, v, g, beta, state, mask=None, *, chunk: int):
