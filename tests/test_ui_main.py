@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import os
-import types
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
-from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.ui import main as ui_main  # noqa: E402
 
@@ -27,27 +23,43 @@ def test_second_launch_reaches_the_first(qtbot, tmp_path):
         server.close()
 
 
-def test_run_gui_opens_window_logs_and_quits(qtbot, tmp_path, monkeypatch):
-    from app.engine.threads import allow_engine_on_current_thread
-    from app.ui.window import MainWindow
+RUN_GUI_SCRIPT = """
+import sys, types
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from app.ui import main as ui_main
+from app.ui.window import MainWindow
 
-    monkeypatch.setattr(MainWindow, "load_last_or_default", lambda self: None)
-    seen = {}
+MainWindow.load_last_or_default = lambda self: None
+app = QApplication(sys.argv[:1])
+seen = {}
 
-    def quit_soon():
-        wins = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow)
-                and w.isVisible()]
-        seen["windows"] = len(wins)
-        seen["title"] = wins[0].windowTitle() if wins else ""
-        QApplication.instance().quit()
+def quit_soon():
+    wins = [w for w in QApplication.topLevelWidgets()
+            if isinstance(w, MainWindow) and w.isVisible()]
+    print("windows", len(wins), wins[0].windowTitle() if wins else "", flush=True)
+    app.quit()
 
-    QTimer.singleShot(300, quit_soon)
-    try:
-        code = ui_main.run_gui(types.SimpleNamespace(data_dir=str(tmp_path / "data")))
-    finally:
-        allow_engine_on_current_thread()
-    assert code == 0
-    assert seen == {"windows": 1, "title": "DFlash Chat"}
-    log = (tmp_path / "data" / "dflash-chat.log").read_text()
-    assert "starting DFlash Chat" in log
-    assert (tmp_path / "data" / "conversations.db").is_file()
+QTimer.singleShot(300, quit_soon)
+code = ui_main.run_gui(types.SimpleNamespace(data_dir=sys.argv[1]))
+print("exit", code, flush=True)
+"""
+
+
+def test_run_gui_opens_window_logs_and_quits(tmp_path):
+    """run_gui in its own process (its qasync loop takes over the QApplication)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = tmp_path / "data"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", RUN_GUI_SCRIPT, str(data)], env=env,
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "windows 1 DFlash Chat" in proc.stdout
+    assert "exit 0" in proc.stdout
+    log = (data / "dflash-chat.log").read_text()
+    assert "starting DFlash Chat" in log and "quit" in log
+    assert (data / "conversations.db").is_file()
