@@ -92,21 +92,69 @@ QT_EXCLUDES = [
 ]
 
 
-def excluded_hf_model_packages() -> list[str]:
-    """``transformers.models.<name>`` for every installed model folder not in ``HF_KEEP``.
+def hf_model_closure(models_dir: str) -> set[str]:
+    """``HF_KEEP`` plus every model folder its non-modeling modules import, transitively.
 
-    Empty when transformers is not installed. Used by packaging/hooks as ``excludedimports``.
+    ``models_dir`` is the installed ``transformers/models`` folder. Imports are found by
+    parsing each ``.py`` file except ``modeling_*``/``modular_*`` (which need torch and are
+    not bundled): ``from ..<name>`` and ``transformers.models.<name>``. For example
+    ``auto/tokenization_auto.py`` imports ``encoder_decoder``'s config.
     """
-    import importlib.util
+    import ast
     import os
+
+    keep: set[str] = set()
+    todo = list(HF_KEEP)
+    while todo:
+        name = todo.pop()
+        folder = os.path.join(models_dir, name)
+        if name in keep or not os.path.isdir(folder):
+            continue
+        keep.add(name)
+        for entry in os.scandir(folder):
+            if not entry.name.endswith(".py") or entry.name.startswith(("modeling_", "modular_")):
+                continue
+            with open(entry.path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ImportFrom) or not node.module:
+                    continue
+                if node.level == 2:
+                    todo.append(node.module.split(".")[0])
+                elif node.level == 0 and node.module.startswith("transformers.models."):
+                    todo.append(node.module.split(".")[2])
+    return keep
+
+
+def _installed_hf_models_dir() -> str | None:
+    import importlib.util
 
     spec = importlib.util.find_spec("transformers.models")
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def hf_kept_models() -> set[str]:
+    """The model folders the bundle keeps (:func:`hf_model_closure` of the installed ones)."""
+    root = _installed_hf_models_dir()
+    return hf_model_closure(root) if root else set()
+
+
+def excluded_hf_model_packages() -> list[str]:
+    """``transformers.models.<name>`` for every installed model folder not kept.
+
+    Empty when transformers is not installed. Used by packaging/hooks as ``excludedimports``.
+    """
+    import os
+
+    root = _installed_hf_models_dir()
+    if root is None:
         return []
-    root = list(spec.submodule_search_locations)[0]
+    keep = hf_model_closure(root)
     names = sorted(
         entry.name
         for entry in os.scandir(root)
-        if entry.is_dir() and not entry.name.startswith("_") and entry.name not in HF_KEEP
+        if entry.is_dir() and not entry.name.startswith("_") and entry.name not in keep
     )
     return [f"transformers.models.{name}" for name in names]

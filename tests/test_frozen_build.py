@@ -129,6 +129,9 @@ def test_supported_families_exist_in_installed_mlx_lm_and_transformers():
         assert importlib.util.find_spec(f"mlx_lm.models.{fam}") is not None, fam
     for fam in bundle_lists.HF_KEEP:
         assert importlib.util.find_spec(f"transformers.models.{fam}") is not None, fam
+    kept = bundle_lists.hf_kept_models()
+    # tokenization_auto imports EncoderDecoderConfig at module level: the closure must see it.
+    assert {"auto", "encoder_decoder", "qwen2", "qwen3_5"} <= kept
     excluded = bundle_lists.excluded_hf_model_packages()
     assert "transformers.models.gemma" in excluded
     assert not any(e.endswith((".qwen2", ".auto", ".llama")) for e in excluded)
@@ -229,9 +232,17 @@ def test_frozen_bundle_contents(frozen):
     assert any(n.startswith("libmlx") for n in libs), libs
     if sys.platform == "darwin":
         assert "mlx.metallib" in libs
-    # Only the supported transformers model folders, and none of the excluded packages.
-    models = {p.name for p in (internal / "transformers" / "models").iterdir() if p.is_dir()}
-    assert models == set(bundle_lists.HF_KEEP)
+    # Kept transformers model folders carry their config/tokenizer modules; every other one is
+    # only its lazy __init__.py stub (AutoTokenizer imports some while searching for a class).
+    models_dir = internal / "transformers" / "models"
+    kept = bundle_lists.hf_kept_models()
+    for name in kept:
+        assert any((models_dir / name).glob("configuration_*.py")) or name == "auto", name
+    assert (models_dir / "auto" / "tokenization_auto.py").is_file()
+    stubs = [p for p in models_dir.iterdir() if p.is_dir() and p.name not in kept]
+    assert len(stubs) > 100
+    for stub in stubs:
+        assert sorted(f.name for f in stub.iterdir()) == ["__init__.py"], stub.name
     for name in ("torch", "matplotlib", "PIL", "pytest"):
         assert not (internal / name).exists(), f"{name} should not be bundled"
 
@@ -274,3 +285,40 @@ def test_frozen_compare_on_bundled_pair_is_identical(frozen):
     plain, dflash = result["plain"], result["dflash"]
     assert len(plain["tokens"]) > 0
     assert plain["tokens"] == dflash["tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
+def test_frozen_compare_on_tiny_pair_is_identical(frozen, tmp_path, family):
+    """Loading (mlx-lm model module by name, transformers tokenizer classes) and both decoders
+    in the frozen app, on a tiny random pair built here by the unfrozen engine. The tokenizer
+    config names ``Qwen2Tokenizer`` as real Qwen checkpoints do."""
+    from app.engine.tiny import build_tiny_pair
+
+    target, drafter = build_tiny_pair(tmp_path / "pair", family=family, seed=1)
+    cfg_path = Path(target) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    cfg_path.write_text(json.dumps(cfg))
+    proc = _run(
+        frozen,
+        "compare",
+        "--json",
+        "--model",
+        str(target),
+        "--draft-model",
+        str(drafter),
+        "--max-tokens",
+        "24",
+        "--prompt",
+        "Name three capitals.",
+        "--tools",
+        "none",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    plain, dflash = result["plain"], result["dflash"]
+    assert len(plain["tokens"]) > 0
+    assert plain["tokens"] == dflash["tokens"]
+    assert result["identical"] is True
