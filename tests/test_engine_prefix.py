@@ -106,3 +106,18 @@ def test_snapshot_memory_is_bounded(tiny_hybrid):
     _gen(target, ids, session=small, boundaries=[5, 10])
     assert len(small.snapshots) == 2 and small.snapshot_bytes <= 2 * one
     assert small.snapshots[-1].position == len(small.ids)  # the newest are kept
+
+
+def test_reply_runner_reuses_the_previous_turn(tiny_hybrid):
+    from app.chat.reply import ReplySettings, collect_reply
+
+    target, drafter = tiny_hybrid
+    settings = ReplySettings(mode="dflash", max_tokens=10)
+    session = PromptCache()
+    convo = [{"role": "user", "content": "Hello"}]
+    first = collect_reply(target, drafter, convo, settings, session=session)
+    convo = convo + first.messages + [{"role": "user", "content": "Again"}]
+    warm = collect_reply(target, drafter, convo, settings, session=session)
+    cold = collect_reply(target, drafter, convo, settings)
+    assert warm.tokens == cold.tokens
+    assert warm.summary.reused_tokens > 0 and cold.summary.reused_tokens == 0

@@ -232,11 +232,25 @@ def effective_mode(settings: ReplySettings) -> tuple[str, str | None]:
     return settings.mode, None
 
 
-def _engine_generate(target, prompt_ids, config, drafter=None):
+def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
     """``app.engine.generate.generate`` (looked up at call time; tests replace this)."""
     from app.engine.generate import generate
 
-    return generate(target, prompt_ids, config, drafter=drafter)
+    return generate(target, prompt_ids, config, drafter=drafter, **kwargs)
+
+
+def _history_boundary(target, convo, settings, prompt_ids: list[int]) -> list[int]:
+    """Where the rendered history ends before the generation prompt (a prefix-reuse snapshot
+    point), or nothing when the template does not render it as a prefix of the prompt."""
+    try:
+        kwargs = {"tools": settings.tools, "add_generation_prompt": False}
+        if settings.enable_thinking is not None:
+            kwargs["enable_thinking"] = settings.enable_thinking
+        history = list(target.tokenizer.apply_chat_template(convo, **kwargs))
+    except Exception:
+        return []
+    n = len(history)
+    return [n] if 0 < n < len(prompt_ids) and prompt_ids[:n] == history else []
 
 
 def _generation_config(settings: ReplySettings, mode: str):
@@ -294,6 +308,7 @@ def run_reply(
     messages: list[dict],
     settings: ReplySettings,
     cancel_event: threading.Event | None = None,
+    session=None,
 ) -> Iterator[ReplyEvent]:
     """Produce one reply to ``messages``; a generator of :data:`ReplyEvent`.
 
@@ -303,6 +318,8 @@ def run_reply(
         settings: :class:`ReplySettings`.
         cancel_event: set it from any thread to stop; the engine is cancelled before its next
             cycle/token and the reply ends with ``finish_reason == "cancelled"``.
+        session: an ``app.engine.prefix.PromptCache`` kept by the caller across turns (prefix
+            reuse); None prefills every prompt from scratch.
 
     Yields, in order per round: :class:`RoundStarted`; the engine's ``TokenEvent`` (kept tokens
     only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
@@ -347,8 +364,12 @@ def run_reply(
             eos_token_ids=target.eos_token_ids or None,
             first_call_index=next_call,
         )
+        extra = {}
+        if session is not None:
+            boundaries = _history_boundary(target, convo, settings, list(rendered.ids))
+            extra = {"session": session, "boundaries": boundaries}
         gen = _engine_generate(
-            target, rendered.ids, config, drafter=drafter if mode == "dflash" else None
+            target, rendered.ids, config, drafter=drafter if mode == "dflash" else None, **extra
         )
         from_draft: list[bool] = []
         summary: Summary | None = None
@@ -451,10 +472,11 @@ def collect_reply(
     messages: list[dict],
     settings: ReplySettings,
     cancel_event: threading.Event | None = None,
+    session=None,
 ) -> Reply:
     """Run :func:`run_reply` to the end and return its :class:`Reply`."""
     reply = None
-    for ev in run_reply(target, drafter, messages, settings, cancel_event):
+    for ev in run_reply(target, drafter, messages, settings, cancel_event, session=session):
         if isinstance(ev, ReplyDone):
             reply = ev.reply
     assert reply is not None

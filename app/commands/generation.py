@@ -80,6 +80,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=_temperature, default=0.0,
                    help="sampling temperature (default 0: greedy)")
     p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
+    p.add_argument("--top-k", type=_non_negative_int, default=0,
+                   help="sample among the k most likely tokens (default 0: all)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below min-p times the top probability (default 0)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="penalise tokens seen in the last 20 (mlx-lm; e.g. 1.1)")
     p.add_argument("--tools", default="builtin", metavar="{builtin,none,FILE}",
                    help="tool definitions shown to the model: the built-in tools (default), "
                    "none, or a JSON file of definitions")
@@ -185,6 +192,10 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         max_tool_rounds=args.max_tool_rounds,
         tool_parser=args.tool_parser,
         temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
         seed=args.seed,
     )
 
