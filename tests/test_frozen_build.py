@@ -160,9 +160,17 @@ def _frozen_env(tmp: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def frozen(tmp_path_factory):
-    """Build the one-folder bundle once; returns (executable, bundle folder, scratch dir)."""
-    pytest.importorskip("PyInstaller", reason="PyInstaller is in the 'test' extra")
+    """Build the one-folder bundle once; returns (executable, bundle folder, scratch dir).
+
+    ``DFLASH_FROZEN_DIST=<dist folder>`` reuses a bundle built earlier with this spec (for
+    working on these tests); CI leaves it unset and builds.
+    """
     tmp = tmp_path_factory.mktemp("frozen")
+    reuse = os.environ.get("DFLASH_FROZEN_DIST")
+    if reuse:
+        bundle = Path(reuse) / app.APP_NAME
+        return bundle / EXE_NAME, bundle, tmp
+    pytest.importorskip("PyInstaller", reason="PyInstaller is in the 'test' extra")
     dist, work = tmp / "dist", tmp / "work"
     proc = subprocess.run(
         [
@@ -322,3 +330,60 @@ def test_frozen_compare_on_tiny_pair_is_identical(frozen, tmp_path, family):
     assert len(plain["tokens"]) > 0
     assert plain["tokens"] == dflash["tokens"]
     assert result["identical"] is True
+
+
+@pytest.mark.slow
+def test_frozen_window_starts_and_keeps_one_instance(frozen, tmp_path, qapp):
+    """The window (QtWidgets, QtNetwork, qasync, app.ui) starts in the frozen app, offscreen;
+    a second launch on the same data folder finds it and exits instead of opening another."""
+    import time
+
+    from PySide6.QtNetwork import QLocalSocket
+
+    from app.ui.main import server_name
+
+    exe, _bundle, scratch = frozen
+    data_dir = tmp_path / "gui-data"
+    env = _frozen_env(scratch)
+    first = subprocess.Popen(
+        [str(exe), "--gui", "--data-dir", str(data_dir)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        connected = False
+        while time.monotonic() < deadline and first.poll() is None:
+            sock = QLocalSocket()
+            sock.connectToServer(server_name(data_dir))
+            connected = sock.waitForConnected(200)
+            sock.abort()
+            if connected:
+                break
+            time.sleep(0.5)
+        assert first.poll() is None, f"the window exited early:\n{first.communicate()[1][-3000:]}"
+        assert connected, "the window never started listening for a second instance"
+        second = subprocess.run(
+            [str(exe), "--gui", "--data-dir", str(data_dir)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "already running" in second.stdout
+        assert first.poll() is None
+        log_text = (data_dir / "dflash-chat.log").read_text(encoding="utf-8")
+        assert f"starting {app.APP_NAME} {app.__version__}" in log_text
+        assert "Traceback" not in log_text
+    finally:
+        first.terminate()
+        try:
+            first.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.communicate()
