@@ -63,9 +63,13 @@ rm -rf "${APP:?}" "${DIST:?}/${APP_NAME:?}" "${DMG:?}"
 # The one-folder build is also left in dist/DFlash Chat/; only the .app ships.
 
 EXE="$APP/Contents/MacOS/dflash-chat"
-METALLIB="$(find "$APP/Contents" -name mlx.metallib -print -quit)"
-[[ -n "$METALLIB" ]] || die "mlx.metallib is missing from the app bundle"
-log "mlx.metallib: ${METALLIB#"$APP/"}"
+# MLX loads mlx.metallib from the folder of the library that holds its code (dladdr on
+# libmlx.dylib), so the metallib must be reachable there (a file or PyInstaller's symlink
+# into Contents/Resources).
+LIBMLX="$(find "$APP/Contents" -name 'libmlx*.dylib' -print -quit)"
+[[ -n "$LIBMLX" ]] || die "libmlx.dylib is missing from the app bundle"
+[[ -e "$(dirname "$LIBMLX")/mlx.metallib" ]] || die "mlx.metallib is not beside ${LIBMLX#"$APP/"}"
+log "libmlx and mlx.metallib: $(dirname "${LIBMLX#"$APP/"}")/"
 
 # --- 3. Smoke test: the frozen app runs MLX (Metal) on the bundled pair --------------------
 smoke_test() {
