@@ -216,7 +216,9 @@ def generate(
         raise GenerationError("max_tokens must be at least 1")
     if config.mode == "plain":
         return Generation(
-            lambda cancel: _plain(target, list(prompt_ids), config, cancel, session, boundaries)
+            lambda cancel: _clear_on_error(
+                _plain_body(target, list(prompt_ids), config, cancel, session, boundaries), session
+            )
         )
     if config.mode != "dflash":
         raise GenerationError(f"unknown mode {config.mode!r} (plain or dflash)")
@@ -231,8 +233,12 @@ def generate(
         )
     runner = TargetRunner(target.model, target.model_type)
     return Generation(
-        lambda cancel: _dflash(
-            target, runner, drafter, list(prompt_ids), config, block, cancel, session, boundaries
+        lambda cancel: _clear_on_error(
+            _dflash_body(
+                target, runner, drafter, list(prompt_ids), config, block, cancel, session,
+                boundaries,
+            ),
+            session,
         )
     )
 
@@ -242,24 +248,29 @@ def _start(session: PromptCache | None, prompt: list[int], need_drafter: bool) -
     return session.prepare(prompt, need_drafter) if session is not None else 0
 
 
-def _plain(target, prompt, config, cancel, session=None, boundaries=()) -> Iterator:
+def _clear_on_error(body: Iterator, session: PromptCache | None) -> Iterator:
+    """Run ``body``; if it fails, drop the kept caches, which may be half-updated."""
     try:
-        yield from _plain_body(target, prompt, config, cancel, session, boundaries)
+        yield from body
     except BaseException:
         if session is not None:
-            session.clear()  # the kept caches may be half-updated
+            session.clear()
         raise
+
+
+def _begin(config: GenerationConfig, mode: str, prompt: list[int]):
+    """Common start of both paths: seed, peak-memory reset, the summary, the sampler."""
+    if config.seed is not None:
+        mx.random.seed(config.seed)
+    mx.reset_peak_memory()
+    choose = None if config.greedy else _make_choose(config)
+    return Summary(mode=mode, prompt_tokens=len(prompt)), choose, time.perf_counter()
 
 
 def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator:
     model = target.model
     eos = target.eos_token_ids
-    if config.seed is not None:
-        mx.random.seed(config.seed)
-    mx.reset_peak_memory()
-    s = Summary(mode="plain", prompt_tokens=len(prompt))
-    choose = None if config.greedy else _make_choose(config)
-    t_start = time.perf_counter()
+    s, choose, t_start = _begin(config, "plain", prompt)
     s.reused_tokens = start = _start(session, prompt, False)
     cache = session.target_cache if start else make_prompt_cache(model)
     snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
@@ -295,29 +306,12 @@ def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator
     yield Done(s)
 
 
-def _dflash(target, runner, drafter, prompt, config, block, cancel, session=None,
-            boundaries=()) -> Iterator:
-    try:
-        yield from _dflash_body(
-            target, runner, drafter, prompt, config, block, cancel, session, boundaries
-        )
-    except BaseException:
-        if session is not None:
-            session.clear()
-        raise
-
-
 def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel,
                  session, boundaries) -> Iterator:
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids
-    if config.seed is not None:
-        mx.random.seed(config.seed)
-    mx.reset_peak_memory()
-    s = Summary(mode="dflash", prompt_tokens=len(prompt))
-    choose = None if config.greedy else _make_choose(config)
-    t_start = time.perf_counter()
+    s, choose, t_start = _begin(config, "dflash", prompt)
     s.reused_tokens = start = _start(session, prompt, True)
     if start:
         cache, dcache = session.target_cache, session.drafter_cache
