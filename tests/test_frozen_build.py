@@ -137,6 +137,69 @@ def test_supported_families_exist_in_installed_mlx_lm_and_transformers():
     assert not any(e.endswith((".qwen2", ".auto", ".llama")) for e in excluded)
 
 
+class _Recorder:
+    """Stands in for one of PyInstaller's spec-file build classes; records its arguments."""
+
+    calls: dict[str, list] = {}
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __call__(self, *args, **kwargs):
+        self.calls.setdefault(self.kind, []).append((args, kwargs))
+        return type("Built", (), {"pure": [], "scripts": [], "binaries": [], "datas": []})()
+
+
+def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch):
+    """Run the spec as PyInstaller would, with sys.platform "darwin" and recording stand-ins
+    for Analysis/EXE/COLLECT/BUNDLE: the macOS branch (never run on this Linux CI) must make
+    a BUNDLE with the Info.plist keys, a valid .icns, and the hidden imports and data."""
+    # PyInstaller reads sys.platform when first imported: import it before the patch.
+    pytest.importorskip("PyInstaller.utils.hooks", reason="PyInstaller is in the 'test' extra")
+    _Recorder.calls = {}
+    spec_globals = {
+        "__name__": "__main__",
+        "__file__": str(SPEC),
+        "SPECPATH": str(PACKAGING),
+        "workpath": str(tmp_path),
+        "DISTPATH": str(tmp_path / "dist"),
+        **{k: _Recorder(k) for k in ("Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE")},
+    }
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    exec(compile(SPEC.read_text(), str(SPEC), "exec"), spec_globals)
+    monkeypatch.undo()
+
+    ((bundle_args, bundle_kw),) = _Recorder.calls["BUNDLE"]
+    assert bundle_kw["name"] == f"{app.APP_NAME}.app"
+    assert bundle_kw["bundle_identifier"] == "ai.dflash.chat"
+    plist = bundle_kw["info_plist"]
+    assert plist["LSMinimumSystemVersion"] == "13.5"
+    assert plist["NSHighResolutionCapable"] is True
+    assert plist["CFBundleShortVersionString"] == app.__version__
+    icns = Path(bundle_kw["icon"]).read_bytes()
+    assert icns[:4] == b"icns" and struct.unpack(">I", icns[4:8])[0] == len(icns)
+
+    ((_a_args, a_kw),) = _Recorder.calls["Analysis"]
+    hidden = set(a_kw["hiddenimports"])
+    for name in (
+        "mlx_lm.models.qwen3_5",
+        "mlx_lm.models.llama",
+        "mlx_lm.tool_parsers.qwen3_coder",
+        "app.commands.generation",
+        "app.chat.tools.cli",
+        "transformers.models.qwen2.tokenization_qwen2",
+    ):
+        assert name in hidden, name
+    assert not any(".modeling_" in h for h in hidden if h.startswith("transformers."))
+    dests = {(Path(src).name, dest) for src, dest in a_kw["datas"]}
+    assert ("chat_template.jinja", "resources") in dests
+    assert ("countries.json", str(Path("resources") / "data")) in dests
+    ((_e_args, e_kw),) = _Recorder.calls["EXE"]
+    assert e_kw["name"] == EXE_NAME and e_kw["console"] is False  # windowed on macOS
+
+
 # ---------------------------------------------------------------------------------------------
 # The frozen build (slow; CI runs it)
 # ---------------------------------------------------------------------------------------------
