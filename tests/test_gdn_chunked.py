@@ -151,8 +151,8 @@ def test_fully_masked_leaves_state_untouched():
 
 @pytest.mark.parametrize(
     "g_range",
-    [(1e-6, 1e-3), (1e-30, 1e-20), (0.999, 1.0), (1.0, 1.0)],
-    ids=["near-0", "tiny", "near-1", "exactly-1"],
+    [(1e-6, 1e-3), (1e-30, 1e-20), (0.0, 0.0), (0.999, 1.0), (1.0, 1.0)],
+    ids=["near-0", "tiny", "zero", "near-1", "exactly-1"],
 )
 @pytest.mark.parametrize("chunk", [4, 16, 64])
 def test_extreme_decays(g_range, chunk):

@@ -1,6 +1,7 @@
 """Time mlx-lm's Gated DeltaNet step loop against the chunked form on this machine.
 
-Usage: ``.venv/bin/python tools/bench_gdn.py [--repeats N] [--chunk-size C]``
+Usage: ``.venv/bin/python tools/bench_gdn.py [--repeats N] [--chunk-size C] [--lengths T ...]
+[--shape NAME]``
 
 For T = 1, 4, 8, 16, 64 tokens at a Qwen3.5-4B-like head shape (Hk 16, Hv 32, Dk 128,
 Dv 128, B 1) and at the bundled demo pair's shape (Hk 4, Hv 8, Dk 32, Dv 32, B 1), prints the
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--chunk-size", type=int, default=16)
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=list(LENGTHS), help="token counts T"
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="only this head shape")
     args = parser.parse_args(argv)
 
     print(f"mlx {mx.__version__}, device {mx.default_device()}, {platform.machine()}")
@@ -91,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'shape':<17}{'T':>4}{'step loop':>11}{'chunked':>10}{'eager':>9}{'blocked':>10}"
     print(header + f"{'loop/chunked':>14}{'max |dy|':>11}{'max |ds|':>11}")
     for name, shape in SHAPES.items():
-        for t in LENGTHS:
+        if args.shape and name != args.shape:
+            continue
+        for t in args.lengths:
             inputs = make_inputs(t, **shape)
             loop = partial(gated_delta_ops, *inputs)
             chunked = partial(

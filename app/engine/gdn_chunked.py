@@ -210,12 +210,13 @@ def chunked_gated_delta(
     - ``mask``: ``[B, T]`` bool or None. A masked step leaves the state unchanged and its
       output is 0 (as mlx-lm's Metal kernel; mlx-lm's ops loop also keeps the state but
       returns ``S q`` there, a value callers discard).
-    - ``chunk_size``: tokens per chunk (>= 1); capped at T. Larger chunks mean fewer
-      sequential steps but ``O(C^2)`` work per token within a chunk.
+    - ``chunk_size``: tokens per chunk (>= 1); capped at T, so a verify block of T <= 16
+      tokens is one chunk. Larger chunks mean fewer sequential state updates but ``O(C)``
+      more work per token; for long prefills 64 measured faster than 16 here.
     - ``compiled``: run through ``mx.compile`` (one traced graph per chunk size, mask
       presence, device and input shapes, cached in this module), which fuses the many small
-      ops: on this 2-core CPU about 1.3-2x faster at the demo pair's head shape, no gain at
-      Qwen3.5-4B's (see ``tools/bench_gdn.py``). Off by default because on the CPU backend
+      ops: on this (shared, noisy) 2-core CPU 1.05-2.6x faster at the demo pair's head
+      shape, no clear gain at Qwen3.5-4B's (``tools/bench_gdn.py``). Off by default because on the CPU backend
       every fused kernel is first built with the system C++ compiler (seconds each, cached
       under ``$TMPDIR/mlx``).
 
