@@ -307,10 +307,18 @@ def _layer_inputs(seed: int, t: int):
     [{}, {"lower_bound": -5.0}, {"allow_neg_eigval": True}],
     ids=["plain", "lower-bound", "neg-eigval"],
 )
-def test_update_wrapper_matches_mlx_lm(options):
+def test_update_wrapper_matches_mlx_lm(options, monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["chunk_size"])
+        return _chunked(*args, **kwargs)
+
+    monkeypatch.setattr(gdn_chunked, "chunked_gated_delta", spy)
     args = _layer_inputs(43, 16)
     y_ref, s_ref = gated_delta_update(*args, None, use_kernel=False, **options)
     y, s = chunked_gated_delta_update(*args, None, chunk_size=8, **options)
+    assert calls == [8]  # the chunked pass ran (on the CPU device)
     assert_close(y, y_ref, f"wrapper y {options}")
     assert_close(s, s_ref, f"wrapper state {options}")
 
