@@ -38,6 +38,7 @@ def quit_soon():
     wins = [w for w in QApplication.topLevelWidgets()
             if isinstance(w, MainWindow) and w.isVisible()]
     print("windows", len(wins), wins[0].windowTitle() if wins else "", flush=True)
+    print("mlx imported", "mlx.core" in sys.modules, flush=True)
     app.quit()
 
 QTimer.singleShot(300, quit_soon)
@@ -60,6 +61,7 @@ def test_run_gui_opens_window_logs_and_quits(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "windows 1 DFlash Chat" in proc.stdout
     assert "exit 0" in proc.stdout
+    assert "mlx imported False" in proc.stdout  # the GUI side never imports MLX
     log = (data / "dflash-chat.log").read_text()
     assert "starting DFlash Chat" in log and "quit" in log
     assert (data / "conversations.db").is_file()
