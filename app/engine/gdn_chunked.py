@@ -30,7 +30,10 @@ and, with ``Tinv = (I + A)^{-1}``,
     S_new = gam_{C-1} S_0      +  U^T diag(P[C-1, :]) K.
 
 Everything that does not involve ``S_0`` is computed for all chunks at once; only the three
-lines above run chunk after chunk. ``P`` is built with a cumulative product of a masked
+lines above run chunk after chunk, rearranged so that each chunk needs two products with the
+state: ``[W; diag(gam) Q - M W] S_0^T`` (``W = Tinv diag(beta gam) K``, ``M`` the masked
+score matrix) and ``U^T diag(P[C-1, :]) K``. Masked steps and the padding of the last chunk
+are steps with ``g = 1, beta = 0``, which leave the state exactly as it was. ``P`` is built with a cumulative product of a masked
 ``[C, C]`` matrix (never a ratio ``gam_t / gam_j``), so decays near 0 underflow to 0 the way
 the step loop does instead of dividing by 0. ``Tinv`` comes from LAPACK's triangular inverse
 on the CPU device and from a blocked recursive inverse (2 matrix products per level) on other
@@ -41,6 +44,9 @@ Vector gating (``g`` of shape ``[B, T, Hv, Dk]``, decay per key channel) uses th
 formulas with ``P[t, j]`` and ``gam_t`` vectors over ``Dk``: ``A`` and the intra-chunk
 scores become ``sum_d k_t[d] P[t, j, d] k_j[d]``, which costs ``C * C * Dk`` per chunk and
 head (memory is bounded by processing chunks in groups).
+
+Use: :func:`chunked_gated_delta_update` takes the arguments of mlx-lm's
+``gated_delta_update`` and can replace it in a GDN layer's forward pass.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from mlx_lm.models.gated_delta import compute_g, compute_lower_bound_g, gated_de
 __all__ = ["chunked_gated_delta", "chunked_gated_delta_update"]
 
 # Largest number of float32 elements the vector-gating path materialises at once for its
-# [B, H, n, C, C, Dk] decay tensor (about 64 MiB).
+# [n, B, Hk, r, C, C, Dk] decay tensor (about 64 MiB).
 _VECTOR_GROUP_ELEMENTS = 16 * 1024 * 1024
 
 # mx.compile'd cores keyed by (chunk, has_mask, device); mx.compile retraces per input shape.
