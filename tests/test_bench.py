@@ -151,12 +151,13 @@ def test_scaling_prompts_have_exact_lengths_and_costs(tiny_hybrid, tmp_path):
     target, drafter = tiny_hybrid
     for n in (40, 97):
         assert len(bench._exact_length_prompt(target, n)) == n
-    sc = bench.run_scaling(target, drafter, 4, lengths=(40, 80), max_tokens=8, generated=70)
+    sc = bench.run_scaling(target, drafter, 4, lengths=(40, 80), max_tokens=8, generated=70,
+                           repeats=2)
     assert [r["prompt_tokens"] for r in sc["context"]] == [40, 80]
     for r in sc["context"]:
         assert r["plain_ms_per_token"] > 0 and r["dflash_ms_per_token"] > 0
     assert [p["generated"] for p in sc["generated"]["plain"]] == [32, 64]
-    assert "not meaningful" in sc["note"]
+    assert "not meaningful" in sc["note"] and sc["repeats"] == 2
     result = {"header": {"target": "t", "device": "cpu", "blas": "x (y)"},
               "modes": {}, "scaling": sc}
     paths = bench.plot_results(result, [], tmp_path)

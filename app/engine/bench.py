@@ -41,7 +41,7 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_HELDOUT = 8
 SCALING_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 SCALING_MAX_TOKENS = 32
-SCALING_GENERATED = 512
+SCALING_GENERATED = 256
 SCALING_WINDOW = 32
 TAU_NOTE = ("tau and acceptance at prompt or output lengths the model pair never saw in "
             "training are not meaningful; the cost figures are")
@@ -436,38 +436,53 @@ def _window_costs(times: list[float], window: int) -> list[tuple[int, float]]:
 
 def run_scaling(target, drafter, block: int, lengths=SCALING_LENGTHS,
                 max_tokens: int = SCALING_MAX_TOKENS,
-                generated: int = SCALING_GENERATED) -> dict:
+                generated: int = SCALING_GENERATED, repeats: int = 1) -> dict:
     """Cost per generated token against prompt length and against generated length.
 
-    Lengths whose prompt + output would exceed the target's ``context_length`` are skipped.
-    Returns ``{"block_size", "note", "context": [...], "generated": {"plain": [...],
+    Each point is the median of ``repeats`` runs, plain and DFlash + tape alternating.
+    A length whose prompt + output would exceed the target's ``context_length`` is cut to fit
+    (4096 becomes 4064 for a 4096-token model with 32 new tokens).
+    Returns ``{"block_size", "note", "repeats", "context": [...], "generated": {"plain": [...],
     "dflash": [...]}}``; costs in ms per generated token (prefill excluded).
     """
-    ctx = []
     modes = [Mode("plain", "plain"), Mode(f"dflash+tape@{block}", "dflash", "tape", block)]
+
+    def key(m: Mode) -> str:
+        return "plain" if m.mode == "plain" else "dflash"
+
+    ctx = []
+    done: set[int] = set()
     for n in lengths:
-        if n + max_tokens > target.context_length:
+        n = min(n, target.context_length - max_tokens)  # the longest fits the context
+        if n < 16 or n in done:
             continue
+        done.add(n)
         ids = _exact_length_prompt(target, n)
+        runs: dict[str, list] = {"plain": [], "dflash": []}
+        for _ in range(repeats):
+            for m in modes:
+                runs[key(m)].append(run_one(target, drafter, ids, m, max_tokens).summary)
         row: dict[str, Any] = {"prompt_tokens": len(ids)}
-        for m in modes:
-            r = run_one(target, drafter, ids, m, max_tokens)
-            key = "plain" if m.mode == "plain" else "dflash"
-            tps = r.summary.tok_per_s
-            row[f"{key}_ms_per_token"] = 1000 / tps if tps > 0 else None
-            row[f"{key}_prefill_s"] = r.summary.ttft_s
-            if key == "dflash":
-                row["dflash_tau"] = r.summary.tau
+        for k, ss in runs.items():
+            tps = _median([s.tok_per_s for s in ss if s.tok_per_s > 0])
+            row[f"{k}_ms_per_token"] = 1000 / tps if tps else None
+            row[f"{k}_prefill_s"] = _median([s.ttft_s for s in ss])
+        row["dflash_tau"] = _median([s.tau for s in runs["dflash"]])
         ctx.append(row)
-    gen: dict[str, list] = {}
     ids = _exact_length_prompt(target, 128)
     gen_tokens = min(generated, max(1, target.context_length - len(ids)))
-    for m in modes:
-        r = run_one(target, drafter, ids, m, gen_tokens)
-        key = "plain" if m.mode == "plain" else "dflash"
-        gen[key] = [{"generated": e, "ms_per_token": c}
-                    for e, c in _window_costs(r.token_times, SCALING_WINDOW)]
-    return {"block_size": block, "note": TAU_NOTE, "context": ctx, "generated": gen}
+    windows: dict[str, list] = {"plain": [], "dflash": []}
+    for _ in range(repeats):
+        for m in modes:
+            r = run_one(target, drafter, ids, m, gen_tokens)
+            windows[key(m)].append(_window_costs(r.token_times, SCALING_WINDOW))
+    gen: dict[str, list] = {}
+    for k, per_run in windows.items():
+        n_win = min(len(w) for w in per_run) if per_run else 0
+        gen[k] = [{"generated": per_run[0][i][0],
+                   "ms_per_token": _median([w[i][1] for w in per_run])} for i in range(n_win)]
+    return {"block_size": block, "note": TAU_NOTE, "repeats": repeats, "context": ctx,
+            "generated": gen}
 
 
 # ------------------------------------------------------------------------------ report
@@ -740,7 +755,7 @@ def run_bench(args) -> int:
     if args.scaling:
         if not args.json:
             _err("scaling: cost per token against prompt and generated length ...")
-        result["scaling"] = run_scaling(target, drafter, max(blocks))
+        result["scaling"] = run_scaling(target, drafter, max(blocks), repeats=args.repeats)
     result["goals"] = goals(result)
     result["header"]["wall_s"] = round(time.perf_counter() - t0, 1)
     out = args.out
