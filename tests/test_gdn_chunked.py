@@ -329,3 +329,37 @@ def test_update_wrapper_single_step_is_mlx_lm_bitwise():
     y, s = chunked_gated_delta_update(*args, None)
     np.testing.assert_array_equal(np.array(y), np.array(y_ref))
     np.testing.assert_array_equal(np.array(s), np.array(s_ref))
+
+
+def test_drop_in_for_a_qwen3_5_model(monkeypatch):
+    """A tiny random qwen3_5 model gives the same logits and recurrent states when its GDN
+    layers call chunked_gated_delta_update instead of mlx-lm's gated_delta_update."""
+    from mlx_lm.models import qwen3_5
+
+    from app.engine.tiny import target_config
+
+    mx.random.seed(53)
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(target_config("qwen3_5", 97, 0)))
+    tokens = mx.random.randint(0, 97, (1, 21))
+
+    def run():
+        cache = model.make_cache()
+        first = model(tokens[:, :13], cache=cache)  # prefill: one chunk of 8 plus 5
+        second = model(tokens[:, 13:], cache=cache)  # an 8-token block on top
+        states = [c[1] for c in cache if isinstance(c, qwen3_5.ArraysCache)]
+        return mx.concatenate([first, second], axis=1), states
+
+    logits_ref, states_ref = run()
+    calls = []
+
+    def chunked_update(*args, **kwargs):
+        calls.append(args[0].shape[1])
+        return chunked_gated_delta_update(*args, chunk_size=8, **kwargs)
+
+    monkeypatch.setattr(qwen3_5, "gated_delta_update", chunked_update)
+    logits, states = run()
+    assert calls == [13] * 4 + [8] * 4  # 4 GDN layers, two passes
+    assert len(states) == 4
+    assert_close(logits, logits_ref, "logits")
+    for s, s_ref in zip(states, states_ref):
+        assert_close(s, s_ref, "layer state")
