@@ -127,3 +127,12 @@ def test_python_m_app_reexecs_once_with_openblas(tmp_path):
                          text=True, env=env, cwd=REPO, timeout=120)
     assert "BLAS: reference BLAS" in res.stdout
     assert res.stderr.count("warning: MLX is using a reference BLAS") == 1
+
+
+def test_warning_check_does_not_import_mlx():
+    code = ("import io, sys; from app.engine import blas; blas.warn_if_slow_blas(io.StringIO()); "
+            "info = blas.blas_in_use(); print('mlx.core' in sys.modules, info.loaded)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False", "False"]  # the GUI process may call it
