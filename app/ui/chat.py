@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -250,7 +251,7 @@ class Composer(QWidget):
         self.mode_group.addButton(self.plain_btn)
         self.mode_group.addButton(self.dflash_btn)
         self.dflash_btn.setChecked(True)
-        self.colour_box = QCheckBox("Colour drafter tokens")
+        self.colour_box = QCheckBox("Colour drafts")
         self.colour_box.setToolTip("Tint tokens the drafter proposed and the target accepted.")
         self.colour_box.setAccessibleName("Colour drafter tokens")
         self.send_btn = QPushButton("Send")
@@ -267,6 +268,7 @@ class Composer(QWidget):
         self.compare_btn.setAccessibleName("Compare plain and DFlash")
         self.note = QLabel("")
         self.note.setObjectName("figureName")
+        self.note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         row.setSpacing(6)
         seg = QHBoxLayout()

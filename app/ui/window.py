@@ -378,6 +378,7 @@ class MainWindow(QMainWindow):
         if info.note:
             self.show_banner(info.note)
         self._on_memory(info.memory_bytes)
+        self.update_settings_note()
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
@@ -439,8 +440,22 @@ class MainWindow(QMainWindow):
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
             if conv else None
         self.show_message_details(last)
+        self.update_settings_note()
         if conv is not None:
             self.qs.setValue("last_conversation", conv.id)
+
+    def update_settings_note(self) -> None:
+        """The composer's one-line summary of the settings a reply will use."""
+        v = self.current_settings()
+        block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
+        temp = v.get("temperature", 0.0)
+        parts = [f"block {block}" if block else "block: drafter's", v.get("rollback", "tape"),
+                 "greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
+        if not v.get("thinking", True):
+            parts.append("no thinking")
+        self.composer.note.setText(" · ".join(parts))
+        self.composer.note.setToolTip("Settings for the next reply: " + ", ".join(parts)
+                                      + " (File › Settings…)")
 
     def _on_conv_selected(self, item: QListWidgetItem | None, _prev=None) -> None:
         if item is None or self.busy:
@@ -554,6 +569,7 @@ class MainWindow(QMainWindow):
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
+        self.update_settings_note()
 
     # ------------------------------------------------------------------ generation
     def send(self, text: str) -> bool:
