@@ -712,3 +712,37 @@ def test_palette_follows_system_scheme_and_layout_is_restored(qtbot, qs, monkeyp
         assert win2.split.sizes()[2] == kept[2] != 380
     finally:
         close_window(win2)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs_dense(tmp_path_factory):
+    from app.engine.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("ui_tiny_dense"), "qwen3", seed=1,
+                           block_size=8)
+
+
+def test_switching_models_twice_while_generating(qtbot, engine_window, tiny_dirs,
+                                                 tiny_dirs_dense):
+    win = engine_window
+    backend = win.workers.worker.backend
+    win.defaults["max_tokens"] = 400
+    win.composer.set_mode("dflash")
+    assert win.send(PROMPT)
+    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].tokens >= 2,
+                    timeout=30_000)
+    reply = win.conv.messages[-1]
+    loaded = []
+    win.modelLoaded.connect(loaded.append)
+    win.load_model(str(tiny_dirs_dense[0]), str(tiny_dirs_dense[1]))
+    win.load_model(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    qtbot.waitUntil(lambda: len(loaded) == 2, timeout=120_000)
+    assert not win.busy
+    assert reply.version.stopped and len(reply.version.result.tokens) < 400
+    assert [i.model_type for i in loaded] == ["qwen3", "qwen3_5"]
+    assert win.model.target_path == str(tiny_dirs[0])
+    assert str(backend.target.path) == str(tiny_dirs[0])
+    assert str(backend.drafter.path) == str(tiny_dirs[1])
+    win.defaults["max_tokens"] = 6
+    msg = send_and_wait(qtbot, win, "And again?", mode="dflash")
+    assert len(msg.version.result.tokens) == 6

@@ -378,13 +378,17 @@ class MainWindow(QMainWindow):
         if info.note:
             self.show_banner(info.note)
         self._on_memory(info.memory_bytes)
+        if info.memory_before_bytes or info.memory_bytes:
+            self.statusBar().showMessage(
+                f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
+                f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
         self.update_settings_note()
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
         self.progress.hide()
-        self.model_label.setText(
-            f"Target: {self.model.target_name}" if self.model else "No model loaded")
+        self.model = None  # the worker dropped the previous pair before loading
+        self.model_label.setText("No model loaded")
         self.show_banner(f"Could not load the model: {message}")
         self.loadFailed.emit(message)
 

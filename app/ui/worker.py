@@ -141,6 +141,7 @@ class ModelInfo:
     card: str = ""
     device: str = ""
     dflash_sampling: bool = True
+    memory_before_bytes: int = 0
 
 
 # --------------------------------------------------------------------------- backends
@@ -179,11 +180,16 @@ class EngineBackend:
     def load(self, target: str, drafter: str | None) -> ModelInfo:
         """Load ``target`` (and ``drafter`` when given) and check they fit.
 
-        Raises the engine's typed errors (:class:`ModelNotFoundError`, :class:`ModelLoadError`,
-        :class:`PairMismatchError`, ...); the previous pair stays loaded on failure.
+        The previous pair is dropped first and MLX's buffer cache cleared (issue 9: switching
+        must not hold two models in memory); ``ModelInfo.memory_before_bytes`` is MLX's active
+        memory before that. Raises the engine's typed errors (:class:`ModelNotFoundError`,
+        :class:`ModelLoadError`, :class:`PairMismatchError`, ...); nothing is loaded then.
         """
         assert_not_gui_thread("load_target")
         from app.engine import loader
+
+        before = self.memory_bytes()
+        self.unload()
 
         note = ""
         if target == TINY_PAIR:
@@ -199,7 +205,6 @@ class EngineBackend:
         if drafter:
             new_drafter = loader.load_drafter(drafter)
             loader.check_pair(new_target, new_drafter)
-        self.unload()
         self.target, self.drafter = new_target, new_drafter
         if "vision_config" in (getattr(new_target, "config", None) or {}):
             note = (note + " " if note else "") + ("This is a multimodal checkpoint: it is "
@@ -227,6 +232,7 @@ class EngineBackend:
             device=_mlx_device(),
             note=note,
             dflash_sampling=_dflash_sampling(),
+            memory_before_bytes=before,
         )
 
     def unload(self) -> None:
