@@ -78,7 +78,7 @@ _bench:
 
 app: $(STAMP)
 	$(PY) -m pip install -q -e ".[$(EXTRAS),app]"
-	$(RUN_ENV) $(PY) -m PyInstaller --noconfirm --clean --distpath dist --workpath build packaging/dflash_chat.spec
+	$(PY) -m PyInstaller --noconfirm --clean --distpath dist --workpath build packaging/dflash_chat.spec
 	@if [ "$(UNAME)" = Darwin ]; then echo "Built dist/DFlash Chat.app (unsigned; packaging/build_macos.sh signs, notarizes and makes a DMG: docs/packaging.md)"; \
 	else echo "Built dist/DFlash Chat/dflash-chat (one-folder bundle; docs/packaging.md)"; fi
 

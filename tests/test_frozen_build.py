@@ -36,6 +36,8 @@ import make_icon  # noqa: E402
 # ---------------------------------------------------------------------------------------------
 # Fast checks (no build)
 # ---------------------------------------------------------------------------------------------
+# Icon tests take pytest-qt's ``qapp`` so that make_icon reuses that QApplication instead of
+# creating a QGuiApplication, which would break later widget tests in the same session.
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -45,7 +47,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_icon_source_is_square_1024_with_transparent_corners():
+def test_icon_source_is_square_1024_with_transparent_corners(qapp):
     from PySide6.QtGui import QImage
 
     image = QImage(str(make_icon.SOURCE_PNG))
@@ -57,7 +59,7 @@ def test_icon_source_is_square_1024_with_transparent_corners():
     assert (centre.red(), centre.green(), centre.blue()) == (255, 255, 255)
 
 
-def test_iconset_has_every_apple_size(tmp_path):
+def test_iconset_has_every_apple_size(tmp_path, qapp):
     written = make_icon.write_iconset(tmp_path / "x.iconset")
     sizes = {p.name: _png_size(p.read_bytes()) for p in written}
     assert sizes["icon_16x16.png"] == (16, 16)
@@ -68,7 +70,7 @@ def test_iconset_has_every_apple_size(tmp_path):
     assert len(sizes) == 10
 
 
-def test_icns_container_lists_png_entries_with_consistent_lengths(tmp_path):
+def test_icns_container_lists_png_entries_with_consistent_lengths(tmp_path, qapp):
     out = make_icon.write_icns(tmp_path / "a.icns", use_iconutil=False)
     data = out.read_bytes()
     assert data[:4] == b"icns"
@@ -87,7 +89,7 @@ def test_icns_container_lists_png_entries_with_consistent_lengths(tmp_path):
     assert entries[b"ic14"] == (512, 512)
 
 
-def test_icon_rejects_bad_sizes_and_sources(tmp_path):
+def test_icon_rejects_bad_sizes_and_sources(tmp_path, qapp):
     with pytest.raises(ValueError, match="at least 16"):
         make_icon.render_icon(8)
     bad = tmp_path / "bad.png"
@@ -150,7 +152,7 @@ class _Recorder:
         return type("Built", (), {"pure": [], "scripts": [], "binaries": [], "datas": []})()
 
 
-def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch):
+def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch, qapp):
     """Run the spec as PyInstaller would, with sys.platform "darwin" and recording stand-ins
     for Analysis/EXE/COLLECT/BUNDLE: the macOS branch (never run on this Linux CI) must make
     a BUNDLE with the Info.plist keys, a valid .icns, and the hidden imports and data."""
@@ -221,6 +223,15 @@ def _frozen_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _build_env() -> dict[str, str]:
+    """The PyInstaller run's environment: offscreen Qt, and no BLAS preload (``make test``
+    preloads OpenBLAS; ``ldd`` would then list it for every library, and the bundle must not
+    depend on what this machine preloads)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "DFLASH_BLAS_PRELOADED")}
+    env["QT_QPA_PLATFORM"] = "offscreen"
+    return env
+
+
 @pytest.fixture(scope="session")
 def frozen(tmp_path_factory):
     """Build the one-folder bundle once; returns (executable, bundle folder, scratch dir).
@@ -248,7 +259,7 @@ def frozen(tmp_path_factory):
             str(SPEC),
         ],
         cwd=tmp,
-        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        env=_build_env(),
         capture_output=True,
         text=True,
         timeout=1800,
