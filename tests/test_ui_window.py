@@ -746,3 +746,28 @@ def test_switching_models_twice_while_generating(qtbot, engine_window, tiny_dirs
     win.defaults["max_tokens"] = 6
     msg = send_and_wait(qtbot, win, "And again?", mode="dflash")
     assert len(msg.version.result.tokens) == 6
+
+
+def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
+    backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.003)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.composer.set_mode("dflash")
+        assert win.send(PROMPT)
+        sb = win.chat.verticalScrollBar()
+        qtbot.waitUntil(lambda: sb.maximum() > 200, timeout=20_000)
+        assert sb.value() == sb.maximum()  # following
+        sb.setValue(10)  # the user scrolls up
+        grown = sb.maximum()
+        qtbot.waitUntil(lambda: sb.maximum() > grown + 100, timeout=20_000)
+        assert sb.value() == 10 and not win.chat.follow
+        sb.setValue(sb.maximum())  # back to the bottom: following again
+        grown = sb.maximum()
+        qtbot.waitUntil(lambda: sb.maximum() > grown + 100, timeout=20_000)
+        assert win.chat.follow and sb.value() == sb.maximum()
+        with qtbot.waitSignal(win.replyFinished, timeout=20_000):
+            win.stop()
+    finally:
+        close_window(win)

@@ -89,6 +89,7 @@ class ChatView(QTextBrowser):
         self.palette_colours: dict = {}
         self.colour_drafts = False
         self.follow = True
+        self._editing = False
         self._stream_pos: int | None = None
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
@@ -99,11 +100,25 @@ class ChatView(QTextBrowser):
         return sb.value() >= sb.maximum() - 4
 
     def _on_scroll(self, _value: int) -> None:
-        self.follow = self._at_bottom()
+        if not self._editing:
+            self.follow = self._at_bottom()
 
     def _on_range(self, _lo: int, hi: int) -> None:
-        if self.follow:
+        if self.follow and not self._editing:
             self.verticalScrollBar().setValue(hi)
+
+    def _begin_edit(self) -> tuple[bool, int]:
+        """Freeze scroll tracking while the document is rebuilt (it may shrink to nothing for
+        a moment, which would look like "scrolled to the bottom")."""
+        self._editing = True
+        return self.follow, self.verticalScrollBar().value()
+
+    def _end_edit(self, state: tuple[bool, int]) -> None:
+        follow, value = state
+        sb = self.verticalScrollBar()
+        sb.setValue(sb.maximum() if follow else min(value, sb.maximum()))
+        self.follow = follow
+        self._editing = False
 
     def _on_anchor(self, url: QUrl) -> None:
         link = url.toString()
@@ -135,6 +150,7 @@ class ChatView(QTextBrowser):
             elif m.role == "assistant":
                 out.append(self._assistant_html(i, m, i == last_assistant, streaming))
         out.append("</div>")
+        state = self._begin_edit()
         self.setHtml("".join(out))
         self._stream_pos = None
         self._base_codes = list(self.codes)
@@ -145,8 +161,7 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End)
             cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._stream_pos = cur.position()
-        if self.follow:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+        self._end_edit(state)
 
     def _assistant_html(self, i: int, m: Message, is_last: bool, streaming: bool) -> str:
         c = self.palette_colours
@@ -199,7 +214,7 @@ class ChatView(QTextBrowser):
         so a tick costs the same however long the reply grows."""
         if self._stream_pos is None or len(text) == self._stream_len:
             return
-        follow = self.follow
+        state = self._begin_edit()
         cur = QTextCursor(self.document())
         if len(text) <= STREAM_MARKDOWN_CHARS and not self._stream_plain:
             cur.setPosition(self._stream_pos)
@@ -214,8 +229,7 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End)
             cur.insertText(text[self._stream_len:], QTextCharFormat())
         self._stream_len = len(text)
-        if follow:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+        self._end_edit(state)
 
 
 class Composer(QWidget):
