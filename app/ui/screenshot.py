@@ -35,6 +35,7 @@ class ScriptedBackend:
         self.turn = 0
 
     def load(self, target, drafter):
+        """A made-up pair description."""
         from app.ui.worker import ModelInfo
 
         return ModelInfo(target_name="demo-target (scripted)", target_path=target,
@@ -43,15 +44,18 @@ class ScriptedBackend:
                          memory_bytes=412 * 2**20)
 
     def unload(self):
-        pass
+        """Nothing to drop."""
 
     def memory_bytes(self):
+        """A made-up figure (412 MiB)."""
         return 412 * 2**20
 
     def pieces(self, tokens):
+        """Placeholder token texts."""
         return ["x"] * len(tokens)
 
     def reply(self, messages, settings, cancel):
+        """The next scripted turn's events."""
         return self._events(settings, cancel)
 
     def _events(self, settings, cancel):

@@ -83,23 +83,31 @@ class Conversation:
 class ConversationStore(Protocol):
     """What the window needs from storage."""
 
-    def list(self) -> list[Conversation]: ...
+    def list(self) -> list[Conversation]:
+        """Conversations, most recently updated first (messages may be left unloaded)."""
 
-    def new(self, title: str = "New chat") -> Conversation: ...
+    def new(self, title: str = "New chat") -> Conversation:
+        """Create an empty conversation."""
 
-    def get(self, conv_id: int) -> Conversation | None: ...
+    def get(self, conv_id: int) -> Conversation | None:
+        """A conversation with its messages, or None."""
 
-    def save(self, conv: Conversation) -> None: ...
+    def save(self, conv: Conversation) -> None:
+        """Store what changed in ``conv`` (new messages, finished versions, choices)."""
 
-    def delete(self, conv_id: int) -> None: ...
+    def delete(self, conv_id: int) -> None:
+        """Delete a conversation."""
 
     def begin_reply(self, conv: Conversation, msg: Message, keys: list[str],
-                    settings: dict) -> None: ...
+                    settings: dict) -> None:
+        """A reply (or both sides of a Compare turn, ``keys``) starts generating."""
 
     def progress(self, msg: Message, key: str, content: str, reasoning: str,
-                 tokens: list[int], from_draft: list[bool]) -> None: ...
+                 tokens: list[int], from_draft: list[bool]) -> None:
+        """The reply ``key`` grew (whole values; the store may throttle writes)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and release the store."""
 
 
 class MemoryStore:

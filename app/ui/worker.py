@@ -148,17 +148,23 @@ class ModelInfo:
 class Backend(Protocol):
     """What the worker needs from the engine side (all calls happen on the worker thread)."""
 
-    def load(self, target: str, drafter: str | None) -> ModelInfo: ...
+    def load(self, target: str, drafter: str | None) -> ModelInfo:
+        """Load a pair; raises :class:`EngineError` subclasses with user-facing messages."""
 
-    def unload(self) -> None: ...
+    def unload(self) -> None:
+        """Drop the loaded pair."""
 
     def reply(
         self, messages: list[dict], settings: dict, cancel: threading.Event
-    ) -> Iterator[Any]: ...
+    ) -> Iterator[Any]:
+        """Events of one reply (engine and ``app.chat.reply`` events); stops soon after
+        ``cancel`` is set."""
 
-    def pieces(self, tokens: list[int]) -> list[str]: ...
+    def pieces(self, tokens: list[int]) -> list[str]:
+        """Text of each token (same length as ``tokens``)."""
 
-    def memory_bytes(self) -> int: ...
+    def memory_bytes(self) -> int:
+        """MLX active memory in bytes (0 when unknown)."""
 
 
 def _dict_of(obj: Any) -> dict:
