@@ -78,3 +78,18 @@ def test_hybrid_tape_reports_replays_and_costs_less_than_replay(tiny_hybrid):
     assert tape.tokens == replay.tokens
     assert tape.summary.replays > 0 and tape.summary.replays == replay.summary.replays
     assert [c.replayed for c in tape.cycles] == [c.accepted < c.drafted for c in tape.cycles]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_parity_with_and_without_the_chunked_verify(tiny_hybrid, chunked):
+    """The chunked GDN verify (default off Apple GPUs) and the step-loop verify (what Metal's
+    kernel computes) both keep greedy DFlash equal to plain."""
+    target, drafter = tiny_hybrid
+    ids = prompt_ids(target)
+    plain = run(target, ids, mode="plain", max_tokens=48).tokens
+    reference = run(target, ids, mode="plain", max_tokens=64).tokens
+    oracle = OracleDrafter(reference, len(ids), target.vocab_size, 8, [1, 3])
+    for d in (oracle, drafter):
+        spec = run(target, ids, d, mode="dflash", max_tokens=48, block_size=8,
+                   chunked_verify=chunked)
+        assert_same_or_near_tie(target, ids, plain, spec.tokens)

@@ -55,6 +55,10 @@ class GenerationConfig:
         repetition_context_size: tokens the penalty looks back over (mlx-lm's default 20).
         seed: seeds ``mx.random`` at the start for a reproducible sampled run.
         prefill_step: prompt tokens per prefill chunk (both paths use the same chunks).
+        chunked_verify: verify passes run the Gated DeltaNet recurrence in the chunked form
+            (None: on where mlx-lm's Metal kernel does not run). The carried recurrent state is
+            always recomputed with the reference recurrence, so only verify logits can differ
+            from plain decoding, by float32 rounding.
     """
 
     mode: Literal["plain", "dflash"] = "plain"
@@ -69,6 +73,7 @@ class GenerationConfig:
     repetition_context_size: int = 20
     seed: int | None = None
     prefill_step: int = 512
+    chunked_verify: bool | None = None
 
     @property
     def greedy(self) -> bool:
@@ -231,7 +236,7 @@ def generate(
         raise GenerationError(
             f"block size {block} is outside 1..{drafter.config.block_size} for this drafter"
         )
-    runner = TargetRunner(target.model, target.model_type)
+    runner = TargetRunner(target.model, target.model_type, config.chunked_verify)
     return Generation(
         lambda cancel: _clear_on_error(
             _dflash_body(
@@ -372,7 +377,12 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             # Roll back to prefix + accepted + 1 positions
             n = accepted + 1
             replayed = False
-            if n < L:
+            if n == L and runner.chunked_verify:
+                # the chunked verify's state is only near-exact: carry the reference one
+                for tape in tapes:
+                    tape.rollback(n)
+                mx.eval(_cache_arrays(cache))
+            elif n < L:
                 if runner.hybrid:
                     replayed = True
                     if config.rollback == "tape":

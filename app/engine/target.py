@@ -26,6 +26,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from app.engine.errors import UnsupportedArchitectureError
+from app.engine.gdn_chunked import chunked_gated_delta_update
 
 #: model_type values whose layer structure this module knows (taps and rollback).
 TAP_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"}
@@ -100,7 +101,12 @@ def _gdn_project(attn: nn.Module, x: mx.array):
 
 
 def gdn_forward(
-    attn: nn.Module, x: mx.array, mask, cache: ArraysCache, tapes: list[GDNTape] | None
+    attn: nn.Module,
+    x: mx.array,
+    mask,
+    cache: ArraysCache,
+    tapes: list[GDNTape] | None,
+    chunked: bool = False,
 ) -> mx.array:
     """mlx-lm 0.32.2's ``GatedDeltaNet.__call__`` (qwen3_5 / qwen3_next), recording a tape.
 
@@ -110,6 +116,10 @@ def gdn_forward(
         mask: the SSM mask from ``create_ssm_mask`` (None for unpadded batch 1).
         cache: the layer's ``ArraysCache(size=2)``: ``[conv_state, recurrent_state]``.
         tapes: when a list, a :class:`GDNTape` for this call is appended to it.
+        chunked: compute the recurrence with the chunked (parallel-in-time) form
+            (:mod:`app.engine.gdn_chunked`): the outputs agree with the step loop to float32
+            rounding; the caller must re-run the reference recurrence (``GDNTape.rollback``)
+            before the state is used again, so carried states stay exact.
 
     Returns:
         ``(B, S, hidden)`` layer output; the cache is updated as mlx-lm would update it.
@@ -135,7 +145,8 @@ def gdn_forward(
     ]
     state_before = cache[1]
     q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
-    out, state = gated_delta_update(
+    update = chunked_gated_delta_update if chunked else gated_delta_update
+    out, state = update(
         q, k, v, a, b, attn.A_log, attn.dt_bias, state_before, mask, use_kernel=not attn.training
     )
     cache[1] = state
@@ -153,9 +164,11 @@ class TargetRunner:
         model: an mlx-lm model (``qwen3_5``, ``qwen3_5_moe``, ``qwen3_next``, ``qwen3``,
             ``llama``; other families raise :class:`UnsupportedArchitectureError`).
         model_type: the config's ``model_type``.
+        chunked_verify: run verify passes' GDN recurrence in the chunked form (default: on
+            where mlx-lm's Metal kernel does not run, i.e. off Apple GPUs).
     """
 
-    def __init__(self, model: nn.Module, model_type: str):
+    def __init__(self, model: nn.Module, model_type: str, chunked_verify: bool | None = None):
         if model_type not in TAP_FAMILIES:
             raise UnsupportedArchitectureError(
                 f"DFlash needs tap capture, which this app implements for "
@@ -173,6 +186,9 @@ class TargetRunner:
             head_owner, "lm_head"
         )
         self._head_owner = head_owner
+        if chunked_verify is None:
+            chunked_verify = not (mx.metal.is_available() and mx.default_device() == mx.gpu)
+        self.chunked_verify = bool(chunked_verify) and self.hybrid
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -211,7 +227,9 @@ class TargetRunner:
 
         Args:
             taps: 0-based layer ids whose outputs to return, concatenated on the last axis.
-            tapes: a list that receives one :class:`GDNTape` per GDN layer.
+            tapes: a list that receives one :class:`GDNTape` per GDN layer (a verify pass: with
+                ``chunked_verify`` its recurrence runs chunked, and the caller re-runs the
+                reference recurrence over the kept positions afterwards).
             all_logits: False computes logits for the last position only.
 
         Returns:
@@ -227,7 +245,10 @@ class TargetRunner:
         captured: dict[int, mx.array] = {}
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
             if self.linear[i]:
-                r = gdn_forward(layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, tapes)
+                r = gdn_forward(
+                    layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, tapes,
+                    chunked=self.chunked_verify and tapes is not None,
+                )
                 h = h + r
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             else:

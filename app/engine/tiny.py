@@ -188,14 +188,13 @@ def build_tiny_pair(
         sliding: give the drafter one ``sliding_attention`` layer.
         weight_scale: multiplies the target's random weights (larger -> peakier logits).
     """
+    import hashlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
 
     from app.engine.drafter import DFlashDrafter, DrafterConfig
-
-    import hashlib
-
     from app.paths import resource_path
 
     root = Path(root)
