@@ -90,6 +90,7 @@ class ChatView(QTextBrowser):
         self.colour_drafts = False
         self.follow = True
         self._editing = False
+        self._stream_text = ""
         self._stream_pos: int | None = None
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
@@ -155,6 +156,7 @@ class ChatView(QTextBrowser):
         self._stream_pos = None
         self._base_codes = list(self.codes)
         self._stream_len = 0
+        self._stream_text = ""
         self._stream_plain = False
         if streaming:
             cur = QTextCursor(self.document())
@@ -212,7 +214,7 @@ class ChatView(QTextBrowser):
         Up to :data:`STREAM_MARKDOWN_CHARS` characters the streamed part is re-rendered as
         Markdown each tick; past that only the new characters are appended as plain text,
         so a tick costs the same however long the reply grows."""
-        if self._stream_pos is None or len(text) == self._stream_len:
+        if self._stream_pos is None or text == self._stream_text:
             return
         state = self._begin_edit()
         cur = QTextCursor(self.document())
@@ -229,6 +231,7 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End)
             cur.insertText(text[self._stream_len:], QTextCharFormat())
         self._stream_len = len(text)
+        self._stream_text = text
         self._end_edit(state)
 
 

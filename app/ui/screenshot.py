@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         theme.system_is_dark = lambda: True
     tmp = tempfile.mkdtemp()
     qs = QSettings(str(Path(tmp) / "s.ini"), QSettings.IniFormat)
-    qs.setValue("generation/use_tools", bool(args.model is None))
+    qs.setValue("generation/use_tools", True)
     backend = None if args.model else ScriptedBackend()
     win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
     w, h = (int(v) for v in args.size.split("x"))

@@ -689,7 +689,6 @@ class MainWindow(QMainWindow):
         if run is None or not self._pending:
             return
         batch, self._pending = self._pending, []
-        streamed = []
         details_changed = False
         for ev in batch:
             tag = ev.tag if ev.tag in run["stats"] else run["tags"][0]
@@ -707,8 +706,6 @@ class MainWindow(QMainWindow):
                 stats.on_cycle(ev.data)
             elif k == "content":
                 run["text"][tag] += ev.data
-                if tag == "":
-                    streamed.append(ev.data)
             elif k == "reasoning":
                 run["reasoning"][tag] += ev.data
                 cur = self.reasoning.textCursor()
@@ -739,8 +736,11 @@ class MainWindow(QMainWindow):
                 self.show_banner(ev.data)
             elif k == "done":
                 self._finish_side(tag, ev.data)
-        if streamed:
-            self.chat.set_stream(run["text"][""])
+        if "" in run["text"]:
+            shown = run["text"][""]
+            if not shown and run["reasoning"][""]:
+                shown = "*Thinking… (the reasoning pane shows it live)*"
+            self.chat.set_stream(shown)
         if run["tags"] != [""]:
             cur_tag = run["current"]
             if cur_tag not in run["results"]:
