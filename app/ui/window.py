@@ -13,7 +13,14 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, QEventLoop, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QTextCursor
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -25,6 +32,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
@@ -91,6 +99,10 @@ class MainWindow(QMainWindow):
         forbid_engine_on_current_thread()
         self.setWindowTitle(APP_NAME)
         self.setAccessibleName(APP_NAME)
+        self.log_path: Path | None = None
+        icon = Path(__file__).resolve().parents[2] / "packaging" / "icon" / "dflash_chat.png"
+        if icon.is_file():  # a checkout; the frozen app gets its icon from the bundle
+            self.setWindowIcon(QIcon(str(icon)))
         self.qs = qsettings or QSettings()
         self.store: ConversationStore = store or MemoryStore()
         self.defaults = settings_mod.load_defaults(self.qs)
@@ -136,6 +148,8 @@ class MainWindow(QMainWindow):
         self.conv_list.setAccessibleName("Conversations")
         self.conv_list.currentItemChanged.connect(self._on_conv_selected)
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
         self.conv_list.setTextElideMode(Qt.ElideRight)
         new_btn = QPushButton(st.standardIcon(QStyle.SP_FileDialogNewFolder), " New chat")
         new_btn.setAccessibleName("New chat")
@@ -477,6 +491,22 @@ class MainWindow(QMainWindow):
             self.store.delete(self.conv.id)
             convs = self.store.list()
             self.select_conversation(self.store.get(convs[0].id) if convs else None)
+
+    def _conv_menu(self, pos) -> None:
+        item = self.conv_list.itemAt(pos)
+        if item is None or self.busy:
+            return
+        conv = self.store.get(item.data(Qt.UserRole))
+        if conv is None:
+            return
+        if conv is not self.conv:
+            self.select_conversation(conv)
+        menu = QMenu(self)
+        menu.addAction("Rename…", self.rename_chat)
+        menu.addAction("Export…", self.export_chat)
+        menu.addSeparator()
+        menu.addAction("Delete…", self.delete_chat)
+        menu.exec(self.conv_list.viewport().mapToGlobal(pos))
 
     def rename_chat(self) -> None:
         """Ask for a new title for the shown conversation."""
@@ -865,6 +895,7 @@ class MainWindow(QMainWindow):
             "target": m.target_path if m else "none",
             "drafter": (m.drafter_path or "none") if m else "none",
             "MLX memory (bytes)": self.memory_bytes,
+            "log file": str(self.log_path) if self.log_path else "none",
         }
 
     def show_about(self) -> None:
