@@ -62,18 +62,25 @@ def versions() -> dict[str, str]:
 
 
 def blas_in_use() -> str:
-    """The BLAS library MLX uses on this machine, as far as the environment says."""
-    pre = os.environ.get("DFLASH_BLAS_PRELOADED") or os.environ.get("LD_PRELOAD")
+    """The BLAS library MLX uses, as ``app.engine.blas`` sees it without importing MLX (the
+    worker reports the loaded one after a model loads)."""
     if sys.platform == "darwin":
         return "Accelerate (Apple)"
-    return pre or "the mlx-cpu wheel's bundled reference BLAS"
+    try:
+        from app.engine.blas import blas_description
+
+        return blas_description(load_mlx=False)
+    except Exception:  # the module is optional for the window
+        pre = os.environ.get("DFLASH_BLAS_PRELOADED") or os.environ.get("LD_PRELOAD")
+        return pre or "the mlx-cpu wheel's bundled reference BLAS"
 
 
 def debug_info(extra: dict | None = None) -> str:
     """Plain-text debug report: versions, MLX device, BLAS, model paths (``extra``)."""
+    extra = dict(extra or {})
     lines = [f"{k}: {v}" for k, v in versions().items()]
-    lines.append(f"BLAS: {blas_in_use()}")
-    for k, v in (extra or {}).items():
+    lines.append(f"BLAS: {extra.pop('BLAS', None) or blas_in_use()}")
+    for k, v in extra.items():
         lines.append(f"{k}: {v}")
     return "\n".join(lines)
 

@@ -896,6 +896,7 @@ class MainWindow(QMainWindow):
             "drafter": (m.drafter_path or "none") if m else "none",
             "MLX memory (bytes)": self.memory_bytes,
             "log file": str(self.log_path) if self.log_path else "none",
+            "BLAS": m.blas if m and m.blas else None,
         }
 
     def show_about(self) -> None:

@@ -142,6 +142,7 @@ class ModelInfo:
     device: str = ""
     dflash_sampling: bool = True
     memory_before_bytes: int = 0
+    blas: str = ""
 
 
 # --------------------------------------------------------------------------- backends
@@ -239,6 +240,7 @@ class EngineBackend:
             note=note,
             dflash_sampling=_dflash_sampling(),
             memory_before_bytes=before,
+            blas=_blas(),
         )
 
     def unload(self) -> None:
@@ -355,6 +357,15 @@ class EngineBackend:
 def _prepend(first: Any, rest: Iterator) -> Iterator:
     yield first
     yield from rest
+
+
+def _blas() -> str:
+    try:
+        from app.engine.blas import blas_description
+
+        return blas_description(load_mlx=True)
+    except Exception:
+        return ""
 
 
 def _dflash_sampling() -> bool:
