@@ -325,6 +325,8 @@ def test_frozen_bundle_contents(frozen):
     assert len(stubs) > 100
     for stub in stubs:
         assert sorted(f.name for f in stub.iterdir()) == ["__init__.py"], stub.name
+    assert (internal / "PySide6" / "Qt" / "plugins" / "platforms").is_dir()
+    assert not (internal / "PySide6" / "Qt" / "translations").exists()
     for name in ("torch", "matplotlib", "PIL", "pytest"):
         assert not (internal / name).exists(), f"{name} should not be bundled"
 
