@@ -771,3 +771,31 @@ def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
             win.stop()
     finally:
         close_window(win)
+
+
+def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs, tmp_path):
+    from app.ui.storage_adapter import SqliteStore
+    from app.ui.window import MainWindow
+
+    backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
+    store = SqliteStore(tmp_path / "c.db")
+    win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.compare(PROMPT)
+            qtbot.waitUntil(lambda: win._run["stats"]["plain"].cycles >= 3, timeout=10_000)
+            win.stop()
+        msg = blocker.args[0]
+        assert msg.compare and msg.chosen == "plain"
+        assert msg.versions["plain"].stopped and msg.versions["plain"].result.tokens
+        assert msg.versions["dflash"].stopped and not msg.versions["dflash"].result.tokens
+        assert backend.last_settings["mode"] == "plain"  # the DFlash side never started
+        rows = {store.db.get_message(i).mode: store.db.get_message(i).status
+                for i in msg.ids.values()}
+        assert rows == {"plain": "stopped", "dflash": "stopped"}
+        assert "stopped before both sides ran" in win.compare_view.header.text()
+    finally:
+        win.shutdown()

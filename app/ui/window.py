@@ -657,6 +657,7 @@ class MainWindow(QMainWindow):
             conv.messages.append(reply)
         else:
             reply = again
+            reply.chosen = ""  # the new version streams in place of the shown one
             history = Conversation(0, "", conv.messages[:-2]).history()
             n = 1
             while key in reply.versions:
@@ -780,7 +781,7 @@ class MainWindow(QMainWindow):
         cur = run["current"]
         if cur not in run["results"]:
             try:
-                self.store.progress(run["msg"], cur or run["mode"], run["text"][cur],
+                self.store.progress(run["msg"], cur or run["key"], run["text"][cur],
                                     run["reasoning"][cur], run["tokens"][cur],
                                     run["flags"][cur])
             except Exception:  # the reply keeps streaming; the final save retries
@@ -824,7 +825,13 @@ class MainWindow(QMainWindow):
             msg.chosen = run["key"] if run["key"] in msg.versions else \
                 next(iter(msg.versions), "")
         else:
-            msg.chosen = "dflash" if "dflash" in msg.versions else next(iter(msg.versions), "")
+            for tag in run["tags"]:  # a side stopped before it ran: an empty, stopped version
+                if tag not in msg.versions:
+                    msg.versions[tag] = Version(
+                        ReplyResult(mode=tag, finish_reason="cancelled"), stopped=True,
+                        error=run["errors"].get(tag))
+            msg.chosen = "dflash" if "dflash" in run["results"] else \
+                next(iter(run["results"]), "dflash")
             self.compare_view.set_results(run["results"].get("plain"),
                                           run["results"].get("dflash"), msg.chosen)
         self.busy = False
