@@ -130,18 +130,31 @@ elif [[ -n "${APPLE_ID:-}" && -n "${APPLE_TEAM_ID:-}" && -n "${APPLE_APP_PASSWOR
 fi
 
 notarize() {
-    # $1: a .zip or .dmg to submit; waits for Apple's verdict.
+    # $1: a .zip or .dmg to submit; waits for Apple's verdict and fails unless it is
+    # "Accepted" (printing Apple's log of the problems otherwise).
+    local out status id
     log "notarizing $(basename "$1") (this can take several minutes)"
-    xcrun notarytool submit "$1" "${notary_args[@]}" --wait
+    out="$(xcrun notarytool submit "$1" "${notary_args[@]}" --wait --output-format json)"
+    status="$(printf '%s' "$out" | "$PY" -c 'import json, sys; print(json.load(sys.stdin).get("status", ""))')"
+    id="$(printf '%s' "$out" | "$PY" -c 'import json, sys; print(json.load(sys.stdin).get("id", ""))')"
+    if [[ "$status" != "Accepted" ]]; then
+        if [[ -n "$id" ]]; then
+            xcrun notarytool log "$id" "${notary_args[@]}" >&2 || true
+        fi
+        die "notarization of $(basename "$1") ended with status '${status:-unknown}' (submission ${id:-?})"
+    fi
+    log "notarization accepted (submission $id)"
 }
 
 if [[ "$SIGNED" == 1 && ${#notary_args[@]} -gt 0 ]]; then
     ZIP="$BUILD/DFlash-Chat-$VERSION.zip"
+    mkdir -p "$BUILD"
     rm -f "$ZIP"
     ditto -c -k --keepParent "$APP" "$ZIP"
     notarize "$ZIP"
     xcrun stapler staple "$APP"
     xcrun stapler validate "$APP"
+    spctl --assess --type execute --verbose=2 "$APP"
     NOTARIZED=1
 elif [[ "$SIGNED" == 1 ]]; then
     log "no NOTARY_PROFILE or APPLE_ID/APPLE_TEAM_ID/APPLE_APP_PASSWORD: NOT notarized"

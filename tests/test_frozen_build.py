@@ -463,3 +463,141 @@ def test_frozen_window_starts_and_keeps_one_instance(frozen, tmp_path, qapp):
         except subprocess.TimeoutExpired:
             first.kill()
             first.communicate()
+
+
+# ---------------------------------------------------------------------------------------------
+# packaging/build_macos.sh, run against stand-ins for Apple's tools (no Mac here)
+# ---------------------------------------------------------------------------------------------
+
+_FAKE_TOOLS = {
+    # uname: a Mac on Apple Silicon.
+    "uname": '[ "$1" = -m ] && echo arm64 || echo Darwin\n',
+    # file: Mach-O when the file starts with the marker the fake build writes.
+    "file": 'head -c 6 "$2" | grep -q MACHO && echo "Mach-O 64-bit dynamically linked shared '
+    'library arm64" || echo data\n',
+    "codesign": 'echo "codesign $*" >> "$CALLS"\n',
+    "spctl": 'echo "spctl $*" >> "$CALLS"\n',
+    "hdiutil": 'echo "hdiutil $*" >> "$CALLS"\nfor a; do last="$a"; done\ntouch "$last"\n',
+    "ditto": 'echo "ditto $*" >> "$CALLS"\nif [ "$1" = -c ]; then touch "$5"; else '
+    'cp -R "$1" "$2"; fi\n',
+    "xcrun": 'echo "xcrun $*" >> "$CALLS"\nif [ "$1 $2" = "notarytool submit" ]; then '
+    'echo \'{"id": "sub-1", "status": "Accepted"}\'; fi\n',
+}
+
+# The fake interpreter: pip is a no-op, PyInstaller lays out a small .app, anything else runs
+# on the real interpreter.
+_FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1 $2" = "-m pip" ]; then exit 0; fi
+if [ "$1 $2" = "-m PyInstaller" ]; then
+    echo "PyInstaller $*" >> "$CALLS"
+    app="dist/DFlash Chat.app/Contents"
+    mkdir -p "$app/MacOS" "$app/Frameworks/mlx/lib" "$app/Frameworks/QtCore.framework/Versions/A"
+    printf 'MACHO\\n' > "$app/Frameworks/mlx/lib/libmlx.dylib"
+    printf 'MACHO\\n' > "$app/Frameworks/QtCore.framework/Versions/A/QtCore"
+    printf 'metal' > "$app/Frameworks/mlx/lib/mlx.metallib"
+    printf 'text' > "$app/Frameworks/base_library.zip"
+    {
+        echo '#!/usr/bin/env bash'
+        echo 'echo "app $*" >> "$CALLS"'
+        echo 'if [ "$1" = compare ]; then echo "{\\"identical\\": true}"; else echo "DFlash Chat 0"; fi'
+    } > "$app/MacOS/dflash-chat"
+    chmod +x "$app/MacOS/dflash-chat"
+    exit 0
+fi
+exec REAL_PYTHON "$@"
+"""
+
+
+def _run_build_script(tmp_path: Path, extra_env: dict[str, str]) -> tuple[int, str, list[str]]:
+    """Run a copy of build_macos.sh in a scratch repo with stand-in tools on PATH.
+
+    Returns (exit code, stdout+stderr, the recorded tool calls in order)."""
+    repo = tmp_path / "repo"
+    (repo / "packaging").mkdir(parents=True)
+    (repo / "resources" / "models" / "demo-target").mkdir(parents=True)
+    (repo / "resources" / "models" / "demo-target" / "config.json").write_text("{}")
+    script = repo / "packaging" / "build_macos.sh"
+    script.write_text((PACKAGING / "build_macos.sh").read_text())
+    (repo / "packaging" / "entitlements.plist").write_text(
+        (PACKAGING / "entitlements.plist").read_text()
+    )
+    venv_bin = repo / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text(_FAKE_PYTHON.replace("REAL_PYTHON", sys.executable))
+    (venv_bin / "python").chmod(0o755)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, body in _FAKE_TOOLS.items():
+        (tools / name).write_text("#!/usr/bin/env bash\n" + body)
+        (tools / name).chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("DEVELOPER_ID", "NOTARY_PROFILE")}
+    env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", CALLS=str(calls), **extra_env)
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    return proc.returncode, proc.stdout + proc.stderr, calls.read_text().splitlines()
+
+
+def test_build_script_without_credentials_builds_unsigned_app_and_dmg(tmp_path):
+    code, output, calls = _run_build_script(tmp_path, {})
+    assert code == 0, output
+    assert "UNSIGNED" in output
+    assert not any(c.startswith(("codesign", "xcrun notarytool")) for c in calls), calls
+    assert any(c.startswith("app compare --json") for c in calls)  # smoke test on the pair
+    dmg = f"dist/DFlash-Chat-{app.__version__}.dmg"
+    assert any(c.startswith("hdiutil create") and c.endswith(dmg) for c in calls), calls
+    assert (tmp_path / "repo" / dmg).exists()
+
+
+def test_build_script_signs_inside_out_then_notarizes_and_staples(tmp_path):
+    identity = "Developer ID Application: Test (TEAM123456)"
+    code, output, calls = _run_build_script(
+        tmp_path, {"DEVELOPER_ID": identity, "NOTARY_PROFILE": "profile-x"}
+    )
+    assert code == 0, output
+    signs = [c for c in calls if c.startswith("codesign --force")]
+    targets = [c.rsplit(" ", 1)[-1] for c in signs]
+
+    def index(suffix: str) -> int:
+        return next(i for i, t in enumerate(targets) if t.endswith(suffix))
+
+    # Leaves (Mach-O files) before their framework, the framework before the executable,
+    # the executable before the app, the app before the DMG.
+    assert index("libmlx.dylib") < index("QtCore.framework")
+    assert index("Versions/A/QtCore") < index("QtCore.framework")
+    assert index("QtCore.framework") < index("MacOS/dflash-chat") < index("Chat.app")
+    assert index("Chat.app") < index(".dmg")
+    assert not any(t.endswith(("base_library.zip", "mlx.metallib")) for t in targets)
+    for line in signs:
+        assert f"--sign {identity}" in line
+        if not line.endswith(".dmg"):
+            assert "--options runtime" in line and "--timestamp" in line
+    for suffix in ("MacOS/dflash-chat", "Chat.app"):
+        assert "--entitlements" in signs[index(suffix)]
+    submits = [c for c in calls if c.startswith("xcrun notarytool submit")]
+    assert len(submits) == 2 and submits[0].split()[3].endswith(".zip")
+    assert all("--keychain-profile profile-x" in c and "--wait" in c for c in submits)
+    staples = [c for c in calls if c.startswith("xcrun stapler staple")]
+    assert staples[0].endswith("Chat.app") and staples[1].endswith(".dmg")
+    assert "Signed, notarized and stapled" in output
+
+
+def test_build_script_stops_when_notarization_is_rejected(tmp_path):
+    saved = dict(_FAKE_TOOLS)
+    try:
+        _FAKE_TOOLS["xcrun"] = (
+            'echo "xcrun $*" >> "$CALLS"\nif [ "$1 $2" = "notarytool submit" ]; then '
+            'echo \'{"id": "sub-9", "status": "Invalid"}\'; fi\n'
+        )
+        code, output, calls = _run_build_script(
+            tmp_path, {"DEVELOPER_ID": "Developer ID Application: T (X)", "NOTARY_PROFILE": "p"}
+        )
+    finally:
+        _FAKE_TOOLS.clear()
+        _FAKE_TOOLS.update(saved)
+    assert code != 0
+    assert "status 'Invalid'" in output and "sub-9" in output
+    assert any(c.startswith("xcrun notarytool log sub-9") for c in calls)
+    assert not any(c.startswith("xcrun stapler") for c in calls)
