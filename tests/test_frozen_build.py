@@ -139,41 +139,45 @@ def test_supported_families_exist_in_installed_mlx_lm_and_transformers():
     assert not any(e.endswith((".qwen2", ".auto", ".llama")) for e in excluded)
 
 
-class _Recorder:
-    """Stands in for one of PyInstaller's spec-file build classes; records its arguments."""
+# Runs the spec in a separate interpreter with sys.platform "darwin" and recording stand-ins
+# for PyInstaller's spec-file build classes; prints the recorded keyword arguments as JSON.
+_SPEC_DRIVER = """
+import json, sys
+import PyInstaller.utils.hooks  # reads sys.platform on import: before the patch
+calls = {}
+class Built:
+    pure = scripts = binaries = datas = ()
+def recorder(kind):
+    def record(*args, **kwargs):
+        calls.setdefault(kind, []).append(kwargs)
+        return Built()
+    return record
+spec, workpath = sys.argv[1], sys.argv[2]
+names = ("Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE")
+spec_globals = {"__name__": "__main__", "__file__": spec, "workpath": workpath,
+                "SPECPATH": spec.rsplit("/", 1)[0], "DISTPATH": workpath + "/dist",
+                **{name: recorder(name) for name in names}}
+sys.platform = "darwin"
+exec(compile(open(spec).read(), spec, "exec"), spec_globals)
+print(json.dumps(calls, default=str))
+"""
 
-    calls: dict[str, list] = {}
 
-    def __init__(self, kind: str):
-        self.kind = kind
-
-    def __call__(self, *args, **kwargs):
-        self.calls.setdefault(self.kind, []).append((args, kwargs))
-        return type("Built", (), {"pure": [], "scripts": [], "binaries": [], "datas": []})()
-
-
-def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch, qapp):
+def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path):
     """Run the spec as PyInstaller would, with sys.platform "darwin" and recording stand-ins
     for Analysis/EXE/COLLECT/BUNDLE: the macOS branch (never run on this Linux CI) must make
     a BUNDLE with the Info.plist keys, a valid .icns, and the hidden imports and data."""
-    # PyInstaller reads sys.platform when first imported: import it before the patch.
     pytest.importorskip("PyInstaller.utils.hooks", reason="PyInstaller is in the 'test' extra")
-    _Recorder.calls = {}
-    spec_globals = {
-        "__name__": "__main__",
-        "__file__": str(SPEC),
-        "SPECPATH": str(PACKAGING),
-        "workpath": str(tmp_path),
-        "DISTPATH": str(tmp_path / "dist"),
-        **{k: _Recorder(k) for k in ("Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE")},
-    }
-    monkeypatch.setattr(sys, "platform", "darwin")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
-    exec(compile(SPEC.read_text(), str(SPEC), "exec"), spec_globals)
-    monkeypatch.undo()
-
-    ((bundle_args, bundle_kw),) = _Recorder.calls["BUNDLE"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _SPEC_DRIVER, str(SPEC), str(tmp_path)],
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    (bundle_kw,) = calls["BUNDLE"]
     assert bundle_kw["name"] == f"{app.APP_NAME}.app"
     assert bundle_kw["bundle_identifier"] == "ai.dflash.chat"
     plist = bundle_kw["info_plist"]
@@ -183,7 +187,7 @@ def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch, qa
     icns = Path(bundle_kw["icon"]).read_bytes()
     assert icns[:4] == b"icns" and struct.unpack(">I", icns[4:8])[0] == len(icns)
 
-    ((_a_args, a_kw),) = _Recorder.calls["Analysis"]
+    (a_kw,) = calls["Analysis"]
     hidden = set(a_kw["hiddenimports"])
     for name in (
         "mlx_lm.models.qwen3_5",
@@ -198,7 +202,7 @@ def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path, monkeypatch, qa
     dests = {(Path(src).name, dest) for src, dest in a_kw["datas"]}
     assert ("chat_template.jinja", "resources") in dests
     assert ("countries.json", str(Path("resources") / "data")) in dests
-    ((_e_args, e_kw),) = _Recorder.calls["EXE"]
+    (e_kw,) = calls["EXE"]
     assert e_kw["name"] == EXE_NAME and e_kw["console"] is False  # windowed on macOS
 
 
