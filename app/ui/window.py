@@ -898,7 +898,7 @@ class MainWindow(QMainWindow):
         """Model paths and device for the debug report."""
         m = self.model
         return {
-            "MLX device": m.device if m and m.device else "unknown (no model loaded)",
+            "MLX device": (m.device or "unknown") if m else "unknown (no model loaded)",
             "target": m.target_path if m else "none",
             "drafter": (m.drafter_path or "none") if m else "none",
             "MLX memory (bytes)": self.memory_bytes,
