@@ -204,6 +204,7 @@ def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path):
     assert ("countries.json", str(Path("resources") / "data")) in dests
     (e_kw,) = calls["EXE"]
     assert e_kw["name"] == EXE_NAME and e_kw["console"] is False  # windowed on macOS
+    assert e_kw["target_arch"] == "arm64"
 
 
 # ---------------------------------------------------------------------------------------------
