@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_BLOCK_SIZES = "4,8,16"
-DEFAULT_REPEATS = 3
+DEFAULT_REPEATS = 2
 DEFAULT_MAX_TOKENS = 128
 #: Held-out prompts used by default (the first of each category, in file order, up to this).
-DEFAULT_HELDOUT = 8
+DEFAULT_HELDOUT = 6
 SCALING_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 SCALING_MAX_TOKENS = 32
 SCALING_GENERATED = 256
