@@ -367,13 +367,29 @@ def test_frozen_tools_run(frozen, tool, arguments, check):
     reason="the bundled demo pair (resources/models/demo-target) is not in this checkout yet",
 )
 def test_frozen_compare_on_bundled_pair_is_identical(frozen):
-    proc = _run(frozen, "compare", "--json", "--max-tokens", "32", timeout=600)
+    """compare on the demo pair inside the bundle: plain == DFlash, and the frozen app's tokens
+    are the unfrozen app's (so it really ran the bundled pair, not the tiny fallback)."""
+    args = ["compare", "--json", "--max-tokens", "32"]
+    proc = _run(frozen, *args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tiny random-weight pair" not in proc.stderr  # compare's fallback when none is found
     result = json.loads(proc.stdout)
     assert result["identical"] is True, result
     plain, dflash = result["plain"], result["dflash"]
     assert len(plain["tokens"]) > 0
     assert plain["tokens"] == dflash["tokens"]
+
+    _exe, _bundle, tmp = frozen
+    unfrozen = subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=_frozen_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert unfrozen.returncode == 0, unfrozen.stderr[-3000:]
+    assert json.loads(unfrozen.stdout)["plain"]["tokens"] == plain["tokens"]
 
 
 @pytest.mark.slow
