@@ -28,6 +28,13 @@ SCRIPT = [
 ]
 
 
+DEMO_PROMPTS = [
+    "What is the official currency in San Marino?",
+    "60 miles per hour is how many kilometers per hour?",
+]
+"""Prompts in the demo pair's world (countries, units, the built-in tools)."""
+
+
 class ScriptedBackend:
     """Replays :data:`SCRIPT` with DFlash-like cycles (made-up figures)."""
 
@@ -112,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="")
     p.add_argument("--size", default="1360x860")
     p.add_argument("--dark", action="store_true")
+    p.add_argument("--when", choices=("streaming", "done"), default=None,
+                   help="grab while the second reply streams, or after it (default: streaming "
+                        "for the scripted replay, done with --model)")
     args = p.parse_args(argv)
     import tempfile
 
@@ -145,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         print(win.banner.text(), file=sys.stderr)
         return 2
     win.clear_banner()
-    win.send(SCRIPT[0][0])
+    prompts = DEMO_PROMPTS if args.model else [SCRIPT[0][0], SCRIPT[1][0]]
+    when = args.when or ("done" if args.model else "streaming")
+    win.send(prompts[0])
     pump(lambda: not win.busy)
     win.composer.set_mode("dflash")
-    win.send(SCRIPT[1][0])
-    # grab mid-reply: once a good part of the second reply is on screen
-    pump(lambda: not win.busy or (win._run and win._run["stats"][""].cycles > 14), 120)
+    win.send(prompts[1])
+    if when == "done":
+        pump(lambda: not win.busy, 600)
+    else:  # mid-reply: once a good part of the second reply is on screen
+        pump(lambda: not win.busy or (win._run and win._run["stats"][""].cycles > 14), 120)
     pump(lambda: False, 0.05)
     win.grab().save(args.out)
     print(f"saved {args.out}")
