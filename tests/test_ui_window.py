@@ -799,3 +799,30 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
         assert "stopped before both sides ran" in win.compare_view.header.text()
     finally:
         win.shutdown()
+
+
+def test_colour_drafts_tints_exactly_the_drafter_tokens(qtbot, qs):
+    import re
+
+    from app.ui import theme
+
+    backend = ScriptedBackend(cycles=4, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        r = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+        win.composer.colour_box.setChecked(True)
+        html = win.chat.toHtml()
+        colour = theme.colours()["draft_bg"]
+        tinted = re.findall(r'<span style="[^"]*background-color:' + colour + r';[^"]*">([^<]*)'
+                            r'</span>', html)
+        tinted_text = "".join(tinted)
+        expected = [p for p, f in zip(r.pieces, r.from_draft, strict=True) if f]
+        assert expected and tinted_text.split() == "".join(expected).split()
+        own = [p for p, f in zip(r.pieces, r.from_draft, strict=True) if not f]
+        assert all(p.strip() not in tinted_text.split() for p in own)
+        win.composer.colour_box.setChecked(False)
+        assert colour not in win.chat.toHtml()
+    finally:
+        close_window(win)
