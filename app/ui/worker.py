@@ -680,7 +680,15 @@ class WorkerThread:
         self.thread.start()
 
     def stop(self, timeout_ms: int = 30000) -> bool:
-        """Cancel, quit and join the thread; True when it ended within ``timeout_ms``."""
+        """Cancel, quit and join the thread; True when it ended within ``timeout_ms``.
+
+        A model load cannot be interrupted; when the thread is still busy after
+        ``timeout_ms`` this keeps waiting (a QThread destroyed while running aborts the
+        process) and returns False once it has ended."""
         self.worker.cancel()
         self.thread.quit()
-        return self.thread.wait(timeout_ms)
+        if self.thread.wait(timeout_ms):
+            return True
+        log.warning("worker still busy after %d ms (loading?); waiting for it", timeout_ms)
+        self.thread.wait()
+        return False
