@@ -826,3 +826,26 @@ def test_colour_drafts_tints_exactly_the_drafter_tokens(qtbot, qs):
         assert colour not in win.chat.toHtml()
     finally:
         close_window(win)
+
+
+def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
+    win = engine_window
+    win.defaults["max_tokens"] = 400
+    win.composer.set_mode("dflash")
+    seen = {}
+    with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
+        assert win.send(PROMPT)
+        qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+                        timeout=60_000)
+        win.stop()
+        run = win._run
+        seen["stats"] = run["stats"][""]
+    v = blocker.args[0].version
+    s = v.result.summary
+    assert v.stopped and v.result.finish_reason == "cancelled"
+    assert s.stop_cause == "cancelled"
+    assert 3 <= s.cycles and len(v.result.tokens) < 400
+    assert seen["stats"].cycles == s.cycles  # every cycle event reached the window
+    assert len(s.accepted_lengths) == s.cycles
+    assert win.live.shown["cycles"] == s.cycles
+    assert "stopped" in win.chat.toPlainText()
