@@ -849,3 +849,40 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
     assert len(s.accepted_lengths) == s.cycles
     assert win.live.shown["cycles"] == s.cycles
     assert "stopped" in win.chat.toPlainText()
+
+
+def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tmp_path):
+    from app.ui.storage_adapter import SqliteStore
+    from app.ui.window import MainWindow
+
+    db = tmp_path / "c.db"
+    backend = ScriptedBackend(cycles=2)
+    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, "first question", mode="plain")
+        send_and_wait(qtbot, win, "second question", mode="plain")
+        old_first = win.conv.messages[0]
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.edit_message(0, "first question, edited")
+        assert [m.role for m in win.conv.messages] == ["user", "assistant"]
+        assert win.conv.messages[0].content == "first question, edited"
+        assert backend.last_messages == [{"role": "user",
+                                          "content": "first question, edited"}]
+        conv_id = win.conv.id
+        versions = win.store.db.versions(win.conv.messages[0].ids[""])
+        assert [v.content for v in versions] == ["first question", "first question, edited"]
+        assert old_first.ids[""] == versions[0].id
+        assert len(win.store.db.messages(conv_id)) == 6  # the old branch is still stored
+    finally:
+        win.shutdown()
+    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+                      auto_load=False)
+    qtbot.addWidget(win2)
+    try:
+        assert [m.content for m in win2.conv.messages if m.role == "user"] == \
+            ["first question, edited"]
+    finally:
+        win2.shutdown()

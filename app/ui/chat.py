@@ -146,7 +146,11 @@ class ChatView(QTextBrowser):
                 out.append(
                     f'<table width="100%" cellpadding="10" style="margin-top:10px;'
                     f' background-color:{c.get("user_bg")};"><tr><td>'
-                    f'<b style="color:{c.get("accent")};">You</b><br>'
+                    f'<b style="color:{c.get("accent")};">You</b>'
+                    + ("" if streaming else
+                       f'&nbsp;&nbsp;<a href="edit:{i}" style="color:{c.get("muted")};'
+                       f' font-size:small;">edit</a>')
+                    + '<br>'
                     f'{message_html(m.content, self.codes, c)}</td></tr></table>')
             elif m.role == "assistant":
                 out.append(self._assistant_html(i, m, i == last_assistant, streaming))

@@ -150,6 +150,14 @@ class SqliteStore:
             summary=r.summary.to_dict() if r.summary is not None else None,
             finish_reason=r.finish_reason, error=v.error)
 
+    def edit_user(self, old: Message, new: Message) -> None:
+        """Store ``new`` as an edited version of the user message ``old`` (a sibling made
+        active; the turns after ``old`` stay stored on the earlier branch)."""
+        if "" not in old.ids:
+            return
+        row = self.db.edit_user_message(old.ids[""], new.content)
+        new.ids[""] = row.id
+
     def rename(self, conv_id: int, title: str) -> None:
         """Set a conversation's title (raises ValueError when empty)."""
         self.db.rename(conv_id, title)

@@ -628,7 +628,41 @@ class MainWindow(QMainWindow):
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
 
-    def _start(self, text: str, tags: list[str], again: Message | None = None) -> bool:
+    def edit_message(self, index: int, text: str | None = None) -> bool:
+        """Replace the user message at ``index`` by an edited version and re-run from there.
+
+        The later turns leave the conversation view and the prompt; the database keeps them
+        on the earlier branch (``Store.edit_user_message``). ``text`` None asks for it."""
+        conv = self.conv
+        if self.busy or conv is None or not 0 <= index < len(conv.messages) or \
+                conv.messages[index].role != "user":
+            return False
+        old = conv.messages[index]
+        if text is None:
+            text, ok = QInputDialog.getMultiLineText(self, "Edit message", "Message",
+                                                     old.content)
+            if not ok:
+                return False
+        if not text.strip():
+            return False
+        if self.model is None:
+            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
+                             "model (File › Open model folder…).")
+            return False
+        new = Message("user", text)
+        edit = getattr(self.store, "edit_user", None)
+        try:
+            if edit is not None:
+                edit(old, new)
+        except Exception as exc:
+            log.exception("editing a message")
+            self.show_banner(f"Could not save the edit: {exc}")
+            return False
+        conv.messages = conv.messages[:index] + [new]
+        return self._start(text, [""], edited=new)
+
+    def _start(self, text: str, tags: list[str], again: Message | None = None,
+               edited: Message | None = None) -> bool:
         if self.busy:
             return False
         if self.model is None:
@@ -650,7 +684,11 @@ class MainWindow(QMainWindow):
             conv.title = text.strip().splitlines()[0][:48] or "New chat"
         values = self.current_settings()
         key = mode
-        if again is None:
+        if edited is not None:  # the edited user message is already the last one
+            history = Conversation(0, "", conv.messages[:-1]).history()
+            reply = Message("assistant", compare=tags != [""])
+            conv.messages.append(reply)
+        elif again is None:
             history = conv.history()
             conv.messages.append(Message("user", text))
             reply = Message("assistant", compare=tags != [""])
@@ -866,6 +904,11 @@ class MainWindow(QMainWindow):
     def _on_chat_link(self, link: str) -> None:
         if link.startswith("continue:"):
             self.send("Continue from where you stopped.")
+        elif link.startswith("edit:"):
+            try:
+                self.edit_message(int(link.split(":", 1)[1]))
+            except ValueError:
+                return
         elif link.startswith("version:") and self.conv is not None and not self.busy:
             _, idx, key = link.split(":", 2)
             try:
