@@ -886,3 +886,32 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
             ["first question, edited"]
     finally:
         win2.shutdown()
+
+
+def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
+    from app.chat.storage import Store
+    from app.ui.storage_adapter import SqliteStore
+
+    db = tmp_path / "c.db"
+    raw = Store(db)
+    conv = raw.new_conversation()
+    raw.add_message(conv.id, "user", "Tell me a long story.")
+    reply = raw.begin_reply(conv.id, mode="dflash", block_size=8, rollback="tape")
+    raw.update_partial(reply.id, content="Once upon a time", token_ids=[1, 2, 3],
+                       from_draft=[False, True, True], force=True)
+    raw.close()  # a store closed mid-reply marks it interrupted (as recovery does after a crash)
+    qs.setValue("last_conversation", conv.id)
+    from app.ui.window import MainWindow
+
+    win = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+                     auto_load=False)
+    qtbot.addWidget(win)
+    try:
+        v = win.conv.messages[1].version
+        assert v.interrupted and v.stopped
+        assert v.result.content == "Once upon a time"
+        assert v.result.from_draft == [False, True, True]
+        text = win.chat.toPlainText()
+        assert "Once upon a time" in text and "interrupted" in text
+    finally:
+        win.shutdown()

@@ -61,7 +61,9 @@ def figures_line(msg: Message) -> str:
     if r.mode == "dflash":
         parts.append(f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
-    if v.stopped:
+    if v.interrupted:
+        parts.append("interrupted (the app closed while it was written)")
+    elif v.stopped:
         parts.append("stopped")
     elif r.finish_reason == "length":
         parts.append("cut at max tokens")

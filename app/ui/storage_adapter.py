@@ -112,6 +112,7 @@ class SqliteStore:
                         stopped=row.status in ("stopped", "interrupted"),
                         error=row.error if row.status == "error" else None,
                         saved=row.status != "generating",
+                        interrupted=row.status == "interrupted",
                     )
                     msg.ids[key] = row.id
                     if row.id == m.id:

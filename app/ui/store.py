@@ -17,13 +17,15 @@ class Version:
     """One generated version of an assistant turn.
 
     ``result`` is the worker's :class:`app.ui.worker.ReplyResult`; ``stopped`` is True when
-    the user pressed Stop (the reply is partial); ``error`` holds a generation error message.
+    the reply is partial (Stop, or ``interrupted``: the app ended while it was written);
+    ``error`` holds a generation error message.
     """
 
     result: Any
     stopped: bool = False
     error: str | None = None
     saved: bool = False
+    interrupted: bool = False
 
 
 @dataclass
