@@ -913,5 +913,14 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
         assert v.result.from_draft == [False, True, True]
         text = win.chat.toPlainText()
         assert "Once upon a time" in text and "interrupted" in text
+        # drafter colouring survives the reload: token texts come from the worker
+        from app.ui import theme
+
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.composer.colour_box.setChecked(True)
+        qtbot.waitUntil(lambda: v.result.pieces == ["t1 ", "t2 ", "t3 "], timeout=10_000)
+        qtbot.waitUntil(lambda: theme.colours()["draft_bg"] in win.chat.toHtml(), timeout=5_000)
+        assert "t2 t3" in win.chat.toPlainText()
     finally:
         win.shutdown()

@@ -123,6 +123,7 @@ class MainWindow(QMainWindow):
         self.worker.events.connect(self._on_events)
         self.worker.finished.connect(self._on_finished)
         self.worker.memory.connect(self._on_memory)
+        self.worker.piecesReady.connect(self._on_pieces)
 
         self._build()
         self._build_menus()
@@ -459,6 +460,8 @@ class MainWindow(QMainWindow):
             if conv else None
         self.show_message_details(last)
         self.update_settings_note()
+        if self.chat.colour_drafts:
+            self._request_pieces()
         if conv is not None:
             self.qs.setValue("last_conversation", conv.id)
 
@@ -934,7 +937,34 @@ class MainWindow(QMainWindow):
 
     def _on_colour_toggled(self, on: bool) -> None:
         self.chat.colour_drafts = on
+        if on:
+            self._request_pieces()
         self.chat.render(self.conv, streaming=self.busy)
+
+    def _request_pieces(self) -> None:
+        """Ask the worker for the token texts of replies loaded without them (needs the
+        tokenizer, which lives on the worker)."""
+        if self.conv is None or self.model is None:
+            return
+        jobs = {}
+        for i, m in enumerate(self.conv.messages):
+            for key, v in m.versions.items():
+                if v.result.tokens and not v.result.pieces:
+                    jobs[(self.conv.id, i, key)] = list(v.result.tokens)
+        if jobs:
+            self.worker.piecesRequested.emit(jobs)
+
+    def _on_pieces(self, pieces: dict) -> None:
+        changed = False
+        for (conv_id, i, key), texts in pieces.items():
+            if self.conv is None or self.conv.id != conv_id or i >= len(self.conv.messages):
+                continue
+            v = self.conv.messages[i].versions.get(key)
+            if v is not None and len(texts) == len(v.result.tokens):
+                v.result.pieces = texts
+                changed = True
+        if changed and self.chat.colour_drafts and not self.busy:
+            self.chat.render(self.conv)
 
     # ------------------------------------------------------------------ help
     def debug_extra(self) -> dict:

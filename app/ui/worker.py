@@ -512,6 +512,7 @@ class Worker(QObject):
     Signals:
         loading(str): a load started (the message to show).
         loaded(object): :class:`ModelInfo` after a successful load.
+        piecesReady(object): ``{key: list[str]}`` answering ``piecesRequested``.
         loadFailed(str): a user-facing message; the previous pair (if any) stays loaded.
         events(int, list): request id and a batch of :class:`UiEvent`.
         finished(int): the request id; no more events follow for it.
@@ -525,7 +526,10 @@ class Worker(QObject):
     finished = Signal(int)
     memory = Signal(object)
 
+    piecesReady = Signal(object)
+
     # requests (queued from the GUI thread)
+    piecesRequested = Signal(object)
     loadRequested = Signal(str, str)
     replyRequested = Signal(int, list, object, list)
     unloadRequested = Signal()
@@ -538,6 +542,7 @@ class Worker(QObject):
         self.loadRequested.connect(self._on_load)
         self.replyRequested.connect(self._on_reply)
         self.unloadRequested.connect(self._on_unload)
+        self.piecesRequested.connect(self._on_pieces)
 
     def cancel(self, req_id: int | None = None) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -562,6 +567,18 @@ class Worker(QObject):
             return
         self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
+
+    @Slot(object)
+    def _on_pieces(self, jobs: object) -> None:
+        """Token texts for stored replies (``{key: token ids}`` -> ``piecesReady({key:
+        pieces})``), e.g. to colour drafter tokens of replies loaded from the database."""
+        out = {}
+        for key, tokens in dict(jobs).items():
+            try:
+                out[key] = self.backend.pieces(list(tokens))
+            except Exception:
+                log.exception("token texts")
+        self.piecesReady.emit(out)
 
     @Slot()
     def _on_unload(self) -> None:
