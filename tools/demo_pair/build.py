@@ -1,0 +1,118 @@
+"""Rebuild the bundled demo pair from scratch (deterministic given ``--seed``).
+
+Steps (all of them by default; ``--stage`` runs one):
+
+1. ``prepare`` (CPU, main venv): generate the seeded corpus, train the byte-level BPE tokenizer,
+   tokenize, write ``BUILD/dataset.npz``, ``BUILD/specs.json``, ``BUILD/tokenizer/`` and
+   ``tools/demo_pair/heldout_prompts.json``.
+2. ``train`` (torch; GPU recommended): ``tools/demo_pair/train.py`` writes
+   ``BUILD/out/demo-target`` and ``BUILD/out/demo-dflash``. Needs torch + transformers; run it
+   with the venv that has them (``.venv-train``) or on a GPU machine over a copy of ``BUILD``.
+3. ``install``: copy the checkpoints, tokenizer files, model cards' figures and held-out prompts
+   into ``resources/models/demo-target`` and ``resources/models/demo-dflash``.
+
+Usage::
+
+    python -m tools.demo_pair.build --seed 0 [--device cuda|cpu] [--stage prepare|train|install]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+DEFAULT_BUILD = REPO / ".demo_build"
+RES = REPO / "resources" / "models"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
+
+
+def prepare(build: Path, seed: int, n_chats: int) -> None:
+    """Corpus -> tokenizer -> ``dataset.npz`` + ``specs.json`` + held-out prompts."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from tools.demo_pair import corpus, data
+
+    build.mkdir(parents=True, exist_ok=True)
+    pairs = data.generate_texts(seed, n_chats)
+    print(f"{len(pairs)} examples from {n_chats} chats", flush=True)
+    data.train_tokenizer([p + c for p, c in pairs], build / "tokenizer")
+    arrays = data.tokenize_pairs(build / "tokenizer", pairs)
+    np.savez_compressed(build / "dataset.npz", **arrays)
+    tok = Tokenizer.from_file(str(build / "tokenizer" / "tokenizer.json"))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    eos = tok.token_to_id("<|im_end|>")
+    mask = tok.token_to_id("<|mask|>")
+    pad = tok.token_to_id("<|endoftext|>")
+    specs = {
+        "seed": seed,
+        "target": {"vocab_size": vocab, "eos_token_id": eos, "pad_token_id": pad},
+        "drafter": {"vocab_size": vocab, "mask_token_id": mask},
+    }
+    (build / "specs.json").write_text(json.dumps(specs, indent=2) + "\n")
+    held = corpus.heldout_prompts(seed)
+    (HERE / "heldout_prompts.json").write_text(json.dumps(held, indent=1) + "\n")
+    lens = np.diff(arrays["offsets"])
+    print(f"vocab {vocab}; tokens {int(lens.sum())}; mean length {lens.mean():.0f}; "
+          f"{len(held)} held-out prompts", flush=True)
+
+
+def train(build: Path, device: str, python: str, extra: list[str]) -> None:
+    """Run ``train.py`` (a subprocess, so that the main venv needs no torch)."""
+    cmd = [python, str(HERE / "train.py"), "--data", str(build), "--out", str(build / "out"),
+           "--device", device, *extra]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
+
+
+def install(build: Path, trained: Path) -> None:
+    """Copy checkpoints + tokenizer + held-out prompts into ``resources/models``."""
+    tdir, ddir = RES / "demo-target", RES / "demo-dflash"
+    tdir.mkdir(parents=True, exist_ok=True)
+    ddir.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(trained / "demo-target" / name, tdir / name)
+        shutil.copyfile(trained / "demo-dflash" / name, ddir / name)
+    for name in TOKENIZER_FILES:
+        src = build / "tokenizer" / name
+        if src.exists():
+            shutil.copyfile(src, tdir / name)
+    shutil.copyfile(HERE / "heldout_prompts.json", tdir / "heldout_prompts.json")
+    log = trained / "train_log.json"
+    if log.exists():
+        shutil.copyfile(log, tdir / "train_log.json")
+    print(f"installed into {tdir} and {ddir}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(description="rebuild the bundled demo model pair")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="torch device for training (cuda|cpu)")
+    p.add_argument("--stage", choices=["prepare", "train", "install", "all"], default="all")
+    p.add_argument("--build", type=Path, default=DEFAULT_BUILD)
+    p.add_argument("--chats", type=int, default=30_000)
+    p.add_argument("--train-python", default=str(REPO / ".venv-train" / "bin" / "python"),
+                   help="a Python with torch + transformers")
+    p.add_argument("--trained", type=Path, default=None,
+                   help="folder with demo-target/ and demo-dflash/ (default BUILD/out)")
+    args, extra = p.parse_known_args(argv)
+    if args.stage in ("prepare", "all"):
+        prepare(args.build, args.seed, args.chats)
+    if args.stage in ("train", "all"):
+        py = args.train_python if Path(args.train_python).exists() else sys.executable
+        train(args.build, args.device, py, ["--seed", str(args.seed), *extra])
+    if args.stage in ("install", "all"):
+        install(args.build, args.trained or args.build / "out")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
