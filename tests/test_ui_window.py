@@ -722,8 +722,8 @@ def tiny_dirs_dense(tmp_path_factory):
                            block_size=8)
 
 
-def test_switching_models_twice_while_generating(qtbot, engine_window, tiny_dirs,
-                                                 tiny_dirs_dense):
+def test_switching_models_twice_while_generating(qtbot, tiny_dirs, tiny_dirs_dense,
+                                                 engine_window):
     win = engine_window
     backend = win.workers.worker.backend
     win.defaults["max_tokens"] = 400
