@@ -677,8 +677,6 @@ class Worker(QObject):
                 block_size=settings.get("block_size"),
                 rollback=settings.get("rollback", "tape"),
             )
-        if self._cancel.is_set() and result.finish_reason not in ("error",):
-            result.finish_reason = "cancelled"
         batch.append(UiEvent("done", result, tag))
         flush()
 
