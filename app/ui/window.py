@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QStyle,
     QToolButton,
@@ -246,8 +247,15 @@ class MainWindow(QMainWindow):
         self.progress.setMaximumWidth(140)
         self.progress.setAccessibleName("Loading progress")
         self.progress.hide()
+        self.flash_label = QLabel("")
+        self.flash_label.setAccessibleName("Status message")
+        self.flash_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self._flash_timer = QTimer(self)
+        self._flash_timer.setSingleShot(True)
+        self._flash_timer.timeout.connect(lambda: self.flash_label.setText(""))
         sb = self.statusBar()
-        sb.addWidget(self.model_label, 1)
+        sb.addWidget(self.model_label)
+        sb.addWidget(self.flash_label, 1)
         sb.addPermanentWidget(self.progress)
         sb.addPermanentWidget(self.memory_label)
         self.resize(1280, 800)
@@ -304,12 +312,17 @@ class MainWindow(QMainWindow):
         self.chat.render(self.conv, streaming=self.busy)
 
     # ------------------------------------------------------------------ messages
+    def flash(self, text: str, ms: int = 5000) -> None:
+        """A short status message beside the model line, cleared after ``ms``."""
+        self.flash_label.setText(f"   ·   {text}" if text else "")
+        self._flash_timer.start(ms)
+
     def show_banner(self, text: str) -> None:
         """Show a dismissable message above the chat (errors, notes)."""
         log.info("banner: %s", text)
         self.banner.setText(text)
         self.banner_row.show()
-        self.statusBar().showMessage(text, 8000)
+        self.flash(text, 8000)
 
     def clear_banner(self) -> None:
         """Hide the message."""
@@ -330,7 +343,7 @@ class MainWindow(QMainWindow):
         """Load the bundled demo pair (or the tiny pair, saying so)."""
         target, drafter, note = default_pair()
         if note:
-            self.statusBar().showMessage(note, 10000)
+            self.flash(note, 10000)
         self.load_model(target, drafter)
 
     def load_model(self, target: str, drafter: str = "") -> None:
@@ -394,7 +407,7 @@ class MainWindow(QMainWindow):
             self.show_banner(info.note)
         self._on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
-            self.statusBar().showMessage(
+            self.flash(
                 f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
                 f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
         self.update_settings_note()
@@ -547,7 +560,7 @@ class MainWindow(QMainWindow):
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
-        self.statusBar().showMessage(f"Exported to {path}", 5000)
+        self.flash(f"Exported to {path}", 5000)
         return True
 
     def import_chat(self, path: str | None = None) -> bool:
@@ -749,7 +762,7 @@ class MainWindow(QMainWindow):
         if self.busy and self._run is not None:
             self._run["stopped"] = True
             self.worker.cancel(self._run["id"])
-            self.statusBar().showMessage("Stopping…", 3000)
+            self.flash("Stopping…", 3000)
 
     def _on_events(self, req_id: int, batch: list) -> None:
         if self._run is not None and req_id == self._run["id"]:
@@ -800,7 +813,7 @@ class MainWindow(QMainWindow):
                 stats.prompt_tokens = ev.data.get("prompt_tokens")
             elif k == "warning":
                 if ev.data:
-                    self.statusBar().showMessage(ev.data, 8000)
+                    self.flash(ev.data, 8000)
             elif k == "notice":
                 self.show_banner(ev.data)
             elif k == "error":
@@ -988,7 +1001,7 @@ class MainWindow(QMainWindow):
     def copy_debug_info(self) -> None:
         """Versions, device, BLAS and model paths to the clipboard."""
         QGuiApplication.clipboard().setText(debug_info(self.debug_extra()))
-        self.statusBar().showMessage("Debug info copied", 3000)
+        self.flash("Debug info copied", 3000)
 
     # ------------------------------------------------------------------ lifecycle
     def _restore(self) -> None:
