@@ -110,7 +110,7 @@ def test_answers_heldout_fact_questions(pair, heldout):
 
 
 def test_tool_prompt_gives_schema_valid_call(pair, heldout):
-    target, _ = pair
+    target, drafter = pair
     item = _pick(heldout, "tool_time", 1)[0]
     r = run_item(target, item, max_tokens=96)
     assert tool_call_valid(r), r["content"]
@@ -118,6 +118,11 @@ def test_tool_prompt_gives_schema_valid_call(pair, heldout):
     assert ok, why
     assert r["reasoning"]
     assert "<tool_call>" not in r["content"]
+    # The same reply under DFlash: token-identical, with partial blocks rolled back.
+    fast = run_item(target, item, mode="dflash", drafter=drafter, max_tokens=96)
+    assert fast["tokens"] == r["tokens"]
+    assert [c.to_dict() for c in fast["tool_calls"]] == [c.to_dict() for c in r["tool_calls"]]
+    assert fast["summary"].replays > 0
 
 
 def test_dflash_matches_plain_on_heldout(pair, heldout):

@@ -4,11 +4,11 @@ Steps (all of them by default; ``--stage`` runs one):
 
 1. ``prepare`` (CPU, main venv): generate the seeded corpus, train the byte-level BPE tokenizer,
    tokenize, write ``BUILD/dataset.npz``, ``BUILD/specs.json``, ``BUILD/tokenizer/`` and
-   ``tools/demo_pair/heldout_prompts.json``.
+   ``tools/demo_pair/heldout_prompts.json`` (``BUILD`` defaults to ``build/demo_pair/``).
 2. ``train`` (torch; GPU recommended): ``tools/demo_pair/train.py`` writes
    ``BUILD/out/demo-target`` and ``BUILD/out/demo-dflash``. Needs torch + transformers; run it
    with the venv that has them (``.venv-train``) or on a GPU machine over a copy of ``BUILD``.
-3. ``install``: copy the checkpoints, tokenizer files, model cards' figures and held-out prompts
+3. ``install``: copy the checkpoints, tokenizer files, training log and held-out prompts
    into ``resources/models/demo-target`` and ``resources/models/demo-dflash``.
 
 Usage::
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-DEFAULT_BUILD = REPO / ".demo_build"
+DEFAULT_BUILD = REPO / "build" / "demo_pair"  # build/ is git-ignored
 RES = REPO / "resources" / "models"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")
