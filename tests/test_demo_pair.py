@@ -84,7 +84,16 @@ def test_heldout_prompts_are_frozen_copy():
     source = json.loads((REPO / "tools" / "demo_pair" / "heldout_prompts.json").read_text())
     assert shipped == source
     cats = {it["category"] for it in shipped}
-    assert {"fact_capital", "tool_time", "tool_calc", "arithmetic"} <= cats or len(cats) >= 8
+    assert {"fact_capital", "arithmetic", "easy_conversion", "explain", "greeting", "tool_time",
+            "tool_population", "tool_convert", "tool_calc", "tool_info"} <= cats
+    assert len(shipped) == 36 and len({it["id"] for it in shipped}) == 36
+    # Held-out phrasings are not training phrasings.
+    from tools.demo_pair.corpus import FIELD_TEMPLATES
+
+    capital_q = [it["messages"][0]["content"] for it in shipped
+                 if it["category"] == "fact_capital"]
+    train_prefixes = [t.split("{c}")[0] for t in FIELD_TEMPLATES["capital"]["train"]]
+    assert not any(q.startswith(p) and p for q in capital_q for p in train_prefixes)
 
 
 def test_loads_with_app_loaders_and_tokenizer_features(pair):
