@@ -43,8 +43,8 @@ SCALING_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 SCALING_MAX_TOKENS = 32
 SCALING_GENERATED = 256
 SCALING_WINDOW = 32
-TAU_NOTE = ("tau and acceptance at prompt or output lengths the model pair never saw in "
-            "training are not meaningful; the cost figures are")
+TAU_NOTE = ("end tokens ignored; tau and acceptance at prompt or output lengths the model "
+            "pair never saw in training are not meaningful; the cost figures are")
 
 _BUILTIN_PROMPTS = [
     "What is the capital of France, and what currency does it use?",
@@ -439,13 +439,19 @@ def run_scaling(target, drafter, block: int, lengths=SCALING_LENGTHS,
                 generated: int = SCALING_GENERATED, repeats: int = 1) -> dict:
     """Cost per generated token against prompt length and against generated length.
 
-    Each point is the median of ``repeats`` runs, plain and DFlash + tape alternating.
+    Each point is the median of ``repeats`` runs, plain and DFlash + tape alternating. End
+    tokens are ignored here (``target.eos_token_ids`` emptied on a copy) so that every run
+    generates its full length; the text after an end token is meaningless, its cost is not.
     A length whose prompt + output would exceed the target's ``context_length`` is cut to fit
     (4096 becomes 4064 for a 4096-token model with 32 new tokens).
     Returns ``{"block_size", "note", "repeats", "context": [...], "generated": {"plain": [...],
     "dflash": [...]}}``; costs in ms per generated token (prefill excluded).
     """
+    import dataclasses
+
     modes = [Mode("plain", "plain"), Mode(f"dflash+tape@{block}", "dflash", "tape", block)]
+    # End tokens are ignored so that every run reaches its length (cost figures only).
+    target = dataclasses.replace(target, eos_token_ids=set())
 
     def key(m: Mode) -> str:
         return "plain" if m.mode == "plain" else "dflash"
