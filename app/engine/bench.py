@@ -624,6 +624,7 @@ def plot_results(result: dict, records: list[RunRecord], out: Path) -> list[Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out.mkdir(parents=True, exist_ok=True)
     h = result["header"]
     subtitle = f"{Path(h['target']).name} | {h['device']} | BLAS: {h['blas'].split(' (')[0]}"
     paths = []
@@ -645,10 +646,12 @@ def plot_results(result: dict, records: list[RunRecord], out: Path) -> list[Path
                             fontsize=8)
     if plain:
         ax.axhline(plain, color="black", linestyle="--", label=f"plain ({plain:.1f})")
+    tops = [f.get("tok_per_s") or 0 for f in modes.values()]
+    ax.set_ylim(0, 1.3 * max(tops + [1e-9]))  # room above the bars for the legend
     ax.set_xticks(range(len(blocks)), [f"block {b}" for b in blocks])
     ax.set_ylabel("tokens / s (median, prefill excluded)")
     ax.set_title(f"Decoding speed by mode and block size\n{subtitle}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", ncol=3)
     fig.tight_layout()
     paths.append(out / "tok_per_s.png")
     fig.savefig(paths[-1], dpi=110)
