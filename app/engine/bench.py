@@ -342,7 +342,8 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "block_size": m.block,
             "runs": len(rs),
             "generated_tokens": sum(s.generated_tokens for s in ss),
-            "tok_per_s": _median([s.tok_per_s for s in ss]),
+            # A run that ended on its first token has no generation time: left out.
+            "tok_per_s": _median([s.tok_per_s for s in ss if s.tok_per_s > 0]),
             "ttft_s": _median([s.ttft_s for s in ss]),
             "acceptance_rate": (sum(s.accepted for s in ss) / drafted) if drafted else None,
             "tau": (sum(s.generated_tokens - 1 for s in ss) / cycles) if cycles else None,
