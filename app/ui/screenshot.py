@@ -1,5 +1,11 @@
 """Take the README screenshot: ``python -m app.ui.screenshot OUT.png [--model DIR --drafter DIR]``.
 
+The committed ``docs/screenshot.png`` was taken with the bundled demo pair::
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 QT_QPA_PLATFORM=offscreen \
+        python -m app.ui.screenshot docs/screenshot.png \
+        --model resources/models/demo-target --drafter resources/models/demo-dflash
+
 With ``--model`` the window runs the real engine on that pair (e.g. the bundled demo pair) and
 is grabbed while the second reply is being generated. Without it a scripted backend replays a
 fixed conversation through the same event types (for layout work; the figures are then
@@ -30,7 +36,7 @@ SCRIPT = [
 
 DEMO_PROMPTS = [
     "What is the official currency in San Marino?",
-    "60 miles per hour is how many kilometers per hour?",
+    "Tell me the population of Gabon.",
 ]
 """Prompts in the demo pair's world (countries, units, the built-in tools)."""
 
@@ -119,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="")
     p.add_argument("--size", default="1360x860")
     p.add_argument("--dark", action="store_true")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt to send (give it twice; default: DEMO_PROMPTS with --model)")
     p.add_argument("--when", choices=("streaming", "done"), default=None,
                    help="grab while the second reply streams, or after it (default: streaming "
                         "for the scripted replay, done with --model)")
@@ -155,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(win.banner.text(), file=sys.stderr)
         return 2
     win.clear_banner()
-    prompts = DEMO_PROMPTS if args.model else [SCRIPT[0][0], SCRIPT[1][0]]
+    prompts = args.prompt or (DEMO_PROMPTS if args.model else [SCRIPT[0][0], SCRIPT[1][0]])
+    prompts = (prompts * 2)[:2]
     when = args.when or ("done" if args.model else "streaming")
     win.send(prompts[0])
     pump(lambda: not win.busy)
