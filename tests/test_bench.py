@@ -174,9 +174,18 @@ def test_bad_prompt_file_exits_2_with_a_message(pair_paths, tmp_path, capsys):
     assert "prompt 0 has no 'messages'" in capsys.readouterr().err
 
 
-def test_multi_turn_hook_says_not_yet(capsys):
-    assert main(["bench", "--multi-turn"]) == 0
-    assert "not yet" in capsys.readouterr().out
+def test_multi_turn_reuses_the_history(pair_paths, capsys):
+    code = main(["bench", "--multi-turn", "--model", pair_paths[0], "--draft-model",
+                 pair_paths[1], "--history-tokens", "300", "--max-tokens", "4", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = result["turns"]
+    assert [(r["mode"], r["turn"]) for r in rows] == [
+        (m, t) for m in ("plain", "dflash") for t in (2, 3, 4, 5)
+    ]
+    for r in rows:
+        assert 300 <= r["reused_tokens"] < r["prompt_tokens"]
+        assert r["ratio"] == pytest.approx(r["reused_ttft_s"] / r["cold_ttft_s"])
 
 
 def test_goals_from_figures():

@@ -152,7 +152,10 @@ def register(subparsers) -> None:
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
                    "against prompt length (128..4096) and against generated length")
     p.add_argument("--multi-turn", action="store_true",
-                   help="multi-turn benchmark (issue 13)")
+                   help="time to first token of turns 2..5 after a long history, cold vs "
+                   "reused prefix (prefix reuse)")
+    p.add_argument("--history-tokens", type=_positive, default=3800,
+                   help="history length for --multi-turn (default 3800 tokens)")
     p.set_defaults(func=run_bench)
 
 
@@ -700,9 +703,76 @@ def plot_results(result: dict, records: list[RunRecord], out: Path) -> list[Path
 
 
 # ------------------------------------------------------------------------------ command
+def _long_history(tokenizer, n_tokens: int) -> list[dict]:
+    """A synthetic conversation whose rendered prompt holds about ``n_tokens`` tokens."""
+    lines = [p.messages[0]["content"] for p in _long_prompts(120)]
+    msgs: list[dict] = []
+    i = 0
+    while True:
+        msgs.append({"role": "user", "content": f"Question {i + 1}: summarise this.\n"
+                     + lines[i % len(lines)]})
+        msgs.append({"role": "assistant", "content": lines[(i + 1) % len(lines)]})
+        i += 1
+        if len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True)) >= n_tokens:
+            return msgs
+
+
 def run_multi_turn(args) -> int:
-    """Multi-turn benchmark hook (issue 13; the lead fills it). Prints "not yet" for now."""
-    print("bench --multi-turn: not yet (issue 13)")
+    """``bench --multi-turn`` (issue 13): time to first token for turns 2..5 of a conversation
+    with a ~4k-token history, cold (everything prefilled) vs reused (the previous turn's cache
+    through :class:`~app.engine.prefix.PromptCache`), plain and DFlash. Goal: reused TTFT under
+    20% of cold."""
+    from app.chat.reply import ReplySettings, collect_reply
+    from app.commands.generation import CommandError, resolve_pair
+    from app.engine.blas import warn_if_slow_blas
+    from app.engine.errors import EngineError
+    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.engine.prefix import PromptCache
+
+    try:
+        tpath, dpath = resolve_pair(args, need_drafter=True)
+        target, drafter = load_target(tpath), load_drafter(dpath)
+        check_pair(target, drafter)
+    except (CommandError, EngineError) as exc:
+        _err(f"error: {exc}")
+        return 2
+    warn_if_slow_blas(sys.stderr, load_mlx=True)
+    n_history = min(args.history_tokens, target.context_length - 200)
+    history = _long_history(target.tokenizer, n_history)
+    asks = ["What is the capital of France?", "And of Peru?", "Name a currency.",
+            "Thanks! One more: the capital of Japan?", "Goodbye."]
+    rows = []
+    for mode in ("plain", "dflash"):
+        settings = ReplySettings(mode=mode, max_tokens=min(args.max_tokens, 24))
+        session = PromptCache()
+        convo = list(history)
+        for turn, ask in enumerate(asks, start=1):
+            convo.append({"role": "user", "content": ask})
+            warm = collect_reply(target, drafter, convo, settings, session=session)
+            if turn >= 2:
+                cold_settings = ReplySettings(mode=mode, max_tokens=1)
+                cold = collect_reply(target, drafter, convo, cold_settings)
+                rows.append({
+                    "mode": mode, "turn": turn,
+                    "prompt_tokens": warm.summary.prompt_tokens,
+                    "reused_tokens": warm.summary.reused_tokens,
+                    "cold_ttft_s": cold.summary.ttft_s, "reused_ttft_s": warm.summary.ttft_s,
+                    "ratio": warm.summary.ttft_s / cold.summary.ttft_s,
+                })
+                if not args.json:
+                    r = rows[-1]
+                    _err(f"{mode:<6} turn {turn}: {r['prompt_tokens']} prompt tokens, "
+                         f"{r['reused_tokens']} reused; TTFT cold {r['cold_ttft_s']:.3f} s, "
+                         f"reused {r['reused_ttft_s']:.3f} s ({r['ratio']:.0%})")
+            convo += warm.messages
+    head = header(target, drafter, tpath, dpath, {"history_tokens": n_history, "turns": "2..5"})
+    result = {"header": head, "turns": rows,
+              "goal_reused_under_20pct": all(r["ratio"] < 0.2 for r in rows)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("multi-turn TTFT (reused / cold): " + ", ".join(
+            f"{r['mode']} t{r['turn']} {r['ratio']:.0%}" for r in rows))
     return 0
 
 
