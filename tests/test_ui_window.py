@@ -336,6 +336,17 @@ def test_tiny_pair_plain_equals_dflash_and_compare_identical(qtbot, engine_windo
     assert all(ident != main for _, ident in win.engine_calls)
 
 
+def test_second_turn_reuses_the_prefix_and_the_panel_says_so(qtbot, engine_window):
+    win = engine_window
+    win.new_chat()
+    first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    assert first.summary.reused_tokens == 0
+    second = send_and_wait(qtbot, win, "And another one?", mode="dflash").version.result
+    s = second.summary
+    assert 0 < s.reused_tokens < s.prompt_tokens
+    assert win.live.shown["prompt"] == (s.reused_tokens, s.prompt_tokens - s.reused_tokens)
+
+
 def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, monkeypatch):
     """The real pipeline and tool runner over a scripted token stream."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -365,7 +376,7 @@ def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, m
 
     script = iter(rounds)
 
-    def fake_generate(target, prompt_ids, config, drafter=None):
+    def fake_generate(target, prompt_ids, config, drafter=None, **kwargs):
         return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
 
     monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)

@@ -214,10 +214,8 @@ def dflash_sampling_supported() -> bool:
     are accepted while they equal its sample); an engine may opt out with
     ``DFLASH_SAMPLING = False``.
     """
-    try:
-        from app.engine import generate as gen_module
-    except ImportError:
-        return False
+    from app.engine import generate as gen_module
+
     return bool(getattr(gen_module, "DFLASH_SAMPLING", True))
 
 
@@ -271,10 +269,8 @@ def _generation_config(settings: ReplySettings, mode: str):
 
 
 def _run_tool(call: ToolCall, settings: ReplySettings):
-    try:
-        from app.chat.tools import run_tool
-    except ImportError:  # package __init__ not there yet
-        from app.chat.tools.base import run_tool
+    from app.chat.tools import run_tool
+
     return run_tool(
         call.name, call.arguments, tools=settings.runnable_tools, timeout_s=settings.tool_timeout_s
     )

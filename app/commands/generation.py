@@ -153,13 +153,10 @@ def load_tools(spec: str) -> list[dict] | None:
     """Tool definitions for ``--tools``: ``builtin``, ``none`` or a JSON file path."""
     if spec == "none":
         return None
-    if spec == "builtin":
-        try:
-            from app.chat.tools import tool_schemas
-        except ImportError:
-            return None
-        return tool_schemas()
     from app.chat.tools import ToolFileError, load_tool_file, tool_schemas
+
+    if spec == "builtin":
+        return tool_schemas()
 
     try:
         return tool_schemas(load_tool_file(Path(spec)))

@@ -75,13 +75,9 @@ def setup_logging(data_dir: Path) -> logging.Handler:
 
 
 def make_store(data_dir: Path):
-    """The conversation store: SQLite storage (issue 8) when available, else in memory."""
-    try:
-        from app.ui.storage_adapter import open_store  # written once app.chat.storage exists
-    except ImportError:
-        from app.ui.store import MemoryStore
+    """The conversation store: SQLite storage in ``data_dir``."""
+    from app.ui.storage_adapter import open_store
 
-        return MemoryStore()
     return open_store(data_dir)
 
 
@@ -114,20 +110,17 @@ def run_gui(args=None) -> int:
     server = listen(name, bring_up)
     app.aboutToQuit.connect(win.shutdown)
     win.show()
-    try:
-        import asyncio
+    import asyncio
 
-        import qasync
+    import qasync
 
-        loop = qasync.QEventLoop(app)
-        asyncio.set_event_loop(loop)
-        closed = asyncio.Event()
-        app.aboutToQuit.connect(closed.set)
-        with loop:
-            loop.run_until_complete(closed.wait())
-        code = 0
-    except ImportError:  # qasync missing: plain Qt loop
-        code = app.exec()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    with loop:
+        loop.run_until_complete(closed.wait())
+    code = 0
     server.close()
     log.info("quit")
     logging.getLogger().removeHandler(handler)

@@ -48,6 +48,9 @@ FIGURES: list[tuple[str, str, str]] = [
     ("cycles", "Cycles", "DFlash draft-verify cycles run."),
     ("tokens", "Tokens", "Tokens generated (the end token included when generated)."),
     ("context", "Context", "Prompt + generated tokens / the target's context limit."),
+    ("prompt", "Prompt",
+     "Prompt tokens reused from the kept cache of earlier turns (prefix reuse, recurrent "
+     "state included) + prompt tokens prefilled for this reply."),
 ]
 
 
@@ -120,6 +123,7 @@ class LiveStats:
                 "cycles": s.cycles,
                 "tokens": s.generated_tokens,
                 "context": (s.prompt_tokens + s.generated_tokens, self.context_limit),
+                "prompt": (s.reused_tokens, s.prompt_tokens - s.reused_tokens),
             }
         spent = self.draft_s + self.verify_s + self.rollback_s
         rate = None
@@ -136,6 +140,7 @@ class LiveStats:
             "cycles": self.cycles,
             "tokens": self.tokens,
             "context": ((self.prompt_tokens or 0) + self.tokens, self.context_limit),
+            "prompt": None,
         }
 
 
@@ -151,6 +156,9 @@ def format_figure(key: str, value) -> str:
         return f"{value:.1f}"
     if key == "ttft":
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    if key == "prompt":
+        reused, prefilled = value
+        return f"{reused:,} reused + {prefilled:,}"
     if key == "context":
         used, limit = value
         return f"{used:,} / {limit:,}" if limit else f"{used:,}"

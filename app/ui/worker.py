@@ -183,6 +183,7 @@ class EngineBackend:
     def __init__(self) -> None:
         self.target = None
         self.drafter = None
+        self.session = None  # app.engine.prefix.PromptCache of the loaded target
 
     def load(self, target: str, drafter: str | None) -> ModelInfo:
         """Load ``target`` (and ``drafter`` when given) and check they fit.
@@ -213,6 +214,9 @@ class EngineBackend:
             new_drafter = loader.load_drafter(drafter)
             loader.check_pair(new_target, new_drafter)
         self.target, self.drafter = new_target, new_drafter
+        from app.engine.prefix import PromptCache
+
+        self.session = PromptCache()
         if "vision_config" in (getattr(new_target, "config", None) or {}):
             note = (note + " " if note else "") + ("This is a multimodal checkpoint: it is "
                                                    "used for text; image input is not "
@@ -246,7 +250,7 @@ class EngineBackend:
     def unload(self) -> None:
         """Drop the loaded pair and clear MLX's buffer cache."""
         assert_not_gui_thread("unload")
-        self.target = self.drafter = None
+        self.target = self.drafter = self.session = None
         import gc
 
         gc.collect()
@@ -274,28 +278,23 @@ class EngineBackend:
         drafter = self.drafter if settings.get("mode") == "dflash" else None
         if settings.get("mode") == "dflash" and drafter is None:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
-        try:
-            from app.chat import reply as reply_mod
-        except ImportError:
-            reply_mod = None
-        if reply_mod is not None:
-            rs = _make_reply_settings(reply_mod, settings)
-            messages, notice = self._fit(messages, rs)
-            events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel)
-            if notice:
-                return _prepend(UiEvent("notice", notice), events)
-            return iter(events)
-        return self._fallback_reply(messages, settings, cancel, drafter)
+        from app.chat import reply as reply_mod
+
+        rs = _make_reply_settings(reply_mod, settings)
+        messages, notice = self._fit(messages, rs)
+        events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
+                                     session=self.session)
+        if notice:
+            return _prepend(UiEvent("notice", notice), events)
+        return iter(events)
 
     def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
         """Leave out the oldest turns so the prompt fits the context limit with room for
         ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
 
         Raises :class:`GenerationError` when the current message alone does not fit."""
-        try:
-            from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
-        except ImportError:
-            return messages, None
+        from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
+
         limit = context_limit(getattr(self.target, "context_length", None) or None)
         kwargs = {}
         if getattr(rs, "enable_thinking", None) is not None:
@@ -307,36 +306,6 @@ class EngineBackend:
         except ContextOverflowError as exc:
             raise GenerationError(str(exc)) from exc
         return fitted.messages, fitted.notice()
-
-    def _fallback_reply(self, messages, settings, cancel, drafter) -> Iterator:
-        """Plain engine generation with mlx-lm's detokenizer (no reasoning/tool split)."""
-        from app.engine.generate import GenerationConfig, generate
-
-        tok = self.target.tokenizer
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True)
-        cfg = GenerationConfig(
-            mode=settings.get("mode", "plain"),
-            max_tokens=int(settings.get("max_tokens", 256)),
-            block_size=settings.get("block_size"),
-            rollback=settings.get("rollback", "tape"),
-        )
-        gen = generate(self.target, list(ids), cfg, drafter=drafter)
-        detok = tok.detokenizer
-        detok.reset()
-        eos = set(getattr(self.target, "eos_token_ids", set()) or set())
-        for ev in gen:
-            if cancel.is_set():
-                gen.cancel()
-            yield ev
-            if isinstance(ev, TokenEvent) and ev.token_id not in eos:
-                detok.add_token(ev.token_id)
-                seg = detok.last_segment
-                if seg:
-                    yield UiEvent("content", seg)
-        detok.finalize()
-        seg = detok.last_segment
-        if seg:
-            yield UiEvent("content", seg)
 
     def pieces(self, tokens: list[int]) -> list[str]:
         """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens))."""
@@ -369,10 +338,8 @@ def _blas() -> str:
 
 
 def _dflash_sampling() -> bool:
-    try:
-        from app.chat.reply import dflash_sampling_supported
-    except ImportError:
-        return False
+    from app.chat.reply import dflash_sampling_supported
+
     return bool(dflash_sampling_supported())
 
 
