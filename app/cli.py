@@ -17,6 +17,7 @@ import os
 import sys
 
 from app import APP_NAME, __version__
+from app.commands.generation import DEFAULT_PROMPT
 
 # Modules that add subcommands, in --help order.
 COMMAND_MODULES = [
@@ -26,7 +27,6 @@ COMMAND_MODULES = [
     "app.engine.bench",  # bench
 ]
 
-DEFAULT_PROMPT = "What is the capital of France, and what currency does it use?"
 
 
 def version_text() -> str:

@@ -21,7 +21,8 @@ from typing import Any
 from app.chat.reply import Reply, ReplySettings, collect_reply, effective_mode
 from app.engine.errors import EngineError
 
-DEFAULT_PROMPT = "What is the capital of France, and what currency does it use?"
+# A question that needs a tool and a reasoning block, in the bundled pair's closed world.
+DEFAULT_PROMPT = "What is the local time in Sydney?"
 TINY_PAIR_FOLDER = "tiny-pair"
 
 
@@ -265,8 +266,11 @@ def _print_reply(reply: Reply, block: int | None) -> None:
     if reply.reasoning:
         print("[reasoning]")
         print(reply.reasoning)
-        print("[answer]" if reply.content else "[answer] (none: the reply ended while reasoning)")
-    if reply.content or not reply.reasoning:
+        if reply.content:
+            print("[answer]")
+        elif not reply.tool_calls:
+            print("[answer] (none: the reply ended while reasoning)")
+    if reply.content or not (reply.reasoning or reply.tool_calls):
         print(reply.content)
     for c in reply.tool_calls:
         print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
