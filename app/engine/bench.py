@@ -714,7 +714,7 @@ def _long_history(tokenizer, n_tokens: int) -> list[dict]:
         msgs.append({"role": "assistant", "content": lines[(i + 1) % len(lines)]})
         i += 1
         if len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True)) >= n_tokens:
-            return msgs
+            return msgs[:-2] if len(msgs) > 2 else msgs  # stay under n_tokens
 
 
 def run_multi_turn(args) -> int:
