@@ -116,13 +116,9 @@ def _block_sizes(text: str) -> list[int]:
 
 
 def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return v
+    from app.commands.generation import int_at_least
+
+    return int_at_least(1)(text)
 
 
 def register(subparsers) -> None:
