@@ -935,3 +935,33 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
         assert "t2 t3" in win.chat.toPlainText()
     finally:
         win.shutdown()
+
+
+def test_short_benchmark_from_the_window(qtbot, engine_window):
+    win = engine_window
+    with qtbot.waitSignal(win.benchFinished, timeout=120_000) as blocker:
+        win.run_benchmark(max_tokens=12)
+    result = blocker.args[0]
+    modes = result["modes"]
+    assert list(modes) == ["plain", "dflash+tape@8", "dflash+replay@8"]
+    assert all(m["identical_tokens"] for m in modes.values())
+    tape, replay = modes["dflash+tape@8"], modes["dflash+replay@8"]
+    assert tape["replays"] == replay["replays"] > 0
+    dlg = win._bench_dialog
+    assert dlg.table.rowCount() == 3 and dlg.table.item(1, 0).text() == "dflash+tape@8"
+    assert dlg.table.item(1, 7).text() == "yes"
+    assert dlg.cycles_chart.values == result["accepted"]
+    assert sum(dlg.histogram_chart.values) == len(result["accepted"])
+    assert all(ident != threading.get_ident() for n, ident in win.engine_calls
+               if n == "generate")
+
+
+def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
+    win = make_window(qtbot, qs, EngineBackend())
+    with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+        win.load_model(str(tiny_dirs[0]), "")
+    with qtbot.waitSignal(win.benchFinished, timeout=30_000) as blocker:
+        win.run_benchmark()
+    assert blocker.args[0] is None
+    assert "drafter" in win.banner.text()
+    close_window(win)

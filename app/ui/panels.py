@@ -174,6 +174,7 @@ class AcceptChart(QWidget):
         self.values: list[int] = []
         self.max_value = 1
         self.max_bars = 120
+        self.caption: str | None = None  # footer text; None: "N cycles"
         self.colours = {"bar": "#2a9d8f", "bar_full": "#1d6f8a", "muted": "#667085",
                         "border": "#d9dee5"}
         self.setMinimumHeight(90)
@@ -214,7 +215,7 @@ class AcceptChart(QWidget):
                        QColor(colour))
         p.setPen(QColor(self.colours["muted"]))
         p.drawText(QRectF(r.left(), r.bottom() + 1, r.width(), 13), Qt.AlignRight,
-                   f"{len(self.values)} cycles")
+                   self.caption or f"{len(self.values)} cycles")
         p.end()
 
 

@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
     replyFinished = Signal(object)
     modelLoaded = Signal(object)
     loadFailed = Signal(str)
+    benchFinished = Signal(object)
 
     def __init__(self, backend: Backend | None = None, store: ConversationStore | None = None,
                  qsettings: QSettings | None = None, auto_load: bool = True,
@@ -125,6 +126,8 @@ class MainWindow(QMainWindow):
         self.worker.finished.connect(self._on_finished)
         self.worker.memory.connect(self._on_memory)
         self.worker.piecesReady.connect(self._on_pieces)
+        self.worker.benchDone.connect(self._on_bench_done)
+        self.worker.benchFailed.connect(self._on_bench_failed)
 
         self._build()
         self._build_menus()
@@ -293,6 +296,7 @@ class MainWindow(QMainWindow):
         self.compare_action = act(c, "Compare plain and DFlash",
                                   lambda: self.composer._compare(), "Ctrl+Shift+C")
         self.regen_action = act(c, "Regenerate last reply", self.regenerate, "Ctrl+R")
+        act(c, "Run short benchmark", self.run_benchmark)
         act(c, "Rename chat…", self.rename_chat, "F2")
         act(c, "Delete chat", self.delete_chat)
         h = mb.addMenu("&Help")
@@ -360,6 +364,24 @@ class MainWindow(QMainWindow):
         self.model = None
         self.model_label.setText("No model loaded")
         self.worker.unloadRequested.emit()
+
+    def run_benchmark(self, max_tokens: int = 48) -> None:
+        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results."""
+        self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
+        self.worker.benchRequested.emit(max_tokens)
+
+    def _on_bench_done(self, result: dict) -> None:
+        from app.ui.bench_dialog import BenchDialog
+
+        self.statusBar().clearMessage()
+        self._bench_dialog = BenchDialog(self, result)
+        self._bench_dialog.show()
+        self.benchFinished.emit(result)
+
+    def _on_bench_failed(self, message: str) -> None:
+        self.statusBar().clearMessage()
+        self.show_banner(message)
+        self.benchFinished.emit(None)
 
     def open_models(self) -> None:
         """The Models dialog (issue 9): pick, download, pair and remove models."""

@@ -307,6 +307,32 @@ class EngineBackend:
             raise GenerationError(str(exc)) from exc
         return fitted.messages, fitted.notice()
 
+    def benchmark(self, max_tokens: int = 48, n_prompts: int = 3) -> dict:
+        """A short ``python -m app bench`` on the loaded pair: plain, DFlash + tape and
+        DFlash + replay at the drafter's block size, a few of the pair's held-out prompts,
+        one repeat (``app.engine.bench``). Returns ``{"modes": {name: figures}, "accepted":
+        [accepted drafts per cycle over the DFlash + tape runs], "prompts": n}``.
+
+        Raises:
+            EngineError: no model or no drafter loaded.
+        """
+        assert_not_gui_thread("benchmark")
+        from pathlib import Path
+
+        from app.engine import bench
+
+        if self.target is None or self.drafter is None:
+            raise EngineError("the benchmark needs a target and a DFlash drafter loaded")
+        prompts, _ = bench.default_prompts(Path(str(self.target.path)))
+        rendered = [(p.id, bench.render(self.target, p)) for p in prompts[:n_prompts]]
+        modes = bench.make_modes([self.drafter.config.block_size])
+        records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens)
+        tape = modes[1].name
+        accepted = [a for r in records if r.mode.name == tape
+                    for a in r.summary.accepted_lengths]
+        return {"modes": bench.aggregate(records, modes), "accepted": accepted,
+                "prompts": len(rendered), "block_size": self.drafter.config.block_size}
+
     def pieces(self, tokens: list[int]) -> list[str]:
         """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens))."""
         if self.target is None:
@@ -484,6 +510,8 @@ class Worker(QObject):
         events(int, list): request id and a batch of :class:`UiEvent`.
         finished(int): the request id; no more events follow for it.
         memory(int): MLX active memory in bytes.
+        benchDone(object) / benchFailed(str): answer ``benchRequested(max_tokens)`` with the
+            dict of :meth:`EngineBackend.benchmark`, or a user-facing message.
     """
 
     loading = Signal(str)
@@ -494,12 +522,15 @@ class Worker(QObject):
     memory = Signal(object)
 
     piecesReady = Signal(object)
+    benchDone = Signal(object)
+    benchFailed = Signal(str)
 
     # requests (queued from the GUI thread)
     piecesRequested = Signal(object)
     loadRequested = Signal(str, str)
     replyRequested = Signal(int, list, object, list)
     unloadRequested = Signal()
+    benchRequested = Signal(int)
 
     def __init__(self, backend: Backend | None = None) -> None:
         super().__init__()
@@ -510,6 +541,7 @@ class Worker(QObject):
         self.replyRequested.connect(self._on_reply)
         self.unloadRequested.connect(self._on_unload)
         self.piecesRequested.connect(self._on_pieces)
+        self.benchRequested.connect(self._on_bench)
 
     def cancel(self, req_id: int | None = None) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -546,6 +578,21 @@ class Worker(QObject):
             except Exception:
                 log.exception("token texts")
         self.piecesReady.emit(out)
+
+    @Slot(int)
+    def _on_bench(self, max_tokens: int) -> None:
+        try:
+            result = self.backend.benchmark(max_tokens)
+        except EngineError as exc:
+            self.benchFailed.emit(str(exc))
+            return
+        except Exception as exc:
+            log.exception("benchmark failed")
+            self.benchFailed.emit(f"Benchmark failed: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self.memory.emit(self.backend.memory_bytes())
+        self.benchDone.emit(result)
 
     @Slot()
     def _on_unload(self) -> None:

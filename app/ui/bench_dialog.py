@@ -1,0 +1,87 @@
+"""The window's short benchmark: plain vs DFlash (tape and replay) on the loaded pair, shown
+as a table and as the live panel's charts (accepted drafts per cycle, and their histogram)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
+
+from app.ui.panels import AcceptChart
+
+COLUMNS = [
+    ("mode", "Mode"),
+    ("tok_per_s", "tok/s"),
+    ("ratio_to_plain", "× plain"),
+    ("tau", "τ"),
+    ("acceptance_rate", "Acceptance"),
+    ("replays", "Replays"),
+    ("rollback_share", "Rollback share"),
+    ("identical_tokens", "Same tokens"),
+]
+
+
+def cell_text(key: str, value) -> str:
+    """Display text of one benchmark figure ("–" when not applicable)."""
+    if value is None:
+        return "–"
+    if key == "identical_tokens":
+        return "yes" if value else "NO"
+    if key in ("acceptance_rate", "rollback_share"):
+        return f"{value * 100:.1f}%"
+    if key in ("tok_per_s",):
+        return f"{value:.1f}"
+    if key in ("ratio_to_plain", "tau"):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def histogram(accepted: list[int], block_size: int) -> list[int]:
+    """Cycles per accepted length 0..block_size-1."""
+    counts = Counter(accepted)
+    return [counts.get(k, 0) for k in range(block_size)]
+
+
+class BenchDialog(QDialog):
+    """Shows the dict of ``EngineBackend.benchmark``: ``{"modes": {name: figures},
+    "accepted": [...], "prompts": n, "block_size": B}``."""
+
+    def __init__(self, parent, result: dict) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Benchmark: plain vs DFlash")
+        self.setAccessibleName("Benchmark results")
+        modes = result["modes"]
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel(
+            f"{result['prompts']} held-out prompts, one run each, greedy, block size "
+            f"{result['block_size']}. Ratios are paired prompt by prompt. "
+            "For the full benchmark run <code>python -m app bench</code>."))
+        self.table = QTableWidget(len(modes), len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
+        for row, (name, fig) in enumerate(modes.items()):
+            for col, (key, _) in enumerate(COLUMNS):
+                text = name if key == "mode" else cell_text(key, fig.get(key))
+                self.table.setItem(row, col, QTableWidgetItem(text))
+        self.table.resizeColumnsToContents()
+        layout.addWidget(self.table)
+        layout.addWidget(QLabel("Accepted drafts per cycle (DFlash + tape)"))
+        self.cycles_chart = AcceptChart()
+        self.cycles_chart.set_values(result["accepted"], result["block_size"] - 1)
+        layout.addWidget(self.cycles_chart)
+        layout.addWidget(QLabel("Histogram: cycles by accepted drafts (0 on the left)"))
+        self.histogram_chart = AcceptChart()
+        self.histogram_chart.caption = f"0..{result['block_size'] - 1} accepted"
+        self.histogram_chart.setToolTip("Number of cycles that accepted k drafts, k from 0.")
+        self.histogram_chart.set_values(histogram(result["accepted"], result["block_size"]))
+        layout.addWidget(self.histogram_chart)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.resize(760, 480)
