@@ -287,8 +287,21 @@ def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator
     history = list(prompt)
     cache_ids = list(prompt)
     t_first = None
+    pending = mx.argmax(logits) if choose is None else None
     while True:
-        y = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
+        if choose is None:
+            # Greedy: queue the next forward on the not-yet-read token before reading it, so
+            # building the graph overlaps the computation (as mlx-lm's generate_step does).
+            ahead = s.generated_tokens + 1 < config.max_tokens and not cancel.is_set()
+            current = pending
+            if ahead:
+                pending = mx.argmax(model(current.reshape(1, 1), cache=cache)[0, -1])
+                mx.async_eval(pending)
+            y = int(current.item())
+            if ahead:
+                cache_ids.append(y)
+        else:
+            y = choose(logits, history)
         if t_first is None:
             t_first = time.perf_counter()
         history.append(y)
@@ -303,8 +316,9 @@ def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator
         if cancel.is_set():
             s.stop_cause = "cancelled"
             break
-        logits = model(mx.array([[y]], dtype=mx.int32), cache=cache)[0, -1]
-        cache_ids.append(y)
+        if choose is not None:
+            logits = model(mx.array([[y]], dtype=mx.int32), cache=cache)[0, -1]
+            cache_ids.append(y)
     if session is not None:
         session.store(cache_ids, cache, None, 0)
     _summary_common(s, t_start, t_first, time.perf_counter())
