@@ -272,7 +272,7 @@ class DFlashDrafter(nn.Module):
             k, v = layer.self_attn._kv(ctx, c.offset)
             c.update_and_fetch(k, v)
 
-    def draft(self, runner, pending: int, length: int, taps: mx.array | None, cache) -> list[int]:
+    def draft(self, runner, pending: int, length: int, taps: mx.array | None, cache) -> mx.array:
         """Propose ``length - 1`` draft tokens after ``pending`` (greedy, argmax).
 
         Args:
@@ -284,11 +284,12 @@ class DFlashDrafter(nn.Module):
             cache: this drafter's context cache (:meth:`make_cache`).
 
         Returns:
-            ``length - 1`` token ids.
+            ``(length - 1,)`` token ids, lazily (not evaluated yet, so the caller can queue
+            the verify pass behind it).
         """
         ids = mx.array([[pending] + [self.config.mask_token_id] * (length - 1)], dtype=mx.int32)
         hidden = self(runner.embed_tokens(ids), taps, cache)
-        return mx.argmax(runner.lm_head(hidden[:, 1:]), axis=-1)[0].tolist()
+        return mx.argmax(runner.lm_head(hidden[:, 1:]), axis=-1)[0]
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:

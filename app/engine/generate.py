@@ -362,15 +362,19 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             L = min(block, remaining)
             # Draft
             t0 = time.perf_counter()
-            drafts: list[int] = []
+            block_ids = mx.array([pending], dtype=mx.int32)
+            proposed = None
             if L > 1:
-                drafts = dmodel.draft(runner, pending, L, ctx_taps, dcache)
+                proposed = mx.array(dmodel.draft(runner, pending, L, ctx_taps, dcache))
+                mx.async_eval(proposed)  # computes while the verify graph is built below
+                block_ids = mx.concatenate([block_ids, proposed.astype(mx.int32)])
                 ctx_taps = None
-            t1 = time.perf_counter()
             # Verify
-            verify_ids = mx.array([[pending] + drafts], dtype=mx.int32)
+            verify_ids = block_ids[None]
             tapes: list | None = [] if runner.hybrid else None
             vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps, tapes=tapes)
+            drafts: list[int] = proposed.tolist() if proposed is not None else []
+            t1 = time.perf_counter()
             mx.eval(vlogits, vtaps)
             if choose is None:
                 choice = mx.argmax(vlogits[0], axis=-1).tolist()
