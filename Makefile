@@ -57,7 +57,7 @@ run: $(STAMP) blas
 	@$(MAKE) --no-print-directory _run
 
 _run:
-	$(RUN_ENV) $(PY) -m app
+	@$(RUN_ENV) $(PY) -m app
 
 test: $(STAMP) blas
 	@$(MAKE) --no-print-directory _test

@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.data_dir:
+        if os.path.exists(args.data_dir) and not os.path.isdir(args.data_dir):
+            print(f"error: --data-dir {args.data_dir} is a file, not a folder", file=sys.stderr)
+            return 2
         os.environ["DFLASH_DATA_DIR"] = args.data_dir
     if args.version:
         print(version_text())
@@ -105,5 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             "No display available: running the headless comparison on the bundled demo pair "
             "instead (use --gui to force the window)."
         )
+        print(f"Prompt: {DEFAULT_PROMPT}")
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
+        return 0

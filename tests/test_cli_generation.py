@@ -249,3 +249,26 @@ def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_path
         "It is 391.",
     ]
     assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish stop")
+
+
+def test_data_dir_that_is_a_file_exits_2(capsys, tmp_path):
+    from app.cli import main
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["--data-dir", str(f), "models"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_file_tools_are_offered_but_never_run(monkeypatch):
+    import argparse
+
+    from app.commands.generation import settings_from_args
+
+    base = dict(max_tokens=8, block_size=None, rollback="tape", stop=[], run_tools=True,
+                max_tool_rounds=8, tool_parser=None, temp=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                repetition_penalty=None, seed=None)
+    builtin = settings_from_args(argparse.Namespace(tools="builtin", **base), "plain", [], None)
+    from_file = settings_from_args(argparse.Namespace(tools="x.json", **base), "plain", [], None)
+    assert builtin.runnable_tools is None  # the built-ins
+    assert from_file.runnable_tools == []  # nothing runs: a call gets an error result

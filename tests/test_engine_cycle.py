@@ -182,3 +182,21 @@ def test_summary_figures_are_consistent(tiny_hybrid):
     assert s.rollback_share == pytest.approx(s.rollback_s / busy)
     assert s.ttft_s > 0 and s.tok_per_s > 0 and s.peak_memory_bytes > 0
     assert s.accepted_lengths == [c.accepted for c in cycles]
+
+
+@pytest.mark.parametrize("setting,match", [
+    ({"temperature": -1.0}, "temperature"),
+    ({"temperature": 0.7, "top_p": 0.0}, "top_p"),
+    ({"temperature": 0.7, "top_p": 1.5}, "top_p"),
+    ({"temperature": 0.7, "min_p": 2.0}, "min_p"),
+    ({"temperature": 0.7, "top_k": 100_000}, "top_k"),
+    ({"repetition_penalty": -1.0}, "repetition_penalty"),
+    ({"temperature": 0.5, "seed": -1}, "seed"),
+])
+def test_invalid_sampling_settings_are_refused_up_front(tiny_hybrid, setting, match):
+    from app.engine.errors import GenerationError
+
+    target, drafter = tiny_hybrid
+    for mode in ("plain", "dflash"):
+        with pytest.raises(GenerationError, match=match):
+            generate(target, [1, 2, 3], GenerationConfig(mode=mode, **setting), drafter)

@@ -183,3 +183,45 @@ def test_target_loads_through_mlx_lm_with_its_tokenizer(tiny_hybrid, tmp_path):
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelLoadError):
         load_target(folder)
+
+
+def test_target_folder_problems_are_named(tiny_hybrid, tmp_path):
+    target, drafter = tiny_hybrid
+
+    def copy(name):
+        folder = tmp_path / name
+        shutil.copytree(target.path, folder)
+        return folder
+
+    not_object = copy("list")
+    (not_object / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match="not a JSON object"):
+        load_target(not_object)
+    with pytest.raises(ModelLoadError, match="is a DFlash drafter"):
+        load_target(drafter.path)
+    no_tok = copy("notok")
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="no tokenizer files"):
+        load_target(no_tok)
+    bad_field = copy("badfield")
+    cfg = json.loads((bad_field / "config.json").read_text())
+    (bad_field / "config.json").write_text(json.dumps({**cfg, "hidden_size": "abc"}))
+    with pytest.raises(ModelLoadError, match="could not load badfield"):
+        load_target(bad_field)
+    no_type = copy("notype")
+    (no_type / "config.json").write_text(json.dumps({k: v for k, v in cfg.items()
+                                                     if k != "model_type"}))
+    with pytest.raises(ModelLoadError, match="no model_type"):
+        load_target(no_type)
+
+
+def test_drafter_config_problems_are_named(tmp_path):
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[]")
+    with pytest.raises(ModelLoadError, match="not a JSON object"):
+        load_drafter(tmp_path / "list")
+    zero = {**QWEN3_8B, "block_size": 0}
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "config.json").write_text(json.dumps(zero))
+    with pytest.raises(ModelLoadError, match="block_size is 0"):
+        load_drafter(tmp_path / "zero")

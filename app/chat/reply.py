@@ -350,6 +350,14 @@ def run_reply(
         rendered = render_prompt(
             target.tokenizer, convo, tools=settings.tools, enable_thinking=settings.enable_thinking
         )
+        limit = getattr(target, "context_length", None)
+        if isinstance(limit, int) and limit and len(rendered.ids) + settings.max_tokens > limit:
+            reply_warnings.append({
+                "code": "context_overflow",
+                "message": f"the prompt has {len(rendered.ids)} tokens and up to "
+                           f"{settings.max_tokens} more may be generated, beyond the model's "
+                           f"context of {limit}: the reply may degrade",
+            })
         yield RoundStarted(index=index, prompt_tokens=len(rendered.ids), mode=mode)
         pipe = TextPipeline(
             target.tokenizer,

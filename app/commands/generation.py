@@ -133,7 +133,8 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
 
     if args.model:
         if need_drafter and not args.draft_model:
-            raise CommandError("DFlash needs --draft-model with --model (or use --mode plain)")
+            hint = " (or use --mode plain)" if getattr(args, "mode", None) else ""
+            raise CommandError(f"DFlash needs --draft-model with --model{hint}")
         return args.model, args.draft_model
     if args.draft_model:
         raise CommandError("--draft-model needs --model (the target it was made for)")
@@ -186,6 +187,9 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         stop=list(args.stop),
         tools=tools,
         run_tools=args.run_tools,
+        # Only the built-in tools run, and only when they are the ones offered to the model;
+        # tools from a file are shown to the model but never run here.
+        runnable_tools=None if args.tools == "builtin" else [],
         max_tool_rounds=args.max_tool_rounds,
         tool_parser=args.tool_parser,
         temperature=args.temp,

@@ -112,6 +112,8 @@ class DrafterConfig:
             mask_id = pick("mask_token_id")
             if mask_id is None:
                 raise KeyError("mask_token_id")
+            if int(pick("block_size", 16)) < 1:
+                raise ValueError(f"block_size is {pick('block_size')}, it must be at least 1")
             layer_types = list(cfg.get("layer_types") or ["full_attention"] * n_layers)
             if len(layer_types) != n_layers:
                 raise ValueError(

@@ -189,6 +189,32 @@ def _summary_common(s: Summary, t_start: float, t_first: float | None, t_end: fl
     s.peak_memory_bytes = int(mx.get_peak_memory())
 
 
+def _check_sampling(config: GenerationConfig, target) -> None:
+    """Refuse sampling settings that mlx-lm's sampler would reject mid-generation.
+
+    Raises:
+        GenerationError: naming the setting and its valid range.
+    """
+    import math
+
+    def bad(name, value, valid):
+        raise GenerationError(f"{name} {value!r} is invalid: it must be {valid}")
+
+    if not config.temperature >= 0 or math.isinf(config.temperature):
+        bad("temperature", config.temperature, "a number >= 0")
+    if not 0 < config.top_p <= 1:
+        bad("top_p", config.top_p, "in (0, 1]")
+    if not 0 <= config.min_p <= 1:
+        bad("min_p", config.min_p, "in [0, 1]")
+    vocab = int(target.model.model.embed_tokens.weight.shape[0])
+    if not 0 <= config.top_k < vocab:
+        bad("top_k", config.top_k, f"0 (off) or below the vocabulary size {vocab}")
+    if config.repetition_penalty is not None and not config.repetition_penalty > 0:
+        bad("repetition_penalty", config.repetition_penalty, "a number > 0")
+    if config.seed is not None and not 0 <= config.seed < 2**63:
+        bad("seed", config.seed, "an integer in [0, 2**63)")
+
+
 def generate(
     target,
     prompt_ids: list[int],
@@ -217,6 +243,7 @@ def generate(
     check_engine_thread()
     if not prompt_ids:
         raise GenerationError("the prompt is empty")
+    _check_sampling(config, target)
     if config.max_tokens < 1:
         raise GenerationError("max_tokens must be at least 1")
     if config.mode == "plain":

@@ -65,9 +65,12 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not cfg_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json")
     try:
-        return json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{cfg_path} is not a JSON object")
+    return cfg
 
 
 def _on_cpu() -> bool:
@@ -145,8 +148,18 @@ def load_target(path_or_repo: str | Path) -> LoadedTarget:
     check_engine_thread()
     folder = resolve_model_path(path_or_repo)
     cfg = read_config(folder)
+    if "DFlashDraftModel" in (cfg.get("architectures") or []):
+        raise ModelLoadError(
+            f"{folder.name} is a DFlash drafter, not a target model: give it as the drafter "
+            "(--draft-model) and a target model as --model"
+        )
+    if "model_type" not in cfg:
+        raise ModelLoadError(f"{folder / 'config.json'} has no model_type")
     if not any(folder.glob("*.safetensors")):
         raise ModelLoadError(f"{folder} has no .safetensors weights")
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model",
+                                                 "vocab.json", "tiktoken.model")):
+        raise ModelLoadError(f"{folder} has no tokenizer files (tokenizer.json)")
     from mlx_lm.utils import load as mlx_load
 
     try:
@@ -160,8 +173,8 @@ def load_target(path_or_repo: str | Path) -> LoadedTarget:
                 f"model type {cfg.get('model_type')!r} is not supported by mlx-lm: {msg}"
             ) from exc
         raise ModelLoadError(f"could not load {folder.name}: {msg}") from exc
-    except (FileNotFoundError, OSError, RuntimeError, KeyError) as exc:
-        raise ModelLoadError(f"could not load {folder.name}: {exc}") from exc
+    except Exception as exc:  # mlx-lm raises many kinds for bad files; all are load errors
+        raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
     if _on_cpu() and "quantization" not in cfg:
         _upcast_for_cpu(model)
     tcfg = text_config(cfg)

@@ -562,7 +562,7 @@ class Worker(QObject):
             return
         except Exception as exc:  # a bug or an unexpected file problem: still a message
             log.exception("load failed")
-            self.loadFailed.emit(f"Could not load the model: {type(exc).__name__}: {exc}")
+            self.loadFailed.emit(f"{type(exc).__name__}: {exc}")
             return
         self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
