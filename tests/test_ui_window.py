@@ -444,6 +444,21 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
 
 
 # ------------------------------------------------------------------ settings, about
+def test_hand_edited_settings_are_clamped_to_valid_ranges(qs):
+    from app.ui import settings as settings_mod
+
+    qs.beginGroup("generation")
+    for key, value in {"block_size": 999, "temperature": -5, "top_k": -3, "top_p": 0,
+                       "min_p": "nan", "max_tokens": "abc"}.items():
+        qs.setValue(key, value)
+    qs.endGroup()
+    values = settings_mod.load_defaults(qs)
+    assert values["block_size"] == 64 and values["temperature"] == 0.0
+    assert values["top_k"] == 0 and values["top_p"] == 0.01
+    assert values["min_p"] == settings_mod.DEFAULTS["min_p"]  # unreadable: the default
+    assert values["max_tokens"] == settings_mod.DEFAULTS["max_tokens"]
+
+
 def test_conversation_settings_override_app_defaults(qtbot, qs):
     from app.ui import settings as settings_mod
 

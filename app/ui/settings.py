@@ -45,14 +45,30 @@ DEFAULTS: dict = {
 }
 
 
+#: Valid ranges of the numeric settings (the dialog's spin boxes use the same ones); values
+#: read from QSettings are clamped into them, so a hand-edited file cannot reach the engine.
+RANGES: dict = {
+    "max_tokens": (1, 131072),
+    "block_size": (0, 64),
+    "temperature": (0.0, 2.0),
+    "top_p": (0.01, 1.0),
+    "top_k": (0, 100000),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (1.0, 2.0),
+    "seed": (-1, 2**31 - 1),
+}
+
+
 def _coerce(key: str, value):
     default = DEFAULTS[key]
     if isinstance(default, bool):
         return value in (True, "true", "1", 1)
-    if isinstance(default, int):
-        return int(value)
-    if isinstance(default, float):
-        return float(value)
+    if isinstance(default, int | float):
+        number = type(default)(float(value)) if isinstance(default, int) else float(value)
+        if number != number:  # NaN
+            raise ValueError(f"{key} is not a number")
+        low, high = RANGES.get(key, (number, number))
+        return min(max(number, low), high)
     if isinstance(default, list):
         if isinstance(value, str):
             return [s for s in value.split("\n") if s]
@@ -124,7 +140,7 @@ class SettingsDialog(QDialog):
         self.system.setFixedHeight(80)
         self.system.setAccessibleName("System prompt")
         self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 131072)
+        self.max_tokens.setRange(*RANGES["max_tokens"])
         self.max_tokens.setValue(values["max_tokens"])
         self.max_tokens.setAccessibleName("Max tokens")
         self.block = QSpinBox()
@@ -151,33 +167,33 @@ class SettingsDialog(QDialog):
         self.stops.setPlaceholderText("e.g.  END | ###")
         self.stops.setAccessibleName("Stop strings")
         self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setRange(*RANGES["temperature"])
         self.temperature.setSingleStep(0.1)
         self.temperature.setValue(values["temperature"])
         self.temperature.setAccessibleName("Temperature")
         self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.0, 1.0)
+        self.top_p.setRange(*RANGES["top_p"])
         self.top_p.setSingleStep(0.05)
         self.top_p.setValue(values["top_p"])
         self.top_p.setAccessibleName("Top p")
         self.top_k = QSpinBox()
-        self.top_k.setRange(0, 100000)
+        self.top_k.setRange(*RANGES["top_k"])
         self.top_k.setSpecialValueText("off")
         self.top_k.setValue(values["top_k"])
         self.top_k.setAccessibleName("Top k")
         self.min_p = QDoubleSpinBox()
-        self.min_p.setRange(0.0, 1.0)
+        self.min_p.setRange(*RANGES["min_p"])
         self.min_p.setSingleStep(0.01)
         self.min_p.setValue(values["min_p"])
         self.min_p.setAccessibleName("Min p")
         self.rep = QDoubleSpinBox()
-        self.rep.setRange(1.0, 2.0)
+        self.rep.setRange(*RANGES["repetition_penalty"])
         self.rep.setSingleStep(0.05)
         self.rep.setSpecialValueText("off")
         self.rep.setValue(values["repetition_penalty"])
         self.rep.setAccessibleName("Repetition penalty")
         self.seed = QSpinBox()
-        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setRange(*RANGES["seed"])
         self.seed.setSpecialValueText("random")
         self.seed.setValue(values["seed"])
         self.seed.setAccessibleName("Seed")
