@@ -980,3 +980,17 @@ def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
     assert blocker.args[0] is None
     assert "drafter" in win.banner.text()
     close_window(win)
+
+
+def test_token_texts_hide_the_end_token(tiny_dirs):
+    """Compare and drafter colouring show token texts; the end token is counted, not shown."""
+    from app.engine.loader import load_target
+
+    backend = EngineBackend()
+    backend.target = load_target(tiny_dirs[0])
+    tok = backend.target.tokenizer
+    eos = next(iter(backend.target.eos_token_ids))
+    ids = tok.encode("Paris is nice.", add_special_tokens=False)
+    pieces = backend.pieces(ids + [eos])
+    assert len(pieces) == len(ids) + 1
+    assert pieces[-1] == "" and "".join(pieces) == "Paris is nice."

@@ -340,7 +340,11 @@ class EngineBackend:
         detok = self.target.tokenizer.detokenizer
         detok.reset()
         out = []
+        eos = set(getattr(self.target, "eos_token_ids", ()) or ())
         for t in tokens:
+            if int(t) in eos:  # the end token is counted but not shown as text
+                out.append("")
+                continue
             detok.add_token(int(t))
             out.append(detok.last_segment)
         detok.finalize()
