@@ -121,3 +121,15 @@ def test_reply_runner_reuses_the_previous_turn(tiny_hybrid):
     cold = collect_reply(target, drafter, convo, settings)
     assert warm.tokens == cold.tokens
     assert warm.summary.reused_tokens > 0 and cold.summary.reused_tokens == 0
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_drafter_context_covers_exactly_the_target_cache(tiny_hybrid, block_size):
+    """After a DFlash reply the drafter's context cache holds one row per target position,
+    also when the last cycles drafted nothing (block size 1, or the token limit)."""
+    target, drafter = tiny_hybrid
+    session = PromptCache()
+    ids = _render(target, [{"role": "user", "content": "Count to ten."}])
+    _gen(target, ids, drafter, session, mode="dflash", block_size=block_size, max_tokens=13)
+    assert session.drafter_len == len(session.ids)
+    assert all(c.offset == len(session.ids) for c in session.drafter_cache)

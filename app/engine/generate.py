@@ -444,7 +444,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     trim_attention(cache, runner.linear, L - n)
             del tapes
             t3 = time.perf_counter()
-            ctx_taps = vtaps[:, :n]
+            # taps of the positions now in the target cache; kept until the drafter reads them
+            kept = vtaps[:, :n]
+            ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
             cache_ids.extend(verify_ids[0, :n].tolist())
             committed = drafts[:accepted] + [bonus]
             flags = [True] * accepted + [False]
@@ -481,7 +483,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         if ctx_taps is not None and extend is not None:
             extend(ctx_taps, dcache)
         if extend is not None:
-            session.store(cache_ids, cache, dcache, len(cache_ids))
+            session.store(cache_ids, cache, dcache, int(dcache[0].offset))
         else:
             session.store(cache_ids, cache, None, 0)
     if s.cycles:
