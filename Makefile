@@ -24,7 +24,7 @@ else
 RUN_ENV =
 endif
 
-.PHONY: help run test lint venv blas app bench clean
+.PHONY: help run test lint venv blas x11libs app bench clean
 
 help:
 	@echo "make run    set up and run DFlash Chat (headless comparison when there is no display)"
@@ -53,7 +53,21 @@ ifeq ($(UNAME),Linux)
 	fi
 endif
 
-run: $(STAMP) blas
+# Qt's X11 plugin needs a few xcb libraries that PySide6's wheel does not ship; installed
+# when running as root with apt and an X11 display (never fatal; the app says what is missing).
+x11libs:
+ifeq ($(UNAME),Linux)
+	@if [ -n "$$DISPLAY" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		! ldconfig -p | grep -q libxcb-cursor.so.0; then \
+		echo "Installing the xcb libraries Qt needs for a window (libxcb-cursor0 ...)"; \
+		apt-get install -y -qq libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 >/dev/null 2>&1 || \
+		(apt-get update -qq >/dev/null 2>&1 && \
+		 apt-get install -y -qq libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 >/dev/null 2>&1) || \
+		echo "warning: could not install the xcb libraries; the app will say what is missing"; \
+	fi
+endif
+
+run: $(STAMP) blas x11libs
 	@$(MAKE) --no-print-directory _run
 
 _run:

@@ -53,6 +53,24 @@ def version_text() -> str:
     return "\n".join(lines)
 
 
+#: System libraries Qt's X11 (xcb) plugin needs beyond PySide6's wheel, with their Debian
+#: packages; without them Qt aborts the process when it opens a window.
+QT_XCB_LIBS = {"xcb-icccm": "libxcb-icccm4", "xcb-keysyms": "libxcb-keysyms1",
+               "xcb-cursor": "libxcb-cursor0"}
+
+
+def missing_x11_packages() -> list[str]:
+    """Debian packages of :data:`QT_XCB_LIBS` whose libraries are not installed (Linux with
+    an X11 display only; empty elsewhere)."""
+    if not sys.platform.startswith("linux") or not os.environ.get("DISPLAY"):
+        return []
+    if os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"):
+        return []
+    import ctypes.util
+
+    return [pkg for lib, pkg in QT_XCB_LIBS.items() if ctypes.util.find_library(lib) is None]
+
+
 def has_display() -> bool:
     """True when a Qt window can be shown on this machine."""
     if os.environ.get("QT_QPA_PLATFORM", "").startswith(("offscreen", "minimal")):
@@ -100,14 +118,22 @@ def main(argv: list[str] | None = None) -> int:
         print(version_text())
         return 0
     if args.command is None:
-        if args.gui or has_display():
+        missing = missing_x11_packages()
+        if missing and has_display():
+            print(
+                "Qt cannot open a window on this X11 display without "
+                f"{', '.join(missing)} (install with: sudo apt install {' '.join(missing)}; "
+                "`make run` does it when run as root): running the headless comparison instead."
+            )
+        elif args.gui or has_display():
             from app.ui.main import run_gui
 
             return run_gui(args)
-        print(
-            "No display available: running the headless comparison on the bundled demo pair "
-            "instead (use --gui to force the window)."
-        )
+        else:
+            print(
+                "No display available: running the headless comparison on the bundled demo "
+                "pair instead (use --gui to force the window)."
+            )
         print(f"Prompt: {DEFAULT_PROMPT}")
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT])
     try:

@@ -272,3 +272,20 @@ def test_file_tools_are_offered_but_never_run(monkeypatch):
     from_file = settings_from_args(argparse.Namespace(tools="x.json", **base), "plain", [], None)
     assert builtin.runnable_tools is None  # the built-ins
     assert from_file.runnable_tools == []  # nothing runs: a call gets an error result
+
+
+def test_missing_x11_libraries_are_named(monkeypatch):
+    import ctypes.util
+
+    from app import cli
+
+    monkeypatch.setattr(cli.sys, "platform", "linux")
+    monkeypatch.setenv("DISPLAY", ":99")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
+    real = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library",
+                        lambda name: None if name == "xcb-cursor" else real(name) or "lib")
+    assert cli.missing_x11_packages() == ["libxcb-cursor0"]
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # no X11 window wanted: nothing missing
+    assert cli.missing_x11_packages() == []
