@@ -136,24 +136,48 @@ class Reply:
     ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
     ``text``/``summary`` are those of the last round (the final answer when tools ran);
     ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
-    DFlash request fell back, see ``warnings``). ``messages`` are the messages this reply adds
+    ``messages`` are the messages this reply adds
     to the conversation (assistant turns with their tool calls, tool results, the final
     assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
     round plus reply-level ones (``{"code", "message"}`` dicts).
     """
 
-    content: str
-    reasoning: str
-    tool_calls: list[ToolCall]
-    finish_reason: str
-    tokens: list[int]
-    from_draft: list[bool]
-    text: str
-    summary: Summary
     mode: str
     rounds: list[ReplyRound]
     messages: list[dict]
     warnings: list[dict]
+
+    @property
+    def content(self) -> str:
+        return self.rounds[-1].content
+
+    @property
+    def reasoning(self) -> str:
+        return self.rounds[-1].reasoning
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.rounds[-1].tool_calls
+
+    @property
+    def finish_reason(self) -> str:
+        return self.rounds[-1].finish_reason
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.rounds[-1].tokens
+
+    @property
+    def from_draft(self) -> list[bool]:
+        return self.rounds[-1].from_draft
+
+    @property
+    def text(self) -> str:
+        return self.rounds[-1].text
+
+    @property
+    def summary(self) -> Summary:
+        return self.rounds[-1].summary
 
     @property
     def all_tokens(self) -> list[int]:
@@ -205,29 +229,6 @@ ReplyEvent = (
     | RoundFinished
     | ReplyDone
 )
-
-
-def dflash_sampling_supported() -> bool:
-    """True when the engine samples under DFlash (temperature > 0; issue 10).
-
-    ``app.engine.generate`` implements it (the target samples each verified position and drafts
-    are accepted while they equal its sample); an engine may opt out with
-    ``DFLASH_SAMPLING = False``.
-    """
-    from app.engine import generate as gen_module
-
-    return bool(getattr(gen_module, "DFLASH_SAMPLING", True))
-
-
-def effective_mode(settings: ReplySettings) -> tuple[str, str | None]:
-    """(mode to run, note or None). DFlash with temperature > 0 runs plain, with a note,
-    until the engine samples under DFlash."""
-    if settings.mode == "dflash" and settings.temperature > 0 and not dflash_sampling_supported():
-        return "plain", (
-            f"temperature {settings.temperature:g} with DFlash is not supported yet: "
-            "running plain decoding instead"
-        )
-    return settings.mode, None
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
@@ -330,14 +331,12 @@ def run_reply(
     """
     from app.engine.errors import GenerationError
 
-    mode, note = effective_mode(settings)
+    mode = settings.mode
     if mode == "dflash" and drafter is None:
         raise GenerationError("DFlash decoding needs a drafter model")
     if settings.max_tool_rounds < 0:
         raise GenerationError("max_tool_rounds must be >= 0")
     reply_warnings: list[dict] = []
-    if note:
-        reply_warnings.append({"code": "sampling_fallback", "message": note})
     convo = list(messages)
     added: list[dict] = []
     rounds: list[ReplyRound] = []
@@ -450,23 +449,9 @@ def run_reply(
             cancelled = True
             rnd.finish_reason = "cancelled"
             break
-    last = rounds[-1]
     warnings = [w.to_dict() for r in rounds for w in r.warnings] + reply_warnings
     yield ReplyDone(
-        Reply(
-            content=last.content,
-            reasoning=last.reasoning,
-            tool_calls=list(last.tool_calls),
-            finish_reason=last.finish_reason,
-            tokens=list(last.tokens),
-            from_draft=list(last.from_draft),
-            text=last.text,
-            summary=last.summary,
-            mode=mode,
-            rounds=rounds,
-            messages=added,
-            warnings=warnings,
-        )
+        Reply(mode=mode, rounds=rounds, messages=added, warnings=warnings)
     )
 
 

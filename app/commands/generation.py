@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply, effective_mode
+from app.chat.reply import Reply, ReplySettings, collect_reply
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
@@ -304,10 +304,7 @@ def run_compare(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
-    mode, note = effective_mode(settings)
-    if note:
-        _warn(note)
-    target, drafter, tpath, dpath = _load(args, need_drafter=mode == "dflash")
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode == "dflash")
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
     if args.json:
@@ -422,9 +419,6 @@ def _compare(args) -> int:
     results = {}
     for mode in ("plain", "dflash"):
         settings = settings_from_args(args, mode, tools, think)
-        run_mode, note = effective_mode(settings)
-        if note:
-            _warn(note)
         reply = collect_reply(target, drafter, _messages(args), settings)
         results[mode] = (reply, settings)
     (plain, ps), (dflash, ds) = results["plain"], results["dflash"]

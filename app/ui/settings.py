@@ -131,8 +131,7 @@ class SettingsDialog(QDialog):
 
     saved = Signal(dict, str)
 
-    def __init__(self, values: dict, parent=None, max_block: int | None = None,
-                 dflash_sampling: bool = True) -> None:
+    def __init__(self, values: dict, parent=None, max_block: int | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setAccessibleName("Settings")
@@ -197,14 +196,10 @@ class SettingsDialog(QDialog):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(values["seed"])
         self.seed.setAccessibleName("Seed")
-        if dflash_sampling:
-            text = ("Temperature 0 decodes greedily: DFlash then gives exactly the plain reply. "
-                    "Above 0 both modes sample from the same distribution (mlx-lm's samplers; "
-                    "DFlash accepts a draft only where it equals the target's sample).")
-        else:
-            text = ("DFlash is greedy-only with this engine: at temperature > 0 the reply runs "
-                    "plain decoding, and the window says so.")
-        note = QLabel(text)
+        note = QLabel(
+            "Temperature 0 decodes greedily: DFlash then gives exactly the plain reply. Above 0 "
+            "both modes sample from the same distribution (mlx-lm's samplers; DFlash accepts a "
+            "draft only where it equals the target's sample).")
         note.setWordWrap(True)
         note.setObjectName("figureName")
         form = QFormLayout()

@@ -624,8 +624,7 @@ class MainWindow(QMainWindow):
         """The settings dialog (non-blocking)."""
         dlg = settings_mod.SettingsDialog(
             self.current_settings(), self,
-            max_block=self.model.drafter_block_size if self.model else None,
-            dflash_sampling=self.model.dflash_sampling if self.model else True)
+            max_block=self.model.drafter_block_size if self.model else None)
         dlg.saved.connect(self._on_settings_saved)
         dlg.setModal(True)
         dlg.show()

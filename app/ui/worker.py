@@ -140,7 +140,6 @@ class ModelInfo:
     note: str = ""
     card: str = ""
     device: str = ""
-    dflash_sampling: bool = True
     memory_before_bytes: int = 0
     blas: str = ""
 
@@ -242,7 +241,6 @@ class EngineBackend:
             card=card,
             device=_mlx_device(),
             note=note,
-            dflash_sampling=_dflash_sampling(),
             memory_before_bytes=before,
             blas=_blas(),
         )
@@ -365,12 +363,6 @@ def _blas() -> str:
         return blas_description(load_mlx=True)
     except Exception:
         return ""
-
-
-def _dflash_sampling() -> bool:
-    from app.chat.reply import dflash_sampling_supported
-
-    return bool(dflash_sampling_supported())
 
 
 def _mlx_device() -> str:
