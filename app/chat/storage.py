@@ -170,6 +170,11 @@ def _draft_string(flags: list[bool]) -> str:
     return "".join("1" if f else "0" for f in flags)
 
 
+
+def _given(**fields) -> dict:
+    """The keyword arguments that were given (not None)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
 class Store:
     """All conversations in one SQLite file.
 
@@ -803,17 +808,8 @@ class Store:
         Returns:
             True when this call wrote to the database.
         """
-        values = {
-            k: v
-            for k, v in (
-                ("content", content),
-                ("reasoning", reasoning),
-                ("tool_calls", tool_calls),
-                ("token_ids", token_ids),
-                ("from_draft", from_draft),
-            )
-            if v is not None
-        }
+        values = _given(content=content, reasoning=reasoning, tool_calls=tool_calls,
+                        token_ids=token_ids, from_draft=from_draft)
         with self._lock:
             self._pending.setdefault(message_id, {}).update(values)
             last = self._last_write.get(message_id)
@@ -884,15 +880,8 @@ class Store:
             raise ValueError("finish_reply needs a final status, not 'generating'")
         with self._lock:
             pending = self._pending.setdefault(message_id, {})
-            for k, v in (
-                ("content", content),
-                ("reasoning", reasoning),
-                ("tool_calls", tool_calls),
-                ("token_ids", token_ids),
-                ("from_draft", from_draft),
-            ):
-                if v is not None:
-                    pending[k] = v
+            pending.update(_given(content=content, reasoning=reasoning, tool_calls=tool_calls,
+                                  token_ids=token_ids, from_draft=from_draft))
             extra = {
                 "status": status,
                 "finish_reason": finish_reason,
