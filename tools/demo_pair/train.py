@@ -101,6 +101,25 @@ def pad_batch(seqs: list[np.ndarray], pad: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def optimizer_step(opt, model, loss, step: int, total: int, t0: float, budget_s: float,
+                   name: str, logd: dict) -> tuple[int, int]:
+    """One AdamW step with gradient clipping at 1.0 (the DFlash paper's setting); ends the run
+    early (``total = step``) once ``budget_s`` seconds have passed; logs the loss every 100
+    steps under ``logd[name + "_loss"]``. Returns the new (step, total)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    step += 1
+    if budget_s > 0 and time.time() - t0 > budget_s and step < total:
+        log(f"{name}: time budget reached at step {step} of {total}")
+        total = step
+    if step % 100 == 0 or step == total:
+        log(f"{name} step {step}/{total} loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
+        logd.setdefault(f"{name}_loss", []).append([step, round(loss.item(), 4)])
+    return step, total
+
+
 def train_target(model, data, args, dev, tspec: TargetSpec, logd: dict):
     """Next-token cross-entropy on completions only (prompts and padding ignored)."""
     rng = random.Random(args.seed)
@@ -129,18 +148,8 @@ def train_target(model, data, args, dev, tspec: TargetSpec, logd: dict):
                 logits = model(input_ids=ids, use_cache=False).logits
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                    labels[:, 1:].reshape(-1), ignore_index=IGNORE)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            if args.time_target > 0 and time.time() - t0 > args.time_target and step < total:
-                log(f"target: time budget reached at step {step} of {total}")
-                total = step
-            if step % 100 == 0 or step == total:
-                log(f"target step {step}/{total} loss {loss.item():.4f} "
-                    f"({time.time() - t0:.0f}s)")
-                logd.setdefault("target_loss", []).append([step, round(loss.item(), 4)])
+            step, total = optimizer_step(opt, model, loss, step, total, t0, args.time_target,
+                                         "target", logd)
         epoch += 1
     logd["target_steps"] = step
     logd["target_epochs"] = round(step / max(1, len(length_batches(lengths,
@@ -300,18 +309,8 @@ def train_drafter(drafter, target, seqs, plens, dspec, args, dev, logd):
             slot_w = w.repeat(args.anchors)[None].expand_as(labels).reshape(-1)
             valid = (labels.reshape(-1) != IGNORE).float()
             loss = (ce * slot_w * valid).sum() / (slot_w * valid).sum().clamp_min(1e-6)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
-            step += 1
-            if args.time_drafter > 0 and time.time() - t0 > args.time_drafter and step < total:
-                log(f"drafter: time budget reached at step {step} of {total}")
-                total = step
-            if step % 100 == 0 or step == total:
-                log(f"drafter step {step}/{total} loss {loss.item():.4f} "
-                    f"({time.time() - t0:.0f}s)")
-                logd.setdefault("drafter_loss", []).append([step, round(loss.item(), 4)])
+            step, total = optimizer_step(opt, drafter, loss, step, total, t0, args.time_drafter,
+                                         "drafter", logd)
     logd["drafter_steps"] = step
     drafter.eval()
 
