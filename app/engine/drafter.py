@@ -22,7 +22,6 @@ per layer; block K/V are recomputed every cycle.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,10 +299,3 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     from mlx.utils import tree_flatten
 
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
-
-
-def num_parameters(model: nn.Module) -> int:
-    """Total parameter count of an MLX module."""
-    from mlx.utils import tree_flatten
-
-    return sum(math.prod(v.shape) for _, v in tree_flatten(model.parameters()))

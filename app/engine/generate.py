@@ -37,7 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.prefix import PromptCache
-from app.engine.target import TargetRunner, trim_attention
+from app.engine.target import TargetRunner, cache_arrays, trim_attention
 from app.engine.threads import check_engine_thread
 
 
@@ -167,17 +167,6 @@ def _prefill(forward, ids: list[int], start: int, step: int, want_taps: bool, sn
     if want_taps:
         taps_all = taps_parts[0] if len(taps_parts) == 1 else mx.concatenate(taps_parts, 1)
     return logits[0, -1], taps_all
-
-
-def _cache_arrays(cache: list) -> list:
-    """Every array held by a target cache list (for ``mx.eval``)."""
-    out = []
-    for c in cache:
-        arrays = getattr(c, "cache", None)
-        if arrays is None:
-            arrays = [getattr(c, "keys", None), getattr(c, "values", None)]
-        out.extend(a for a in arrays if a is not None)
-    return out
 
 
 def _summary_common(s: Summary, t_start: float, t_first: float | None, t_end: float) -> None:
@@ -426,7 +415,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 # the chunked verify's state is only near-exact: carry the reference one
                 for tape in tapes:
                     tape.rollback(n)
-                mx.eval(_cache_arrays(cache))
+                mx.eval(cache_arrays(cache))
             elif n < L:
                 if runner.hybrid:
                     replayed = True
@@ -439,7 +428,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                             tape.restore()
                         trim_attention(cache, runner.linear, L)
                         runner.forward(verify_ids[:, :n], cache, all_logits=False)
-                    mx.eval(_cache_arrays(cache))
+                    mx.eval(cache_arrays(cache))
                 else:
                     trim_attention(cache, runner.linear, L - n)
             del tapes

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from app.engine.target import cache_arrays
+
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two id lists."""
@@ -134,15 +136,10 @@ class PromptCache:
     def store(self, ids: list[int], cache: list, drafter_cache: list | None,
               drafter_len: int) -> None:
         """Keep the caches after a reply; ``ids`` are the tokens the target cache holds."""
-        mx.eval([a for c in cache for a in _arrays(c)])
+        mx.eval(cache_arrays(cache))
         self.ids = list(ids)
         self.target_cache = cache
         if drafter_cache is not None:  # else the kept one still covers a prefix (prepare)
             self.drafter_cache, self.drafter_len = drafter_cache, drafter_len
         self.snapshot(len(ids), cache)
 
-
-def _arrays(c) -> list:
-    if isinstance(c, ArraysCache):
-        return [a for a in c.cache if a is not None]
-    return [a for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None]

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from app.engine.errors import UnsupportedArchitectureError
@@ -30,8 +30,6 @@ from app.engine.gdn_chunked import chunked_gated_delta_update
 
 #: model_type values whose layer structure this module knows (taps and rollback).
 TAP_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"}
-#: hybrid families with recurrent (Gated DeltaNet) layers.
-HYBRID_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next"}
 
 
 @dataclass
@@ -272,9 +270,12 @@ def trim_attention(cache: list, linear: list[bool], n: int) -> None:
             c.trim(n)
 
 
-def cache_offset(cache: list, linear: list[bool]) -> int:
-    """Positions held by the attention caches (0 for an all-recurrent model)."""
-    for c, lin in zip(cache, linear):
-        if not lin and isinstance(c, KVCache):
-            return int(c.offset)
-    return 0
+def cache_arrays(cache: list) -> list:
+    """Every array a target cache list holds (GDN conv/recurrent states, attention K/V), for
+    ``mx.eval``."""
+    out = []
+    for c in cache:
+        arrays = c.cache if isinstance(c, ArraysCache) else [getattr(c, "keys", None),
+                                                              getattr(c, "values", None)]
+        out.extend(a for a in arrays if a is not None)
+    return out
