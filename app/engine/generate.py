@@ -358,6 +358,11 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         return runner.forward(chunk, cache, taps=taps, all_logits=False)
 
     logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries)
+    extend = getattr(dmodel, "extend_context", None)
+    if extend is not None:  # the drafter's context over the prompt is prefill work too
+        extend(ctx_taps, dcache)
+        mx.eval(cache_arrays(dcache))
+        ctx_taps = None
     history = list(prompt)
     cache_ids = list(prompt)
     pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
@@ -468,7 +473,6 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.stop_cause = "length"
                 break
     if session is not None:
-        extend = getattr(dmodel, "extend_context", None)
         if ctx_taps is not None and extend is not None:
             extend(ctx_taps, dcache)
         if extend is not None:

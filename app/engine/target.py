@@ -271,7 +271,7 @@ def trim_attention(cache: list, linear: list[bool], n: int) -> None:
 
 
 def cache_arrays(cache: list) -> list:
-    """Every array a target cache list holds (GDN conv/recurrent states, attention K/V), for
+    """Every array a cache list holds (GDN conv/recurrent states, attention K/V), for
     ``mx.eval``."""
     out = []
     for c in cache:
