@@ -665,7 +665,7 @@ class Worker(QObject):
         except Exception as exc:
             log.exception("generation failed")
             batch.append(UiEvent("error", f"Generation failed: {type(exc).__name__}: {exc}", tag))
-        if result is None:  # no ReplyDone (fallback path, or an error): build it here
+        if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
             finish = "stop"
             if last_summary is not None:
                 finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
