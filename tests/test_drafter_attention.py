@@ -192,7 +192,7 @@ def _cycles(model, caches, n_cycles=24, seed=1, prompt=5, head=None):
     model.extend_context(taps_all, caches)
     pending_taps = None
     worst, same, rows = 0.0, True, 0
-    for c in range(n_cycles):
+    for _ in range(n_cycles):
         emb = mx.array(rng.standard_normal((1, L, HIDDEN)).astype(np.float32))
         got = model(emb, pending_taps, caches)
         if pending_taps is not None:
@@ -362,3 +362,82 @@ def test_explicit_is_causal_config_masks_later_block_keys():
     got = model(emb, taps, model.make_cache())
     assert float(mx.abs(got - reference_hidden(model, taps, emb)).max()) <= TOL
     assert not _drafter().layers[0].self_attn.causal  # the default: non-causal
+
+
+# -- through the generator and prefix reuse ---------------------------------------------------
+
+def test_generation_with_bounded_caches_drafts_as_unbounded(tiny_dense, monkeypatch):
+    """A whole DFlash run (tiny dense pair, drafter window 32) with bounded sliding caches
+    (margin 8) drafts exactly what the same drafter drafts with caches that keep every row
+    (the masks alone enforcing the window). Then prefix reuse: a trim within the margin
+    gives the drafts of a cold run; a deeper one (the chat template re-rendering the reply)
+    is reported as inexact, and the output still equals a cold run's."""
+    from engine_fixtures import collect, prompt_ids
+
+    from app.engine.drafter import DFlashDrafter
+    from app.engine.generate import GenerationConfig, generate
+    from app.engine.prefix import PromptCache
+
+    target, drafter = tiny_dense
+    window = drafter.model.layers[0].self_attn.window
+    assert window == 32 and drafter.model.layers[1].self_attn.window is None
+    margin, step = 8, 8
+
+    def patched(keep_all):
+        def make_cache(self):
+            out = []
+            for layer in self.layers:
+                c = DraftContextCache(None if keep_all else layer.self_attn.window, margin)
+                c.step = step
+                out.append(c)
+            return out
+        return make_cache
+
+    drafts: list = []
+    real_draft = DFlashDrafter.draft
+
+    def recording_draft(self, *a, **kw):
+        out = real_draft(self, *a, **kw)
+        drafts.append(out.tolist())
+        return out
+
+    def gen(ids, session=None, n=80):
+        drafts.clear()
+        cfg = GenerationConfig(mode="dflash", max_tokens=n, block_size=8)
+        res = collect(generate(target, ids, cfg, drafter, session))
+        return res, list(drafts)
+
+    monkeypatch.setattr(DFlashDrafter, "draft", recording_draft)
+    ids = prompt_ids(target)
+    monkeypatch.setattr(DFlashDrafter, "make_cache", patched(True))
+    full, full_drafts = gen(ids)
+    monkeypatch.setattr(DFlashDrafter, "make_cache", patched(False))
+    session = PromptCache()
+    bounded, bounded_drafts = gen(ids, session)
+    assert bounded.tokens == full.tokens
+    assert bounded_drafts == full_drafts and len(bounded_drafts) > 8
+    sliding = session.drafter_cache[0]
+    assert sliding.offset == len(session.ids) > window + margin + 2 * step
+    assert sliding.start > 0 and sliding.keys.shape[2] <= window - 1 + margin + 2 * step
+
+    # a shallow trim (5 positions, within the margin): exact, the drafts of a cold run
+    ids2 = session.ids[:-5] + ids[-6:]
+    assert all(c.can_trim_exactly(len(session.ids) - (len(ids2) - 6)) for c in
+               session.drafter_cache)
+    warm, warm_drafts = gen(ids2, session, n=24)
+    cold, cold_drafts = gen(ids2, None, n=24)
+    assert warm.summary.reused_tokens == len(ids2) - 6
+    assert warm.tokens == cold.tokens and warm_drafts == cold_drafts
+
+    # a deep trim: the template re-renders the reply, the common prefix ends far back
+    convo = [{"role": "user", "content": "What is the capital of France? Think first."},
+             {"role": "assistant", "content": target.tokenizer.decode(warm.tokens)},
+             {"role": "user", "content": "And of Spain?"}]
+    ids3 = prompt_ids(target, convo)
+    reuse = session.prepare(ids3, True)  # generate's own prepare then finds nothing to cut
+    assert reuse > 0 and all(c.offset == reuse for c in session.drafter_cache)
+    assert not session.drafter_cache[0].exact and session.drafter_cache[1].exact
+    warm, _ = gen(ids3, session, n=16)
+    cold, _ = gen(ids3, None, n=16)
+    assert warm.summary.reused_tokens == reuse and warm.tokens == cold.tokens
+    assert all(c.offset == len(session.ids) for c in session.drafter_cache)

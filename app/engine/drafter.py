@@ -179,13 +179,20 @@ def _make_rope(head_dim: int, theta: float, scaling: dict | None, max_pos: int) 
     """The RoPE module mlx-lm builds for these settings (``rope_utils.initialize_rope``,
     non-traditional, as mlx-lm's qwen3 model passes it)."""
     return initialize_rope(
-        head_dim, base=theta, traditional=False, scaling_config=scaling,
+        head_dim,
+        base=theta,
+        traditional=False,
+        scaling_config=scaling,
         max_position_embeddings=max_pos,
     )
 
 
 def attention_visibility(
-    q_start: int, q_len: int, k_start: int, k_len: int, window: int | None,
+    q_start: int,
+    q_len: int,
+    k_start: int,
+    k_len: int,
+    window: int | None,
     causal: bool = False,
 ) -> mx.array | None:
     """Which keys each block query sees, by absolute position.
@@ -428,8 +435,9 @@ class DraftAttention(nn.Module):
             values = mx.concatenate([v_ctx, v_blk], axis=2)
         else:
             keys, values = k_blk, v_blk
-        mask = attention_visibility(start, L, start + L - keys.shape[2], keys.shape[2],
-                                    self.window, self.causal)
+        mask = attention_visibility(
+            start, L, start + L - keys.shape[2], keys.shape[2], self.window, self.causal
+        )
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
