@@ -224,10 +224,13 @@ def test_real_drafter_keeps_every_dtype_while_decoding(variant, monkeypatch):
     target or the drafter changes dtype (nothing is upcast behind the user's back)."""
     name, target, drafter, dtype, ids, reference, plain, states = variant
     spy = CacheSpy(monkeypatch)
+    n = 24  # nearly every block is rejected: a cycle per token (block 4 keeps verify cheap)
     spec, worst = dflash_with_cache_checks(
-        target, drafter, ids, plain, states, spy, max_tokens=N_TOKENS, block_size=16,
+        target, drafter, ids, plain[:n], states, spy, max_tokens=n, block_size=4,
     )
-    assert spec.tokens == plain
+    assert spec.tokens == plain[:n]
+    if name.startswith("qwen3_5"):
+        assert spec.summary.replays > 0  # the rollback ran
     assert worst <= cache_tol(dtype)
     floats = [v for _, v in tree_flatten(target.model.parameters())
               if mx.issubdtype(v.dtype, mx.floating)]
