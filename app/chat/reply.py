@@ -38,6 +38,7 @@ class ReplySettings:
         max_tokens: generated-token limit per generation round (int > 0).
         block_size: DFlash block size (None: the drafter's).
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
+        fast_verify: the engine's near-exact chunked verify (``GenerationConfig.fast_verify``).
         enable_thinking: passed to the chat template; None keeps the tokenizer's default.
         stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
         tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
@@ -54,6 +55,7 @@ class ReplySettings:
     max_tokens: int = 256
     block_size: int | None = None
     rollback: str = "tape"
+    fast_verify: bool = False
     enable_thinking: bool | None = None
     stop: list[str] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -260,6 +262,7 @@ def _generation_config(settings: ReplySettings, mode: str):
         max_tokens=settings.max_tokens,
         block_size=settings.block_size,
         rollback=settings.rollback,
+        fast_verify=settings.fast_verify,
         temperature=settings.temperature,
         top_p=settings.top_p,
         top_k=settings.top_k,
@@ -470,3 +473,25 @@ def collect_reply(
             reply = ev.reply
     assert reply is not None
     return reply
+
+
+def divergence_near_tie(target, plain: Reply, dflash: Reply) -> dict | None:
+    """The target's top-two logits (:func:`app.engine.compare.near_tie`) at the first
+    divergence of two replies to the same messages: the prompt of the round where they first
+    differ, plus the common prefix inside it. None when they never differ, or when the
+    differing round's prompts differ (an earlier difference in tool results). Engine thread.
+    """
+    from app.engine.compare import first_divergence, near_tie
+
+    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
+        i = first_divergence(rp.tokens, rd.tokens)
+        if i is None:
+            continue
+        if rp.prompt_ids != rd.prompt_ids:
+            return None
+        pick = {
+            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
+            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
+        }
+        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
+    return None

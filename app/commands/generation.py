@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply
+from app.chat.reply import Reply, ReplySettings, collect_reply, divergence_near_tie
+from app.engine.compare import first_divergence
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
@@ -72,6 +73,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="DFlash block size, 1..the drafter's (default: the drafter's)")
     p.add_argument("--rollback", choices=["tape", "replay"], default="tape",
                    help="recurrent-state rollback under DFlash (default tape)")
+    p.add_argument("--fast-verify", action="store_true",
+                   help="near-exact: verify with the chunked Gated DeltaNet form (faster on "
+                   "CPU for hybrid targets; can change tokens, see README); off by default")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
                        help="thinking on in the chat template")
@@ -183,6 +187,7 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         max_tokens=args.max_tokens,
         block_size=args.block_size,
         rollback=args.rollback,
+        fast_verify=args.fast_verify,
         enable_thinking=think,
         stop=list(args.stop),
         tools=tools,
@@ -359,59 +364,6 @@ def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings
     return reply
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """First index where ``a`` and ``b`` differ, the shorter length when one is a prefix of
-    the other, None when equal."""
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def near_tie(target, prompt_ids: list[int], prefix: list[int], tokens: dict[str, int | None],
-             index: int) -> dict:
-    """The target's top two logits after ``prompt_ids + prefix`` (one full forward, no cache).
-
-    ``tokens``: the token each run chose there (None where a run had ended). Returns
-    ``{"index", "top": [{"id", "logit"}, {"id", "logit"}], "gap", "<run>_token",
-    "<run>_logit"}``; logits are float32 values of the target's last position.
-    """
-    import mlx.core as mx
-
-    ids = mx.array([list(prompt_ids) + list(prefix)], dtype=mx.int32)
-    logits = target.model(ids)[0, -1].astype(mx.float32)
-    order = mx.argsort(-logits)[:2].tolist()
-    values = logits.tolist()
-    out: dict[str, Any] = {
-        "index": index,
-        "top": [{"id": int(i), "logit": float(values[i])} for i in order],
-        "gap": float(values[order[0]] - values[order[1]]),
-    }
-    for name, tok in tokens.items():
-        out[f"{name}_token"] = tok
-        out[f"{name}_logit"] = None if tok is None else float(values[tok])
-    return out
-
-
-def _near_tie_for(target, plain: Reply, dflash: Reply) -> dict | None:
-    """Near-tie figures at the first divergence of the two replies' rounds (the prompt of the
-    round where they first differ, plus the common prefix inside it)."""
-    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
-        i = first_divergence(rp.tokens, rd.tokens)
-        if i is None:
-            continue
-        if rp.prompt_ids != rd.prompt_ids:
-            return None
-        pick = {
-            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
-            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
-        }
-        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
-    return None
-
-
 def _compare(args) -> int:
     tools = load_tools(args.tools)
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
@@ -423,7 +375,7 @@ def _compare(args) -> int:
         results[mode] = (reply, settings)
     (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
     div = first_divergence(plain.all_tokens, dflash.all_tokens)
-    tie = _near_tie_for(target, plain, dflash) if div is not None else None
+    tie = divergence_near_tie(target, plain, dflash) if div is not None else None
     obj = {
         "plain": chat_object(plain, ps, drafter, args.run_tools),
         "dflash": chat_object(dflash, ds, drafter, args.run_tools),

@@ -2,13 +2,16 @@
 
 Every prompt goes through the target's chat template (:func:`app.chat.templates.render_prompt`)
 and then through each mode: ``plain``, and for every block size B ``dflash+tape@B`` and
-``dflash+replay@B`` (greedy). Modes are interleaved (the order rotates from one prompt and
+``dflash+replay@B`` (greedy; with ``--fast-verify`` also ``dflash+tape@B+fast``, the near-exact
+chunked verify). Modes are interleaved (the order rotates from one prompt and
 repeat to the next) and repeated, after one untimed warm-up run per mode. Per mode the report
 gives the median tok/s (generation only, prefill excluded, as :class:`~app.engine.events.Summary`
 counts it), the median time to first token, the acceptance rate and tau (definitions in
 :mod:`app.engine.events`), replays, the time shares of draft / verify / rollback, the peak
 memory, and the ratio to plain computed pair by pair (same prompt, same repeat; the median of
-those ratios). Every mode's token ids are checked against plain's for the same prompt.
+those ratios). Every mode's token ids are checked against plain's for the same prompt; per
+prompt the report gives ``identical``, ``first_divergence`` and, where they differ, the target's
+top-two logit gap there (``top2_gap``, :func:`app.engine.compare.near_tie`).
 
 ``--scaling`` adds cost per generated token against prompt length (128..4096 tokens) and
 against generated length, plain and DFlash. Tau at lengths the model pair never saw in
@@ -33,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.engine.compare import first_divergence, near_tie
 
 DEFAULT_BLOCK_SIZES = "4,8,16"
 DEFAULT_REPEATS = 2
@@ -76,13 +81,15 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class Mode:
-    """A decoding mode: ``name`` (``plain``, ``dflash+tape@8``...), engine ``mode``,
-    ``rollback`` and ``block`` (None for plain)."""
+    """A decoding mode: ``name`` (``plain``, ``dflash+tape@8``, ``dflash+tape@8+fast``...),
+    engine ``mode``, ``rollback``, ``block`` (None for plain) and ``fast`` (the engine's
+    near-exact ``fast_verify``)."""
 
     name: str
     mode: str
     rollback: str = "tape"
     block: int | None = None
+    fast: bool = False
 
 
 @dataclass
@@ -145,6 +152,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, help="folder for bench.json, CSV files and PNG plots "
                    "(default: benchmarks/<UTC time> in the app-data folder, none with --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--fast-verify", action="store_true", help="also run dflash+tape@B+fast: "
+                   "the near-exact chunked verify (can change tokens; reported per prompt)")
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
                    "against prompt length (128..4096) and against generated length")
     p.add_argument("--multi-turn", action="store_true",
@@ -253,12 +262,15 @@ def render(target, prompt: BenchPrompt) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ running
-def make_modes(block_sizes: list[int]) -> list[Mode]:
-    """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B``."""
+def make_modes(block_sizes: list[int], fast: bool = False) -> list[Mode]:
+    """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
+    ``fast``, ``dflash+tape@B+fast``)."""
     modes = [Mode("plain", "plain")]
     for b in block_sizes:
         modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
         modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
+        if fast:
+            modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
     return modes
 
 
@@ -273,7 +285,7 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     from app.engine.generate import GenerationConfig, generate
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
-                           rollback=mode.rollback)
+                           rollback=mode.rollback, fast_verify=mode.fast)
     gen = generate(target, ids, cfg, drafter if mode.mode == "dflash" else None)
     tokens, times, summary = [], [], None
     t0 = time.perf_counter()
@@ -321,12 +333,17 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
     for m in modes:
         rs = [r for r in records if r.mode.name == m.name]
         ss = [r.summary for r in rs]
-        ratios, identical = [], True
+        ratios, identical, prompts = [], True, {}
         for r in rs:
             base = plain.get((r.prompt_id, r.repeat))
             if base is None:
                 continue
             identical &= r.tokens == base.tokens
+            div = first_divergence(base.tokens, r.tokens)
+            seen = prompts.setdefault(r.prompt_id, {"identical": True, "first_divergence": None,
+                                                    "top2_gap": None})
+            if div is not None and seen["identical"]:
+                seen.update(identical=False, first_divergence=div)
             if base.summary.tok_per_s > 0 and r.summary.tok_per_s > 0:
                 ratios.append(r.summary.tok_per_s / base.summary.tok_per_s)
         drafted = sum(s.drafted for s in ss)
@@ -355,15 +372,36 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "peak_memory_bytes": max((s.peak_memory_bytes for s in ss), default=0),
             "ratio_to_plain": _median(ratios),
             "identical_tokens": identical,
+            "fast_verify": m.fast,
+            "prompts": prompts,
         }
     return out
+
+
+def add_top2_gaps(target, figures: dict[str, dict], records: list[RunRecord],
+                  rendered: dict) -> None:
+    """Fill ``top2_gap`` of every divergent prompt in :func:`aggregate`'s figures: the target's
+    top-two logit gap after the prompt and plain's tokens up to the divergence.
+
+    ``rendered``: prompt id -> its prompt token ids. Needs the engine thread (one target
+    forward per divergence)."""
+    plain = {r.prompt_id: r for r in records if r.mode.name == "plain" and r.repeat == 0}
+    for fig in figures.values():
+        for pid, p in fig.get("prompts", {}).items():
+            d = p["first_divergence"]
+            if d is None or pid not in plain:
+                continue
+            tokens = plain[pid].tokens
+            tie = near_tie(target, rendered[pid], tokens[:d],
+                           {"plain": tokens[d] if d < len(tokens) else None}, d)
+            p["top2_gap"] = tie["gap"]
 
 
 def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape":
+        if fig["rollback"] != "tape" or fig.get("fast_verify"):
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]
@@ -377,7 +415,8 @@ def goals(result: dict) -> dict:
     tokens (best block size); tape rollback <= 1/5 of replay rollback per replay (every block
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""
-    tapes = {k: v for k, v in result["modes"].items() if v["rollback"] == "tape"}
+    tapes = {k: v for k, v in result["modes"].items()
+             if v["rollback"] == "tape" and not v.get("fast_verify")}
     ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
     best = max(ratios) if ratios else None
     tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]
@@ -555,6 +594,11 @@ def text_report(result: dict) -> str:
         lines.append("tape/replay rollback cost per replay: " + ", ".join(
             f"B={b}: {_fmt(v)}" for b, v in tvr.items()) + " (goal <= 0.20)")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
+    for name, f in result["modes"].items():
+        for pid, p in (f.get("prompts") or {}).items():
+            if not p["identical"]:
+                lines.append(f"  {name} differs from plain on {pid} at token "
+                             f"{p['first_divergence']} (top-two logit gap {_fmt(p['top2_gap'], '.3g')})")
     g = result.get("goals")
     if g:
         lines.append(f"goal DFlash+tape >= 2x plain: best {_fmt(g['best_tape_ratio_to_plain'])}x"
@@ -806,10 +850,11 @@ def run_bench(args) -> int:
              f"({', '.join(str(b) for b in args.block_sizes if b > limit)})")
     if not blocks:
         blocks = [limit]
-    modes = make_modes(blocks)
+    modes = make_modes(blocks, fast=args.fast_verify)
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
-                "modes_order": "interleaved, rotating", "greedy": True}
+                "modes_order": "interleaved, rotating", "greedy": True,
+                "fast_verify_modes": bool(args.fast_verify)}
     head = header(target, drafter, tpath, dpath, settings)
 
     def progress(i, n, rec):
@@ -821,6 +866,7 @@ def run_bench(args) -> int:
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
                          progress)
     figures = aggregate(records, modes)
+    add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {
         "header": head,
         "modes": figures,

@@ -4,7 +4,8 @@ Effective settings = :data:`DEFAULTS` <- QSettings app defaults <- the conversat
 overrides (the conversation wins). Keys and units:
 
 * ``system_prompt`` (str), ``max_tokens`` (int tokens), ``block_size`` (int; 0 = the
-  drafter's own), ``rollback`` ("tape" | "replay"), ``thinking`` (bool), ``stop_strings``
+  drafter's own), ``rollback`` ("tape" | "replay"), ``fast_verify`` (bool: the engine's
+  near-exact chunked verify, off by default), ``thinking`` (bool), ``stop_strings``
   (list[str]), ``use_tools`` (bool: offer the built-in tools and run their calls),
   ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int),
   ``min_p`` (float), ``repetition_penalty`` (float; 1 = off), ``seed`` (int; -1 = none).
@@ -33,6 +34,7 @@ DEFAULTS: dict = {
     "max_tokens": 512,
     "block_size": 0,
     "rollback": "tape",
+    "fast_verify": False,
     "thinking": True,
     "stop_strings": [],
     "use_tools": True,
@@ -155,6 +157,14 @@ class SettingsDialog(QDialog):
         self.rollback.setAccessibleName("Rollback strategy")
         self.rollback.setToolTip("tape: re-run only the recurrence over committed tokens; "
                                  "replay: run the committed tokens through the whole target.")
+        self.fast_verify = QCheckBox("Fast verify (near-exact)")
+        self.fast_verify.setChecked(bool(values.get("fast_verify", False)))
+        self.fast_verify.setAccessibleName("Fast verify (near-exact)")
+        self.fast_verify.setToolTip(
+            "Faster checking of drafts on hybrid models off Apple GPUs, but the reply can differ "
+            "from the plain one. Runs the Gated DeltaNet layers of the verify pass in a "
+            "chunked (parallel-in-time) form whose rounding reaches the cached state; off, "
+            "DFlash gives exactly the plain reply.")
         self.thinking = QCheckBox("Let the model think before answering")
         self.thinking.setChecked(values["thinking"])
         self.thinking.setAccessibleName("Thinking")
@@ -207,6 +217,7 @@ class SettingsDialog(QDialog):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Block size", self.block)
         form.addRow("Rollback", self.rollback)
+        form.addRow("", self.fast_verify)
         form.addRow("", self.thinking)
         form.addRow("", self.use_tools)
         form.addRow("Stop strings", self.stops)
@@ -239,6 +250,7 @@ class SettingsDialog(QDialog):
             max_tokens=self.max_tokens.value(),
             block_size=self.block.value(),
             rollback=self.rollback.currentText(),
+            fast_verify=self.fast_verify.isChecked(),
             thinking=self.thinking.isChecked(),
             use_tools=self.use_tools.isChecked(),
             stop_strings=[s.strip() for s in self.stops.text().split("|") if s.strip()],

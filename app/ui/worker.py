@@ -103,6 +103,8 @@ class ReplyResult:
         summary: the engine :class:`Summary` of the last round (None when no round ran).
         rounds: generation rounds (tool calls make more than one).
         mode, block_size, rollback: how the reply was generated.
+        top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
+            top-two logit gap at the first divergence (None otherwise).
     """
 
     content: str = ""
@@ -119,6 +121,7 @@ class ReplyResult:
     rollback: str = "tape"
     error: str | None = None
     note: str = ""
+    top2_gap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,10 @@ class Backend(Protocol):
 
     def memory_bytes(self) -> int:
         """MLX active memory in bytes (0 when unknown)."""
+
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ; None when they do not or it cannot be computed."""
 
 
 def _dict_of(obj: Any) -> dict:
@@ -285,6 +292,13 @@ class EngineBackend:
         if notice:
             return _prepend(UiEvent("notice", notice), events)
         return iter(events)
+
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """See :meth:`Backend.top2_gap` (one target forward, on the worker thread)."""
+        from app.chat.reply import divergence_near_tie
+
+        tie = divergence_near_tie(self.target, plain, dflash) if self.target else None
+        return tie["gap"] if tie else None
 
     def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
         """Leave out the oldest turns so the prompt fits the context limit with room for
@@ -605,6 +619,7 @@ class Worker(QObject):
         self._cancel = threading.Event()
         if req_id in self._cancelled:
             self._cancel.set()
+        self._replies: dict[str, Any] = {}
         try:
             for tag in tags:
                 s = dict(settings)
@@ -656,6 +671,7 @@ class Worker(QObject):
                     last_summary = ev.data
                 elif ev.kind == "reply_done":
                     result = result_from_reply(ev.data, settings, self.backend.pieces)
+                    self._replies[tag] = ev.data
                     continue
                 batch.append(ev)
                 if time.monotonic() - last >= FLUSH_S:
@@ -687,6 +703,14 @@ class Worker(QObject):
                 block_size=settings.get("block_size"),
                 rollback=settings.get("rollback", "tape"),
             )
+        plain = getattr(self, "_replies", {}).get("plain")
+        if tag == "dflash" and plain is not None and tag in self._replies \
+                and result.tokens != plain.all_tokens:
+            gap_of = getattr(self.backend, "top2_gap", None)  # scripted backends have none
+            try:
+                result.top2_gap = gap_of(plain, self._replies[tag]) if gap_of else None
+            except Exception:  # a figure for the header; never fails the reply
+                log.exception("top-two gap")
         batch.append(UiEvent("done", result, tag))
         flush()
 
