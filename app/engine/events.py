@@ -82,7 +82,7 @@ class Summary:
     near-exact chunked verify ran (``GenerationConfig.fast_verify`` on a hybrid target).
     """
 
-    mode: Literal["plain", "dflash"] = "plain"
+    mode: Literal["plain", "dflash", "dflash2"] = "plain"
     prompt_tokens: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0
