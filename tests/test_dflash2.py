@@ -530,3 +530,70 @@ def test_seeded_dflash2_sampling_is_reproducible(peaky2):
     kw = {"temperature": 1.0, "max_tokens": 24, "seed": 11, "mode": "dflash2"}
     a, b = run(target, PROMPT, drafter, **kw), run(target, PROMPT, drafter, **kw)
     assert a.tokens == b.tokens and a.summary.cycles > 0
+
+
+# --- CLI (additive) -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_paths(tiny_root, tmp_path_factory):
+    """(target, DFlash drafter, DFlash2 drafter) folders for the CLI."""
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    target = load_target(t)
+    d2 = write_checkpoint(tmp_path_factory.mktemp("cli2") / "d2",
+                          dflash2_config(t, _mask_id(target)), seed=2)
+    return t, d, d2
+
+
+def _cli(capsys, *argv):
+    from app.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+COMMON = ("--prompt", "Name a capital.", "--max-tokens", "20", "--tools", "none",
+          "--block-size", "4")
+
+
+def test_chat_mode_dflash2(capsys, cli_paths):
+    t, d, d2 = cli_paths
+    code, out, err = _cli(capsys, "chat", "--model", t, "--draft-model", d2, "--mode",
+                          "dflash2", *COMMON, "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    code, out, err = _cli(capsys, "chat", "--model", t, "--draft-model", d, "--mode",
+                          "plain", *COMMON, "--json")
+    plain = json.loads(out)
+    assert obj["mode"] == "dflash2" and obj["summary"]["mode"] == "dflash2"
+    assert obj["block_size"] == 4 and obj["summary"]["cycles"] > 0
+    assert obj["tokens"] == plain["tokens"] and obj["text"] == plain["text"]
+    code, out, err = _cli(capsys, "chat", "--model", t, "--draft-model", d, "--mode",
+                          "dflash2", *COMMON, "--json")
+    assert code == 2 and "DFlash2 drafter" in err
+
+
+def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths):
+    t, d, d2 = cli_paths
+    code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d, *COMMON,
+                          "--json")
+    assert code == 0, err
+    base = json.loads(out)
+    assert set(base) == {"plain", "dflash", "identical", "first_divergence", "near_tie"}
+    code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d,
+                          "--dflash2-model", d2, *COMMON, "--json")
+    assert code == 0, err
+    both = json.loads(out)
+    assert set(base) | {"dflash2", "dflash2_identical", "dflash2_first_divergence"} == set(both)
+    assert both["identical"] is True and both["dflash2_identical"] is True
+    assert both["dflash2_first_divergence"] is None
+    assert both["dflash"]["summary"]["mode"] == "dflash"
+    assert both["dflash2"]["summary"]["mode"] == "dflash2"
+    assert both["dflash2"]["tokens"] == both["plain"]["tokens"] == base["plain"]["tokens"]
+    code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d2, *COMMON,
+                          "--json")
+    assert code == 0, err
+    only = json.loads(out)
+    assert set(only) == set(both) and only["dflash"] == only["dflash2"]
+    assert only["identical"] is only["dflash2_identical"] is True

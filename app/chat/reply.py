@@ -34,7 +34,8 @@ class ReplySettings:
     """How to produce one reply.
 
     Attributes:
-        mode: ``"plain"`` or ``"dflash"``.
+        mode: ``"plain"``, ``"dflash"`` or ``"dflash2"`` (a DFlash2 drafter; see
+            :class:`app.engine.generate.GenerationConfig`).
         max_tokens: generated-token limit per generation round (int > 0).
         block_size: DFlash block size (None: the drafter's).
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
@@ -335,7 +336,7 @@ def run_reply(
     from app.engine.errors import GenerationError
 
     mode = settings.mode
-    if mode == "dflash" and drafter is None:
+    if mode in ("dflash", "dflash2") and drafter is None:
         raise GenerationError("DFlash decoding needs a drafter model")
     if settings.max_tool_rounds < 0:
         raise GenerationError("max_tool_rounds must be >= 0")
@@ -375,7 +376,8 @@ def run_reply(
             boundaries = _history_boundary(target, convo, settings, list(rendered.ids))
             extra = {"session": session, "boundaries": boundaries}
         gen = _engine_generate(
-            target, rendered.ids, config, drafter=drafter if mode == "dflash" else None, **extra
+            target, rendered.ids, config, drafter=drafter if mode in ("dflash", "dflash2") else None,
+            **extra
         )
         from_draft: list[bool] = []
         summary: Summary | None = None

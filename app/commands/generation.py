@@ -1,10 +1,14 @@
 """Headless ``chat`` and ``compare`` commands (issues 3-5; the JSON contract is in the README).
 
-``python -m app chat [--model M --draft-model D] --mode {plain,dflash} --prompt TEXT ...``
+``python -m app chat [--model M --draft-model D] --mode {plain,dflash,dflash2} --prompt TEXT ...``
 prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
 summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
 ``python -m app compare ...`` runs plain then DFlash on the same prompt and prints
-``{"plain", "dflash", "identical", "first_divergence", "near_tie"}``.
+``{"plain", "dflash", "identical", "first_divergence", "near_tie"}``; when a DFlash2 drafter
+takes part (``--draft-model`` is one, or ``--dflash2-model`` gives one beside a DFlash drafter)
+it adds ``"dflash2", "dflash2_identical", "dflash2_first_divergence"`` (DFlash2 vs plain). With
+only a DFlash2 drafter, ``"dflash"`` is that drafter's run too (mode ``dflash`` runs the
+drafter's own draft), so today's fields keep their meaning: speculative vs plain.
 
 Both go through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
 0 ok (a divergence is reported, not an error), 2 bad arguments or unusable model files.
@@ -112,8 +116,8 @@ def register(subparsers) -> None:
         description="Generate one reply to --prompt and print it with its figures.",
     )
     _add_common(chat)
-    chat.add_argument("--mode", choices=["plain", "dflash"], default="dflash",
-                      help="decoding mode (default dflash)")
+    chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
+                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter)")
     chat.set_defaults(func=run_chat)
     compare = subparsers.add_parser(
         "compare", help="plain then DFlash on the same prompt",
@@ -122,6 +126,8 @@ def register(subparsers) -> None:
         "logits are there.",
     )
     _add_common(compare)
+    compare.add_argument("--dflash2-model", default=None,
+                         help="a DFlash2 drafter to compare too, beside --draft-model's run")
     compare.set_defaults(func=run_compare)
 
 
@@ -230,7 +236,7 @@ def _load(args, need_drafter: bool):
 def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
     """The ``chat --json`` object for ``reply``."""
     block = None
-    if reply.mode == "dflash":
+    if reply.mode in ("dflash", "dflash2"):
         block = settings.block_size or (drafter.config.block_size if drafter else None)
     out: dict[str, Any] = {
         "mode": reply.mode,
@@ -258,7 +264,7 @@ def figures_line(reply: Reply, block: int | None = None) -> str:
     parts.append(f"{len(reply.tokens)} tokens")
     parts.append(f"{s.tok_per_s:.1f} tok/s")
     parts.append(f"TTFT {s.ttft_s:.2f} s")
-    if reply.mode == "dflash":
+    if reply.mode in ("dflash", "dflash2"):
         acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
         tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
         parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
@@ -309,7 +315,7 @@ def run_compare(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode == "dflash")
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
     if args.json:
@@ -368,12 +374,26 @@ def _compare(args) -> int:
     tools = load_tools(args.tools)
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
     think = args.think if args.think is not None else default_thinking(tpath, dpath)
+    drafter2 = None
+    if getattr(args, "dflash2_model", None):
+        from app.engine.loader import check_pair, load_drafter
+
+        drafter2 = load_drafter(args.dflash2_model)
+        if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+            raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 drafter")
+        check_pair(target, drafter2)
+    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
     results = {}
-    for mode in ("plain", "dflash"):
+    runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
+    if drafter2 is not None and not only_v2:
+        runs.append(("dflash2", drafter2))
+    for mode, d in runs:
         settings = settings_from_args(args, mode, tools, think)
-        reply = collect_reply(target, drafter, _messages(args), settings)
-        results[mode] = (reply, settings)
-    (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
+        reply = collect_reply(target, d, _messages(args), settings)
+        results[mode] = (reply, settings, d)
+    if only_v2:
+        results["dflash"] = results["dflash2"]
+    (plain, ps, _), (dflash, ds, _) = results["plain"], results["dflash"]
     div = first_divergence(plain.all_tokens, dflash.all_tokens)
     tie = divergence_near_tie(target, plain, dflash) if div is not None else None
     obj = {
@@ -383,12 +403,23 @@ def _compare(args) -> int:
         "first_divergence": div,
         "near_tie": tie,
     }
+    if "dflash2" in results:
+        v2, s2, d2 = results["dflash2"]
+        div2 = first_divergence(plain.all_tokens, v2.all_tokens)
+        obj["dflash2"] = chat_object(v2, s2, d2, args.run_tools)
+        obj["dflash2_identical"] = div2 is None
+        obj["dflash2_first_divergence"] = div2
     if args.json:
         print(json.dumps(obj, ensure_ascii=False))
         return 0
-    for name, (reply, _) in results.items():
+    for name, (reply, _, _) in results.items():
+        if only_v2 and name == "dflash":
+            continue  # the same run as dflash2
         print(f"== {name} ==")
         _print_reply(reply, obj[name]["block_size"])
+    if "dflash2" in results and not only_v2:
+        d2 = obj["dflash2_first_divergence"]
+        print("dflash2 identical: " + ("yes" if d2 is None else f"no (first divergence at {d2})"))
     if div is None:
         print("identical: yes")
     else:
