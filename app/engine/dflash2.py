@@ -316,7 +316,12 @@ class CandidateSelector(nn.Module):
         """
         n = logits.shape[0]
         k = min(top_k, logits.shape[-1])
-        cand = mx.argsort(-logits, axis=-1)[:, :k].astype(mx.int32)
+        if k < logits.shape[-1]:  # the top k without sorting the whole vocabulary
+            top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
+        else:
+            top = mx.broadcast_to(mx.arange(k), (n, k))
+        order = mx.argsort(-mx.take_along_axis(logits, top, axis=-1), axis=-1)
+        cand = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)  # descending logits
         unary = mx.take_along_axis(logits, cand, axis=-1)
         if pairwise:
             proj = self.hidden_projection(hidden).astype(mx.float32)  # (n, r)
