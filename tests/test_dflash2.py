@@ -414,6 +414,58 @@ def test_greedy_with_repetition_penalty_stays_exact(pair2):
     assert run(target, ids, drafter, mode="dflash2", block_size=8, **kw).tokens == plain
 
 
+def test_turn_two_reuses_the_drafter_cache_and_matches_plain(pair2):
+    """Prefix reuse (``PromptCache``) with a DFlash2 drafter: turn two reuses the target and
+    drafter caches and still gives plain's tokens."""
+    from app.engine.prefix import PromptCache
+
+    target, drafter = pair2
+    session = PromptCache()
+    turn1 = prompt_ids(target)
+    cfg = GenerationConfig(mode="dflash2", max_tokens=12, block_size=8)
+    first = collect(generate(target, turn1, cfg, drafter, session=session))
+    turn2 = turn1 + first.tokens + prompt_ids(target, [{"role": "user", "content": "More?"}])
+    warm = collect(generate(target, turn2, cfg, drafter, session=session))
+    plain = run(target, turn2, mode="plain", max_tokens=12)
+    assert warm.tokens == plain.tokens
+    assert warm.summary.reused_tokens == len(turn1) + len(first.tokens) - 1
+    assert session.drafter_cache is not None and session.drafter_len == len(session.ids)
+
+
+def test_half_precision_drafter_runs_and_stays_exact(pair2, tmp_path):
+    """A bfloat16 DFlash2 drafter (dtype kept, as on a GPU): greedy tokens equal plain's and
+    the sampled path runs; no parameter changes dtype."""
+    from mlx.utils import tree_flatten, tree_map
+
+    target, drafter = pair2
+    half = load_drafter(drafter.path, keep_dtype=True)
+    half.model.update(tree_map(lambda a: a.astype(mx.bfloat16), half.model.parameters()))
+    ids = prompt_ids(target)
+    plain = run(target, ids, mode="plain", max_tokens=16).tokens
+    assert run(target, ids, half, mode="dflash2", max_tokens=16, block_size=8).tokens == plain
+    sampled = run(target, ids, half, mode="dflash2", max_tokens=16, block_size=8,
+                  temperature=1.0, seed=3)
+    assert sampled.summary.stop_cause == "length" and sampled.summary.cycles > 0
+    assert all(v.dtype == mx.bfloat16 for _, v in tree_flatten(half.model.parameters()))
+
+
+def test_output_multiplier_and_softcap_shape_the_draft_logits(pair2, tmp_path):
+    target, _ = pair2
+    cfg = dflash2_config(target.path, _mask_id(target), output_multiplier=2.0,
+                         final_logit_softcapping=5.0)
+    d = load_drafter(write_checkpoint(tmp_path / "d", cfg))
+    assert d.config.output_multiplier == 2.0 and d.config.logit_softcap == 5.0
+    from app.engine.target import TargetRunner
+
+    runner = TargetRunner(target.model, target.model_type)
+    h = 10.0 * mx.random.normal((3, target.hidden_size))
+    raw = runner.lm_head(h).astype(mx.float32)
+    got = d.model.draft_logits(runner, h)
+    np.testing.assert_allclose(np.array(got), np.array(5.0 * mx.tanh(2.0 * raw / 5.0)),
+                               rtol=1e-5, atol=1e-5)
+    assert float(mx.abs(got).max()) < 5.0 < float(mx.abs(2 * raw).max())
+
+
 # --- sampling: distribution-exact -----------------------------------------------------------
 
 N = 200
