@@ -649,3 +649,31 @@ def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths):
     only = json.loads(out)
     assert set(only) == set(both) and only["dflash"] == only["dflash2"]
     assert only["identical"] is only["dflash2_identical"] is True
+
+
+def test_bench_reports_dflash2_beside_dflash(capsys, cli_paths, tmp_path):
+    t, d, d2 = cli_paths
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["What is the capital of France?"]))
+    common = ("--prompts", prompts, "--repeats", "1", "--block-sizes", "4",
+              "--max-tokens", "12", "--json")
+    code, out, err = _cli(capsys, "bench", "--model", t, "--draft-model", d,
+                          "--dflash2-model", d2, *common)
+    assert code == 0, err
+    res = json.loads(out)
+    assert {"plain", "dflash+tape@4", "dflash+replay@4", "dflash2+tape@4",
+            "dflash2+tape@4+nosel"} == set(res["modes"])
+    v2, off = res["modes"]["dflash2+tape@4"], res["modes"]["dflash2+tape@4+nosel"]
+    assert v2["mode"] == "dflash2" and v2["selector"] is True and off["selector"] is False
+    assert res["identical_tokens"] is True and v2["cycles"] > 0
+    row = res["dflash2_vs_dflash"]["4"]
+    assert row["dflash2_tau"] == v2["tau"] and row["dflash2_nosel_tau"] == off["tau"]
+    assert row["dflash_tau"] == res["modes"]["dflash+tape@4"]["tau"]
+    assert row["dflash2_identical_tokens"] is True
+    assert set(res["tape_vs_replay_rollback"]) == {"4"}  # DFlash2 modes do not overwrite it
+    assert res["header"]["dflash2_drafter"] == str(d2)
+    code, out, err = _cli(capsys, "bench", "--model", t, "--draft-model", d2, *common)
+    assert code == 0, err
+    only = json.loads(out)
+    assert set(only["modes"]) == {"plain", "dflash2+tape@4", "dflash2+tape@4+nosel"}
+    assert only["identical_tokens"] is True

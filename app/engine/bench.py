@@ -90,6 +90,7 @@ class Mode:
     rollback: str = "tape"
     block: int | None = None
     fast: bool = False
+    selector: bool = True  # DFlash2 modes: False = the candidate selector's bigram term off
 
 
 @dataclass
@@ -139,6 +140,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="target folder or cached repo id (default: the bundled "
                    "demo pair, else a tiny random pair)")
     p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
+    p.add_argument("--dflash2-model", default=None,
+                   help="a DFlash2 drafter: adds dflash2+tape@B and dflash2+tape@B+nosel "
+                   "(selector off) beside the DFlash modes")
     p.add_argument("--prompts", type=Path, help="JSON file: a list of strings or of "
                    "{id, messages, tools, enable_thinking} objects; or a text file, one "
                    "prompt per line (default: the demo pair's held-out prompts + long ones)")
@@ -262,21 +266,29 @@ def render(target, prompt: BenchPrompt) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ running
-def make_modes(block_sizes: list[int], fast: bool = False) -> list[Mode]:
+def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False,
+               dflash: bool = True) -> list[Mode]:
     """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
-    ``fast``, ``dflash+tape@B+fast``)."""
+    ``fast``, ``dflash+tape@B+fast``); with ``dflash2`` also ``dflash2+tape@B`` and
+    ``dflash2+tape@B+nosel`` (the DFlash2 drafter with its selector's bigram term off);
+    ``dflash=False`` leaves the DFlash modes out (only a DFlash2 drafter is given)."""
     modes = [Mode("plain", "plain")]
     for b in block_sizes:
-        modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
-        modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
-        if fast:
-            modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
+        if dflash:
+            modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
+            modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
+            if fast:
+                modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
+        if dflash2:
+            modes.append(Mode(f"dflash2+tape@{b}", "dflash2", "tape", b))
+            modes.append(Mode(f"dflash2+tape@{b}+nosel", "dflash2", "tape", b, selector=False))
     return modes
 
 
 def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
-            prompt_id: str = "", repeat: int = 0) -> RunRecord:
-    """One greedy generation in ``mode``; returns its :class:`RunRecord`.
+            prompt_id: str = "", repeat: int = 0, drafter2=None) -> RunRecord:
+    """One greedy generation in ``mode``; returns its :class:`RunRecord`. ``dflash2`` modes
+    run ``drafter2`` (a DFlash2 drafter), or ``drafter`` when that is one.
 
     Raises:
         RuntimeError: the generation ended with an error (its message).
@@ -285,8 +297,10 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     from app.engine.generate import GenerationConfig, generate
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
-                           rollback=mode.rollback, fast_verify=mode.fast)
-    gen = generate(target, ids, cfg, drafter if mode.mode == "dflash" else None)
+                           rollback=mode.rollback, fast_verify=mode.fast,
+                           selector=mode.selector)
+    chosen = {"dflash": drafter, "dflash2": drafter2 or drafter}.get(mode.mode)
+    gen = generate(target, ids, cfg, chosen)
     tokens, times, summary = [], [], None
     t0 = time.perf_counter()
     for ev in gen:
@@ -301,12 +315,13 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
 
 
 def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: list[Mode],
-               repeats: int, max_tokens: int, progress=None) -> list[RunRecord]:
+               repeats: int, max_tokens: int, progress=None, drafter2=None) -> list[RunRecord]:
     """Warm each mode up once (untimed), then run every (repeat, prompt, mode), the mode order
-    rotating by one at each step so that no mode always runs first or after the same one."""
+    rotating by one at each step so that no mode always runs first or after the same one.
+    ``drafter2``: the DFlash2 drafter of ``dflash2`` modes (see :func:`run_one`)."""
     warm_ids = prompts[0][1]
     for m in modes:
-        run_one(target, drafter, warm_ids, m, min(8, max_tokens))
+        run_one(target, drafter, warm_ids, m, min(8, max_tokens), drafter2=drafter2)
     records = []
     step = 0
     total = repeats * len(prompts) * len(modes)
@@ -314,7 +329,8 @@ def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: lis
         for pid, ids in prompts:
             k = step % len(modes)
             for m in modes[k:] + modes[:k]:
-                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r))
+                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r,
+                                       drafter2=drafter2))
                 if progress:
                     progress(len(records), total, records[-1])
             step += 1
@@ -351,7 +367,7 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
         busy = sum(s.draft_s + s.verify_s + s.rollback_s for s in ss)
         replays = sum(s.replays for s in ss)
         rollback_s = sum(s.rollback_s for s in ss)
-        dflash = m.mode == "dflash"
+        dflash = m.mode in ("dflash", "dflash2")
         out[m.name] = {
             "mode": m.mode,
             "rollback": m.rollback if dflash else None,
@@ -374,6 +390,30 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "identical_tokens": identical,
             "fast_verify": m.fast,
             "prompts": prompts,
+        }
+        if m.mode == "dflash2":
+            out[m.name]["selector"] = m.selector
+    return out
+
+
+def dflash2_vs_dflash(modes: dict[str, dict]) -> dict[str, dict]:
+    """Per block size with DFlash2 modes: tau and tok/s of ``dflash+tape@B``,
+    ``dflash2+tape@B`` and ``dflash2+tape@B+nosel`` (selector off), the DFlash2/DFlash tau
+    ratio (issue 22's goal: >= 1.1) and whether DFlash2's tokens equal plain's."""
+    out = {}
+    for name, fig in modes.items():
+        if fig["mode"] != "dflash2" or not fig.get("selector", True):
+            continue
+        b = fig["block_size"]
+        base = modes.get(f"dflash+tape@{b}", {})
+        nosel = modes.get(f"{name}+nosel", {})
+        t1, t2 = base.get("tau"), fig["tau"]
+        out[str(b)] = {
+            "dflash_tau": t1, "dflash2_tau": t2, "dflash2_nosel_tau": nosel.get("tau"),
+            "tau_ratio": (t2 / t1) if t1 and t2 else None,
+            "dflash_tok_per_s": base.get("tok_per_s"), "dflash2_tok_per_s": fig["tok_per_s"],
+            "dflash2_nosel_tok_per_s": nosel.get("tok_per_s"),
+            "dflash2_identical_tokens": fig["identical_tokens"],
         }
     return out
 
@@ -401,7 +441,7 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape" or fig.get("fast_verify"):
+        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig["mode"] != "dflash":
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]
@@ -416,7 +456,7 @@ def goals(result: dict) -> dict:
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""
     tapes = {k: v for k, v in result["modes"].items()
-             if v["rollback"] == "tape" and not v.get("fast_verify")}
+             if v["rollback"] == "tape" and not v.get("fast_verify") and v["mode"] == "dflash"}
     ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
     best = max(ratios) if ratios else None
     tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]
@@ -593,6 +633,11 @@ def text_report(result: dict) -> str:
         lines.append("")
         lines.append("tape/replay rollback cost per replay: " + ", ".join(
             f"B={b}: {_fmt(v)}" for b, v in tvr.items()) + " (goal <= 0.20)")
+    for b, v in (result.get("dflash2_vs_dflash") or {}).items():
+        lines.append(f"DFlash2 vs DFlash at B={b}: tau {_fmt(v['dflash2_tau'])} vs "
+                     f"{_fmt(v['dflash_tau'])} ({_fmt(v['tau_ratio'])}x, goal >= 1.10), selector "
+                     f"off {_fmt(v['dflash2_nosel_tau'])}; tok/s {_fmt(v['dflash2_tok_per_s'], '.1f')}"
+                     f" vs {_fmt(v['dflash_tok_per_s'], '.1f')}")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
     for name, f in result["modes"].items():
         for pid, p in (f.get("prompts") or {}).items():
@@ -628,7 +673,7 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
         s = r.summary
         rows.append({
             "mode": r.mode.name, "block_size": r.mode.block, "rollback": r.mode.rollback
-            if r.mode.mode == "dflash" else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
+            if r.mode.mode in ("dflash", "dflash2") else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
             "prompt_tokens": r.prompt_tokens, "generated_tokens": s.generated_tokens,
             "tok_per_s": s.tok_per_s, "ttft_s": s.ttft_s, "cycles": s.cycles,
             "drafted": s.drafted, "accepted": s.accepted, "tau": s.tau, "replays": s.replays,
@@ -834,6 +879,13 @@ def run_bench(args) -> int:
         target = load_target(tpath)
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
+        drafter2 = None
+        if getattr(args, "dflash2_model", None):
+            drafter2 = load_drafter(args.dflash2_model)
+            if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+                raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 "
+                                   "drafter")
+            check_pair(target, drafter2)
         if args.prompts:
             prompts, source = load_prompts(args.prompts), str(args.prompts)
         else:
@@ -843,18 +895,22 @@ def run_bench(args) -> int:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)
-    limit = drafter.config.block_size
+    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    limit = min(d.config.block_size for d in (drafter, drafter2) if d is not None)
     blocks = [b for b in args.block_sizes if b <= limit]
     if len(blocks) < len(args.block_sizes):
         _err(f"note: block sizes above the drafter's {limit} dropped "
              f"({', '.join(str(b) for b in args.block_sizes if b > limit)})")
     if not blocks:
         blocks = [limit]
-    modes = make_modes(blocks, fast=args.fast_verify)
+    modes = make_modes(blocks, fast=args.fast_verify and not only_v2,
+                       dflash2=only_v2 or drafter2 is not None, dflash=not only_v2)
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
                 "modes_order": "interleaved, rotating", "greedy": True,
                 "fast_verify_modes": bool(args.fast_verify)}
+    if drafter2 is not None:
+        settings["dflash2_drafter"] = str(args.dflash2_model)
     head = header(target, drafter, tpath, dpath, settings)
 
     def progress(i, n, rec):
@@ -864,7 +920,7 @@ def run_bench(args) -> int:
 
     t0 = time.perf_counter()
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
-                         progress)
+                         progress, drafter2=drafter2)
     figures = aggregate(records, modes)
     add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {
@@ -874,6 +930,8 @@ def run_bench(args) -> int:
         "identical_tokens": all(f["identical_tokens"] for f in figures.values()),
         "scaling": None,
     }
+    if any(f["mode"] == "dflash2" for f in figures.values()):
+        result["dflash2_vs_dflash"] = dflash2_vs_dflash(figures)
     if args.scaling:
         if not args.json:
             _err("scaling: cost per token against prompt and generated length ...")
