@@ -9,13 +9,24 @@ independently of the engine's own model code). Float32 on the CPU.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from engine_fixtures import collect, prompt_ids, run
-from test_engine_exact import CacheSpy, cache_state, cache_tol, max_difference, plain_states
+from test_engine_exact import (
+    CHILD_FLAG,
+    REFERENCE,
+    CacheSpy,
+    cache_state,
+    cache_tol,
+    max_difference,
+    plain_states,
+)
 from test_engine_sampling import chi2_critical, chi2_homogeneity
 
 from app.engine import dflash2
@@ -383,6 +394,36 @@ def test_greedy_dflash2_tokens_and_caches_equal_plain(pair2, monkeypatch, block_
     seen = {c.accepted for c in spec.cycles if c.drafted == block_size - 1}
     assert block_size - 1 in seen and 0 in seen and len(seen) >= min(block_size, 4)
     assert spec.summary.replays > 0  # hybrid target: the rollback ran
+
+
+@pytest.mark.skipif(REFERENCE, reason="this process already runs the reference BLAS")
+@pytest.mark.skipif(os.environ.get(CHILD_FLAG) == "1", reason="in the child already")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+def test_caches_bitwise_equal_under_reference_blas():
+    """The cache comparison above with tolerance zero: rerun in a child process without the
+    preloaded OpenBLAS (tests/test_engine_exact.py's module docstring says why float32 needs
+    that)."""
+    from app.engine import blas
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.PRELOADED)}
+    env[CHILD_FLAG] = "1"
+    env[blas.NO_REEXEC] = "1"
+    repo = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "greedy_dflash2_tokens_and_caches or child_tolerance"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=900,
+    )
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert "4 passed" in tail, tail
+
+
+def test_child_tolerance_is_zero():
+    if os.environ.get(CHILD_FLAG) != "1":
+        pytest.skip("only meaningful in the child process")
+    assert REFERENCE and cache_tol(mx.float32) == 0.0
 
 
 @pytest.mark.parametrize("selector", [True, False])
