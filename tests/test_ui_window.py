@@ -1,7 +1,7 @@
 """The desktop window, offscreen (pytest-qt): chat, reasoning and tool panes, live panel,
 Stop, plain == DFlash, Compare, load errors, and no MLX call on the GUI thread.
 
-Two kinds of backend: the real one (``EngineBackend`` over a tiny random-weight pair built by
+Two kinds of backend: the real one (``ChatSession`` over a tiny random-weight pair built by
 ``app.engine.tiny``) and a scripted one that emits the engine's and the chat pipeline's real
 event dataclasses at a controlled pace (for Stop and exact figures).
 """
@@ -25,7 +25,8 @@ from app.engine.errors import ModelLoadError, WrongThreadError  # noqa: E402
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
-from app.ui.worker import EngineBackend, ModelInfo, assert_not_gui_thread  # noqa: E402
+from app.chat.session import ChatSession  # noqa: E402
+from app.ui.worker import ModelInfo, assert_not_gui_thread  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 
@@ -238,7 +239,7 @@ def test_load_error_shows_message_and_window_stays_usable(qtbot, qs):
 def test_engine_load_error_from_real_loader(qtbot, qs, tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     try:
         with qtbot.waitSignal(win.loadFailed, timeout=30_000) as blocker:
             win.load_model(str(empty), "")
@@ -293,7 +294,7 @@ def engine_window(qtbot, qs, tiny_dirs, monkeypatch):
                                                               loader_mod.load_drafter))
     monkeypatch.setattr(gen_mod, "generate", recording("generate", gen_mod.generate))
     monkeypatch.setattr(reply_mod, "run_reply", recording("run_reply", reply_mod.run_reply))
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     win.engine_calls = calls
     t, d = tiny_dirs
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
@@ -397,15 +398,68 @@ def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, m
     assert "<tool_call>" not in chat and "<function=" not in chat
 
 
+def test_next_turn_prompt_keeps_the_tool_call_and_result(qtbot, engine_window, tiny_dirs,
+                                                         monkeypatch):
+    """The window builds the prompt from the stored messages: turn 1's tool call and tool
+    result reach turn 2 (they were lost when the prompt kept role and content only)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    import app.chat.reply as reply_mod
+
+    tok = load_tokenizer(tiny_dirs[0])
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    script = iter([
+        "<tool_call>\n<function=country_info>\n<parameter=name>\nChile\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "Chile's capital is Santiago.",
+        "About 19.6 million.",
+    ])
+    prompts: list[str] = []
+
+    class Scripted:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def cancel(self):
+            pass
+
+        def __iter__(self):
+            for i, t in enumerate(self.ids):
+                yield TokenEvent(t, i, False)
+            yield Done(Summary(mode="plain", generated_tokens=len(self.ids),
+                               stop_cause="end_token"))
+
+    def fake_generate(target, prompt_ids, config, drafter=None, **kwargs):
+        prompts.append(tok.decode(list(prompt_ids)))
+        return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
+
+    monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)
+    win = engine_window
+    win.defaults["use_tools"] = True
+    win.defaults["thinking"] = False
+    win.new_chat()
+    first = send_and_wait(qtbot, win, "Tell me about Chile.", mode="plain")
+    assert first.version.result.content == "Chile's capital is Santiago."
+    second = send_and_wait(qtbot, win, "And its population?", mode="plain")
+    assert second.version.result.content == "About 19.6 million."
+    assert len(prompts) == 3
+    turn2 = prompts[2]
+    assert "<function=country_info>" in turn2 and '"population": 19600000' in turn2
+    assert turn2.index("19600000") < turn2.index("And its population?")
+    # and the stored reply keeps its rounds across a reload of the conversation
+    reloaded = win.store.get(win.conv.id).messages[1].version.result
+    assert [m["role"] for m in reloaded.messages] == ["assistant", "tool", "assistant"]
+
+
 # ------------------------------------------------------------------ storage
 def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
 
     db = tmp_path / "conversations.db"
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=5, block=4)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.load_model("scripted-target", "scripted-drafter")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
@@ -421,7 +475,7 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
     assert not win.busy
     partial_tokens = backend.summary.generated_tokens
 
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -535,12 +589,12 @@ def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
 def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_path):
     import json
 
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "conversations.db"
     backend = ScriptedBackend(cycles=3, block=4)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -580,7 +634,7 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -589,7 +643,8 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         assert set(reply.versions) == {"dflash", "plain"} and reply.chosen == "dflash"
         assert cmp_reply.compare and cmp_reply.chosen == "plain"
         assert cmp_reply.versions["plain"].result.mode == "plain"
-        assert conv.history()[-1]["content"] == cmp_reply.versions["plain"].result.content
+        assert win2.store.db.messages_for_prompt(conv_id)[-1]["content"] == \
+            cmp_reply.versions["plain"].result.content
     finally:
         win2.shutdown()
 
@@ -800,11 +855,11 @@ def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
 
 
 def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
-    store = SqliteStore(tmp_path / "c.db")
+    store = TurnStore(tmp_path / "c.db")
     win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -878,12 +933,12 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
 
 
 def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = ScriptedBackend(cycles=2)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -904,7 +959,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         assert len(win.store.db.messages(conv_id)) == 6  # the old branch is still stored
     finally:
         win.shutdown()
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -916,7 +971,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
 
 def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     from app.chat.storage import Store
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
 
     db = tmp_path / "c.db"
     raw = Store(db)
@@ -929,7 +984,7 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     qs.setValue("last_conversation", conv.id)
     from app.ui.window import MainWindow
 
-    win = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                      auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -972,7 +1027,7 @@ def test_short_benchmark_from_the_window(qtbot, engine_window):
 
 
 def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
         win.load_model(str(tiny_dirs[0]), "")
     with qtbot.waitSignal(win.benchFinished, timeout=30_000) as blocker:
@@ -986,7 +1041,7 @@ def test_token_texts_hide_the_end_token(tiny_dirs):
     """Compare and drafter colouring show token texts; the end token is counted, not shown."""
     from app.engine.loader import load_target
 
-    backend = EngineBackend()
+    backend = ChatSession()
     backend.target = load_target(tiny_dirs[0])
     tok = backend.target.tokenizer
     eos = next(iter(backend.target.eos_token_ids))

@@ -51,9 +51,10 @@ from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
 from app.ui.panels import Collapsible, LivePanel, LiveStats, ToolPane
-from app.ui.store import Conversation, ConversationStore, MemoryStore, Message, Version
+from app.chat.session import prompt_for
+from app.chat.turns import ConversationView, ReplyResult, Turn, TurnStore, Version, version_key
 from app.ui.theme import colours, make_palette, stylesheet
-from app.ui.worker import TINY_PAIR, Backend, ModelInfo, ReplyResult, UiEvent, WorkerThread
+from app.ui.worker import TINY_PAIR, Backend, ModelInfo, UiEvent, WorkerThread
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ class MainWindow(QMainWindow):
     """The DFlash Chat window.
 
     Args:
-        backend: worker backend (default :class:`~app.ui.worker.EngineBackend`); tests pass
+        backend: worker backend (default :class:`~app.chat.session.ChatSession`); tests pass
             fakes.
-        store: conversation store (default :class:`~app.ui.store.MemoryStore`).
+        store: conversation store (default: ``TurnStore(":memory:")``, chats in memory).
         qsettings: where defaults, layout and last model live (default: the app's QSettings).
         auto_load: load the last/default model when shown.
         data_dir: the app's data folder (models list, storage); None for the default.
 
-    Signals: ``replyFinished(object)`` with the finished :class:`Message` (tests, storage).
+    Signals: ``replyFinished(object)`` with the finished :class:`Turn` (tests, storage).
     """
 
     replyFinished = Signal(object)
@@ -91,7 +92,7 @@ class MainWindow(QMainWindow):
     loadFailed = Signal(str)
     benchFinished = Signal(object)
 
-    def __init__(self, backend: Backend | None = None, store: ConversationStore | None = None,
+    def __init__(self, backend: Backend | None = None, store: TurnStore | None = None,
                  qsettings: QSettings | None = None, auto_load: bool = True,
                  data_dir: Path | None = None) -> None:
         super().__init__()
@@ -106,16 +107,16 @@ class MainWindow(QMainWindow):
         if icon.is_file():  # a checkout; the frozen app gets its icon from the bundle
             self.setWindowIcon(QIcon(str(icon)))
         self.qs = qsettings or QSettings()
-        self.store: ConversationStore = store or MemoryStore()
+        self.store: TurnStore = store if store is not None else TurnStore(":memory:")
         self.defaults = settings_mod.load_defaults(self.qs)
         self.model: ModelInfo | None = None
         self.memory_bytes = 0
-        self.conv: Conversation | None = None
+        self.conv: ConversationView | None = None
         self.busy = False
         self._req = 0
         self._run: dict | None = None
         self._pending: list[UiEvent] = []
-        self.shown_message: Message | None = None
+        self.shown_message: Turn | None = None
 
         self.workers = WorkerThread(backend)
         self.worker = self.workers.worker
@@ -454,18 +455,12 @@ class MainWindow(QMainWindow):
         convs = self.store.list()
         query = self.search_box.text().strip() if hasattr(self, "search_box") else ""
         if query:
-            search = getattr(self.store, "search", None)
-            if search is not None:
-                try:
-                    hits = set(search(query))
-                except Exception:
-                    log.exception("search")
-                    hits = set()
-                convs = [c for c in convs if c.id in hits]
-            else:
-                q = query.lower()
-                convs = [c for c in convs if q in c.title.lower() or any(
-                    q in m.text().lower() for m in c.messages)]
+            try:
+                hits = set(self.store.search(query))
+            except Exception:
+                log.exception("search")
+                hits = set()
+            convs = [c for c in convs if c.id in hits]
         for conv in convs:
             item = QListWidgetItem(conv.title)
             item.setData(Qt.UserRole, conv.id)
@@ -475,7 +470,7 @@ class MainWindow(QMainWindow):
                 self.conv_list.setCurrentItem(item)
         self.conv_list.blockSignals(False)
 
-    def new_chat(self) -> Conversation:
+    def new_chat(self) -> ConversationView:
         """Start a new conversation and show it."""
         if self.busy:
             self.stop()
@@ -485,7 +480,7 @@ class MainWindow(QMainWindow):
         self.composer.edit.setFocus()
         return conv
 
-    def select_conversation(self, conv: Conversation | None) -> None:
+    def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
         self.conv = conv
         self._refresh_list()
@@ -556,10 +551,8 @@ class MainWindow(QMainWindow):
 
     def rename_conversation(self, title: str) -> None:
         """Set the shown conversation's title (stored at once)."""
-        rename = getattr(self.store, "rename", None)
         try:
-            if rename is not None:
-                rename(self.conv.id, title)
+            self.store.rename(self.conv.id, title)
             self.conv.title = " ".join(title.split())
         except Exception as exc:
             self.show_banner(f"Could not rename: {exc}")
@@ -567,8 +560,7 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, path: str | None = None) -> bool:
         """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
-        export = getattr(self.store, "export", None)
-        if self.conv is None or export is None:
+        if self.conv is None:
             self.show_banner("Export needs a saved conversation.")
             return False
         if path is None:
@@ -578,7 +570,7 @@ class MainWindow(QMainWindow):
             if not path:
                 return False
         try:
-            export(self.conv.id, Path(path))
+            self.store.export(self.conv.id, Path(path))
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
@@ -587,23 +579,19 @@ class MainWindow(QMainWindow):
 
     def import_chat(self, path: str | None = None) -> bool:
         """Import a conversation exported as JSON and show it."""
-        importer = getattr(self.store, "import_file", None)
-        if importer is None:
-            self.show_banner("Import needs the conversation database.")
-            return False
         if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
             if not path:
                 return False
         try:
-            conv = importer(Path(path))
+            conv = self.store.import_file(Path(path))
         except Exception as exc:
             self.show_banner(f"Could not import {Path(path).name}: {exc}")
             return False
         self.select_conversation(conv)
         return True
 
-    def show_message_details(self, msg: Message | None) -> None:
+    def show_message_details(self, msg: Turn | None) -> None:
         """Reasoning and tool calls of ``msg`` in the right-hand panes."""
         self.shown_message = msg
         v = msg.version if msg else None
@@ -686,11 +674,9 @@ class MainWindow(QMainWindow):
             self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
                              "model (File › Open model folder…).")
             return False
-        new = Message("user", text)
-        edit = getattr(self.store, "edit_user", None)
+        new = Turn("user", text)
         try:
-            if edit is not None:
-                edit(old, new)
+            self.store.edit_user(old, new)
         except Exception as exc:
             log.exception("editing a message")
             self.show_banner(f"Could not save the edit: {exc}")
@@ -698,8 +684,8 @@ class MainWindow(QMainWindow):
         conv.messages = conv.messages[:index] + [new]
         return self._start(text, [""], edited=new)
 
-    def _start(self, text: str, tags: list[str], again: Message | None = None,
-               edited: Message | None = None) -> bool:
+    def _start(self, text: str, tags: list[str], again: Turn | None = None,
+               edited: Turn | None = None) -> bool:
         if self.busy:
             return False
         if self.model is None:
@@ -717,37 +703,38 @@ class MainWindow(QMainWindow):
         if self.conv is None:
             self.new_chat()
         conv = self.conv
-        if not any(m.role == "user" for m in conv.messages):
-            conv.title = text.strip().splitlines()[0][:48] or "New chat"
         values = self.current_settings()
         key = mode
         if edited is not None:  # the edited user message is already the last one
-            history = Conversation(0, "", conv.messages[:-1]).history()
-            reply = Message("assistant", compare=tags != [""])
+            reply = Turn("assistant", compare=tags != [""])
             conv.messages.append(reply)
         elif again is None:
-            history = conv.history()
-            conv.messages.append(Message("user", text))
-            reply = Message("assistant", compare=tags != [""])
+            conv.messages.append(Turn("user", text))
+            reply = Turn("assistant", compare=tags != [""])
             conv.messages.append(reply)
         else:
             reply = again
             reply.chosen = ""  # the new version streams in place of the shown one
-            history = Conversation(0, "", conv.messages[:-2]).history()
-            n = 1
-            while key in reply.versions:
-                n += 1
-                key = f"{mode}#{n}"
-        messages = ([{"role": "system", "content": values["system_prompt"]}]
-                    if values["system_prompt"].strip() else [])
-        messages += history + [{"role": "user", "content": text}]
+            key = version_key(mode, reply.versions)
         rs = settings_mod.reply_settings(values, mode)
         try:
-            self.store.save(conv)
+            # the rows first: the prompt is read back from them (tool calls and results of
+            # earlier turns included, as they were generated)
             self.store.begin_reply(conv, reply, tags if tags != [""] else [key], rs)
-        except Exception as exc:  # storage trouble must not stop the chat
+            messages = prompt_for(self.store.db, reply.ids[key if tags == [""] else "plain"],
+                                  values["system_prompt"])
+        except Exception as exc:
             log.exception("saving the new turn")
-            self.show_banner(f"Could not save this turn: {exc}")
+            self.show_banner(f"Could not save this turn, so no reply was started: {exc}")
+            if reply.versions:
+                reply.chosen = next(iter(reply.versions))
+            else:
+                conv.messages.remove(reply)
+                if again is None and edited is None and "" not in conv.messages[-1].ids:
+                    conv.messages.pop()  # the user message was not stored either
+                    self.composer.edit.setPlainText(text)
+            self.chat.render(conv)
+            return False
         self._refresh_list()
         self._req += 1
         limit = self.model.context_length
@@ -890,7 +877,7 @@ class MainWindow(QMainWindow):
         if run is None or req_id != run["id"]:
             return
         self.render_pending()
-        msg: Message = run["msg"]
+        msg: Turn = run["msg"]
         for tag, result in run["results"].items():
             key = tag or run["key"]
             stopped = run["stopped"] or result.finish_reason == "cancelled"
@@ -922,7 +909,7 @@ class MainWindow(QMainWindow):
                                                            run["settings"]))
         self.replyFinished.emit(msg)
 
-    def _save(self, conv: Conversation) -> None:
+    def _save(self, conv: ConversationView) -> None:
         try:
             self.store.save(conv)
         except Exception as exc:
@@ -1044,9 +1031,8 @@ class MainWindow(QMainWindow):
             convs = self.store.list()
             conv = self.store.get(convs[0].id) if convs else None
         self.select_conversation(conv)
-        problem = getattr(self.store, "problem", None)
-        if problem:
-            self.show_banner(f"Chats are kept in memory only this time: {problem}")
+        if self.store.problem:
+            self.show_banner(f"Chats are kept in memory only this time: {self.store.problem}")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states and the switch to QSettings."""

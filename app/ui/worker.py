@@ -6,12 +6,9 @@ The GUI thread never imports ``mlx``, ``app.engine.loader``, ``app.engine.genera
 the end of a reply) so the GUI is not woken once per token; the window then renders on its own
 30-50 ms timer.
 
-Backends (Qt-free) do the actual work, so tests can swap in fakes that emit the engine's real
-event dataclasses (:mod:`app.engine.events`):
-
-* :class:`EngineBackend` calls ``app.engine.loader.load_target/load_drafter/check_pair`` and
-  ``app.chat.reply.run_reply`` (falling back to ``app.engine.generate.generate`` with a plain
-  detokenizer while the chat pipeline is not there).
+The backend (Qt-free) does the actual work: :class:`app.chat.session.ChatSession` (loading,
+prompt fitting, ``app.chat.reply.run_reply``, the benchmark, token texts); tests swap in
+scripted backends that emit the engine's real event dataclasses (:mod:`app.engine.events`).
 
 Thread checks: :func:`assert_not_gui_thread` raises :class:`app.engine.errors.WrongThreadError`
 when called on the thread that owns the ``QApplication``; the worker calls it before every
@@ -30,13 +27,14 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from app.engine.errors import EngineError, GenerationError, WrongThreadError
+from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, Notice
+from app.chat.turns import ReplyResult
+from app.engine.errors import EngineError, WrongThreadError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
-TINY_PAIR = "tiny:"
-"""Pseudo target path: build (or reuse) the random-weight tiny pair in the cache folder."""
+__all__ = ["TINY_PAIR", "ModelInfo", "ReplyResult", "UiEvent", "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
@@ -89,61 +87,6 @@ class UiEvent:
     tag: str = ""
 
 
-@dataclass
-class ReplyResult:
-    """A finished (or stopped) reply in plain Python types (safe to hand to the GUI).
-
-    Attributes:
-        content, reasoning: final text (str).
-        tool_calls: list of dicts (id, name, arguments, result, error, duration_s).
-        finish_reason: "stop", "length", "tool_calls", "cancelled" or "error".
-        tokens: generated token ids (list[int]); from_draft: one bool per token.
-        pieces: the text of each token from mlx-lm's streaming detokenizer (list[str], same
-            length as ``tokens``; "" for a token that only completes a later character).
-        summary: the engine :class:`Summary` of the last round (None when no round ran).
-        rounds: generation rounds (tool calls make more than one).
-        mode, block_size, rollback: how the reply was generated.
-    """
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
-    finish_reason: str = "stop"
-    tokens: list[int] = field(default_factory=list)
-    from_draft: list[bool] = field(default_factory=list)
-    pieces: list[str] = field(default_factory=list)
-    summary: Summary | None = None
-    rounds: int = 1
-    mode: str = "plain"
-    block_size: int | None = None
-    rollback: str = "tape"
-    error: str | None = None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the window shows about the loaded pair (plain Python values).
-
-    ``context_length`` in tokens; ``memory_bytes`` is MLX's active memory after loading
-    (0 when unknown); ``drafter_block_size`` None without a drafter.
-    """
-
-    target_name: str
-    target_path: str
-    drafter_name: str | None = None
-    drafter_path: str | None = None
-    context_length: int = 0
-    model_type: str = ""
-    drafter_block_size: int | None = None
-    memory_bytes: int = 0
-    note: str = ""
-    card: str = ""
-    device: str = ""
-    memory_before_bytes: int = 0
-    blas: str = ""
-
-
 # --------------------------------------------------------------------------- backends
 class Backend(Protocol):
     """What the worker needs from the engine side (all calls happen on the worker thread)."""
@@ -173,224 +116,6 @@ def _dict_of(obj: Any) -> dict:
     if dataclasses.is_dataclass(obj):
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-
-
-class EngineBackend:
-    """The real backend: ``app.engine.loader`` + ``app.chat.reply`` (imported lazily, on the
-    worker thread only)."""
-
-    def __init__(self) -> None:
-        self.target = None
-        self.drafter = None
-        self.session = None  # app.engine.prefix.PromptCache of the loaded target
-
-    def load(self, target: str, drafter: str | None) -> ModelInfo:
-        """Load ``target`` (and ``drafter`` when given) and check they fit.
-
-        The previous pair is dropped first and MLX's buffer cache cleared (issue 9: switching
-        must not hold two models in memory); ``ModelInfo.memory_before_bytes`` is MLX's active
-        memory before that. Raises the engine's typed errors (:class:`ModelNotFoundError`,
-        :class:`ModelLoadError`, :class:`PairMismatchError`, ...); nothing is loaded then.
-        """
-        assert_not_gui_thread("load_target")
-        from app.engine import loader
-
-        before = self.memory_bytes()
-        self.unload()
-
-        note = ""
-        if target == TINY_PAIR:
-            from app.engine.tiny import build_tiny_pair
-            from app.paths import cache_dir
-
-            t_dir, d_dir = build_tiny_pair(cache_dir() / "tiny-pair")
-            target, drafter = str(t_dir), str(d_dir)
-            note = ("The bundled demo pair is missing: a tiny random-weight pair is loaded "
-                    "instead (its replies are gibberish).")
-        new_target = loader.load_target(target)
-        new_drafter = None
-        if drafter:
-            new_drafter = loader.load_drafter(drafter)
-            loader.check_pair(new_target, new_drafter)
-        self.target, self.drafter = new_target, new_drafter
-        from app.engine.prefix import PromptCache
-
-        self.session = PromptCache()
-        if "vision_config" in (getattr(new_target, "config", None) or {}):
-            note = (note + " " if note else "") + ("This is a multimodal checkpoint: it is "
-                                                   "used for text; image input is not "
-                                                   "supported.")
-        card = ""
-        try:
-            from pathlib import Path
-
-            readme = Path(str(new_target.path)) / "README.md"
-            if readme.is_file():
-                card = readme.read_text(encoding="utf-8", errors="replace")[:4000]
-        except OSError:
-            pass
-        return ModelInfo(
-            target_name=str(new_target.name),
-            target_path=str(new_target.path),
-            drafter_name=str(new_drafter.name) if new_drafter else None,
-            drafter_path=str(new_drafter.path) if new_drafter else None,
-            context_length=int(getattr(new_target, "context_length", 0) or 0),
-            model_type=str(getattr(new_target, "model_type", "")),
-            drafter_block_size=int(new_drafter.config.block_size) if new_drafter else None,
-            memory_bytes=self.memory_bytes(),
-            card=card,
-            device=_mlx_device(),
-            note=note,
-            memory_before_bytes=before,
-            blas=_blas(),
-        )
-
-    def unload(self) -> None:
-        """Drop the loaded pair and clear MLX's buffer cache."""
-        assert_not_gui_thread("unload")
-        self.target = self.drafter = self.session = None
-        import gc
-
-        gc.collect()
-        try:
-            import mlx.core as mx
-
-            mx.clear_cache()
-        except Exception:  # pragma: no cover - older mlx
-            pass
-
-    def memory_bytes(self) -> int:
-        """MLX active memory in bytes (0 when unavailable)."""
-        try:
-            import mlx.core as mx
-
-            return int(mx.get_active_memory())
-        except Exception:
-            return 0
-
-    def reply(self, messages: list[dict], settings: dict, cancel: threading.Event) -> Iterator:
-        """Events of one reply (engine events, reply events, ending with the reply's done)."""
-        assert_not_gui_thread("run_reply")
-        if self.target is None:
-            raise EngineError("no model is loaded")
-        drafter = self.drafter if settings.get("mode") == "dflash" else None
-        if settings.get("mode") == "dflash" and drafter is None:
-            raise EngineError("DFlash needs a drafter; none is loaded for this target")
-        from app.chat import reply as reply_mod
-
-        rs = _make_reply_settings(reply_mod, settings)
-        messages, notice = self._fit(messages, rs)
-        events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
-                                     session=self.session)
-        if notice:
-            return _prepend(UiEvent("notice", notice), events)
-        return iter(events)
-
-    def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
-        """Leave out the oldest turns so the prompt fits the context limit with room for
-        ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
-
-        Raises :class:`GenerationError` when the current message alone does not fit."""
-        from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
-
-        limit = context_limit(getattr(self.target, "context_length", None) or None)
-        kwargs = {}
-        if getattr(rs, "enable_thinking", None) is not None:
-            kwargs["enable_thinking"] = rs.enable_thinking
-        try:
-            fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
-                                       reserve=min(int(getattr(rs, "max_tokens", 0)), limit // 2),
-                                       tools=getattr(rs, "tools", None), **kwargs)
-        except ContextOverflowError as exc:
-            raise GenerationError(str(exc)) from exc
-        return fitted.messages, fitted.notice()
-
-    def benchmark(self, max_tokens: int = 48, n_prompts: int = 3) -> dict:
-        """A short ``python -m app bench`` on the loaded pair: plain, DFlash + tape and
-        DFlash + replay at the drafter's block size, a few of the pair's held-out prompts,
-        one repeat (``app.engine.bench``). Returns ``{"modes": {name: figures}, "accepted":
-        [accepted drafts per cycle over the DFlash + tape runs], "prompts": n}``.
-
-        Raises:
-            EngineError: no model or no drafter loaded.
-        """
-        assert_not_gui_thread("benchmark")
-        from pathlib import Path
-
-        from app.engine import bench
-
-        if self.target is None or self.drafter is None:
-            raise EngineError("the benchmark needs a target and a DFlash drafter loaded")
-        prompts, _ = bench.default_prompts(Path(str(self.target.path)))
-        rendered = [(p.id, bench.render(self.target, p)) for p in prompts[:n_prompts]]
-        modes = bench.make_modes([self.drafter.config.block_size])
-        records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens)
-        tape = modes[1].name
-        accepted = [a for r in records if r.mode.name == tape
-                    for a in r.summary.accepted_lengths]
-        return {"modes": bench.aggregate(records, modes), "accepted": accepted,
-                "prompts": len(rendered), "block_size": self.drafter.config.block_size}
-
-    def pieces(self, tokens: list[int]) -> list[str]:
-        """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens))."""
-        if self.target is None:
-            return [""] * len(tokens)
-        detok = self.target.tokenizer.detokenizer
-        detok.reset()
-        out = []
-        eos = set(getattr(self.target, "eos_token_ids", ()) or ())
-        for t in tokens:
-            if int(t) in eos:  # the end token is counted but not shown as text
-                out.append("")
-                continue
-            detok.add_token(int(t))
-            out.append(detok.last_segment)
-        detok.finalize()
-        if out:
-            out[-1] += detok.last_segment
-        return out
-
-
-def _prepend(first: Any, rest: Iterator) -> Iterator:
-    yield first
-    yield from rest
-
-
-def _blas() -> str:
-    try:
-        from app.engine.blas import blas_description
-
-        return blas_description(load_mlx=True)
-    except Exception:
-        return ""
-
-
-def _mlx_device() -> str:
-    try:
-        import mlx.core as mx
-
-        return str(mx.default_device())
-    except Exception:  # pragma: no cover
-        return "unknown"
-
-
-def _make_reply_settings(reply_mod: Any, settings: dict) -> Any:
-    """Build ``app.chat.reply.ReplySettings`` from the window's settings dict, passing only
-    the fields the dataclass declares."""
-    cls = getattr(reply_mod, "ReplySettings", None)
-    if cls is None:
-        return settings
-    settings = dict(settings)
-    settings.setdefault("stop", list(settings.get("stop_strings") or []))
-    if settings.get("use_tools"):
-        from app.chat.tools import tool_schemas
-
-        settings["tools"] = tool_schemas()
-        settings["run_tools"] = True
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in settings.items() if k in names})
-    return cls(**settings)
 
 
 # --------------------------------------------------------------------------- translation
@@ -435,6 +160,8 @@ def translate(ev: Any) -> UiEvent | None:
         return UiEvent("cycle", ev)
     if isinstance(ev, Done):
         return UiEvent("engine_done", ev.summary)
+    if isinstance(ev, Notice):
+        return UiEvent("notice", ev.message)
     name = type(ev).__name__
     if name == "ContentDelta":
         return UiEvent("content", _text_of(ev))
@@ -490,6 +217,7 @@ def result_from_reply(reply: Any, settings: dict, pieces_fn: Callable[[list[int]
         block_size=settings.get("block_size"),
         rollback=settings.get("rollback", "tape"),
         note=note,
+        messages=[dict(m) for m in (getattr(reply, "messages", None) or [])],
     )
 
 
@@ -507,7 +235,7 @@ class Worker(QObject):
         finished(int): the request id; no more events follow for it.
         memory(int): MLX active memory in bytes.
         benchDone(object) / benchFailed(str): answer ``benchRequested(max_tokens)`` with the
-            dict of :meth:`EngineBackend.benchmark`, or a user-facing message.
+            dict of :meth:`ChatSession.benchmark`, or a user-facing message.
     """
 
     loading = Signal(str)
@@ -530,7 +258,7 @@ class Worker(QObject):
 
     def __init__(self, backend: Backend | None = None) -> None:
         super().__init__()
-        self.backend: Backend = backend or EngineBackend()
+        self.backend: Backend = backend or ChatSession()
         self._cancel = threading.Event()
         self._cancelled: set[int] = set()
         self.loadRequested.connect(self._on_load)
