@@ -10,7 +10,7 @@ import pytest
 
 from app.chat import reply as reply_mod
 from app.cli import main
-from app.commands.generation import first_divergence, near_tie
+from app.engine.compare import first_divergence, near_tie
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
 CHAT_FIELDS = {"mode", "block_size", "rollback", "tokens", "text", "summary", "content",
@@ -204,7 +204,7 @@ def test_near_tie_reported_at_a_forced_divergence(tiny_hybrid):
     from types import SimpleNamespace
 
     from app.chat.reply import ReplySettings, collect_reply
-    from app.commands.generation import _near_tie_for
+    from app.commands.compare import _near_tie_for
 
     target, drafter = tiny_hybrid
     rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],

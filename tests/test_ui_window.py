@@ -21,11 +21,11 @@ from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
+from app.chat.session import ChatSession  # noqa: E402
 from app.engine.errors import ModelLoadError, WrongThreadError  # noqa: E402
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
-from app.chat.session import ChatSession  # noqa: E402
 from app.ui.worker import ModelInfo, assert_not_gui_thread  # noqa: E402
 
 PROMPT = "What is the capital of France?"

@@ -33,7 +33,6 @@ from app.engine.errors import EngineError, GenerationError
 from app.engine.events import TokenEvent
 from app.engine.threads import check_engine_thread
 
-
 TINY_PAIR = "tiny:"
 """A target path standing for ``PairSpec(tiny=True)`` (kept for QSettings values and the
 window's default-pair fallback)."""
@@ -362,12 +361,13 @@ class ChatSession:
             EngineError: no model or no drafter loaded.
         """
         check_engine_thread()
+        from app.chat.templates import bench_prompt_ids
         from app.engine import bench
 
         if self.target is None or self.drafter is None:
             raise EngineError("the benchmark needs a target and a DFlash drafter loaded")
         prompts, _ = bench.default_prompts(Path(str(self.target.path)))
-        rendered = [(p.id, bench.render(self.target, p)) for p in prompts[:n_prompts]]
+        rendered = [(p.id, bench_prompt_ids(self.target, p)) for p in prompts[:n_prompts]]
         modes = bench.make_modes([self.drafter.config.block_size])
         records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens)
         tape = modes[1].name

@@ -1,24 +1,16 @@
-"""Headless ``chat`` and ``compare`` commands (issues 3-5; the JSON contract is in the README).
-
-``python -m app chat [--model M --draft-model D] --mode {plain,dflash} --prompt TEXT ...``
-prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
-summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
-``python -m app compare ...`` runs plain then DFlash on the same prompt and prints
-``{"plain", "dflash", "identical", "first_divergence", "near_tie"}``.
-
-Both go through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
-0 ok (a divergence is reported, not an error), 2 bad arguments or unusable model files.
+"""What the generating commands share (``chat``: :mod:`app.commands.chat`, ``compare``:
+:mod:`app.commands.compare`, ``bench``: :mod:`app.commands.bench`): the common arguments, the
+model pair from the arguments or the bundled demo pair, tool definitions, reply settings, and
+the exit-code guard (0 ok, 2 bad arguments or unusable model files).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply
+from app.chat.reply import ReplySettings
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
@@ -99,26 +91,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tool-rounds", type=_non_negative_int, default=8,
                    help="tool rounds at most per reply (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def register(subparsers) -> None:
-    """Add the ``chat`` and ``compare`` subcommands."""
-    chat = subparsers.add_parser(
-        "chat", help="one reply, plain or DFlash",
-        description="Generate one reply to --prompt and print it with its figures.",
-    )
-    _add_common(chat)
-    chat.add_argument("--mode", choices=["plain", "dflash"], default="dflash",
-                      help="decoding mode (default dflash)")
-    chat.set_defaults(func=run_chat)
-    compare = subparsers.add_parser(
-        "compare", help="plain then DFlash on the same prompt",
-        description="Run plain then DFlash decoding on the same prompt and report whether the "
-        "tokens are identical, where they first differ and how close the target's top two "
-        "logits are there.",
-    )
-    _add_common(compare)
-    compare.set_defaults(func=run_compare)
 
 
 # ------------------------------------------------------------------------------ setup
@@ -221,67 +193,6 @@ def _load(args, need_drafter: bool):
     return target, drafter, tpath, dpath
 
 
-# ------------------------------------------------------------------------------ output
-def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
-    """The ``chat --json`` object for ``reply``."""
-    block = None
-    if reply.mode == "dflash":
-        block = settings.block_size or (drafter.config.block_size if drafter else None)
-    out: dict[str, Any] = {
-        "mode": reply.mode,
-        "block_size": block,
-        "rollback": settings.rollback,
-        "tokens": reply.tokens,
-        "text": reply.text,
-        "summary": reply.summary.to_dict(),
-        "content": reply.content,
-        "reasoning": reply.reasoning,
-        "tool_calls": [c.to_dict() for c in reply.tool_calls],
-        "finish_reason": reply.finish_reason,
-        "from_draft": reply.from_draft,
-        "warnings": reply.warnings,
-    }
-    if with_rounds:
-        out["rounds"] = [r.to_dict() for r in reply.rounds]
-    return out
-
-
-def figures_line(reply: Reply, block: int | None = None) -> str:
-    """One line of figures: mode, tokens, tok/s, TTFT, acceptance, tau, replays, finish."""
-    s = reply.summary
-    parts = [reply.mode + (f" (block {block})" if block else "")]
-    parts.append(f"{len(reply.tokens)} tokens")
-    parts.append(f"{s.tok_per_s:.1f} tok/s")
-    parts.append(f"TTFT {s.ttft_s:.2f} s")
-    if reply.mode == "dflash":
-        acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
-        tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
-        parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
-    parts.append(f"finish {reply.finish_reason}")
-    return " · ".join(parts)
-
-
-def _print_reply(reply: Reply, block: int | None) -> None:
-    for r in reply.rounds[:-1]:
-        for run in r.tool_runs:
-            print(f"[tool call] {run.call.name} {json.dumps(run.call.arguments, ensure_ascii=False)}")
-            print(f"[tool result] {run.result.content()}")
-    if reply.reasoning:
-        print("[reasoning]")
-        print(reply.reasoning)
-        if reply.content:
-            print("[answer]")
-        elif not reply.tool_calls:
-            print("[answer] (none: the reply ended while reasoning)")
-    if reply.content or not (reply.reasoning or reply.tool_calls):
-        print(reply.content)
-    for c in reply.tool_calls:
-        print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
-    for w in reply.warnings:
-        print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
-
-
 # ------------------------------------------------------------------------------ commands
 def _guard(fn, args) -> int:
     try:
@@ -291,158 +202,3 @@ def _guard(fn, args) -> int:
         return 2
 
 
-def run_chat(args) -> int:
-    """``chat``: one reply; returns the exit code."""
-    return _guard(_chat, args)
-
-
-def run_compare(args) -> int:
-    """``compare``: plain then DFlash; returns the exit code."""
-    return _guard(_compare, args)
-
-
-def _chat(args) -> int:
-    tools = load_tools(args.tools)
-    settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode == "dflash")
-    if settings.enable_thinking is None:
-        settings.enable_thinking = default_thinking(tpath, dpath)
-    if args.json:
-        reply = collect_reply(target, drafter, _messages(args), settings)
-        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools), ensure_ascii=False))
-        return 0
-    reply = _stream_reply(target, drafter, _messages(args), settings)
-    block = chat_object(reply, settings, drafter, False)["block_size"]
-    for w in reply.warnings:
-        print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
-    return 0
-
-
-def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
-    """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
-    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
-    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
-
-    section = None
-    reply = None
-
-    def enter(name: str | None) -> None:
-        nonlocal section
-        if name == section:
-            return
-        if section is not None:
-            print(flush=True)
-        if name is not None:
-            print(f"[{name}]")
-        section = name
-
-    for ev in run_reply(target, drafter, messages, settings):
-        if isinstance(ev, ReasoningDelta):
-            enter("reasoning")
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, ContentDelta):
-            enter("answer")
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, ToolCallDelta):
-            enter(None)
-            args = json.dumps(ev.call.arguments, ensure_ascii=False)
-            print(f"[tool call] {ev.call.name} {args}", flush=True)
-        elif isinstance(ev, ToolResultEvent):
-            enter(None)
-            print(f"[tool result] {ev.run.result.content()}", flush=True)
-        elif isinstance(ev, ReplyDone):
-            reply = ev.reply
-    enter(None)
-    if reply.reasoning and not reply.content and not reply.tool_calls:
-        print("[answer] (none: the reply ended while reasoning)")
-    return reply
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """First index where ``a`` and ``b`` differ, the shorter length when one is a prefix of
-    the other, None when equal."""
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def near_tie(target, prompt_ids: list[int], prefix: list[int], tokens: dict[str, int | None],
-             index: int) -> dict:
-    """The target's top two logits after ``prompt_ids + prefix`` (one full forward, no cache).
-
-    ``tokens``: the token each run chose there (None where a run had ended). Returns
-    ``{"index", "top": [{"id", "logit"}, {"id", "logit"}], "gap", "<run>_token",
-    "<run>_logit"}``; logits are float32 values of the target's last position.
-    """
-    import mlx.core as mx
-
-    ids = mx.array([list(prompt_ids) + list(prefix)], dtype=mx.int32)
-    logits = target.model(ids)[0, -1].astype(mx.float32)
-    order = mx.argsort(-logits)[:2].tolist()
-    values = logits.tolist()
-    out: dict[str, Any] = {
-        "index": index,
-        "top": [{"id": int(i), "logit": float(values[i])} for i in order],
-        "gap": float(values[order[0]] - values[order[1]]),
-    }
-    for name, tok in tokens.items():
-        out[f"{name}_token"] = tok
-        out[f"{name}_logit"] = None if tok is None else float(values[tok])
-    return out
-
-
-def _near_tie_for(target, plain: Reply, dflash: Reply) -> dict | None:
-    """Near-tie figures at the first divergence of the two replies' rounds (the prompt of the
-    round where they first differ, plus the common prefix inside it)."""
-    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
-        i = first_divergence(rp.tokens, rd.tokens)
-        if i is None:
-            continue
-        if rp.prompt_ids != rd.prompt_ids:
-            return None
-        pick = {
-            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
-            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
-        }
-        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
-    return None
-
-
-def _compare(args) -> int:
-    tools = load_tools(args.tools)
-    target, drafter, tpath, dpath = _load(args, need_drafter=True)
-    think = args.think if args.think is not None else default_thinking(tpath, dpath)
-    results = {}
-    for mode in ("plain", "dflash"):
-        settings = settings_from_args(args, mode, tools, think)
-        reply = collect_reply(target, drafter, _messages(args), settings)
-        results[mode] = (reply, settings)
-    (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
-    div = first_divergence(plain.all_tokens, dflash.all_tokens)
-    tie = _near_tie_for(target, plain, dflash) if div is not None else None
-    obj = {
-        "plain": chat_object(plain, ps, drafter, args.run_tools),
-        "dflash": chat_object(dflash, ds, drafter, args.run_tools),
-        "identical": div is None,
-        "first_divergence": div,
-        "near_tie": tie,
-    }
-    if args.json:
-        print(json.dumps(obj, ensure_ascii=False))
-        return 0
-    for name, (reply, _) in results.items():
-        print(f"== {name} ==")
-        _print_reply(reply, obj[name]["block_size"])
-    if div is None:
-        print("identical: yes")
-    else:
-        gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
-        print(f"identical: no (first divergence at token {div}{gap})")
-    sp, sd = plain.summary.tok_per_s, dflash.summary.tok_per_s
-    if sp > 0 and sd > 0:
-        print(f"speed: DFlash {sd:.1f} tok/s vs plain {sp:.1f} tok/s ({sd / sp:.2f}x)")
-    return 0

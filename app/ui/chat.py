@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui.render import message_html, tokens_html
 from app.chat.turns import ConversationView, Turn
+from app.ui.render import message_html, tokens_html
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""

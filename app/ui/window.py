@@ -46,13 +46,13 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
+from app.chat.session import prompt_for
+from app.chat.turns import ConversationView, ReplyResult, Turn, TurnStore, Version, version_key
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
 from app.ui.panels import Collapsible, LivePanel, LiveStats, ToolPane
-from app.chat.session import prompt_for
-from app.chat.turns import ConversationView, ReplyResult, Turn, TurnStore, Version, version_key
 from app.ui.theme import colours, make_palette, stylesheet
 from app.ui.worker import TINY_PAIR, Backend, ModelInfo, UiEvent, WorkerThread
 

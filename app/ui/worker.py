@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
