@@ -200,7 +200,7 @@ def test_stop_leaves_partial_reply_marked_stopped(qtbot, qs):
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
             qtbot.waitUntil(lambda: win._run is not None and
-                            win._run["stats"][""].cycles >= 5, timeout=10_000)
+                            win._run.sides[""].stats.cycles >= 5, timeout=10_000)
             assert win.composer.stop_btn.isEnabled()
             win.composer.stop_btn.click()
         msg = blocker.args[0]
@@ -468,7 +468,7 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
     backend.cycles, backend.delay_s = 100_000, 0.002
     win.composer.set_mode("plain")
     assert win.send("Tell me more.")
-    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
                     timeout=10_000)
     conv_id = win.conv.id
     win.shutdown()
@@ -810,7 +810,7 @@ def test_switching_models_twice_while_generating(qtbot, tiny_dirs, tiny_dirs_den
     win.defaults["max_tokens"] = 400
     win.composer.set_mode("dflash")
     assert win.send(PROMPT)
-    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].tokens >= 2,
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.tokens >= 2,
                     timeout=30_000)
     reply = win.conv.messages[-1]
     loaded = []
@@ -867,7 +867,7 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.compare(PROMPT)
-            qtbot.waitUntil(lambda: win._run["stats"]["plain"].cycles >= 3, timeout=10_000)
+            qtbot.waitUntil(lambda: win._run.sides["plain"].stats.cycles >= 3, timeout=10_000)
             win.stop()
         msg = blocker.args[0]
         assert msg.compare and msg.chosen == "plain"
@@ -916,11 +916,11 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
     seen = {}
     with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
         assert win.send(PROMPT)
-        qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+        qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
                         timeout=60_000)
         win.stop()
         run = win._run
-        seen["stats"] = run["stats"][""]
+        seen["stats"] = run.sides[""].stats
     v = blocker.args[0].version
     s = v.result.summary
     assert v.stopped and v.result.finish_reason == "cancelled"

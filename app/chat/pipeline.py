@@ -43,94 +43,20 @@ from typing import Any, Literal
 
 from mlx_lm.generate import TextStateMachine
 
-FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed tool call.
-
-    Attributes:
-        id: deterministic per reply: ``call_0``, ``call_1``, ... in the order the calls appear.
-        name: the function name the model wrote (not checked against the tool list).
-        arguments: the parsed arguments (dict; values typed by the tool schema when given).
-    """
-
-    id: str
-    name: str
-    arguments: dict
-
-    def to_dict(self) -> dict:
-        """``{"id", "name", "arguments"}`` (the ``tool_calls`` entries of ``chat --json``)."""
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
-
-    def to_message(self) -> dict:
-        """The OpenAI-style entry for an assistant message's ``tool_calls`` (what the chat
-        template reads back): ``{"id", "type": "function", "function": {"name", "arguments"}}``
-        with ``arguments`` as a dict."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    """New answer text. ``malformed`` is True for the text of a tool call that could not be
-    parsed and is kept as content (a :class:`PipelineWarning` comes with it)."""
-
-    text: str
-    malformed: bool = False
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    """New reasoning text (inside the thinking block)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """A tool call was parsed (emitted once, when its closing marker arrives)."""
-
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class PipelineWarning:
-    """Something in the text was not what it claimed to be.
-
-    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content).
-    ``message``: one line for the user.
-    """
-
-    code: str
-    message: str
-    text: str = ""
-
-    def to_dict(self) -> dict:
-        """``{"code", "message", "text"}`` for JSON output."""
-        return {"code": self.code, "message": self.message, "text": self.text}
-
-
-@dataclass(frozen=True)
-class StopStringHit:
-    """A stop string was found; the caller should cancel the engine.
-
-    ``stop``: the stop string. ``kept_tokens``: how many generated tokens the reply keeps (the
-    token that completed the stop string is the last one kept).
-    """
-
-    stop: str
-    kept_tokens: int
-
-
-Delta = ContentDelta | ReasoningDelta | ToolCallDelta | PipelineWarning | StopStringHit
+from app.chat.events import (  # noqa: F401 (re-exported: the pipeline's events)
+    ContentDelta,
+    Delta,
+    PipelineWarning,
+    ReasoningDelta,
+    StopStringHit,
+    ToolCall,
+    ToolCallDelta,
+)
 
 _CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
+
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
 
 
 def finish_reason_for(stop_cause: str | None, *, stop_hit: bool, has_tool_calls: bool) -> str:

@@ -16,15 +16,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.chat.pipeline import (
+from app.chat.events import (  # noqa: F401 (re-exported: the reply's events and results)
     ContentDelta,
     PipelineWarning,
     ReasoningDelta,
+    Reply,
+    ReplyDone,
+    ReplyEvent,
+    ReplyRound,
+    RoundFinished,
+    RoundStarted,
     StopStringHit,
-    TextPipeline,
     ToolCall,
     ToolCallDelta,
+    ToolResultEvent,
+    ToolRun,
 )
+from app.chat.pipeline import TextPipeline
 from app.chat.templates import render_prompt
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
@@ -68,167 +76,6 @@ class ReplySettings:
     min_p: float = 0.0
     repetition_penalty: float | None = None
     seed: int | None = None
-
-
-@dataclass
-class ToolRun:
-    """One executed tool call: the call and its ``app.chat.tools`` ``ToolResult``."""
-
-    call: ToolCall
-    result: Any
-
-    def to_dict(self) -> dict:
-        """``{"id", "name", "ok", "result", "error", "duration_s"}``."""
-        r = self.result
-        return {
-            "id": self.call.id,
-            "name": self.call.name,
-            "ok": bool(r.ok),
-            "result": r.result if r.ok else None,
-            "error": None if r.ok else r.error,
-            "duration_s": round(float(r.duration_s), 6),
-        }
-
-
-@dataclass
-class ReplyRound:
-    """One generation inside a reply (a reply has several only when tools run).
-
-    ``tokens``/``from_draft``: kept generated ids and, per id, whether the drafter proposed it.
-    ``text``: raw decoded text of the kept tokens. ``summary``: the engine's figures with
-    ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
-    round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
-    """
-
-    index: int
-    mode: str
-    content: str
-    reasoning: str
-    tool_calls: list[ToolCall]
-    finish_reason: str
-    tokens: list[int]
-    from_draft: list[bool]
-    text: str
-    summary: Summary
-    prompt_ids: list[int]
-    warnings: list[PipelineWarning] = field(default_factory=list)
-    tool_runs: list[ToolRun] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
-        generated_tokens, summary``."""
-        return {
-            "index": self.index,
-            "content": self.content,
-            "reasoning": self.reasoning,
-            "tool_calls": [c.to_dict() for c in self.tool_calls],
-            "results": [t.to_dict() for t in self.tool_runs],
-            "finish_reason": self.finish_reason,
-            "generated_tokens": len(self.tokens),
-            "summary": self.summary.to_dict(),
-        }
-
-
-@dataclass
-class Reply:
-    """A finished reply.
-
-    ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
-    ``text``/``summary`` are those of the last round (the final answer when tools ran);
-    ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
-    ``messages`` are the messages this reply adds
-    to the conversation (assistant turns with their tool calls, tool results, the final
-    assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
-    round plus reply-level ones (``{"code", "message"}`` dicts).
-    """
-
-    mode: str
-    rounds: list[ReplyRound]
-    messages: list[dict]
-    warnings: list[dict]
-
-    @property
-    def content(self) -> str:
-        return self.rounds[-1].content
-
-    @property
-    def reasoning(self) -> str:
-        return self.rounds[-1].reasoning
-
-    @property
-    def tool_calls(self) -> list[ToolCall]:
-        return self.rounds[-1].tool_calls
-
-    @property
-    def finish_reason(self) -> str:
-        return self.rounds[-1].finish_reason
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.rounds[-1].tokens
-
-    @property
-    def from_draft(self) -> list[bool]:
-        return self.rounds[-1].from_draft
-
-    @property
-    def text(self) -> str:
-        return self.rounds[-1].text
-
-    @property
-    def summary(self) -> Summary:
-        return self.rounds[-1].summary
-
-    @property
-    def all_tokens(self) -> list[int]:
-        """Generated ids of every round, concatenated."""
-        return [t for r in self.rounds for t in r.tokens]
-
-
-@dataclass(frozen=True)
-class RoundStarted:
-    """A generation round begins (``index`` 0-based, ``prompt_tokens`` its prompt length)."""
-
-    index: int
-    prompt_tokens: int
-    mode: str
-
-
-@dataclass(frozen=True)
-class ToolResultEvent:
-    """A tool call ran (``round``: the round whose call it was)."""
-
-    round: int
-    run: ToolRun
-
-
-@dataclass(frozen=True)
-class RoundFinished:
-    """A generation round ended (its tools, if any, have not run yet)."""
-
-    round: ReplyRound
-
-
-@dataclass(frozen=True)
-class ReplyDone:
-    """The last event of :func:`run_reply`."""
-
-    reply: Reply
-
-
-ReplyEvent = (
-    TokenEvent
-    | CycleEvent
-    | ContentDelta
-    | ReasoningDelta
-    | ToolCallDelta
-    | PipelineWarning
-    | StopStringHit
-    | RoundStarted
-    | ToolResultEvent
-    | RoundFinished
-    | ReplyDone
-)
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):

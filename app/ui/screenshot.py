@@ -74,7 +74,15 @@ class ScriptedBackend:
     def _events(self, settings, cancel):
         import random
 
-        from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCall, ToolCallDelta
+        from app.chat.events import (
+            ContentDelta,
+            ReasoningDelta,
+            ToolCall,
+            ToolCallDelta,
+            ToolResultEvent,
+            ToolRun,
+        )
+        from app.chat.tools import ToolResult
         from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
         _, reasoning, content = SCRIPT[min(self.turn, len(SCRIPT) - 1)]
@@ -89,12 +97,11 @@ class ScriptedBackend:
             yield ToolCallDelta(ToolCall("call_0", "convert_units",
                                          {"value": 25, "from_unit": "degC", "to_unit": "degF"}))
 
-            class _Res:
-                def to_dict(self):
-                    return {"id": "call_0", "name": "convert_units", "ok": True,
-                            "result": {"value": 77.0, "unit": "degree_Fahrenheit"},
-                            "error": None, "duration_s": 0.004}
-            yield type("ToolResultEvent", (), {"run": _Res()})()
+            yield ToolResultEvent(0, ToolRun(
+                ToolCall("call_0", "convert_units",
+                         {"value": 25, "from_unit": "degC", "to_unit": "degF"}),
+                ToolResult(ok=True, result={"value": 77.0, "unit": "degree_Fahrenheit"},
+                           duration_s=0.004)))
         chunks = [content[i:i + 6] for i in range(0, len(content), 6)]
         idx, lengths = 0, []
         for c, chunk in enumerate(chunks):
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if when == "done":
         pump(lambda: not win.busy, 600)
     else:  # mid-reply: once a good part of the second reply is on screen
-        pump(lambda: not win.busy or (win._run and win._run["stats"][""].cycles > 14), 120)
+        pump(lambda: not win.busy or (win._run and win._run.sides[""].stats.cycles > 14), 120)
     pump(lambda: False, 0.05)
     win.grab().save(args.out)
     print(f"saved {args.out}")

@@ -46,15 +46,34 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
-from app.chat.session import prompt_for
+from app.chat.events import (
+    ContentDelta,
+    PipelineWarning,
+    ReasoningDelta,
+    RoundStarted,
+    ToolCallDelta,
+    ToolResultEvent,
+)
+from app.chat.session import Notice, prompt_for
 from app.chat.turns import ConversationView, ReplyResult, Turn, TurnStore, Version, version_key
+from app.engine.events import CycleEvent, Done, TokenEvent
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
 from app.ui.panels import Collapsible, LivePanel, LiveStats, ToolPane
+from app.ui.run_state import ReplyRun, SideRun
 from app.ui.theme import colours, make_palette, stylesheet
-from app.ui.worker import TINY_PAIR, Backend, ModelInfo, UiEvent, WorkerThread
+from app.ui.worker import (
+    TINY_PAIR,
+    Backend,
+    ModelInfo,
+    ReplyFailed,
+    ReplyFinished,
+    UiEvent,
+    WorkerThread,
+    tool_call_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +133,7 @@ class MainWindow(QMainWindow):
         self.conv: ConversationView | None = None
         self.busy = False
         self._req = 0
-        self._run: dict | None = None
+        self._run: ReplyRun | None = None
         self._pending: list[UiEvent] = []
         self.shown_message: Turn | None = None
 
@@ -737,15 +756,8 @@ class MainWindow(QMainWindow):
             return False
         self._refresh_list()
         self._req += 1
-        limit = self.model.context_length
-        self._run = {
-            "id": self._req, "conv": conv, "msg": reply, "tags": tags, "mode": mode, "key": key,
-            "stats": {t: LiveStats(context_limit=limit) for t in tags},
-            "text": {t: "" for t in tags}, "reasoning": {t: "" for t in tags},
-            "calls": {t: {} for t in tags}, "results": {}, "errors": {},
-            "tokens": {t: [] for t in tags}, "flags": {t: [] for t in tags},
-            "stopped": False, "settings": rs, "current": tags[0],
-        }
+        self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
+                                   self.model.context_length)
         self._pending = []
         self.busy = True
         self.composer.set_busy(True)
@@ -768,89 +780,116 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         """Stop the running reply (takes effect within one cycle or token)."""
         if self.busy and self._run is not None:
-            self._run["stopped"] = True
-            self.worker.cancel(self._run["id"])
+            self._run.stopped = True
+            self.worker.cancel(self._run.id)
             self.flash("Stopping…", 3000)
 
     def _on_events(self, req_id: int, batch: list) -> None:
-        if self._run is not None and req_id == self._run["id"]:
+        if self._run is not None and req_id == self._run.id:
             self._pending.extend(batch)
 
     def render_pending(self) -> None:
-        """Apply the events received since the last tick (the render timer's slot)."""
+        """Apply the events received since the last tick (the render timer's slot): each
+        event goes to its handler, found by type (:attr:`_HANDLERS`)."""
         run = self._run
         if run is None or not self._pending:
             return
         batch, self._pending = self._pending, []
-        details_changed = False
-        for ev in batch:
-            tag = ev.tag if ev.tag in run["stats"] else run["tags"][0]
-            if tag != run["current"]:
-                run["current"] = tag
+        self._details_changed = False
+        for ui in batch:
+            side = run.side(ui.tag)
+            if side.tag != run.current:
+                run.current = side.tag
                 self.reasoning.clear()
-                self.compare_view.show_running(tag)
-            stats = run["stats"][tag]
-            k = ev.kind
-            if k == "token":
-                stats.on_token()
-                run["tokens"][tag].append(ev.data.token_id)
-                run["flags"][tag].append(ev.data.from_draft)
-            elif k == "cycle":
-                stats.on_cycle(ev.data)
-            elif k == "content":
-                run["text"][tag] += ev.data
-            elif k == "reasoning":
-                run["reasoning"][tag] += ev.data
-                cur = self.reasoning.textCursor()
-                cur.movePosition(QTextCursor.End)
-                cur.insertText(ev.data)
-            elif k in ("tool_call", "tool_result"):
-                key = ev.data.get("id") or f"{ev.data.get('name')}#{len(run['calls'][tag])}"
-                if k == "tool_result" and not ev.data.get("id"):
-                    # match the last running call of that name
-                    for ck, cv in reversed(list(run["calls"][tag].items())):
-                        if cv.get("name") == ev.data.get("name"):
-                            key = ck
-                            break
-                merged = run["calls"][tag].setdefault(key, {})
-                merged.update({a: b for a, b in ev.data.items() if b is not None})
-                details_changed = True
-            elif k == "engine_done":
-                stats.apply_summary(ev.data)
-            elif k == "round":
-                stats.prompt_tokens = ev.data.get("prompt_tokens")
-            elif k == "warning":
-                if ev.data:
-                    self.flash(ev.data, 8000)
-            elif k == "notice":
-                self.show_banner(ev.data)
-            elif k == "error":
-                run["errors"][tag] = ev.data
-                self.show_banner(ev.data)
-            elif k == "done":
-                self._finish_side(tag, ev.data)
-        if "" in run["text"]:
-            shown = run["text"][""]
-            if not shown and run["reasoning"][""]:
+                self.compare_view.show_running(side.tag)
+            for cls, handler in self._HANDLERS:
+                if isinstance(ui.event, cls):
+                    handler(self, side, ui.event)
+                    break
+        self._show_progress(run)
+
+    def _show_progress(self, run: ReplyRun) -> None:
+        """Stream text, tool calls and figures of the side running now; save its growth."""
+        if not run.compare:
+            side = run.sides[""]
+            shown = side.text
+            if not shown and side.reasoning:
                 shown = "*Thinking… (the reasoning pane shows it live)*"
             self.chat.set_stream(shown)
-        if run["tags"] != [""]:
-            cur_tag = run["current"]
-            if cur_tag not in run["results"]:
-                self.compare_view.stream(cur_tag, run["text"][cur_tag])
-        if details_changed:
-            self.tools.set_calls(list(run["calls"][run["current"]].values()))
-        cur = run["current"]
-        if cur not in run["results"]:
+        cur = run.sides[run.current]
+        if run.compare and cur.result is None:
+            self.compare_view.stream(cur.tag, cur.text)
+        if self._details_changed:
+            self.tools.set_calls(list(cur.calls.values()))
+        if cur.result is None:
             try:
-                self.store.progress(run["msg"], cur or run["key"], run["text"][cur],
-                                    run["reasoning"][cur], run["tokens"][cur],
-                                    run["flags"][cur])
+                self.store.progress(run.msg, run.version_key(cur.tag), cur.text, cur.reasoning,
+                                    cur.tokens, cur.flags)
             except Exception:  # the reply keeps streaming; the final save retries
                 log.exception("saving a partial reply")
-        cur = run["current"]
-        mode = cur or run["mode"]
-        self.live.show_stats(run["stats"][cur], self._block_for(mode, run["settings"]))
+        self.live.show_stats(cur.stats, self._block_for(cur.tag or run.mode, run.settings))
+
+    # one handler per event type
+    def _on_token(self, side: SideRun, ev: TokenEvent) -> None:
+        side.stats.on_token()
+        side.tokens.append(ev.token_id)
+        side.flags.append(ev.from_draft)
+
+    def _on_cycle(self, side: SideRun, ev: CycleEvent) -> None:
+        side.stats.on_cycle(ev)
+
+    def _on_content(self, side: SideRun, ev: ContentDelta) -> None:
+        side.text += ev.text
+
+    def _on_reasoning(self, side: SideRun, ev: ReasoningDelta) -> None:
+        side.reasoning += ev.text
+        cur = self.reasoning.textCursor()
+        cur.movePosition(QTextCursor.End)
+        cur.insertText(ev.text)
+
+    def _on_tool_call(self, side: SideRun, ev: ToolCallDelta) -> None:
+        side.merge_call(tool_call_dict(ev.call), is_result=False)
+        self._details_changed = True
+
+    def _on_tool_result(self, side: SideRun, ev: ToolResultEvent) -> None:
+        side.merge_call(tool_call_dict(ev.run), is_result=True)
+        self._details_changed = True
+
+    def _on_engine_done(self, side: SideRun, ev: Done) -> None:
+        side.stats.apply_summary(ev.summary)
+
+    def _on_round(self, side: SideRun, ev: RoundStarted) -> None:
+        side.stats.prompt_tokens = ev.prompt_tokens
+
+    def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
+        if ev.message:
+            self.flash(ev.message, 8000)
+
+    def _on_notice(self, side: SideRun, ev: Notice) -> None:
+        self.show_banner(ev.message)
+
+    def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
+        side.error = ev.message
+        self.show_banner(ev.message)
+
+    def _on_reply_finished(self, side: SideRun, ev: ReplyFinished) -> None:
+        self._finish_side(side, ev.result)
+
+    _HANDLERS = (
+        (TokenEvent, _on_token),
+        (CycleEvent, _on_cycle),
+        (ContentDelta, _on_content),
+        (ReasoningDelta, _on_reasoning),
+        (ToolCallDelta, _on_tool_call),
+        (ToolResultEvent, _on_tool_result),
+        (Done, _on_engine_done),
+        (RoundStarted, _on_round),
+        (PipelineWarning, _on_warning),
+        (Notice, _on_notice),
+        (ReplyFailed, _on_failed),
+        (ReplyFinished, _on_reply_finished),
+    )
+    """(event type, handler) pairs: each event goes to the first type it is an instance of."""
 
     def _block_for(self, mode: str, rs: dict | None = None) -> int | None:
         """Block size for the chart's scale (None for plain)."""
@@ -858,55 +897,54 @@ class MainWindow(QMainWindow):
             return None
         return (rs or {}).get("block_size") or self.model.drafter_block_size
 
-    def _finish_side(self, tag: str, result: ReplyResult) -> None:
-        run = self._run
+    def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
         if result.mode == "dflash" and not result.block_size and self.model:
             result.block_size = self.model.drafter_block_size
-        run["results"][tag] = result
+        side.result = result
         if result.summary is not None:
-            run["stats"][tag].apply_summary(result.summary)
+            side.stats.apply_summary(result.summary)
         if result.note:
             self.show_banner(result.note)
         if result.tool_calls:
             self.tools.set_calls(result.tool_calls)
-        elif run["calls"][tag]:
-            result.tool_calls = list(run["calls"][tag].values())
+        elif side.calls:
+            result.tool_calls = list(side.calls.values())
 
     def _on_finished(self, req_id: int) -> None:
         run = self._run
-        if run is None or req_id != run["id"]:
+        if run is None or req_id != run.id:
             return
         self.render_pending()
-        msg: Turn = run["msg"]
-        for tag, result in run["results"].items():
-            key = tag or run["key"]
-            stopped = run["stopped"] or result.finish_reason == "cancelled"
-            msg.versions[key] = Version(result, stopped=stopped,
-                                        error=run["errors"].get(tag))
-        if run["tags"] == [""]:
-            msg.chosen = run["key"] if run["key"] in msg.versions else \
-                next(iter(msg.versions), "")
+        msg: Turn = run.msg
+        for side in run.sides.values():
+            if side.result is None:
+                continue
+            stopped = run.stopped or side.result.finish_reason == "cancelled"
+            msg.versions[run.version_key(side.tag)] = Version(side.result, stopped=stopped,
+                                                              error=side.error)
+        if not run.compare:
+            msg.chosen = run.key if run.key in msg.versions else next(iter(msg.versions), "")
         else:
-            for tag in run["tags"]:  # a side stopped before it ran: an empty, stopped version
-                if tag not in msg.versions:
-                    msg.versions[tag] = Version(
-                        ReplyResult(mode=tag, finish_reason="cancelled"), stopped=True,
-                        error=run["errors"].get(tag))
-            msg.chosen = "dflash" if "dflash" in run["results"] else \
-                next(iter(run["results"]), "dflash")
-            self.compare_view.set_results(run["results"].get("plain"),
-                                          run["results"].get("dflash"), msg.chosen)
+            for side in run.sides.values():  # a side stopped before it ran: empty, stopped
+                if side.tag not in msg.versions:
+                    msg.versions[side.tag] = Version(
+                        ReplyResult(mode=side.tag, finish_reason="cancelled"), stopped=True,
+                        error=side.error)
+            done = [t for t, sd in run.sides.items() if sd.result is not None]
+            msg.chosen = "dflash" if "dflash" in done else (done[0] if done else "dflash")
+            self.compare_view.set_results(run.sides["plain"].result,
+                                          run.sides["dflash"].result, msg.chosen)
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
-        self._save(run["conv"])
-        if run["conv"] is self.conv:
+        self._save(run.conv)
+        if run.conv is self.conv:
             self.chat.render(self.conv)
             self.show_message_details(msg)
-            last = run["stats"].get(run["current"])
+            last = run.sides.get(run.current)
             if last is not None:
-                self.live.show_stats(last, self._block_for(run["current"] or run["mode"],
-                                                           run["settings"]))
+                self.live.show_stats(last.stats, self._block_for(run.current or run.mode,
+                                                                 run.settings))
         self.replyFinished.emit(msg)
 
     def _save(self, conv: ConversationView) -> None:

@@ -17,7 +17,6 @@ engine entry point.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -27,14 +26,25 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, Notice
+from app.chat.events import (
+    ContentDelta,
+    ReasoningDelta,
+    Reply,
+    ReplyDone,
+    RoundFinished,
+    StopStringHit,
+    ToolCallDelta,
+    ToolResultEvent,
+)
+from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, finish_fields
 from app.chat.turns import ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
-from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_PAIR", "ModelInfo", "ReplyResult", "UiEvent", "Worker", "WorkerThread"]
+__all__ = ["TINY_PAIR", "ModelInfo", "ReplyFailed", "ReplyFinished", "ReplyResult", "UiEvent",
+           "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
@@ -71,20 +81,32 @@ def worker_thread_ident() -> int | None:
 # --------------------------------------------------------------------------- UI events
 @dataclass(frozen=True)
 class UiEvent:
-    """One event handed to the GUI thread.
+    """One event handed to the GUI thread: a typed ``event`` and the ``tag`` of the side of a
+    Compare turn it belongs to ("plain" / "dflash"; "" for an ordinary reply).
 
-    ``kind`` is one of: ``token`` (data: :class:`TokenEvent`), ``cycle`` (:class:`CycleEvent`),
-    ``content`` / ``reasoning`` (str delta), ``tool_call`` (dict: id, name, arguments),
-    ``tool_result`` (dict: id, name, result, error, duration_s), ``round`` (dict: index,
-    prompt_tokens, mode), ``warning`` / ``notice`` (str, the latter shown as a message),
-    ``engine_done`` (:class:`Summary`), ``done`` (:class:`ReplyResult`), ``error`` (str message).
-    ``tag`` says which side of a Compare turn the event belongs to ("plain" / "dflash"), or
-    "" for an ordinary reply.
+    ``event`` is one of the engine's ``TokenEvent`` / ``CycleEvent`` / ``Done``, the reply's
+    ``ContentDelta`` / ``ReasoningDelta`` / ``ToolCallDelta`` / ``ToolResultEvent`` /
+    ``RoundStarted`` / ``PipelineWarning`` (:mod:`app.chat.events`), the session's
+    ``Notice``, or this module's :class:`ReplyFinished` / :class:`ReplyFailed`. The window
+    handles them with ``isinstance``.
     """
 
-    kind: str
-    data: Any
+    event: Any
     tag: str = ""
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The last event of one reply (or one side of a Compare turn): its :class:`ReplyResult`."""
+
+    result: ReplyResult
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """Generation failed; ``message`` is for the user (the reply keeps what it had)."""
+
+    message: str
 
 
 # --------------------------------------------------------------------------- backends
@@ -110,32 +132,11 @@ class Backend(Protocol):
         """MLX active memory in bytes (0 when unknown)."""
 
 
-def _dict_of(obj: Any) -> dict:
-    if isinstance(obj, dict):
-        return dict(obj)
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-
-
-# --------------------------------------------------------------------------- translation
-def _text_of(ev: Any) -> str:
-    for name in ("text", "delta", "content"):
-        v = getattr(ev, name, None)
-        if isinstance(v, str):
-            return v
-    return ""
-
-
-def _tool_call_dict(obj: Any) -> dict:
-    """A tool call (``app.chat.pipeline.ToolCall``, a ``ToolRun`` or a dict) as the dict the
-    tool pane shows: id, name, arguments, result, error, duration_s."""
-    if hasattr(obj, "to_dict"):
-        d = obj.to_dict()
-    elif isinstance(obj, dict):
-        d = dict(obj)
-    else:
-        d = _dict_of(obj)
+def tool_call_dict(obj: Any) -> dict:
+    """A tool call (``ToolCall``, ``ToolRun`` or a dict) as the dict the tool pane shows:
+    ``id``, ``name``, ``arguments``, ``result``, ``error``, ``duration_s`` (None when not
+    known)."""
+    d = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
     return {
         "id": str(d.get("id") or ""),
         "name": str(d.get("name") or "?"),
@@ -146,79 +147,64 @@ def _tool_call_dict(obj: Any) -> dict:
     }
 
 
-def translate(ev: Any) -> UiEvent | None:
-    """Turn an engine event or an ``app.chat.reply`` event into a :class:`UiEvent` (None for
-    events the window does not show). Reply events are matched by class name so this module
-    does not import the chat pipeline: ``ContentDelta``, ``ReasoningDelta``,
-    ``ToolCallDelta`` (.call), ``ToolResultEvent`` (.run), ``RoundStarted``,
-    ``PipelineWarning``, ``ReplyDone`` (.reply)."""
-    if isinstance(ev, UiEvent):
-        return ev
-    if isinstance(ev, TokenEvent):
-        return UiEvent("token", ev)
-    if isinstance(ev, CycleEvent):
-        return UiEvent("cycle", ev)
-    if isinstance(ev, Done):
-        return UiEvent("engine_done", ev.summary)
-    if isinstance(ev, Notice):
-        return UiEvent("notice", ev.message)
-    name = type(ev).__name__
-    if name == "ContentDelta":
-        return UiEvent("content", _text_of(ev))
-    if name == "ReasoningDelta":
-        return UiEvent("reasoning", _text_of(ev))
-    if name == "ToolCallDelta":
-        return UiEvent("tool_call", _tool_call_dict(ev.call))
-    if name == "ToolResultEvent":
-        return UiEvent("tool_result", _tool_call_dict(ev.run))
-    if name == "RoundStarted":
-        return UiEvent("round", {"index": ev.index, "prompt_tokens": ev.prompt_tokens,
-                                 "mode": ev.mode})
-    if name == "PipelineWarning":
-        return UiEvent("warning", str(getattr(ev, "message", "")))
-    if name == "ReplyDone":
-        return UiEvent("reply_done", ev.reply)
-    return None
+_NOT_SHOWN = (RoundFinished, StopStringHit)
+"""Reply events the window does not show (their effect arrives with other events)."""
 
 
-def result_from_reply(reply: Any, settings: dict, pieces_fn: Callable[[list[int]], list[str]]
-                      ) -> ReplyResult:
-    """A :class:`ReplyResult` from ``app.chat.reply.Reply`` (duck-typed). Tool calls of every
-    round are listed with their results."""
-    tokens = [int(t) for t in (getattr(reply, "tokens", None) or [])]
-    from_draft = [bool(b) for b in (getattr(reply, "from_draft", None) or [])]
-    rounds = list(getattr(reply, "rounds", None) or [])
-    calls: list[dict] = []
-    for rnd in rounds:
-        runs = {r.call.id: r for r in (getattr(rnd, "tool_runs", None) or [])}
-        for call in rnd.tool_calls:
-            d = _tool_call_dict(call)
-            if call.id in runs:
-                d.update({k: v for k, v in _tool_call_dict(runs[call.id]).items()
-                          if k in ("result", "error", "duration_s")})
-            calls.append(d)
-    if not rounds:
-        calls = [_tool_call_dict(c) for c in (getattr(reply, "tool_calls", None) or [])]
-    summary = getattr(reply, "summary", None)
-    warnings = getattr(reply, "warnings", None) or []
+def result_from_reply(reply: Reply, settings: dict,
+                      pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
+    """A :class:`ReplyResult` from an ``app.chat.events.Reply``: the last round's text and
+    tokens, every round's tool calls with their results (``finish_fields``), the warnings
+    joined as the note, the token texts from ``pieces_fn``."""
+    fields = finish_fields(reply)
+    tokens = fields["token_ids"]
+    flags = fields["from_draft"]
     note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
-                     for w in warnings)
+                     for w in reply.warnings)
     return ReplyResult(
-        content=str(getattr(reply, "content", "") or ""),
-        reasoning=str(getattr(reply, "reasoning", "") or ""),
-        tool_calls=calls,
-        finish_reason=str(getattr(reply, "finish_reason", "stop") or "stop"),
+        content=fields["content"],
+        reasoning=fields["reasoning"],
+        tool_calls=fields["tool_calls"],
+        finish_reason=fields["finish_reason"] or "stop",
         tokens=tokens,
-        from_draft=from_draft + [False] * (len(tokens) - len(from_draft)),
+        from_draft=flags + [False] * (len(tokens) - len(flags)),
         pieces=pieces_fn(tokens),
-        summary=summary if isinstance(summary, Summary) else None,
-        rounds=max(1, len(rounds)),
-        mode=str(getattr(reply, "mode", None) or settings.get("mode", "plain")),
+        summary=reply.summary,
+        rounds=max(1, len(reply.rounds)),
+        mode=reply.mode or settings.get("mode", "plain"),
         block_size=settings.get("block_size"),
         rollback=settings.get("rollback", "tape"),
         note=note,
-        messages=[dict(m) for m in (getattr(reply, "messages", None) or [])],
+        messages=[dict(m) for m in reply.messages],
     )
+
+
+class _Partial:
+    """What a reply produced so far, for a :class:`ReplyResult` when it ends without
+    ``ReplyDone`` (an error, or a scripted backend)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.flags: list[bool] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[str, dict] = {}
+        self.summary: Summary | None = None
+
+    def add(self, ev: Any) -> None:
+        if isinstance(ev, TokenEvent):
+            self.tokens.append(ev.token_id)
+            self.flags.append(ev.from_draft)
+        elif isinstance(ev, ContentDelta):
+            self.content.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
+            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
+            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
+            merged.update({k: v for k, v in d.items() if v is not None})
+        elif isinstance(ev, Done):
+            self.summary = ev.summary
 
 
 # --------------------------------------------------------------------------- the worker
@@ -349,12 +335,8 @@ class Worker(QObject):
         batch: list[UiEvent] = []
         last = time.monotonic()
         result: ReplyResult | None = None
-        last_summary: Summary | None = None
-        tokens: list[int] = []
-        flags: list[bool] = []
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: dict[str, dict] = {}
+        partial = _Partial()
+        failed = False
 
         def flush() -> None:
             nonlocal batch, last
@@ -364,58 +346,47 @@ class Worker(QObject):
             last = time.monotonic()
 
         try:
-            for raw in self.backend.reply(messages, settings, self._cancel):
-                ev = translate(raw)
-                if ev is None:
+            for ev in self.backend.reply(messages, settings, self._cancel):
+                if isinstance(ev, _NOT_SHOWN):
                     continue
-                ev = UiEvent(ev.kind, ev.data, tag)
-                if ev.kind == "token":
-                    tokens.append(ev.data.token_id)
-                    flags.append(ev.data.from_draft)
-                elif ev.kind == "content":
-                    content.append(ev.data)
-                elif ev.kind == "reasoning":
-                    reasoning.append(ev.data)
-                elif ev.kind in ("tool_call", "tool_result"):
-                    key = ev.data["id"] or f"{ev.data['name']}#{len(calls)}"
-                    merged = calls.setdefault(key, {})
-                    merged.update({k: v for k, v in ev.data.items() if v is not None})
-                elif ev.kind == "engine_done":
-                    last_summary = ev.data
-                elif ev.kind == "reply_done":
-                    result = result_from_reply(ev.data, settings, self.backend.pieces)
+                if isinstance(ev, ReplyDone):
+                    result = result_from_reply(ev.reply, settings, self.backend.pieces)
                     continue
-                batch.append(ev)
+                partial.add(ev)
+                batch.append(UiEvent(ev, tag))
                 if time.monotonic() - last >= FLUSH_S:
                     flush()
         except EngineError as exc:
-            batch.append(UiEvent("error", str(exc), tag))
+            batch.append(UiEvent(ReplyFailed(str(exc)), tag))
+            failed = True
         except Exception as exc:
             log.exception("generation failed")
-            batch.append(UiEvent("error", f"Generation failed: {type(exc).__name__}: {exc}", tag))
+            batch.append(UiEvent(ReplyFailed(f"Generation failed: {type(exc).__name__}: {exc}"),
+                                 tag))
+            failed = True
         if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
             finish = "stop"
-            if last_summary is not None:
+            if partial.summary is not None:
                 finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
-                          "error": "error"}.get(last_summary.stop_cause, "stop")
+                          "error": "error"}.get(partial.summary.stop_cause, "stop")
             elif self._cancel.is_set():
                 finish = "cancelled"
-            if any(e.kind == "error" for e in batch):
+            if failed:
                 finish = "error"
             result = ReplyResult(
-                content="".join(content),
-                reasoning="".join(reasoning),
-                tool_calls=list(calls.values()),
+                content="".join(partial.content),
+                reasoning="".join(partial.reasoning),
+                tool_calls=list(partial.calls.values()),
                 finish_reason=finish,
-                tokens=tokens,
-                from_draft=flags,
-                pieces=self.backend.pieces(tokens),
-                summary=last_summary,
+                tokens=partial.tokens,
+                from_draft=partial.flags,
+                pieces=self.backend.pieces(partial.tokens),
+                summary=partial.summary,
                 mode=settings.get("mode", "plain"),
                 block_size=settings.get("block_size"),
                 rollback=settings.get("rollback", "tape"),
             )
-        batch.append(UiEvent("done", result, tag))
+        batch.append(UiEvent(ReplyFinished(result), tag))
         flush()
 
 
