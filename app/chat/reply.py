@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from app.chat.events import (  # noqa: F401 (re-exported: the reply's events and results)
@@ -33,49 +33,9 @@ from app.chat.events import (  # noqa: F401 (re-exported: the reply's events and
     ToolRun,
 )
 from app.chat.pipeline import TextPipeline
+from app.chat.settings import ReplySettings, Sampling  # noqa: F401 (re-exported)
 from app.chat.templates import render_prompt
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-
-
-@dataclass
-class ReplySettings:
-    """How to produce one reply.
-
-    Attributes:
-        mode: ``"plain"`` or ``"dflash"``.
-        max_tokens: generated-token limit per generation round (int > 0).
-        block_size: DFlash block size (None: the drafter's).
-        rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
-        enable_thinking: passed to the chat template; None keeps the tokenizer's default.
-        stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
-        tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
-        run_tools: run parsed calls and continue the reply with their results.
-        max_tool_rounds: at most this many rounds of tool execution per reply.
-        tool_parser: ``mlx_lm.tool_parsers`` module name overriding the inferred one.
-        runnable_tools: ``app.chat.tools`` ``Tool`` objects allowed to run (None: built-ins).
-        tool_timeout_s: seconds one tool call may run.
-        temperature, top_p, top_k, min_p, repetition_penalty, seed: sampling (engine's
-            ``GenerationConfig`` fields; temperature 0 is greedy).
-    """
-
-    mode: str = "plain"
-    max_tokens: int = 256
-    block_size: int | None = None
-    rollback: str = "tape"
-    enable_thinking: bool | None = None
-    stop: list[str] = field(default_factory=list)
-    tools: list[dict] | None = None
-    run_tools: bool = False
-    max_tool_rounds: int = 8
-    tool_parser: str | None = None
-    runnable_tools: list | None = None
-    tool_timeout_s: float = 10.0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    seed: int | None = None
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
@@ -107,12 +67,7 @@ def _generation_config(settings: ReplySettings, mode: str):
         max_tokens=settings.max_tokens,
         block_size=settings.block_size,
         rollback=settings.rollback,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        min_p=settings.min_p,
-        repetition_penalty=settings.repetition_penalty,
-        seed=settings.seed,
+        **settings.sampling.generation_kwargs(),
     )
 
 

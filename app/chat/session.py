@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.chat.settings import reply_settings
 from app.chat.storage import ReplyRecorder, Store
 from app.engine.errors import EngineError, GenerationError
 from app.engine.events import TokenEvent
@@ -275,7 +276,7 @@ class ChatSession:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
         from app.chat import reply as reply_mod
 
-        rs = reply_settings_from(settings)
+        rs = reply_settings(settings)
         messages, notice = self._fit(messages, rs)
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache)
@@ -395,28 +396,6 @@ class ChatSession:
         if out:
             out[-1] += detok.last_segment
         return out
-
-
-def reply_settings_from(settings: dict):
-    """``app.chat.reply.ReplySettings`` from the window's settings dict.
-
-    ``stop_strings`` become ``stop``; ``use_tools`` turns on the built-in tools (shown to the
-    model and run). Keys that are not ``ReplySettings`` fields (``system_prompt``,
-    ``thinking``, ...) belong to other layers and are not passed on.
-    """
-    import dataclasses
-
-    from app.chat.reply import ReplySettings
-
-    values = dict(settings)
-    values.setdefault("stop", list(values.get("stop_strings") or []))
-    if values.get("use_tools"):
-        from app.chat.tools import tool_schemas
-
-        values["tools"] = tool_schemas()
-        values["run_tools"] = True
-    names = {f.name for f in dataclasses.fields(ReplySettings)}
-    return ReplySettings(**{k: v for k, v in values.items() if k in names})
 
 
 def _prepend(first: Any, rest: Iterator) -> Iterator:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from app.chat.reply import ReplySettings
+from app.chat.settings import Sampling
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
@@ -164,12 +165,9 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         runnable_tools=None if args.tools == "builtin" else [],
         max_tool_rounds=args.max_tool_rounds,
         tool_parser=args.tool_parser,
-        temperature=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
+        sampling=Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          seed=args.seed),
     )
 
 
