@@ -79,6 +79,13 @@ def _run_tool(call: ToolCall, settings: ReplySettings):
     )
 
 
+def _call_signature(calls: list[ToolCall]) -> list[tuple[str, str]]:
+    """The calls of one round as comparable (name, canonical JSON arguments) pairs."""
+    import json
+
+    return [(c.name, json.dumps(c.arguments, sort_keys=True, default=str)) for c in calls]
+
+
 def assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict:
     """An assistant message for the chat template (``reasoning_content`` and ``tool_calls``
     only when non-empty)."""
@@ -124,7 +131,9 @@ def run_reply(
     only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
     deltas (``ContentDelta``, ``ReasoningDelta``, ``ToolCallDelta``, ``PipelineWarning``,
     ``StopStringHit``); :class:`RoundFinished`; then one :class:`ToolResultEvent` per executed
-    call. The last event is :class:`ReplyDone`.
+    call. The last event is :class:`ReplyDone`. A round that repeats the previous round's calls
+    with the same arguments ends the reply (warning ``repeated_tool_call``) instead of running
+    them again; ``max_tool_rounds`` bounds the rest (warning ``tool_round_limit``).
 
     Raises:
         ChatTemplateError: the conversation cannot be rendered.
@@ -145,6 +154,7 @@ def run_reply(
     executed = 0
     cancelled = False
     next_call = 0
+    last_signature: list | None = None  # the calls of the last round whose tools ran
     config = _generation_config(settings, mode)
     while True:
         index = len(rounds)
@@ -229,6 +239,16 @@ def run_reply(
         convo.append(assistant)
         if not (settings.run_tools and rnd.finish_reason == "tool_calls"):
             break
+        signature = _call_signature(rnd.tool_calls)
+        if signature == last_signature:
+            names = ", ".join(sorted({c.name for c in rnd.tool_calls}))
+            reply_warnings.append({
+                "code": "repeated_tool_call",
+                "message": f"the model asked for the same tool call again ({names}, same "
+                           "arguments) right after getting its result; stopped instead of "
+                           "running it again",
+            })
+            break
         if executed >= settings.max_tool_rounds:
             reply_warnings.append({
                 "code": "tool_round_limit",
@@ -247,6 +267,7 @@ def run_reply(
             convo.append(msg)
             yield ToolResultEvent(round=index, run=run)
         executed += 1
+        last_signature = signature
         if cancelled or (cancel_event is not None and cancel_event.is_set()):
             cancelled = True
             rnd.finish_reason = "cancelled"

@@ -197,6 +197,9 @@ class ChatSession:
         if drafter_path:
             new_drafter = loader.load_drafter(drafter_path)
             loader.check_pair(new_target, new_drafter)
+            from app.engine.catalog import warn_drafter_defaults
+
+            warn_drafter_defaults(new_drafter.path)
         self.target, self.drafter, self.spec = new_target, new_drafter, spec
         from app.engine.prefix import PromptCache
 

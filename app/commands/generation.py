@@ -180,6 +180,7 @@ def _messages(args) -> list[dict]:
 
 
 def _load(args, need_drafter: bool):
+    from app.engine.catalog import warn_drafter_defaults
     from app.engine.loader import check_pair, load_drafter, load_target
 
     tpath, dpath = resolve_pair(args, need_drafter)
@@ -188,7 +189,30 @@ def _load(args, need_drafter: bool):
     if dpath and need_drafter:
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
+        for note in warn_drafter_defaults(drafter.path):
+            _warn(f"warning: {note}")
+    elif getattr(args, "draft_model", None):
+        problem = drafter_problem(target, args.draft_model)
+        if problem:
+            _warn(f"warning: --draft-model {args.draft_model} is not used in plain mode, and "
+                  f"it could not be used with this target anyway: {problem}")
     return target, drafter, tpath, dpath
+
+
+def drafter_problem(target, draft_model: str) -> str | None:
+    """Why ``draft_model`` could not serve as ``target``'s DFlash drafter (config-level
+    checks only, nothing is loaded), or None when it looks usable."""
+    from app.engine.catalog import check_pair_configs, is_drafter_config, read_config
+    from app.engine.loader import resolve_model_path
+
+    try:
+        config = read_config(resolve_model_path(draft_model))
+        if not is_drafter_config(config):
+            return "it is not a DFlash drafter (its config does not name DFlashDraftModel)"
+        check_pair_configs(dict(target.config), config)
+    except EngineError as exc:
+        return str(exc)
+    return None
 
 
 # ------------------------------------------------------------------------------ commands

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.engine.errors import EngineError, ModelLoadError, ModelNotFoundError, PairMismatchError
+
+log = logging.getLogger(__name__)
 
 Source = Literal["bundled", "folder", "cache"]
 Kind = Literal["target", "drafter"]
@@ -165,6 +168,38 @@ def drafter_fields(config: dict) -> dict:
         "vocab_size": config.get("vocab_size"),
         "hidden_size": config.get("hidden_size"),
     }
+
+
+DRAFTER_DEFAULTS = {"block_size": 16, "rope_theta": 1_000_000.0}
+"""What a DFlash drafter config gets when it leaves a field out (``app.engine.drafter``)."""
+
+
+def drafter_defaults_used(config: dict) -> list[str]:
+    """One sentence per :data:`DRAFTER_DEFAULTS` field the drafter ``config`` lacks, naming the
+    default the loader uses instead (``rope_theta`` may also sit in ``rope_parameters``)."""
+    out = []
+    if drafter_fields(config)["block_size"] is None:
+        out.append(f"the drafter config has no block_size; the default "
+                   f"{DRAFTER_DEFAULTS['block_size']} is used")
+    rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) \
+        else {}
+    if "rope_theta" not in config and "rope_theta" not in rope:
+        out.append(f"the drafter config has no rope_theta; the default "
+                   f"{DRAFTER_DEFAULTS['rope_theta']:g} is used")
+    return out
+
+
+def warn_drafter_defaults(folder: Path | str) -> list[str]:
+    """Log a warning for each default :func:`drafter_defaults_used` finds in
+    ``folder/config.json`` (nothing when the file cannot be read: loading reports that);
+    returns the sentences."""
+    try:
+        notes = drafter_defaults_used(read_config(Path(folder)))
+    except (ModelNotFoundError, ModelLoadError):
+        return []
+    for note in notes:
+        log.warning("%s (%s)", note, folder)
+    return notes
 
 
 def check_pair_configs(target_config: dict, drafter_config: dict) -> None:
