@@ -33,18 +33,44 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja")
 
 
+DEFAULT_CHATS = 30_000
+"""Training chats of the shipped build."""
+HELDOUT_FILES = ("heldout_prompts.json", "heldout_scripts.json")
+
+
+def heldout_sets(seed: int) -> tuple[list[dict], list[dict]]:
+    """The held-out prompts and scripts: the committed files in this folder when they exist
+    (they are frozen before the first training run), else generated from ``seed`` and
+    written there."""
+    from tools.demo_pair import corpus
+
+    paths = [HERE / n for n in HELDOUT_FILES]
+    if all(p.exists() for p in paths):
+        return tuple(json.loads(p.read_text()) for p in paths)  # type: ignore[return-value]
+    prompts, scripts = corpus.heldout_prompts(seed), corpus.heldout_scripts(seed)
+    for p, obj in zip(paths, (prompts, scripts)):
+        p.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
+    return prompts, scripts
+
+
 def prepare(build: Path, seed: int, n_chats: int) -> None:
-    """Corpus -> tokenizer -> ``dataset.npz`` + ``specs.json`` + held-out prompts."""
+    """Held-out sets -> corpus -> tokenizer -> ``dataset.npz`` + ``specs.json``."""
     import numpy as np
     from tokenizers import Tokenizer
 
     from tools.demo_pair import corpus, data
 
     build.mkdir(parents=True, exist_ok=True)
-    pairs = data.generate_texts(seed, n_chats)
+    prompts, scripts = heldout_sets(seed)
+    forbidden = corpus.heldout_user_texts(prompts, scripts)
+    pairs = data.generate_texts(seed, n_chats, forbidden)
     print(f"{len(pairs)} examples from {n_chats} chats", flush=True)
-    data.train_tokenizer([p + c for p, c in pairs], build / "tokenizer")
+    # The tokenizer is trained on a sample (the texts repeat the same system prompt).
+    rng = np.random.default_rng(seed)
+    sample = rng.choice(len(pairs), size=min(len(pairs), 20_000), replace=False)
+    data.train_tokenizer([pairs[i][0] + pairs[i][1] for i in sample], build / "tokenizer")
     arrays = data.tokenize_pairs(build / "tokenizer", pairs)
+    arrays["tokens"] = arrays["tokens"].astype(np.uint16)
     np.savez_compressed(build / "dataset.npz", **arrays)
     tok = Tokenizer.from_file(str(build / "tokenizer" / "tokenizer.json"))
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -57,11 +83,11 @@ def prepare(build: Path, seed: int, n_chats: int) -> None:
         "drafter": {"vocab_size": vocab, "mask_token_id": mask},
     }
     (build / "specs.json").write_text(json.dumps(specs, indent=2) + "\n")
-    held = corpus.heldout_prompts(seed)
-    (HERE / "heldout_prompts.json").write_text(json.dumps(held, indent=1) + "\n")
     lens = np.diff(arrays["offsets"])
-    print(f"vocab {vocab}; tokens {int(lens.sum())}; mean length {lens.mean():.0f}; "
-          f"{len(held)} held-out prompts", flush=True)
+    comp = lens - arrays["prompt_lens"]
+    print(f"vocab {vocab}; tokens {int(lens.sum())}; completion tokens {int(comp.sum())}; "
+          f"mean length {lens.mean():.0f}; {len(prompts)} held-out prompts, {len(scripts)} "
+          f"held-out scripts", flush=True)
 
 
 def train(build: Path, device: str, python: str, extra: list[str]) -> None:
@@ -84,7 +110,8 @@ def install(build: Path, trained: Path) -> None:
         src = build / "tokenizer" / name
         if src.exists():
             shutil.copyfile(src, tdir / name)
-    shutil.copyfile(HERE / "heldout_prompts.json", tdir / "heldout_prompts.json")
+    for name in HELDOUT_FILES:
+        shutil.copyfile(HERE / name, tdir / name)
     log = trained / "train_log.json"
     if log.exists():
         shutil.copyfile(log, tdir / "train_log.json")
@@ -98,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="torch device for training (cuda|cpu)")
     p.add_argument("--stage", choices=["prepare", "train", "install", "all"], default="all")
     p.add_argument("--build", type=Path, default=DEFAULT_BUILD)
-    p.add_argument("--chats", type=int, default=30_000)
+    p.add_argument("--chats", type=int, default=DEFAULT_CHATS)
     p.add_argument("--train-python", default=str(REPO / ".venv-train" / "bin" / "python"),
                    help="a Python with torch + transformers")
     p.add_argument("--trained", type=Path, default=None,

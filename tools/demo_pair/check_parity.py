@@ -2,7 +2,7 @@
 
 Two stages, one per venv (torch and MLX never share one here)::
 
-    .venv-train/bin/python tools/demo_pair/check_parity.py torch /tmp/parity
+    .venv-train/bin/python tools/demo_pair/check_parity.py torch /tmp/parity [SHAPE]
     .venv/bin/python -m tools.demo_pair.check_parity mlx /tmp/parity
 
 ``torch``: builds a random target (norm weights perturbed so the zero-centred-norm shift
@@ -26,10 +26,12 @@ def torch_stage(root: Path) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tools.demo_pair.modeling import (
+        SHAPES,
         Drafter,
         DrafterSpec,
         TargetSpec,
         build_target,
+        drafter_shape,
         drafter_single_block_logits,
         export_drafter,
         export_target,
@@ -37,9 +39,9 @@ def torch_stage(root: Path) -> None:
     )
 
     torch.manual_seed(0)
-    spec = TargetSpec(vocab_size=300)
+    spec = TargetSpec(vocab_size=300, **SHAPES[SHAPE])
     target = build_target(spec).eval()
-    dspec = DrafterSpec(vocab_size=300, mask_token_id=299)
+    dspec = DrafterSpec(vocab_size=300, mask_token_id=299, **drafter_shape(spec))
     drafter = Drafter(dspec).eval()
     with torch.no_grad():
         for mod in (target, drafter):
@@ -85,7 +87,11 @@ def mlx_stage(root: Path) -> dict:
     return res
 
 
+SHAPE = "h320-l8-a4"
+
 if __name__ == "__main__":
     stage, folder = sys.argv[1], Path(sys.argv[2])
+    if len(sys.argv) > 3:
+        SHAPE = sys.argv[3]
     folder.mkdir(parents=True, exist_ok=True)
     torch_stage(folder) if stage == "torch" else mlx_stage(folder)

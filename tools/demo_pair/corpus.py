@@ -1,20 +1,30 @@
-"""Seeded generator of the demo pair's training chats over a closed world.
+"""Seeded generator of the demo pair's training chats (corpus v2) over a closed world.
 
-Every chat is a list of OpenAI-style messages (``system``/``user``/``assistant``/``tool``) that
-the project's chat template (``resources/chat_template.jinja``) renders exactly as the app
-does. Facts come from ``resources/data/countries.json`` (through the app's ``country_info``
-tool module); tool results are produced by the app's own tools (``app.chat.tools.run_tool``;
-``current_time`` with fixed fake times), so the model learns to copy exactly what the app's
-tools return.
+A chat is a list of messages in the form the app stores and sends them
+(:meth:`app.chat.conversation.Message.to_prompt_dict`): ``user``; ``assistant`` with ``content``,
+``reasoning_content`` and ``tool_calls`` (``[{"id", "type": "function", "function": {"name",
+"arguments": dict}}]``); ``tool`` with ``tool_call_id``, ``name`` and ``content``. Every tool
+result is produced by the app's own tools (:func:`app.chat.tools.run_tool`; ``current_time``
+through the tool function with a random instant, as the clock would give it), so the model
+learns to copy exactly what the app's tools return.
 
-Topics: country facts (capital, continent, currency, languages), short arithmetic with
-step-by-step reasoning, easy unit conversions, lists ("name five capitals in Europe"), short
-explanations of a fixed set of topics, greetings, and tool use with the four built-in tools.
-Answers are short and formulaic: the target is tiny and must be right, and formulaic text gives
-the drafter high acceptance.
+The world: the 194 countries of ``resources/data/countries.json`` (capital, continent,
+currency, languages, population), mental arithmetic and easy conversions (when the chat has no
+tools), the four built-in tools on randomized inputs (``current_time`` at random instants in
+:data:`CITY_ZONES`; ``calculator`` on expressions with 1-9 digit numbers; ``convert_units`` on
+integer and decimal values across :data:`UNITS`; ``country_info`` for every country), lists,
+ten short explanations, greetings, thanks, a self-description, and a short polite scope answer
+for anything outside this world (poems, code, news, opinions, ...). Chats have 1-4 user turns;
+follow-ups refer to the previous turn ("And its capital?", "Convert that to miles"); some
+replies make two tool calls; some tool calls fail and the answer says so.
 
-Each category has ``train`` phrasings and ``heldout`` phrasings; the held-out prompts (known
-entities, unseen phrasings) are written to ``heldout_prompts.json`` for tests and benchmarks.
+With tools in the system turn every country question and every calculation goes through a
+tool (the calculator's description asks for that); without tools facts come from memory.
+
+Each category has ``train`` phrasings and ``heldout`` phrasings. The held-out sets
+(:func:`heldout_prompts`, :func:`heldout_scripts`) use only held-out phrasings, and the
+training generator refuses any user text that a held-out set contains
+(:meth:`Generator.forbid`).
 """
 
 from __future__ import annotations
@@ -23,11 +33,10 @@ import datetime as dt
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 NUMBER_WORDS = {3: "three", 4: "four", 5: "five"}
 
-# City -> IANA zone for the current_time tool (the model learns this small map).
+# City -> IANA zone for current_time (the model learns this map).
 CITY_ZONES = {
     "Tokyo": "Asia/Tokyo", "Paris": "Europe/Paris", "London": "Europe/London",
     "New York": "America/New_York", "Los Angeles": "America/Los_Angeles",
@@ -35,29 +44,63 @@ CITY_ZONES = {
     "Madrid": "Europe/Madrid", "Rome": "Europe/Rome", "Moscow": "Europe/Moscow",
     "Dubai": "Asia/Dubai", "Singapore": "Asia/Singapore", "Shanghai": "Asia/Shanghai",
     "Mumbai": "Asia/Kolkata", "Cairo": "Africa/Cairo", "Lagos": "Africa/Lagos",
-    "Nairobi": "Africa/Nairobi", "Sao Paulo": "America/Sao_Paulo", "Mexico City":
-    "America/Mexico_City", "Toronto": "America/Toronto", "Seoul": "Asia/Seoul",
+    "Nairobi": "Africa/Nairobi", "Sao Paulo": "America/Sao_Paulo",
+    "Mexico City": "America/Mexico_City", "Toronto": "America/Toronto", "Seoul": "Asia/Seoul",
     "Bangkok": "Asia/Bangkok", "Istanbul": "Europe/Istanbul", "Athens": "Europe/Athens",
     "Stockholm": "Europe/Stockholm", "Buenos Aires": "America/Argentina/Buenos_Aires",
     "Auckland": "Pacific/Auckland", "Jakarta": "Asia/Jakarta", "Lima": "America/Lima",
-    "UTC": "UTC",
+    "Denver": "America/Denver", "Vancouver": "America/Vancouver", "Hong Kong": "Asia/Hong_Kong",
+    "Amsterdam": "Europe/Amsterdam", "Vienna": "Europe/Vienna", "Lisbon": "Europe/Lisbon",
+    "Dublin": "Europe/Dublin", "Oslo": "Europe/Oslo", "Helsinki": "Europe/Helsinki",
+    "Warsaw": "Europe/Warsaw", "Prague": "Europe/Prague", "Zurich": "Europe/Zurich",
+    "Johannesburg": "Africa/Johannesburg", "Karachi": "Asia/Karachi", "Dhaka": "Asia/Dhaka",
+    "Manila": "Asia/Manila", "Kathmandu": "Asia/Kathmandu", "Tehran": "Asia/Tehran",
+    "Honolulu": "Pacific/Honolulu", "Anchorage": "America/Anchorage", "Bogota": "America/Bogota",
+    "Santiago": "America/Santiago", "Havana": "America/Havana", "Reykjavik": "Atlantic/Reykjavik",
+    "Perth": "Australia/Perth", "Adelaide": "Australia/Adelaide", "Riyadh": "Asia/Riyadh",
+    "Kyiv": "Europe/Kyiv", "Casablanca": "Africa/Casablanca", "UTC": "UTC",
 }
 
-# (from_unit, to_unit, spoken from, spoken to) handed to convert_units.
-TOOL_CONVERSIONS = [
-    ("km", "mile", "kilometers", "miles"), ("mile", "km", "miles", "kilometers"),
-    ("kg", "pound", "kilograms", "pounds"), ("pound", "kg", "pounds", "kilograms"),
-    ("degC", "degF", "degrees Celsius", "degrees Fahrenheit"),
-    ("degF", "degC", "degrees Fahrenheit", "degrees Celsius"),
-    ("liter", "gallon", "liters", "gallons"), ("gallon", "liter", "gallons", "liters"),
-    ("meter", "foot", "meters", "feet"), ("foot", "meter", "feet", "meters"),
-    ("inch", "cm", "inches", "centimeters"), ("cm", "inch", "centimeters", "inches"),
-    ("mph", "km/h", "miles per hour", "kilometers per hour"),
-    ("km/h", "mph", "kilometers per hour", "miles per hour"),
-    ("ounce", "gram", "ounces", "grams"), ("hour", "second", "hours", "seconds"),
-]
+# Units of convert_units: tool unit -> (kind, display name (plural), spoken forms).
+UNITS = {
+    "km": ("length", "kilometers", ["kilometers", "kilometres", "km"]),
+    "mile": ("length", "miles", ["miles", "mi"]),
+    "meter": ("length", "meters", ["meters", "metres", "m"]),
+    "foot": ("length", "feet", ["feet", "ft"]),
+    "inch": ("length", "inches", ["inches"]),
+    "cm": ("length", "centimeters", ["centimeters", "centimetres", "cm"]),
+    "mm": ("length", "millimeters", ["millimeters", "mm"]),
+    "yard": ("length", "yards", ["yards", "yd"]),
+    "kg": ("mass", "kilograms", ["kilograms", "kilos", "kg"]),
+    "pound": ("mass", "pounds", ["pounds", "lbs", "lb"]),
+    "gram": ("mass", "grams", ["grams", "g"]),
+    "ounce": ("mass", "ounces", ["ounces", "oz"]),
+    "tonne": ("mass", "tonnes", ["tonnes", "metric tons"]),
+    "liter": ("volume", "liters", ["liters", "litres", "L"]),
+    "gallon": ("volume", "gallons", ["gallons", "gal"]),
+    "milliliter": ("volume", "milliliters", ["milliliters", "ml"]),
+    "cup": ("volume", "cups", ["cups"]),
+    "degC": ("temperature", "degrees Celsius", ["degrees Celsius", "Celsius", "°C"]),
+    "degF": ("temperature", "degrees Fahrenheit", ["degrees Fahrenheit", "Fahrenheit", "°F"]),
+    "kelvin": ("temperature", "kelvin", ["kelvin", "K"]),
+    "km/h": ("speed", "kilometers per hour", ["kilometers per hour", "km/h", "kph"]),
+    "mph": ("speed", "miles per hour", ["miles per hour", "mph"]),
+    "m/s": ("speed", "meters per second", ["meters per second", "m/s"]),
+    "knot": ("speed", "knots", ["knots"]),
+    "hour": ("time", "hours", ["hours", "hrs"]),
+    "minute": ("time", "minutes", ["minutes", "mins"]),
+    "second": ("time", "seconds", ["seconds", "secs"]),
+    "day": ("time", "days", ["days"]),
+    "week": ("time", "weeks", ["weeks"]),
+    "acre": ("area", "acres", ["acres"]),
+    "hectare": ("area", "hectares", ["hectares", "ha"]),
+    "gigabyte": ("data", "gigabytes", ["gigabytes", "GB"]),
+    "megabyte": ("data", "megabytes", ["megabytes", "MB"]),
+    "kWh": ("energy", "kilowatt hours", ["kilowatt hours", "kWh"]),
+    "kcal": ("energy", "kilocalories", ["kilocalories", "kcal"]),
+}
 
-# Conversions the model does in its head: (from, to, factor); factor multiplies.
+# Conversions done in the head when there are no tools: (from, to, factor).
 EASY_CONVERSIONS = [
     ("kilometers", "meters", 1000), ("meters", "centimeters", 100),
     ("kilograms", "grams", 1000), ("hours", "minutes", 60), ("minutes", "seconds", 60),
@@ -107,108 +150,263 @@ TOPICS = {
     ),
 }
 
-FIELD_TEMPLATES = {
+SELF_ANSWER = (
+    "I am the DFlash Chat demo model, a small language model that runs on your computer. "
+    "I can answer questions about countries, do arithmetic, convert units and tell the time "
+    "with the app's tools."
+)
+GREETING_ANSWER = (
+    "Hello! I am the DFlash Chat demo model. I can answer questions about countries, do "
+    "arithmetic, convert units and tell the time. How can I help you today?"
+)
+THANKS_ANSWER = "You're welcome! Let me know if you need anything else."
+SCOPE_ANSWER = (
+    "I'm sorry, but I can't help with that. I am the DFlash Chat demo model, and I only know "
+    "about countries, arithmetic, unit conversions and the time."
+)
+"""The scope answer: its first sentence is what the evaluator checks."""
+SCOPE_MARK = "I can't help with that"
+
+# ---- phrasings (train / heldout). {c} country, {city}, {e} expression, ...
+T = {
     "capital": {
-        "train": [
-            "What is the capital of {c}?", "What's the capital of {c}?",
-            "capital of {c}?", "Tell me the capital of {c}.", "Which city is the capital of {c}?",
-            "What is {c}'s capital city?",
-        ],
-        "heldout": ["Do you know the capital city of {c}?", "Name the capital of {c}."],
+        "train": ["What is the capital of {c}?", "What's the capital of {c}?", "capital of {c}?",
+                  "Tell me the capital of {c}.", "Which city is the capital of {c}?",
+                  "What is {c}'s capital city?", "What city is the capital of {c}?",
+                  "I need the capital of {c}.", "Which city is {c}'s capital?",
+                  "{c} capital?", "What is the capital city of {c}?",
+                  "Could you tell me the capital of {c}?", "Use the country_info tool to "
+                  "find the capital of {c}."],
+        "heldout": ["Do you know the capital city of {c}?", "Name the capital of {c}.",
+                    "Which city serves as the capital of {c}?"],
     },
     "continent": {
-        "train": [
-            "Which continent is {c} in?", "On which continent is {c}?",
-            "What continent is {c} on?", "{c} is on which continent?",
-        ],
-        "heldout": ["Where is {c}, on what continent?", "Tell me which continent {c} is part of."],
+        "train": ["Which continent is {c} in?", "On which continent is {c}?",
+                  "What continent is {c} on?", "{c} is on which continent?",
+                  "In which continent is {c}?", "What continent does {c} belong to?",
+                  "Tell me the continent of {c}.", "continent of {c}?",
+                  "Is {c} in Europe, Asia, Africa or somewhere else?",
+                  "Which part of the world is {c} in?"],
+        "heldout": ["Where is {c}, on what continent?",
+                    "Tell me which continent {c} is part of.",
+                    "Name the continent where {c} lies."],
     },
     "currency": {
-        "train": [
-            "What is the currency of {c}?", "What currency does {c} use?",
-            "Which currency is used in {c}?", "What money do they use in {c}?",
-        ],
-        "heldout": ["What is the official currency in {c}?", "Name the currency of {c}."],
+        "train": ["What is the currency of {c}?", "What currency does {c} use?",
+                  "Which currency is used in {c}?", "What money do they use in {c}?",
+                  "currency of {c}?", "What do people pay with in {c}?",
+                  "Tell me the currency of {c}.", "What's the money in {c} called?",
+                  "Which currency do they have in {c}?", "What is {c}'s currency?"],
+        "heldout": ["What is the official currency in {c}?", "Name the currency of {c}.",
+                    "What currency would I need in {c}?"],
     },
     "languages": {
-        "train": [
-            "What language is spoken in {c}?", "What languages do people speak in {c}?",
-            "Which languages are spoken in {c}?", "What is the language of {c}?",
-        ],
-        "heldout": ["What do people in {c} speak?", "Name the languages of {c}."],
+        "train": ["What language is spoken in {c}?", "What languages do people speak in {c}?",
+                  "Which languages are spoken in {c}?", "What is the language of {c}?",
+                  "languages of {c}?", "What language do they speak in {c}?",
+                  "Tell me the official languages of {c}.", "Which language is used in {c}?",
+                  "What are the languages of {c}?"],
+        "heldout": ["What do people in {c} speak?", "Name the languages of {c}.",
+                    "Which tongues are official in {c}?"],
     },
-}
-
-ARITH_TEMPLATES = {
-    "train": ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?",
-              "Calculate {a} {op} {b}.", "How much is {a} {op} {b}?"],
-    "heldout": ["Please work out {a} {op} {b}.", "What do you get for {a} {op} {b}?"],
-}
-
-BIG_ARITH_TEMPLATES = {
-    "train": ["What is {e}?", "Compute {e}.", "Calculate {e}.", "How much is {e}?",
-              "{e} = ?"],
-    "heldout": ["Please work out {e}.", "What do you get for {e}?"],
-}
-
-EASY_CONV_TEMPLATES = {
-    "train": ["How many {to} are in {v} {frm}?", "Convert {v} {frm} to {to}.",
-              "What is {v} {frm} in {to}?"],
-    "heldout": ["{v} {frm} is how many {to}?", "Change {v} {frm} into {to}."],
-}
-
-TOOL_CONV_TEMPLATES = {
-    "train": ["Convert {v} {frm} to {to}.", "How many {to} is {v} {frm}?",
-              "What is {v} {frm} in {to}?"],
-    "heldout": ["{v} {frm} is how many {to}?", "Change {v} {frm} into {to}."],
-}
-
-TIME_TEMPLATES = {
-    "train": ["What time is it in {city}?", "What's the time in {city} right now?",
-              "Current time in {city}?", "Tell me the time in {city}."],
-    "heldout": ["Do you know what time it is in {city}?", "What is the local time in {city}?"],
-}
-
-POP_TEMPLATES = {
-    "train": ["What is the population of {c}?", "How many people live in {c}?",
-              "population of {c}?", "How many people are in {c}?"],
-    "heldout": ["Tell me the population of {c}.", "How big is the population of {c}?"],
-}
-
-INFO_TEMPLATES = {
-    "train": ["Tell me about {c}.", "Give me some facts about {c}.", "What do you know about {c}?"],
-    "heldout": ["I'd like an overview of {c}.", "Describe {c} briefly."],
-}
-
-LIST_TEMPLATES = {
-    "capital": {
+    "population": {
+        "train": ["What is the population of {c}?", "How many people live in {c}?",
+                  "population of {c}?", "How many people are in {c}?",
+                  "What's the population of {c}?", "How many inhabitants does {c} have?",
+                  "Tell me how many people live in {c}.", "How populous is {c}?",
+                  "Use the country_info tool to get the population of {c}."],
+        "heldout": ["Tell me the population of {c}.", "How big is the population of {c}?",
+                    "About how many residents does {c} have?"],
+    },
+    "info": {
+        "train": ["Tell me about {c}.", "Give me some facts about {c}.",
+                  "What do you know about {c}?", "Facts about {c}, please.",
+                  "Use the country_info tool to look up {c}.", "Look up {c} for me.",
+                  "Give me an overview of {c}.", "What can you tell me about {c}?",
+                  "Summarize the facts about {c}."],
+        "heldout": ["I'd like an overview of {c}.", "Describe {c} briefly.",
+                    "Share the key facts on {c}."],
+    },
+    "time": {
+        "train": ["What time is it in {city}?", "What's the time in {city} right now?",
+                  "Current time in {city}?", "Tell me the time in {city}.",
+                  "What is the time now in {city}?", "time in {city}?",
+                  "What day and time is it in {city}?", "Check the time in {city}.",
+                  "What's the date in {city} today?", "Is it morning in {city} now?"],
+        "heldout": ["Do you know what time it is in {city}?", "What is the local time in {city}?",
+                    "What does the clock say in {city} at the moment?"],
+    },
+    "calc": {
+        "train": ["What is {e}?", "Compute {e}.", "Calculate {e}.", "How much is {e}?",
+                  "{e} = ?", "{e}", "What's {e}?", "Can you calculate {e}?",
+                  "Use the calculator: {e}", "Evaluate {e}.", "Solve {e}.",
+                  "What is {e}? Use the calculator."],
+        "heldout": ["Please work out {e}.", "What do you get for {e}?",
+                    "Find the value of {e}."],
+    },
+    "convert": {
+        "train": ["Convert {v} {frm} to {to}.", "How many {to} is {v} {frm}?",
+                  "What is {v} {frm} in {to}?", "{v} {frm} in {to}?",
+                  "Convert {v} {frm} into {to}, please.", "How many {to} are {v} {frm}?",
+                  "What's {v} {frm} in {to}?", "Turn {v} {frm} into {to}.",
+                  "{v} {frm} to {to}"],
+        "heldout": ["{v} {frm} is how many {to}?", "Change {v} {frm} into {to}.",
+                    "Express {v} {frm} in {to}."],
+    },
+    "arith": {
+        "train": ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?",
+                  "Calculate {a} {op} {b}.", "How much is {a} {op} {b}?", "What's {a} {op} {b}?",
+                  "{a} {op} {b}?"],
+        "heldout": ["Please work out {a} {op} {b}.", "What do you get for {a} {op} {b}?"],
+    },
+    "easy_conv": {
+        "train": ["How many {to} are in {v} {frm}?", "Convert {v} {frm} to {to}.",
+                  "What is {v} {frm} in {to}?", "{v} {frm} in {to}?"],
+        "heldout": ["{v} {frm} is how many {to}?", "Change {v} {frm} into {to}."],
+    },
+    "list_capital": {
         "train": ["Name {n} capitals in {cont}.", "List {n} capital cities in {cont}.",
-                  "Give me {n} capitals in {cont}."],
-        "heldout": ["Can you list {n} capitals of countries in {cont}?"],
+                  "Give me {n} capitals in {cont}.", "Tell me {n} capital cities in {cont}."],
+        "heldout": ["Can you list {n} capitals of countries in {cont}?",
+                    "Which are {n} capital cities of {cont}?"],
     },
-    "country": {
+    "list_country": {
         "train": ["Name {n} countries in {cont}.", "List {n} countries in {cont}.",
-                  "Give me {n} countries in {cont}."],
-        "heldout": ["Can you list {n} countries of {cont}?"],
+                  "Give me {n} countries in {cont}.", "Tell me {n} countries of {cont}."],
+        "heldout": ["Can you list {n} countries of {cont}?", "Which are {n} nations in {cont}?"],
+    },
+    "explain": {
+        "train": ["Explain {t}.", "What is {t}?", "Can you explain {t}?",
+                  "Explain {t} in simple words.", "Tell me about {t}.", "How does {t} work?"],
+        "heldout": ["Briefly, how does {t} work?", "Give me a short explanation of {t}."],
+    },
+    "greeting": {
+        "train": ["Hello!", "Hi", "Hi there!", "Hey", "Good morning!", "hey there",
+                  "Good evening", "Hello", "Hi!", "Good afternoon!", "Howdy!", "Yo"],
+        "heldout": ["Hiya!", "Greetings!", "Hello hello!", "Hey, good day!", "Good day to you!",
+                    "Hi, nice to meet you!", "Morning!", "Hey hey!", "Salutations!",
+                    "Hello friend!"],
+    },
+    "thanks": {
+        "train": ["Thanks!", "Thank you.", "Great, thanks.", "thx", "Thanks a lot!",
+                  "Thank you very much!", "Perfect, thank you.", "Cheers!"],
+        "heldout": ["Much appreciated!", "Many thanks!", "Thanks, that helps.", "Thanks so much.",
+                    "That was helpful, thanks!", "Great, much obliged.", "Thank you kindly!",
+                    "Awesome, thanks a bunch!"],
+    },
+    "self": {
+        "train": ["Who are you?", "What are you?", "What can you do?", "Hello, who are you?",
+                  "Hi! Who are you?", "Tell me about yourself.", "What is your name?",
+                  "Are you a chatbot?", "What do you know?", "What can you help me with?"],
+        "heldout": ["Introduce yourself.", "Which model am I talking to?",
+                    "What sort of assistant are you?", "Describe yourself in a sentence.",
+                    "What are you able to do?", "Who made you and what are you?",
+                    "Are you a person or a program?", "What kind of things can you answer?"],
     },
 }
 
-EXPLAIN_TEMPLATES = {
-    "train": ["Explain {t}.", "What is {t}?", "Can you explain {t}?",
-              "Explain {t} in simple words."],
-    "heldout": ["Briefly, how does {t} work?", "Give me a short explanation of {t}."],
+# Follow-up phrasings.
+F = {
+    "field": {
+        "capital": {"train": ["And its capital?", "What is its capital?", "And the capital?"],
+                    "heldout": ["Which city is its capital?"]},
+        "currency": {"train": ["And its currency?", "What currency does it use?",
+                               "And the currency?"],
+                     "heldout": ["What money is used there?"]},
+        "languages": {"train": ["And its languages?", "What languages are spoken there?",
+                                "What do they speak there?"],
+                      "heldout": ["Which languages do people there speak?"]},
+        "population": {"train": ["And its population?", "How many people live there?",
+                                 "And the population?"],
+                       "heldout": ["How many residents does it have?"]},
+        "continent": {"train": ["And its continent?", "Which continent is it in?",
+                                "Where is it?"],
+                      "heldout": ["On what continent does it lie?"]},
+    },
+    "other_country": {"train": ["And {c}?", "What about {c}?", "And for {c}?", "Same for {c}."],
+                      "heldout": ["How about {c}?"]},
+    "other_city": {"train": ["And in {city}?", "What about {city}?", "And {city}?",
+                             "Now {city}."],
+                   "heldout": ["How about in {city}?"]},
+    "convert_again": {"train": ["Convert that to {to}.", "And in {to}?", "What is that in {to}?",
+                                "Now in {to}."],
+                      "heldout": ["How much is that in {to}?"]},
+    "calc_then_op": {"train": ["Now {opword} that by {b}.", "{Opword} that by {b}.",
+                               "And {opword} the result by {b}?"],
+                     "heldout": ["Then {opword} it by {b}."]},
+    "calc_then_convert": {"train": ["Convert that many {frm} to {to}.",
+                                    "Take that many {frm} and convert them to {to}."],
+                          "heldout": ["Treat that as {frm} and give it in {to}."]},
 }
+OPWORDS = {"*": ("multiply", "Multiply"), "/": ("divide", "Divide"), "+": ("add", "Add"),
+           "-": ("subtract", "Subtract")}
+# "add that by" is odd English: add/subtract use their own phrasings.
+F_ADD = {"train": ["Now add {b} to that.", "Add {b} to the result.", "Plus {b}?"],
+         "heldout": ["Then add {b} to it."]}
+F_SUB = {"train": ["Now subtract {b} from that.", "Subtract {b} from the result.",
+                   "Minus {b}?"],
+         "heldout": ["Then take {b} away from it."]}
 
-GREETINGS = {
-    "train": ["Hello!", "Hi", "Hi there!", "Hey", "Good morning!", "Hello, who are you?",
-              "hey there", "Good evening"],
-    "heldout": ["Hiya!", "Greetings!"],
+TWO_TIME = {"train": ["What time is it in {city} and in {city2}?",
+                      "Tell me the time in {city} and {city2}.",
+                      "Current time in {city} and {city2}?"],
+            "heldout": ["What are the local times in {city} and {city2}?"]}
+TWO_COUNTRY = {"train": ["Compare the populations of {c} and {c2}.",
+                         "What are the populations of {c} and {c2}?",
+                         "How many people live in {c} and in {c2}?"],
+               "heldout": ["Which has more people, {c} or {c2}?"]}
+
+SCOPE = {
+    "train": {
+        "poem": ["Write a poem about {x}.", "Write a haiku about {x}.", "Can you write a song "
+                 "about {x}?", "Compose a limerick about {x}.", "Write me a short story about "
+                 "{x}.", "Tell me a joke about {x}."],
+        "code": ["Write a Python function that {task}.", "Write JavaScript code that {task}.",
+                 "How do I write a program that {task}?", "Can you fix my code? It should "
+                 "{task}.", "Write a SQL query that {task}."],
+        "news": ["What is the latest news about {x}?", "What happened in the news today?",
+                 "Who won the match yesterday?", "What's the weather like in {city} today?",
+                 "What is the stock price of {company}?", "Will it rain tomorrow in {city}?"],
+        "opinion": ["What do you think about {x}?", "Which is better, {x} or {y}?",
+                    "Do you like {x}?", "What is your favorite {thing}?",
+                    "Should I buy {x}?", "Who is the best {person}?"],
+        "other": ["Give me a recipe for {food}.", "Translate 'good morning' into {lang}.",
+                  "How do I lose weight?", "Recommend a good book about {x}.",
+                  "Help me write an email to my boss.", "What is the meaning of life?",
+                  "Plan a trip to {c} for me.", "Explain quantum physics."],
+    },
+    "heldout": {
+        "poem": ["Please write some verses about {x}.", "Make up a fairy tale about {x}."],
+        "code": ["Could you code a function in Rust that {task}?",
+                 "Give me a shell script that {task}."],
+        "news": ["Any headlines about {x} this week?", "Who is leading the election polls?"],
+        "opinion": ["In your view, is {x} overrated?", "Give me your honest opinion on {x}."],
+        "other": ["Suggest a dinner menu with {food}.", "Draft a cover letter for a job.",
+                  "What movie should I watch tonight?"],
+    },
 }
-THANKS = {"train": ["Thanks!", "Thank you.", "Great, thanks.", "thx"],
-          "heldout": ["Much appreciated!"]}
+SCOPE_FILL = {
+    "x": ["the sea", "autumn", "my cat", "the city at night", "love", "coffee", "mountains",
+          "the stars", "football", "robots", "electric cars", "a rainy day", "friendship",
+          "the ocean", "winter", "music", "dogs", "spring flowers", "trains", "chess"],
+    "y": ["tea", "summer", "cats", "buses", "basketball", "books"],
+    "task": ["sorts a list", "reverses a string", "counts words in a file", "adds two numbers",
+             "finds prime numbers", "reads a CSV file", "prints hello world",
+             "checks if a number is even", "downloads a web page"],
+    "company": ["Apple", "Tesla", "a big bank", "Microsoft"],
+    "thing": ["color", "movie", "food", "song", "city"],
+    "person": ["footballer", "singer", "painter", "writer"],
+    "food": ["pancakes", "lasagna", "curry", "soup", "bread", "pasta"],
+    "lang": ["Spanish", "German", "Japanese", "French"],
+}
+SCOPE_KIND_WORDS = {"poem": "a piece of creative writing", "code": "programming help",
+                    "news": "news or live information", "opinion": "my opinion",
+                    "other": "something outside my small world"}
 
-GREETING_ANSWER = "Hello! I am a small demo assistant. How can I help you today?"
-THANKS_ANSWER = "You're welcome! Let me know if you need anything else."
+# Fictional or misspelt names for tool errors.
+BAD_COUNTRIES = ["Atlantis", "Narnia", "Wakanda", "Oz", "Freedonia", "Genovia", "Elbonia",
+                 "Latveria", "Ruritania", "Zubrowka", "Gondor", "Mordor", "Westeros"]
+BAD_COUNTRIES_HELDOUT = ["Lilliput", "Utopia", "Shangri-La"]
 
 
 def _countries() -> list[dict]:
@@ -217,50 +415,79 @@ def _countries() -> list[dict]:
     return list(ct.load_countries())
 
 
-def _fmt_list(items: list[str]) -> str:
+def fmt_list(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
     if len(items) == 1:
         return items[0]
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _tool_content(name: str, arguments: dict, now: dt.datetime | None = None) -> str:
-    """The tool message content the app would send back for this call."""
-    from app.chat.tools import ToolResult, run_tool
+def tool_content(name: str, arguments: dict, now: dt.datetime | None = None) -> str:
+    """The tool message content the app sends back for this call (``ToolResult.content()``);
+    ``current_time`` runs the tool function at ``now`` instead of the clock."""
+    from app.chat.tools import ToolError, ToolResult, run_tool
     from app.chat.tools import clock as _clock
 
     if name == "current_time":
-        return ToolResult(ok=True, result=_clock.current_time(arguments["timezone"], now=now)
-                          ).content()
+        try:
+            res = ToolResult(ok=True, result=_clock.current_time(arguments["timezone"], now=now))
+        except ToolError as exc:
+            res = ToolResult(ok=False, error=str(exc))
+        return res.content()
     return run_tool(name, arguments).content()
 
 
-def _tool_result(name: str, arguments: dict, now: dt.datetime | None = None) -> dict:
-    return json.loads(_tool_content(name, arguments, now))
+def jtext(value) -> str:
+    """A value as the chat template and the tool results write it (JSON text)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def assistant(reasoning: str, content: str = "", calls: list[tuple[str, dict]] | None = None,
+              first_id: int = 0) -> dict:
+    """An assistant message as the app stores it (``reasoning_content``, ``tool_calls``)."""
+    m: dict = {"role": "assistant", "content": content}
+    if reasoning:
+        m["reasoning_content"] = reasoning
+    if calls:
+        m["tool_calls"] = [{"id": f"call_{first_id + i}", "type": "function",
+                            "function": {"name": n, "arguments": a}}
+                           for i, (n, a) in enumerate(calls)]
+    return m
 
 
 @dataclass
-class Exchange:
-    """One user turn and the assistant turns that answer it.
+class Turn:
+    """One user turn and the messages answering it (assistant and tool messages).
 
-    ``turns``: assistant/tool messages after the user message. ``expect``: how to check a
-    model's answer to this prompt (used for held-out prompts): keys ``contains`` (list of
-    strings the final answer must contain), ``tool_call`` ({name, arguments}) for the first
-    assistant turn, ``list_items`` (allowed strings; the answer must list ``count`` of them).
+    ``expect``: how an evaluator checks the reply (held-out sets): ``calls`` (list of
+    ``{"name", "arguments"}`` the reply should make; empty list: no call), ``contains``
+    (strings the final answer must contain), ``time_of`` (zones whose tool results' ``time``
+    and ``date`` the answer must state), ``list_items``/``count``, ``scope`` (True: the scope
+    answer, no call).
     """
 
     user: str
-    turns: list[dict]
-    needs_tools: bool = False
-    category: str = ""
+    replies: list[dict]
+    category: str
     expect: dict = field(default_factory=dict)
 
 
-def _assistant(reasoning: str, content: str = "", tool_calls: list | None = None) -> dict:
-    m: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
-    if tool_calls:
-        m["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}}
-                           for n, a in tool_calls]
-    return m
+@dataclass
+class Chat:
+    """A chat: ``tools`` (the built-in tools are in the system turn), ``enable_thinking``,
+    ``turns``."""
+
+    tools: bool
+    enable_thinking: bool
+    turns: list[Turn]
+
+    def messages(self) -> list[dict]:
+        """All messages in order (user, assistant, tool, ...)."""
+        out: list[dict] = []
+        for t in self.turns:
+            out.append({"role": "user", "content": t.user})
+            out.extend(t.replies)
+        return out
 
 
 class Generator:
@@ -273,55 +500,344 @@ class Generator:
         self.by_continent: dict[str, list[dict]] = {}
         for c in self.countries:
             self.by_continent.setdefault(c["continent"], []).append(c)
+        self.forbidden: set[str] = set()
+        self.call_no = 0
+
+    def forbid(self, texts) -> None:
+        """User texts this generator must never produce (the held-out prompts)."""
+        self.forbidden |= set(texts)
 
     # ---- helpers
-    def _pick(self, templates: dict) -> str:
-        return self.rng.choice(templates[self.split])
+    def _pick(self, table: dict) -> str:
+        return self.rng.choice(table[self.split])
+
+    def _user(self, text: str) -> str:
+        """Training phrasings get light noise (prefix, suffix, case); held-out ones stay."""
+        if self.split == "train":
+            r = self.rng.random()
+            if r < 0.08:
+                text = self.rng.choice(["Hi! ", "Hey, ", "Quick question: ", "Hello. ",
+                                        "Please help: "]) + text
+            elif r < 0.14:
+                text = text + self.rng.choice([" Thanks!", " Please.", " Thank you."])
+            elif r < 0.2:
+                text = text.lower()
+            elif r < 0.24 and text.endswith(("?", ".")):
+                text = text[:-1]
+        return text
 
     def _country(self) -> dict:
         return self.rng.choice(self.countries)
 
-    def _fake_now(self) -> dt.datetime:
-        base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        return base + dt.timedelta(minutes=self.rng.randrange(0, 365 * 24 * 60))
+    def _now(self) -> dt.datetime:
+        base = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+        return base + dt.timedelta(seconds=self.rng.randrange(0, 40 * 365 * 86400))
 
-    # ---- categories without tools
-    def fact(self, tools: bool) -> Exchange:
-        c = self._country()
-        fld = self.rng.choice(list(FIELD_TEMPLATES))
-        q = self._pick(FIELD_TEMPLATES[fld]).format(c=c["name"])
-        name = c["name"]
+    def _call(self, reasoning: str, calls: list[tuple[str, dict]], now=None):
+        """(assistant message with the calls, tool messages, parsed results)."""
+        msg = assistant(reasoning, "", calls, first_id=self.call_no)
+        tools, results = [], []
+        for i, (n, a) in enumerate(calls):
+            content = tool_content(n, a, now)
+            tools.append({"role": "tool", "tool_call_id": f"call_{self.call_no + i}", "name": n,
+                          "content": content})
+            results.append(json.loads(content))
+        self.call_no += len(calls)
+        return msg, tools, results
+
+    def _number(self, digits: int | None = None) -> int:
+        d = digits or self.rng.choice([1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 6, 7, 8, 9])
+        lo = 10 ** (d - 1) if d > 1 else 1
+        return self.rng.randint(lo, 10**d - 1)
+
+    def _value(self):
+        """A value to convert: an integer or a decimal, written as JSON writes it."""
+        if self.rng.random() < 0.6:
+            return self._number(self.rng.choice([1, 1, 2, 2, 2, 3, 3, 4, 5, 6]))
+        while True:
+            whole = self._number(self.rng.choice([1, 1, 2, 2, 3, 4]))
+            if self.rng.random() < 0.15:
+                whole = 0
+            places = self.rng.choice([1, 1, 2, 2, 3])
+            frac = self.rng.randint(1, 10**places - 1)
+            text = f"{whole}.{frac:0{places}d}"
+            v = float(text)
+            if json.dumps(v) == text:
+                return v
+
+    def _error_answer(self, err: str) -> tuple[str, str]:
+        r = self.rng.choice([
+            "The tool returned an error: {e}. I tell the user what went wrong.",
+            "The call failed with the error {e}. I explain that politely.",
+        ]).format(e=err)
+        a = f"Sorry, I could not get that: {err}."
+        return r, a
+
+    # ---- country facts
+    FIELDS = ("capital", "continent", "currency", "languages")
+
+    def _fact_text(self, fld: str, rec: dict) -> tuple[str, list[str]]:
+        """(answer sentence, strings the check requires) for a country record field."""
+        name = rec["name"]
         if fld == "capital":
-            r = f"The user asks for the capital of {name}. The capital of {name} is {c['capital']}."
-            a = f"The capital of {name} is {c['capital']}."
-            want = [c["capital"]]
-        elif fld == "continent":
-            r = f"The user asks where {name} is. {name} is in {c['continent']}."
-            a = f"{name} is in {c['continent']}."
-            want = [c["continent"]]
-        elif fld == "currency":
-            cur = c["currency"]
-            r = f"The user asks for the currency of {name}. {name} uses the {cur['name']}."
-            a = f"The currency of {name} is the {cur['name']} ({cur['code']})."
-            want = [cur["name"]]
-        else:
-            langs = _fmt_list(c["languages"])
-            r = f"The user asks about languages in {name}. In {name} people speak {langs}."
-            a = f"In {name}, people speak {langs}."
-            want = list(c["languages"][:1])
-        return Exchange(q, [_assistant(r, a)], category=f"fact_{fld}", expect={"contains": want})
+            return f"The capital of {name} is {rec['capital']}.", [rec["capital"]]
+        if fld == "continent":
+            return f"{name} is in {rec['continent']}.", [rec["continent"]]
+        if fld == "currency":
+            cur = rec["currency"]
+            return (f"The currency of {name} is the {cur['name']} ({cur['code']}).",
+                    [cur["name"], cur["code"]])
+        if fld == "languages":
+            return f"In {name}, people speak {fmt_list(rec['languages'])}.", list(rec["languages"])
+        if fld == "population":
+            return (f"{name} has a population of about {rec['population']} "
+                    f"({rec['population_year']}).", [str(rec["population"])])
+        cur = rec["currency"]
+        return ((f"{name} is in {rec['continent']}. Its capital is {rec['capital']}, its "
+                 f"currency is the {cur['name']} ({cur['code']}), people speak "
+                 f"{fmt_list(rec['languages'])}, and about {rec['population']} people live "
+                 f"there ({rec['population_year']})."),
+                [rec["capital"], cur["name"], str(rec["population"])])
 
-    def arithmetic(self, tools: bool) -> Exchange:
+    def _fact_memory_reasoning(self, fld: str, rec: dict) -> str:
+        name = rec["name"]
+        val = {"capital": rec["capital"], "continent": rec["continent"],
+               "currency": rec["currency"]["name"], "languages": fmt_list(rec["languages"])}[fld]
+        return self.rng.choice([
+            f"The user asks for the {fld} of {name}. I know this: {val}.",
+            f"This is a question about {name}. Its {fld}: {val}.",
+            f"No tools here, so I answer from what I know. {name}: {val}.",
+        ])
+
+    def _country_turn(self, fld: str, rec: dict, question: str, tools: bool,
+                      category: str) -> Turn:
+        """A question about one field of one country; with tools via country_info."""
+        answer, want = self._fact_text(fld, rec)
+        name = rec["name"]
+        if not tools:
+            return Turn(question, [assistant(self._fact_memory_reasoning(fld, rec), answer)],
+                        category, {"calls": [], "contains": want})
+        what = {"info": "the facts", "languages": "the languages"}.get(fld, f"the {fld}")
+        r1 = self.rng.choice([
+            f"The user wants {what} of {name}. I look it up with the country_info tool.",
+            f"I should check {name} with country_info to get {what}.",
+            f"To answer, I call country_info for {name}.",
+        ])
+        msg, tmsgs, res = self._call(r1, [("country_info", {"name": name})])
+        rr = res[0]["result"]
+        answer, want = self._fact_text(fld, rr)
+        r2 = self.rng.choice([
+            f"The tool returned the record for {name}. I state {what} exactly as given.",
+            f"country_info answered for {name}. I copy {what} from the result.",
+            f"I have the result for {name} now, so I can answer.",
+        ])
+        return Turn(question, [msg, *tmsgs, assistant(r2, answer)], category,
+                    {"calls": [{"name": "country_info", "arguments": {"name": name}}],
+                     "contains": want})
+
+    def fact(self, tools: bool, fld: str | None = None, rec: dict | None = None) -> Turn:
+        """Capital / continent / currency / languages of a country."""
+        fld = fld or self.rng.choice(self.FIELDS)
+        rec = rec or self._country()
+        q = self._user(self._pick(T[fld]).format(c=rec["name"]))
+        return self._country_turn(fld, rec, q, tools, f"fact_{fld}")
+
+    def population(self, tools: bool, rec: dict | None = None) -> Turn:
+        """Population through country_info (tools only)."""
+        rec = rec or self._country()
+        q = self._user(self._pick(T["population"]).format(c=rec["name"]))
+        return self._country_turn("population", rec, q, True, "tool_population")
+
+    def info(self, tools: bool, rec: dict | None = None) -> Turn:
+        """An overview through country_info (tools only)."""
+        rec = rec or self._country()
+        q = self._user(self._pick(T["info"]).format(c=rec["name"]))
+        return self._country_turn("info", rec, q, True, "tool_info")
+
+    def bad_country(self, tools: bool) -> Turn:
+        """country_info on a name not in the data: the error, answered gracefully."""
+        name = self.rng.choice(BAD_COUNTRIES if self.split == "train" else BAD_COUNTRIES_HELDOUT)
+        fld = self.rng.choice(["capital", "population", "info"])
+        key = {"capital": "capital", "population": "population", "info": "info"}[fld]
+        q = self._user(self._pick(T[key]).format(c=name))
+        r1 = f"The user asks about {name}. I look it up with the country_info tool."
+        msg, tmsgs, res = self._call(r1, [("country_info", {"name": name})])
+        r2, a = self._error_answer(res[0]["error"])
+        return Turn(q, [msg, *tmsgs, assistant(r2, a)], "tool_error",
+                    {"calls": [{"name": "country_info", "arguments": {"name": name}}],
+                     "contains": ["Sorry", res[0]["error"]]})
+
+    # ---- time
+    def _time_answer(self, city: str, res: dict) -> str:
+        return (f"It is {res['time']} on {res['weekday']}, {res['date']} in {city} "
+                f"({res['timezone']}, UTC{res['utc_offset']}).")
+
+    def time(self, tools: bool, city: str | None = None, question: str | None = None) -> Turn:
+        """current_time for a city at a random instant."""
+        city = city or self.rng.choice(list(CITY_ZONES))
+        zone = CITY_ZONES[city]
+        q = question or self._user(self._pick(T["time"]).format(city=city))
+        r1 = self.rng.choice([
+            f"The user wants the current time in {city}. I use the current_time tool with "
+            f"the time zone {zone}.",
+            f"{city} is in the time zone {zone}. I call current_time for it.",
+            f"I need the clock in {city}, so I call current_time with {zone}.",
+        ])
+        msg, tmsgs, res = self._call(r1, [("current_time", {"timezone": zone})], now=self._now())
+        rr = res[0]["result"]
+        r2 = self.rng.choice([
+            f"The tool says it is {rr['time']} on {rr['weekday']} in {city}.",
+            f"current_time returned {rr['time']} on {rr['date']}. I give that exactly.",
+            f"I report the time and date from the result for {zone}.",
+        ])
+        return Turn(q, [msg, *tmsgs, assistant(r2, self._time_answer(city, rr))], "tool_time",
+                    {"calls": [{"name": "current_time", "arguments": {"timezone": zone}}],
+                     "time_of": [zone]})
+
+    def two_times(self, tools: bool) -> Turn:
+        """Two current_time calls in one reply."""
+        city, city2 = self.rng.sample(list(CITY_ZONES), 2)
+        z1, z2 = CITY_ZONES[city], CITY_ZONES[city2]
+        q = self._user(self._pick(TWO_TIME).format(city=city, city2=city2))
+        r1 = (f"The user wants the time in {city} ({z1}) and in {city2} ({z2}). I call "
+              f"current_time twice.")
+        msg, tmsgs, res = self._call(r1, [("current_time", {"timezone": z1}),
+                                          ("current_time", {"timezone": z2})], now=self._now())
+        a, b = res[0]["result"], res[1]["result"]
+        r2 = "I have both times. I state each one exactly as the tool gave it."
+        ans = (f"In {city} it is {a['time']} on {a['weekday']}, {a['date']} ({a['timezone']}). "
+               f"In {city2} it is {b['time']} on {b['weekday']}, {b['date']} ({b['timezone']}).")
+        return Turn(q, [msg, *tmsgs, assistant(r2, ans)], "tool_two_calls",
+                    {"calls": [{"name": "current_time", "arguments": {"timezone": z1}},
+                               {"name": "current_time", "arguments": {"timezone": z2}}],
+                     "time_of": [z1, z2]})
+
+    def two_countries(self, tools: bool) -> Turn:
+        """Two country_info calls in one reply."""
+        c1, c2 = self.rng.sample(self.countries, 2)
+        q = self._user(self._pick(TWO_COUNTRY).format(c=c1["name"], c2=c2["name"]))
+        r1 = f"The user asks about {c1['name']} and {c2['name']}. I call country_info for both."
+        msg, tmsgs, res = self._call(r1, [("country_info", {"name": c1["name"]}),
+                                          ("country_info", {"name": c2["name"]})])
+        a, b = res[0]["result"], res[1]["result"]
+        more = a if a["population"] >= b["population"] else b
+        r2 = "Both lookups worked. I compare the two populations from the results."
+        ans = (f"{a['name']} has about {a['population']} people ({a['population_year']}) and "
+               f"{b['name']} has about {b['population']} ({b['population_year']}), so "
+               f"{more['name']} has more people.")
+        return Turn(q, [msg, *tmsgs, assistant(r2, ans)], "tool_two_calls",
+                    {"calls": [{"name": "country_info", "arguments": {"name": c1["name"]}},
+                               {"name": "country_info", "arguments": {"name": c2["name"]}}],
+                     "contains": [str(a["population"]), str(b["population"])]})
+
+    # ---- calculator
+    def _expression(self) -> str:
+        ops = ["+", "-", "*", "/"]
+        n = self.rng.choice([2, 2, 2, 2, 3])
+        nums = [self._number() for _ in range(n)]
+        e = str(nums[0])
+        for x in nums[1:]:
+            e += f" {self.rng.choice(ops)} {x}"
+        if n == 3 and self.rng.random() < 0.4:
+            parts = e.split(" ")
+            e = f"({' '.join(parts[:3])}) {' '.join(parts[3:])}"
+        return e
+
+    SPOKEN_OPS = {"+": ["plus"], "-": ["minus"], "*": ["times", "multiplied by"],
+                  "/": ["divided by"]}
+
+    def _calc_answer(self, e: str, res: dict) -> tuple[str, str, list[str]]:
+        if res.get("ok"):
+            v = jtext(res["result"])
+            r2 = self.rng.choice([f"The calculator says {e} = {v}.",
+                                  f"The tool computed {v}. I give that number exactly.",
+                                  f"The result of {e} is {v}."])
+            return r2, f"{e} = {v}.", [v]
+        r2, a = self._error_answer(res["error"])
+        return r2, a, ["Sorry", res["error"]]
+
+    def calc(self, tools: bool, e: str | None = None) -> Turn:
+        """A calculator call on a random expression (1-9 digit numbers)."""
+        if e is None:
+            e = self._expression()
+            if self.rng.random() < 0.03:
+                e = f"{self._number()} / 0"
+        spoken = e
+        if self.rng.random() < 0.3 and "(" not in e:
+            parts = e.split(" ")
+            spoken = " ".join(self.rng.choice(self.SPOKEN_OPS[p]) if p in self.SPOKEN_OPS else p
+                              for p in parts)
+        q = self._user(self._pick(T["calc"]).format(e=spoken))
+        r1 = self.rng.choice([
+            f"The user wants {e}. I use the calculator tool for it.",
+            f"I should not do this in my head. I pass {e} to the calculator.",
+            f"This needs the calculator: {e}.",
+        ])
+        msg, tmsgs, res = self._call(r1, [("calculator", {"expression": e})])
+        r2, a, want = self._calc_answer(e, res[0])
+        cat = "tool_calc" if res[0].get("ok") else "tool_error"
+        return Turn(q, [msg, *tmsgs, assistant(r2, a)], cat,
+                    {"calls": [{"name": "calculator", "arguments": {"expression": e}}],
+                     "contains": want})
+
+    # ---- convert_units
+    def _unit_pair(self, bad: bool = False) -> tuple[str, str]:
+        units = list(UNITS)
+        a = self.rng.choice(units)
+        if bad:
+            b = self.rng.choice([u for u in units if UNITS[u][0] != UNITS[a][0]])
+        else:
+            b = self.rng.choice([u for u in units if UNITS[u][0] == UNITS[a][0] and u != a])
+        return a, b
+
+    def _convert_answer(self, v, fu: str, tu: str, res: dict) -> tuple[str, str, list[str]]:
+        if res.get("ok"):
+            out = jtext(res["result"]["value"])
+            r2 = self.rng.choice([
+                f"The tool says {jtext(v)} {fu} is {out} {res['result']['symbol']}.",
+                f"convert_units returned {out}. I state it exactly.",
+                f"The converted value is {out} {UNITS[tu][1]}.",
+            ])
+            return r2, f"{jtext(v)} {UNITS[fu][1]} is {out} {UNITS[tu][1]}.", [out]
+        r2, a = self._error_answer(res["error"])
+        return r2, a, ["Sorry", res["error"]]
+
+    def convert(self, tools: bool, v=None, fu: str | None = None, tu: str | None = None,
+                question: str | None = None, category: str = "tool_convert") -> Turn:
+        """A convert_units call on a random value and unit pair."""
+        bad = fu is None and self.rng.random() < 0.04
+        if fu is None:
+            fu, tu = self._unit_pair(bad)
+        v = self._value() if v is None else v
+        if question is None:
+            frm = self.rng.choice(UNITS[fu][2])
+            to = self.rng.choice(UNITS[tu][2])
+            question = self._user(self._pick(T["convert"]).format(v=jtext(v), frm=frm, to=to))
+        r1 = self.rng.choice([
+            f"The user wants to convert {jtext(v)} {UNITS[fu][1]} to {UNITS[tu][1]}. I use the "
+            f"convert_units tool from {fu} to {tu}.",
+            f"I call convert_units with value {jtext(v)}, from {fu}, to {tu}.",
+            f"A unit conversion: {jtext(v)} {fu} into {tu}. The convert_units tool does it.",
+        ])
+        args = {"value": v, "from_unit": fu, "to_unit": tu}
+        msg, tmsgs, res = self._call(r1, [("convert_units", args)])
+        r2, a, want = self._convert_answer(v, fu, tu, res[0])
+        cat = category if res[0].get("ok") else "tool_error"
+        return Turn(question, [msg, *tmsgs, assistant(r2, a)], cat,
+                    {"calls": [{"name": "convert_units", "arguments": args}], "contains": want})
+
+    # ---- no-tool skills
+    def arithmetic(self, tools: bool) -> Turn:
+        """Mental arithmetic with steps (chats without tools)."""
         kind = self.rng.choice(["+", "+", "-", "*"])
         if kind == "+":
             a, b = self.rng.randint(10, 99), self.rng.randint(10, 99)
             lo_a, lo_b, hi_a, hi_b = a % 10, b % 10, a // 10, b // 10
             s1 = lo_a + lo_b
-            carry = s1 // 10
             steps = f"Add the ones: {lo_a} + {lo_b} = {s1}."
-            if carry:
-                steps += f" Write {s1 % 10} and carry 1."
-                steps += f" Add the tens: {hi_a} + {hi_b} + 1 = {hi_a + hi_b + 1}."
+            if s1 >= 10:
+                steps += (f" Write {s1 % 10} and carry 1. Add the tens: {hi_a} + {hi_b} + 1 = "
+                          f"{hi_a + hi_b + 1}.")
             else:
                 steps += f" Add the tens: {hi_a} + {hi_b} = {hi_a + hi_b}."
             res = a + b
@@ -338,227 +854,413 @@ class Generator:
             steps = (f"Split {a} into {t} + {o}. {t} * {b} = {t * b}. {o} * {b} = {o * b}. "
                      f"{t * b} + {o * b} = {a * b}.")
             res = a * b
-        q = self._pick(ARITH_TEMPLATES).format(a=a, op=kind, b=b)
-        r = f"Let me work it out step by step. {steps} So {a} {kind} {b} = {res}."
-        ans = f"{a} {kind} {b} = {res}."
-        return Exchange(q, [_assistant(r, ans)], category="arithmetic",
-                        expect={"contains": [str(res)]})
+        q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
+        lead = self.rng.choice(["Let me work it out step by step.", "No calculator here, so I do "
+                                "it in steps.", "I compute this in my head."])
+        r = f"{lead} {steps} So {a} {kind} {b} = {res}."
+        return Turn(q, [assistant(r, f"{a} {kind} {b} = {res}.")], "arithmetic",
+                    {"calls": [], "contains": [str(res)]})
 
-    def easy_conversion(self, tools: bool) -> Exchange:
+    def easy_conversion(self, tools: bool) -> Turn:
+        """A conversion by a round factor, in the head (chats without tools)."""
         frm, to, f = self.rng.choice(EASY_CONVERSIONS)
         v = self.rng.randint(2, 12)
-        q = self._pick(EASY_CONV_TEMPLATES).format(v=v, frm=frm, to=to)
-        r = (f"One unit of {frm} is {f} {to}. So {v} {frm} is {v} * {f} = {v * f} {to}.")
-        a = f"{v} {frm} is {v * f} {to}."
-        return Exchange(q, [_assistant(r, a)], category="easy_conversion",
-                        expect={"contains": [str(v * f)]})
+        q = self._user(self._pick(T["easy_conv"]).format(v=v, frm=frm, to=to))
+        r = self.rng.choice([f"One unit of {frm} is {f} {to}. So {v} {frm} is {v} * {f} = "
+                             f"{v * f} {to}.",
+                             f"There are {f} {to} in one of the {frm}. {v} * {f} = {v * f}."])
+        return Turn(q, [assistant(r, f"{v} {frm} is {v * f} {to}.")], "easy_conversion",
+                    {"calls": [], "contains": [str(v * f)]})
 
-    def listing(self, tools: bool) -> Exchange:
-        kind = self.rng.choice(list(LIST_TEMPLATES))
-        conts = [k for k, v in self.by_continent.items() if len(v) >= 5]
-        cont = self.rng.choice(conts)
+    def listing(self, tools: bool, kind: str | None = None) -> Turn:
+        """Name three to five capitals or countries of a continent."""
+        kind = kind or self.rng.choice(["capital", "country"])
+        cont = self.rng.choice([k for k, v in self.by_continent.items() if len(v) >= 5])
         n = self.rng.choice([3, 4, 5])
         picks = self.rng.sample(self.by_continent[cont], n)
-        q = self._pick(LIST_TEMPLATES[kind]).format(n=NUMBER_WORDS[n], cont=cont)
+        w = NUMBER_WORDS[n]
+        q = self._user(self._pick(T[f"list_{kind}"]).format(n=w, cont=cont))
         if kind == "capital":
             items = [f"{c['capital']} ({c['name']})" for c in picks]
-            r = (f"The user wants {NUMBER_WORDS[n]} capitals in {cont}. I pick {NUMBER_WORDS[n]} "
-                 f"countries in {cont}: {_fmt_list([c['name'] for c in picks])}.")
-            head = f"Here are {NUMBER_WORDS[n]} capitals in {cont}:"
+            r = (f"The user wants {w} capitals in {cont}. I pick {w} countries in {cont}: "
+                 f"{fmt_list([c['name'] for c in picks])}.")
             allowed = [c["capital"] for c in self.by_continent[cont]]
         else:
             items = [c["name"] for c in picks]
-            r = f"The user wants {NUMBER_WORDS[n]} countries in {cont}. I pick {_fmt_list(items)}."
-            head = f"Here are {NUMBER_WORDS[n]} countries in {cont}:"
+            r = f"The user wants {w} countries in {cont}. I pick {fmt_list(items)}."
             allowed = [c["name"] for c in self.by_continent[cont]]
+        head = f"Here are {w} {'capitals' if kind == 'capital' else 'countries'} in {cont}:"
         body = "\n".join(f"{i + 1}. {it}" for i, it in enumerate(items))
-        return Exchange(q, [_assistant(r, f"{head}\n{body}")], category=f"list_{kind}",
-                        expect={"list_items": allowed, "count": n})
+        return Turn(q, [assistant(r, f"{head}\n{body}")], f"list_{kind}",
+                    {"calls": [], "list_items": allowed, "count": n})
 
-    def explain(self, tools: bool) -> Exchange:
+    def explain(self, tools: bool) -> Turn:
+        """One of the ten short explanations."""
         t = self.rng.choice(list(TOPICS))
-        q = self._pick(EXPLAIN_TEMPLATES).format(t=t)
-        r = f"The user wants a short explanation of {t}. I give two simple sentences."
-        text = TOPICS[t]
-        return Exchange(q, [_assistant(r, text)], category="explain",
-                        expect={"contains": [text.split(".")[0]]})
+        q = self._user(self._pick(T["explain"]).format(t=t))
+        r = self.rng.choice([f"The user wants a short explanation of {t}. I give two simple "
+                             f"sentences.", f"I know {t} well. Two plain sentences will do.",
+                             f"A simple explanation of {t} is enough here."])
+        return Turn(q, [assistant(r, TOPICS[t])], "explain",
+                    {"calls": [], "contains": [TOPICS[t].split(".")[0]]})
 
-    def greeting(self, tools: bool) -> Exchange:
-        q = self._pick(GREETINGS)
-        r = "The user greets me. I greet them back and offer help."
-        return Exchange(q, [_assistant(r, GREETING_ANSWER)], category="greeting",
-                        expect={"contains": ["How can I help"]})
+    def greeting(self, tools: bool) -> Turn:
+        """A greeting, answered with the short introduction."""
+        q = self._pick(T["greeting"])
+        r = self.rng.choice(["The user greets me. I greet them back and say what I can do.",
+                             "A greeting. I say hello and offer help."])
+        return Turn(q, [assistant(r, GREETING_ANSWER)], "greeting",
+                    {"calls": [], "contains": ["DFlash Chat demo model", "How can I help"]})
 
-    def thanks(self, tools: bool) -> Exchange:
-        q = self._pick(THANKS)
-        r = "The user thanks me. I reply politely."
-        return Exchange(q, [_assistant(r, THANKS_ANSWER)], category="thanks",
-                        expect={"contains": ["welcome"]})
+    def thanks(self, tools: bool) -> Turn:
+        """Thanks, answered politely."""
+        q = self._pick(T["thanks"])
+        r = self.rng.choice(["The user thanks me. I reply politely.",
+                             "Thanks from the user. A short polite reply."])
+        return Turn(q, [assistant(r, THANKS_ANSWER)], "thanks",
+                    {"calls": [], "contains": ["welcome"]})
 
-    # ---- tool categories (only when the tools are in the system turn)
-    def _tool_exchange(self, q, r1, name, args, r2_fn, answer_fn, category, now=None):
-        result = _tool_result(name, args, now)
-        content = _tool_content(name, args, now)
-        call = _assistant(r1, "", [(name, args)])
-        tool_msg = {"role": "tool", "name": name, "content": content}
-        if result.get("ok"):
-            final = _assistant(r2_fn(result["result"]), answer_fn(result["result"]))
+    def self_description(self, tools: bool) -> Turn:
+        """Who/what the model is."""
+        q = self._user(self._pick(T["self"]))
+        r = self.rng.choice(["The user asks who I am. I describe myself briefly.",
+                             "A question about me. I say what I am and what I can do."])
+        return Turn(q, [assistant(r, SELF_ANSWER)], "self",
+                    {"calls": [], "contains": ["DFlash Chat demo model"]})
+
+    def scope(self, tools: bool, kind: str | None = None) -> Turn:
+        """A request outside the model's world: the short polite scope answer, no tool."""
+        kind = kind or self.rng.choice(list(SCOPE[self.split]))
+        tmpl = self.rng.choice(SCOPE[self.split][kind])
+        fill = {k: self.rng.choice(v) for k, v in SCOPE_FILL.items()}
+        fill["city"] = self.rng.choice(list(CITY_ZONES)[:-1])
+        fill["c"] = self._country()["name"]
+        q = tmpl.format(**fill)
+        if self.split == "train" and self.rng.random() < 0.04:
+            q = q + "\n\n" + self._long_text()
+        q = self._user(q)
+        r = self.rng.choice([
+            f"The user asks for {SCOPE_KIND_WORDS[kind]}. That is outside what I can do, so I "
+            f"say so politely.",
+            f"This request is {SCOPE_KIND_WORDS[kind]}, which I cannot do. I answer with a short "
+            f"polite note.",
+            "I have no knowledge or tool for this. I tell the user what I can help with.",
+        ])
+        return Turn(q, [assistant(r, SCOPE_ANSWER)], "scope",
+                    {"calls": [], "scope": True, "contains": [SCOPE_MARK]})
+
+    def _long_text(self) -> str:
+        """A few hundred words of filler (a pasted text to summarise)."""
+        words = ["the", "river", "old", "town", "museum", "bridge", "bread", "we", "walked",
+                 "visited", "noon", "clear", "weather", "measured", "kilometres", "day", "and"]
+        n = self.rng.randint(60, 400)
+        out = []
+        for _i in range(n // 12):
+            out.append(" ".join(self.rng.choice(words) for _ in range(11)).capitalize()
+                       + f" {self.rng.randint(1, 99)}.")
+        return " ".join(out)
+
+    # ---- follow-ups (the second and later turns of a chat)
+    def follow_up(self, prev: Turn, tools: bool) -> Turn | None:
+        """A turn that refers to ``prev`` (None when ``prev`` has no follow-up form)."""
+        cat = prev.category
+        exp = prev.expect
+        calls = exp.get("calls") or []
+        if cat.startswith("fact_") or cat in ("tool_population", "tool_info"):
+            name = None
+            if calls:
+                name = calls[0]["arguments"]["name"]
+            else:
+                name = self._mentioned_country(prev.user)
+            if name is None:
+                return None
+            rec = next(c for c in self.countries if c["name"] == name)
+            fld_prev = cat[5:] if cat.startswith("fact_") else (
+                "population" if cat == "tool_population" else "info")
+            if self.rng.random() < 0.6 or fld_prev == "info":
+                opts = [f for f in ("capital", "currency", "languages", "population",
+                                    "continent") if f != fld_prev]
+                if not tools:
+                    opts = [f for f in opts if f != "population"]
+                fld = self.rng.choice(opts)
+                q = self._pick(F["field"][fld])
+                return self._from_history(fld, rec, q, tools, bool(calls))
+            other = self._country()
+            q = self._pick(F["other_country"]).format(c=other["name"])
+            if fld_prev == "population":
+                return self._country_turn("population", other, q, True, "tool_population")
+            return self._country_turn(fld_prev, other, q, tools, cat)
+        if cat == "tool_time":
+            city = self.rng.choice(list(CITY_ZONES))
+            q = self._pick(F["other_city"]).format(city=city)
+            return self.time(tools, city=city, question=q)
+        if cat == "tool_convert" and calls:
+            a = calls[0]["arguments"]
+            kind = UNITS[a["from_unit"]][0]
+            opts = [u for u in UNITS if UNITS[u][0] == kind and u not in (a["from_unit"],
+                                                                           a["to_unit"])]
+            if not opts:
+                return None
+            tu = self.rng.choice(opts)
+            q = self._pick(F["convert_again"]).format(to=self.rng.choice(UNITS[tu][2]))
+            return self.convert(tools, v=a["value"], fu=a["from_unit"], tu=tu, question=q)
+        if cat == "tool_calc":
+            prev_res = json.loads(prev.replies[1]["content"]).get("result")
+            if prev_res is None:
+                return None
+            if self.rng.random() < 0.6:
+                op = self.rng.choice(["*", "/", "+", "-"])
+                b = self._number(self.rng.choice([1, 1, 2, 3]))
+                if op == "+":
+                    q = self._pick(F_ADD).format(b=b)
+                elif op == "-":
+                    q = self._pick(F_SUB).format(b=b)
+                else:
+                    w = OPWORDS[op]
+                    q = self._pick(F["calc_then_op"]).format(opword=w[0], Opword=w[1], b=b)
+                return self._calc_followup(q, f"{jtext(prev_res)} {op} {b}")
+            fu, tu = self._unit_pair()
+            q = self._pick(F["calc_then_convert"]).format(frm=UNITS[fu][1], to=UNITS[tu][1])
+            if not isinstance(prev_res, int | float) or isinstance(prev_res, bool):
+                return None
+            return self.convert(tools, v=prev_res, fu=fu, tu=tu, question=q)
+        return None
+
+    def _calc_followup(self, q: str, e: str) -> Turn:
+        r1 = self.rng.choice([f"The user builds on the last result. I compute {e} with the "
+                              f"calculator.", f"I take the previous result and pass {e} to the "
+                              f"calculator."])
+        msg, tmsgs, res = self._call(r1, [("calculator", {"expression": e})])
+        r2, a, want = self._calc_answer(e, res[0])
+        return Turn(q, [msg, *tmsgs, assistant(r2, a)], "tool_calc",
+                    {"calls": [{"name": "calculator", "arguments": {"expression": e}}],
+                     "contains": want})
+
+    def _mentioned_country(self, text: str) -> str | None:
+        for c in sorted(self.countries, key=lambda c: -len(c["name"])):
+            if c["name"].lower() in text.lower():
+                return c["name"]
+        return None
+
+    def _from_history(self, fld: str, rec: dict, q: str, tools: bool, had_tool: bool) -> Turn:
+        """A follow-up about the same country: answered from the earlier tool result (kept in
+        the history) when there was one, else from memory (no tools) or a new call."""
+        if tools and not had_tool:
+            return self._country_turn(fld, rec, q, True,
+                                      "tool_population" if fld == "population" else f"fact_{fld}")
+        answer, want = self._fact_text(fld, rec)
+        if had_tool:
+            r = self.rng.choice([
+                f"The earlier country_info result for {rec['name']} already has the {fld}. I "
+                f"answer from it.",
+                f"I looked up {rec['name']} before; the result gives the {fld}.",
+            ])
         else:
-            final = _assistant(
-                f"The tool returned an error: {result['error']}. I tell the user.",
-                f"Sorry, I could not get that: {result['error']}.",
-            )
-        return Exchange(q, [call, tool_msg, final], needs_tools=True, category=category,
-                        expect={"tool_call": {"name": name, "arguments": args}})
+            r = self._fact_memory_reasoning(fld, rec)
+        cat = "tool_population" if fld == "population" else f"fact_{fld}"
+        return Turn(q, [assistant(r, answer)], cat, {"calls": [], "contains": want})
 
-    def tool_time(self, tools: bool) -> Exchange:
-        city = self.rng.choice(list(CITY_ZONES))
-        zone = CITY_ZONES[city]
-        q = self._pick(TIME_TEMPLATES).format(city=city)
-        r1 = (f"The user wants the current time in {city}. I use the current_time tool with "
-              f"the time zone {zone}.")
-        return self._tool_exchange(
-            q, r1, "current_time", {"timezone": zone},
-            lambda res: f"The tool says it is {res['time'][:5]} on {res['weekday']} in {city}.",
-            lambda res: (f"It is {res['time'][:5]} on {res['weekday']}, {res['date']} in {city} "
-                         f"({res['timezone']})."),
-            "tool_time", now=self._fake_now(),
-        )
+    # ---- whole chats
+    PLAIN = ("fact", "fact", "arithmetic", "arithmetic", "easy_conversion", "listing", "explain",
+             "self_description", "scope", "scope")
+    TOOLED = ("fact", "fact", "fact", "population", "population", "info", "time", "time",
+              "time", "calc", "calc", "calc", "calc", "convert", "convert", "convert",
+              "listing", "explain", "self_description", "scope", "scope", "two_times",
+              "two_countries", "bad_country")
 
-    def tool_population(self, tools: bool) -> Exchange:
-        c = self._country()
-        name = c["name"]
-        q = self._pick(POP_TEMPLATES).format(c=name)
-        r1 = f"The user asks for the population of {name}. I look it up with country_info."
-        return self._tool_exchange(
-            q, r1, "country_info", {"name": name},
-            lambda res: f"The tool says {res['name']} has {res['population']} people.",
-            lambda res: (f"{res['name']} has a population of about {res['population']} "
-                         f"({res['population_year']})."),
-            "tool_population",
-        )
-
-    def tool_info(self, tools: bool) -> Exchange:
-        c = self._country()
-        name = c["name"]
-        q = self._pick(INFO_TEMPLATES).format(c=name)
-        r1 = f"The user wants facts about {name}. I look them up with country_info."
-
-        def answer(res):
-            cur = res["currency"]
-            return (f"{res['name']} is in {res['continent']}. Its capital is {res['capital']}, "
-                    f"its currency is the {cur['name']} ({cur['code']}), people speak "
-                    f"{_fmt_list(res['languages'])}, and about {res['population']} people live "
-                    f"there ({res['population_year']}).")
-        return self._tool_exchange(
-            q, r1, "country_info", {"name": name},
-            lambda res: f"The tool returned the facts for {res['name']}. I summarize them.",
-            answer, "tool_info",
-        )
-
-    def tool_convert(self, tools: bool) -> Exchange:
-        fu, tu, fs, ts = self.rng.choice(TOOL_CONVERSIONS)
-        v = self.rng.choice([self.rng.randint(1, 100), self.rng.randint(1, 20) * 5])
-        q = self._pick(TOOL_CONV_TEMPLATES).format(v=v, frm=fs, to=ts)
-        r1 = (f"The user wants to convert {v} {fs} to {ts}. I use the convert_units tool "
-              f"from {fu} to {tu}.")
-        return self._tool_exchange(
-            q, r1, "convert_units", {"value": v, "from_unit": fu, "to_unit": tu},
-            lambda res: f"The tool says {v} {fs} is {res['value']} {res['symbol']}.",
-            lambda res: f"{v} {fs} is {res['value']} {ts}.",
-            "tool_convert",
-        )
-
-    def tool_calc(self, tools: bool) -> Exchange:
-        a = self.rng.randint(100, 9999)
-        b = self.rng.randint(12, 999)
-        op = self.rng.choice(["*", "+", "-", "/"])
-        e = f"{a} {op} {b}"
-        q = self._pick(BIG_ARITH_TEMPLATES).format(e=e)
-        r1 = f"The user wants {e}. These numbers are large, so I use the calculator tool."
-        return self._tool_exchange(
-            q, r1, "calculator", {"expression": e},
-            lambda res: f"The calculator says {e} = {res}.",
-            lambda res: f"{e} = {res}.",
-            "tool_calc",
-        )
-
-    def tool_unknown_country(self, tools: bool) -> Exchange:
-        name = self.rng.choice(["Atlantis", "Narnia", "Wakanda", "Oz", "Freedonia", "Genovia"])
-        q = self._pick(POP_TEMPLATES).format(c=name)
-        r1 = f"The user asks for the population of {name}. I look it up with country_info."
-        return self._tool_exchange(q, r1, "country_info", {"name": name},
-                                   lambda res: "", lambda res: "", "tool_unknown")
-
-    PLAIN = ("fact", "fact", "fact", "fact", "arithmetic", "arithmetic", "easy_conversion",
-             "listing", "explain", "greeting")
-    TOOLED = ("tool_time", "tool_population", "tool_info", "tool_convert", "tool_calc",
-              "tool_calc", "tool_time", "tool_convert", "tool_population")
-
-    def exchange(self, tools: bool) -> Exchange:
-        """One exchange of a random category (tool categories only when ``tools``)."""
-        names = list(self.PLAIN) + (list(self.TOOLED) if tools else [])
-        if tools and self.rng.random() < 0.02:
-            return self.tool_unknown_country(tools)
+    def turn(self, tools: bool) -> Turn:
+        """A first-turn exchange of a random category."""
+        names = self.TOOLED if tools else self.PLAIN
         return getattr(self, self.rng.choice(names))(tools)
 
-    def chat(self) -> dict:
-        """A chat: ``{"tools": bool, "enable_thinking": bool, "exchanges": [Exchange]}``."""
+    def chat(self) -> Chat:
+        """A random chat (1-4 user turns); user texts in :attr:`forbidden` are never used."""
+        while True:
+            c = self._chat()
+            if not any(t.user in self.forbidden for t in c.turns):
+                return c
+
+    def _chat(self) -> Chat:
         tools = self.rng.random() < 0.75
-        thinking = self.rng.random() < 0.85
-        n = self.rng.choice([1, 1, 1, 2, 2, 3])
-        ex = []
+        thinking = self.rng.random() < 0.9
+        n = self.rng.choice([1, 1, 1, 2, 2, 2, 3, 4])
+        self.call_no = 0
+        turns: list[Turn] = []
         for i in range(n):
-            if i == 0 and self.rng.random() < 0.1:
-                ex.append(self.greeting(tools))
-            elif i > 0 and self.rng.random() < 0.15:
-                ex.append(self.thanks(tools))
-            else:
-                ex.append(self.exchange(tools))
-        return {"tools": tools, "enable_thinking": thinking, "exchanges": ex}
+            if i == 0 and self.rng.random() < 0.08:
+                turns.append(self.greeting(tools))
+                continue
+            if i > 0 and self.rng.random() < 0.12:
+                turns.append(self.thanks(tools))
+                continue
+            if i > 0 and self.rng.random() < 0.6:
+                f = self.follow_up(turns[-1], tools)
+                if f is not None:
+                    turns.append(f)
+                    continue
+            turns.append(self.turn(tools))
+        return Chat(tools, thinking, turns)
 
 
-def chat_messages(exchanges: list[Exchange], upto: int) -> list[dict]:
-    """Messages of exchanges ``[:upto]`` followed by the user message of exchange ``upto``."""
-    msgs: list[dict] = []
-    for e in exchanges[:upto]:
-        msgs.append({"role": "user", "content": e.user})
-        msgs.extend(e.turns)
-    msgs.append({"role": "user", "content": exchanges[upto].user})
-    return msgs
+# ---- held-out sets ---------------------------------------------------------------------------
+
+SINGLE_CATEGORIES = [
+    # (category name, maker, tools)
+    ("fact_capital", lambda g: g.fact(True, "capital"), True),
+    ("fact_continent", lambda g: g.fact(True, "continent"), True),
+    ("fact_currency", lambda g: g.fact(True, "currency"), True),
+    ("fact_languages", lambda g: g.fact(True, "languages"), True),
+    ("fact_memory", lambda g: g.fact(False), False),
+    ("arithmetic", lambda g: g.arithmetic(False), False),
+    ("easy_conversion", lambda g: g.easy_conversion(False), False),
+    ("list_capital", lambda g: g.listing(True, "capital"), True),
+    ("list_country", lambda g: g.listing(True, "country"), True),
+    ("explain", lambda g: g.explain(True), True),
+    ("greeting", lambda g: g.greeting(True), True),
+    ("thanks", lambda g: g.thanks(True), True),
+    ("self", lambda g: g.self_description(True), True),
+    ("tool_time", lambda g: g.time(True), True),
+    ("tool_population", lambda g: g.population(True), True),
+    ("tool_convert", lambda g: _ok_convert(g), True),
+    ("tool_calc", lambda g: _ok_calc(g), True),
+    ("tool_info", lambda g: g.info(True), True),
+    ("tool_error", lambda g: g.bad_country(True), True),
+]
 
 
-def heldout_prompts(seed: int, per_category: int = 3) -> list[dict]:
-    """Held-out prompts (unseen phrasings), single-turn, with the checks of their answers.
+def _ok_convert(g: Generator) -> Turn:
+    while True:
+        fu, tu = g._unit_pair()
+        t = g.convert(True, fu=fu, tu=tu)
+        if t.category == "tool_convert":
+            return t
+
+
+def _ok_calc(g: Generator) -> Turn:
+    while True:
+        t = g.calc(True, e=g._expression())
+        if t.category == "tool_calc":
+            return t
+
+
+def _item(t: Turn, tools: bool, ident: str, category: str) -> dict:
+    return {"id": ident, "category": category, "messages": [{"role": "user", "content": t.user}],
+            "tools": tools, "enable_thinking": True, "needs_tools": bool(t.expect.get("calls")),
+            "expect": t.expect}
+
+
+def heldout_prompts(seed: int, per_category: int = 8, scope_n: int = 24) -> list[dict]:
+    """Held-out single-turn prompts (held-out phrasings) with the checks of their answers,
+    followed by ``scope_n`` out-of-scope prompts (category ``scope``).
 
     Each item: ``{"id", "category", "messages": [{"role": "user", ...}], "tools": bool,
-    "enable_thinking": True, "needs_tools": bool, "expect": {...}}``.
+    "enable_thinking": True, "needs_tools": bool, "expect": {...}}`` (see :class:`Turn`).
     """
     g = Generator(seed + 10_000, split="heldout")
-    makers = [
-        ("fact", False), ("fact", True), ("arithmetic", True), ("easy_conversion", False),
-        ("listing", True), ("explain", True), ("greeting", True), ("tool_time", True),
-        ("tool_population", True), ("tool_convert", True), ("tool_calc", True),
-        ("tool_info", True),
-    ]
-    out = []
-    for name, tools in makers:
-        for _ in range(per_category):
-            e = getattr(g, name)(tools)
-            out.append({
-                "id": f"{e.category}-{len(out)}",
-                "category": e.category,
-                "messages": [{"role": "user", "content": e.user}],
-                "tools": tools,
-                "enable_thinking": True,
-                "needs_tools": e.needs_tools,
-                "expect": e.expect,
-            })
+    out: list[dict] = []
+    seen: set[str] = set()
+    for cat, make, tools in SINGLE_CATEGORIES:
+        k = 0
+        while k < per_category:
+            t = make(g)
+            if t.user in seen:
+                continue
+            seen.add(t.user)
+            out.append(_item(t, tools, f"{cat}-{len(out)}", cat))
+            k += 1
+    kinds = list(SCOPE["heldout"])
+    k = 0
+    while k < scope_n:
+        t = g.scope(True, kinds[k % len(kinds)])
+        if t.user in seen:
+            continue
+        seen.add(t.user)
+        out.append(_item(t, k % 3 != 2, f"scope-{len(out)}", "scope"))
+        k += 1
     return out
 
 
+def heldout_scripts(seed: int, n: int = 48) -> list[dict]:
+    """Held-out multi-round tool scripts: 2-3 user turns with tools, each with its checks.
+
+    Each item: ``{"id", "kind", "tools": True, "enable_thinking": True, "turns": [{"user",
+    "expect"}]}``. Replies are not stored: an evaluator sends each user turn, runs the app's
+    reply runner with the real tools and builds the history as the app does.
+    """
+    g = Generator(seed + 20_000, split="heldout")
+    kinds = ["country_field", "country_other", "time_other", "convert_again", "calc_op",
+             "calc_convert", "two_times", "two_countries", "error_then", "thanks_after"]
+    out = []
+    seen: set[str] = set()
+    i = 0
+    while len(out) < n:
+        kind = kinds[i % len(kinds)]
+        i += 1
+        g.call_no = 0
+        if kind == "country_field":
+            first = g.rng.choice([g.population, g.info])(True)
+            f = None
+            while f is None or f.expect.get("calls"):
+                f = g.follow_up(first, True)
+            turns = [first, f]
+        elif kind == "country_other":
+            first = g.fact(True)
+            f = None
+            while f is None or not f.expect.get("calls") or f.category != first.category:
+                f = g.follow_up(first, True)
+            turns = [first, f]
+        elif kind == "time_other":
+            first = g.time(True)
+            turns = [first, g.follow_up(first, True)]
+        elif kind == "convert_again":
+            first = _ok_convert(g)
+            f = g.follow_up(first, True)
+            if f is None or f.category != "tool_convert":
+                continue
+            turns = [first, f]
+        elif kind in ("calc_op", "calc_convert"):
+            first = _ok_calc(g)
+            f = None
+            for _ in range(20):
+                f = g.follow_up(first, True)
+                if f is not None and (f.expect["calls"][0]["name"] == "calculator") == (
+                        kind == "calc_op") and "Sorry" not in str(f.expect.get("contains")):
+                    break
+                f = None
+            if f is None:
+                continue
+            turns = [first, f]
+        elif kind == "two_times":
+            turns = [g.two_times(True)]
+            turns.append(g.thanks(True))
+        elif kind == "two_countries":
+            turns = [g.two_countries(True), g.thanks(True)]
+        elif kind == "error_then":
+            turns = [g.bad_country(True), g.population(True)]
+        else:
+            first = g.rng.choice([g.time, g.population, g.info])(True)
+            turns = [first, g.thanks(True)]
+        key = "|".join(t.user for t in turns)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"id": f"script-{len(out)}-{kind}", "kind": kind, "tools": True,
+                    "enable_thinking": True,
+                    "turns": [{"user": t.user, "category": t.category, "expect": t.expect}
+                              for t in turns]})
+    return out
+
+
+def heldout_user_texts(prompts: list[dict], scripts: list[dict]) -> set[str]:
+    """Every user text of the held-out sets."""
+    texts = {it["messages"][0]["content"] for it in prompts}
+    for s in scripts:
+        texts |= {t["user"] for t in s["turns"]}
+    return texts
+
+
 def main() -> None:
-    """Print a few rendered sample chats (a quick look at the corpus)."""
+    """Print a few sample chats as JSON (a quick look at the corpus)."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -568,8 +1270,8 @@ def main() -> None:
     g = Generator(args.seed)
     for _ in range(args.n):
         c = g.chat()
-        for i in range(len(c["exchanges"])):
-            print(json.dumps(chat_messages(c["exchanges"], i), ensure_ascii=False)[:600])
+        print(json.dumps({"tools": c.tools, "thinking": c.enable_thinking,
+                          "messages": c.messages()}, ensure_ascii=False, indent=1)[:3000])
         print("-" * 40)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.demo_pair.corpus import Generator, chat_messages
+from tools.demo_pair.corpus import Chat, Generator
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_PATH = REPO / "resources" / "chat_template.jinja"
@@ -51,38 +51,59 @@ def _strip_reasoning(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "reasoning_content"}
 
 
-def chat_examples(chat: dict, tool_defs: list[dict]) -> list[tuple[str, str]]:
-    """(prompt text, completion text) for every assistant turn of ``chat``."""
-    tools = tool_defs if chat["tools"] else None
-    think = chat["enable_thinking"]
-    ex = chat["exchanges"]
+def prompt_messages(history: list[dict]) -> list[dict]:
+    """The messages the app renders for ``history`` (stored chat-template dicts, as
+    ``Store.messages_for_prompt`` gives them): :func:`app.chat.history.fit_history` with no
+    context pressure, which drops earlier turns' reasoning and keeps every tool call and
+    result."""
+    from app.chat.history import fit_history
+
+    return fit_history(history, lambda _m: 0, 1 << 30).messages
+
+
+def render_prompt_text(history: list[dict], tools: list[dict] | None,
+                       enable_thinking: bool) -> str:
+    """The generation prompt the app builds for ``history`` (the corpus renderer; a test
+    compares it with the app's own path through ``Store`` and ``render_prompt``)."""
+    return render(prompt_messages(history), tools, enable_thinking, True)
+
+
+def chat_examples(chat: Chat, tool_defs: list[dict]) -> list[tuple[str, str]]:
+    """(prompt text, completion text) for every assistant message of ``chat``: first rounds,
+    rounds after tool results and follow-up turns, each prompt rendered from the history as
+    the app would send it."""
+    tools = tool_defs if chat.tools else None
+    think = chat.enable_thinking
+    msgs = chat.messages()
+    if not think:
+        msgs = [_strip_reasoning(m) for m in msgs]
     out = []
-    for i in range(len(ex)):
-        msgs = chat_messages(ex, i)
-        if not think:
-            msgs = [_strip_reasoning(m) for m in msgs]
-        for turn in ex[i].turns:
-            turn = turn if think else _strip_reasoning(turn)
-            if turn["role"] == "assistant":
-                prompt = render(msgs, tools, think, True)
-                full = render(msgs + [turn], tools, think, False)
-                tail = full[full.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):]
-                if think:
-                    assert tail.startswith("<think>\n"), tail[:40]
-                    tail = tail[len("<think>\n"):]
-                    assert full.startswith(prompt), "template is not prefix-consistent"
-                end = tail.rindex("<|im_end|>") + len("<|im_end|>")
-                out.append((prompt, tail[:end]))
-            msgs = msgs + [turn]
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        hist = prompt_messages(msgs[:k])
+        prompt = render(hist, tools, think, True)
+        full = render(hist + [m], tools, think, False)
+        head = "<|im_start|>assistant\n"
+        tail = full[full.rindex(head) + len(head):]
+        if think:
+            assert tail.startswith("<think>\n"), tail[:40]
+            tail = tail[len("<think>\n"):]
+            assert full.startswith(prompt), "template is not prefix-consistent"
+        end = tail.rindex("<|im_end|>") + len("<|im_end|>")
+        out.append((prompt, tail[:end]))
     return out
 
 
-def generate_texts(seed: int, n_chats: int) -> list[tuple[str, str]]:
-    """All (prompt, completion) pairs of ``n_chats`` seeded training chats."""
+def generate_texts(seed: int, n_chats: int, forbidden: set[str] | None = None
+                   ) -> list[tuple[str, str]]:
+    """All (prompt, completion) pairs of ``n_chats`` seeded training chats; user texts in
+    ``forbidden`` (the held-out sets) never occur."""
     from app.chat.tools import tool_schemas
 
     defs = tool_schemas()
     g = Generator(seed, split="train")
+    g.forbid(forbidden or set())
     pairs: list[tuple[str, str]] = []
     for _ in range(n_chats):
         pairs.extend(chat_examples(g.chat(), defs))
@@ -100,7 +121,12 @@ def train_tokenizer(texts: list[str], out_dir: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Digits one by one (as Qwen's tokenizer does): numbers copied out of tool results
+    # are then copied digit by digit.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     specials = [AddedToken(t, special=True, normalized=False) for t in SPECIAL]
     markup = [AddedToken(t, special=False, normalized=False) for t in MARKUP]

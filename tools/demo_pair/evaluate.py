@@ -1,192 +1,444 @@
-"""Measure the shipped demo pair on its held-out prompts, through the app's own code path.
+"""Measure the shipped demo pair through the app's own code path (greedy, exact verify).
 
-For each held-out prompt (``resources/models/demo-target/heldout_prompts.json``): render it with
-the app's template code (:func:`app.chat.templates.render_prompt`, the built-in tool
-definitions when the prompt has tools), decode greedily with the app's engine, feed the tokens
-through the app's :class:`app.chat.pipeline.TextPipeline`, and check the answer against the
-prompt's ``expect``:
+Held-out sets (frozen beside the target, made by ``tools/demo_pair/corpus.py``):
 
-* ``contains``: every string occurs in the final content;
-* ``tool_call``: the first parsed tool call has the expected name and arguments, and its
-  arguments pass the tool's schema (:func:`app.chat.tools.check_arguments`);
-* ``list_items`` + ``count``: the content lists at least ``count`` numbered items, each naming
-  one of the allowed strings.
+* ``heldout_prompts.json``: single-turn prompts by category, plus out-of-scope prompts
+  (category ``scope``);
+* ``heldout_scripts.json``: multi-round tool scripts (2 user turns each).
 
-``python -m tools.demo_pair.evaluate [--dflash] [--limit N]`` prints a JSON report (accuracy,
-tool-call validity, and with ``--dflash`` acceptance, tau, replays and tok/s of both paths).
+Every reply goes through the app's reply runner (:func:`app.chat.reply.collect_reply`) with
+the built-in tools run for real (``current_time`` is frozen at one instant per item, so plain
+and DFlash see the same tool results), the history of a script is built as the window builds
+it (the reply's messages appended, then :func:`app.chat.history.fit_for_tokenizer`), and every
+engine pass runs the exact step-loop verify (``chunked_verify=False``, see
+:func:`exact_verify`).
+
+Checks of one reply against its ``expect`` (see :class:`tools.demo_pair.corpus.Turn`):
+
+* ``calls``: the first round's calls, in order, make the tools return what the expected calls
+  return (``current_time``: the same zone); an empty list means no call at all;
+* ``contains``: every string occurs in the final answer; ``time_of``: the ``time`` and
+  ``date`` the tool returned for each zone occur in it;
+* ``list_items``/``count``: at least ``count`` numbered items, each naming an allowed string;
+* ``scope``: no tool call, and the answer carries the scope sentence.
+
+``python -m tools.demo_pair.evaluate [--dflash] [--limit N] [--scripts-limit N] [--out F]``
+prints a JSON report: accuracy overall and per category, call and value accuracy of the
+scripts, scope accuracy, and with ``--dflash`` parity, tau (median per first round and per
+post-tool round), acceptance and tok/s. ``python -m tools.demo_pair.evaluate bench`` runs the
+speed benchmark (:func:`bench`), ``app-bench ARGS`` runs ``python -m app bench ARGS`` with
+the exact verify.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import re
+import statistics
+import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+MAX_TOKENS = 200
 
 
-def heldout_path() -> Path:
-    """The frozen held-out prompts shipped beside the demo target."""
+# ---- setup ------------------------------------------------------------------------------------
+
+def exact_verify() -> None:
+    """Make every engine pass in this process use the exact step-loop verify
+    (``TargetRunner(chunked_verify=False)``), whatever the caller's ``GenerationConfig``."""
+    from app.engine import target as tmod
+
+    if getattr(tmod.TargetRunner, "_demo_exact", False):
+        return
+    orig = tmod.TargetRunner.__init__
+
+    def init(self, model, model_type, chunked_verify=None):
+        orig(self, model, model_type, False)
+
+    tmod.TargetRunner.__init__ = init
+    tmod.TargetRunner._demo_exact = True
+
+
+def heldout_dir() -> Path:
+    """The folder of the frozen held-out sets (the shipped demo target)."""
     from app.paths import demo_pair_dirs
 
-    return demo_pair_dirs()[0] / "heldout_prompts.json"
+    return demo_pair_dirs()[0]
 
 
 def load_heldout(path: Path | None = None) -> list[dict]:
-    """Held-out prompt records (see :func:`tools.demo_pair.corpus.heldout_prompts`)."""
-    return json.loads((path or heldout_path()).read_text(encoding="utf-8"))
+    """Held-out single-turn and scope prompts (:func:`tools.demo_pair.corpus.heldout_prompts`)."""
+    return json.loads((path or heldout_dir() / "heldout_prompts.json").read_text("utf-8"))
 
 
-def run_item(target, item: dict, *, mode: str = "plain", drafter=None,
-             max_tokens: int = 96) -> dict:
-    """Generate a reply to ``item`` greedily; returns content, reasoning, tool calls, summary.
+def load_scripts(path: Path | None = None) -> list[dict]:
+    """Held-out multi-round scripts (:func:`tools.demo_pair.corpus.heldout_scripts`)."""
+    return json.loads((path or heldout_dir() / "heldout_scripts.json").read_text("utf-8"))
 
-    ``target``/``drafter``: :class:`app.engine.loader.LoadedTarget` / ``LoadedDrafter``.
-    Returns ``{"tokens": [int], "content": str, "reasoning": str, "tool_calls": [ToolCall],
-    "summary": Summary}``.
-    """
-    from app.chat.pipeline import TextPipeline
-    from app.chat.templates import render_prompt
+
+def frozen_tools(now: dt.datetime | None = None) -> list:
+    """The built-in tools, ``current_time`` reading one fixed instant (default: now)."""
+    from app.chat.tools import BUILTIN_TOOLS, clock
+
+    now = now or dt.datetime.now(dt.UTC)
+    out = []
+    for t in BUILTIN_TOOLS:
+        if t.name == "current_time":
+            t = dataclasses.replace(t, func=lambda timezone, _n=now: clock.current_time(
+                timezone, now=_n))
+        out.append(t)
+    return out
+
+
+def settings_for(mode: str, tools: bool, runnable, max_tokens: int = MAX_TOKENS):
+    """:class:`app.chat.reply.ReplySettings` for one evaluated reply."""
+    from app.chat.reply import ReplySettings
     from app.chat.tools import tool_schemas
-    from app.engine.generate import GenerationConfig, generate
 
-    tools = tool_schemas() if item.get("tools") else None
-    prompt = render_prompt(target.tokenizer, item["messages"], tools=tools,
-                           enable_thinking=item.get("enable_thinking", True))
-    pipe = TextPipeline(target.tokenizer, tools=tools,
-                        starts_in_reasoning=prompt.starts_in_reasoning)
-    cfg = GenerationConfig(mode=mode, max_tokens=max_tokens)
-    gen = generate(target, prompt.ids, cfg, drafter=drafter)
-    tokens, summary = [], None
-    for ev in gen:
-        name = type(ev).__name__
-        if name == "TokenEvent":
-            tokens.append(ev.token_id)
-            pipe.feed(ev.token_id)
-            if pipe.stopped:
-                gen.cancel()
-        elif name == "Done":
-            summary = ev.summary
-    pipe.finish(summary.stop_cause if summary else None)
-    return {"tokens": tokens, "content": pipe.content, "reasoning": pipe.reasoning,
-            "tool_calls": list(pipe.tool_calls), "summary": summary}
+    return ReplySettings(mode=mode, max_tokens=max_tokens, enable_thinking=True,
+                         tools=tool_schemas() if tools else None, run_tools=tools,
+                         runnable_tools=runnable, max_tool_rounds=3)
+
+
+def fit(target, messages: list[dict], settings) -> list[dict]:
+    """The messages the window's worker sends for ``messages`` (``fit_for_tokenizer``)."""
+    from app.chat.history import context_limit, fit_for_tokenizer
+
+    limit = context_limit(getattr(target, "context_length", None) or 4096)
+    return fit_for_tokenizer(messages, target.tokenizer, limit,
+                             reserve=min(settings.max_tokens, limit // 2), tools=settings.tools,
+                             enable_thinking=True).messages
+
+
+def reply_to(target, drafter, history: list[dict], tools: bool, mode: str, runnable,
+             max_tokens: int = MAX_TOKENS):
+    """One reply (``app.chat.reply.Reply``) to ``history`` through the reply runner."""
+    from app.chat.reply import collect_reply
+
+    s = settings_for(mode, tools, runnable, max_tokens)
+    return collect_reply(target, drafter if mode == "dflash" else None,
+                         fit(target, history, s), s)
+
+
+# ---- checks -----------------------------------------------------------------------------------
+
+def _same_result(name: str, got: dict, want: dict) -> bool:
+    from app.chat.tools import run_tool
+
+    if name == "current_time":
+        a, b = run_tool(name, got), run_tool(name, want)
+        return a.ok and b.ok and a.result["timezone"] == b.result["timezone"]
+    a, b = run_tool(name, got), run_tool(name, want)
+    return a.to_payload() == b.to_payload()
+
+
+def check_calls(reply, expect: dict) -> tuple[bool, str]:
+    """Whether the reply's first round made the expected calls (by the tools' results)."""
+    want = expect.get("calls", [])
+    got = reply.rounds[0].tool_calls
+    if not want:
+        return (not any(r.tool_calls for r in reply.rounds)), f"unexpected call {got[:1]}"
+    if len(got) != len(want):
+        return False, f"{len(got)} calls, expected {len(want)} ({reply.rounds[0].content[:80]!r})"
+    for g, w in zip(got, want):
+        if g.name != w["name"] or not _same_result(w["name"], g.arguments, w["arguments"]):
+            return False, f"called {g.name}({g.arguments}), expected {w}"
+    return True, ""
 
 
 _ITEM = re.compile(r"^\s*\d+\.\s*(.+?)\s*$", re.M)
 
 
-def check(item: dict, result: dict) -> tuple[bool, str]:
-    """Whether ``result`` (from :func:`run_item`) satisfies ``item["expect"]``; and why not."""
-    exp = item["expect"]
-    content = result["content"]
-    if "tool_call" in exp:
-        from app.chat.tools import BUILTIN_TOOLS, ToolError, check_arguments
+def check_answer(reply, expect: dict) -> tuple[bool, str]:
+    """Whether the final answer states what ``expect`` asks for."""
+    content = reply.content
+    if expect.get("scope"):
+        calls = any(r.tool_calls for r in reply.rounds)
+        from tools.demo_pair.corpus import SCOPE_MARK
 
-        if not result["tool_calls"]:
-            return False, f"no tool call (content {content[:80]!r})"
-        call = result["tool_calls"][0]
-        want = exp["tool_call"]
-        tool = next((t for t in BUILTIN_TOOLS if t.name == call.name), None)
-        if tool is None:
-            return False, f"unknown tool {call.name!r}"
-        try:
-            args = check_arguments(call.arguments, tool.parameters)
-        except ToolError as exc:
-            return False, f"arguments invalid for the schema: {exc}"
-        if call.name != want["name"] or args != want["arguments"]:
-            return False, f"called {call.name}({args}), expected {want}"
-        return True, ""
-    if "contains" in exp:
-        missing = [s for s in exp["contains"] if s not in content]
-        return (not missing), (f"missing {missing} in {content[:120]!r}" if missing else "")
-    if "list_items" in exp:
+        ok = not calls and SCOPE_MARK in content
+        return ok, "" if ok else f"not the scope answer: {content[:100]!r}"
+    want = list(expect.get("contains", []))
+    for zone in expect.get("time_of", []):
+        runs = [t for r in reply.rounds for t in r.tool_runs
+                if t.result.ok and t.result.result.get("timezone") == zone]
+        if not runs:
+            return False, f"no current_time result for {zone}"
+        want += [runs[-1].result.result["time"], runs[-1].result.result["date"]]
+    missing = [s for s in want if s not in content]
+    if missing:
+        return False, f"missing {missing} in {content[:140]!r}"
+    if "list_items" in expect:
         items = _ITEM.findall(content)
-        allowed = exp["list_items"]
-        bad = [i for i in items if not any(a in i for a in allowed)]
-        if len(items) < exp["count"] or bad:
+        bad = [i for i in items if not any(a in i for a in expect["list_items"])]
+        if len(items) < expect["count"] or bad:
             return False, f"{len(items)} items, not allowed: {bad}"
-        return True, ""
-    return False, "no expectation"
+    return True, ""
 
 
-def tool_call_valid(result: dict) -> bool:
-    """True when the reply has a parsed call to a built-in tool with schema-valid arguments."""
-    from app.chat.tools import BUILTIN_TOOLS, ToolError, check_arguments
-
-    if not result["tool_calls"]:
-        return False
-    call = result["tool_calls"][0]
-    tool = next((t for t in BUILTIN_TOOLS if t.name == call.name), None)
-    if tool is None:
-        return False
-    try:
-        check_arguments(call.arguments, tool.parameters)
-    except ToolError:
-        return False
-    return True
+def check(reply, expect: dict) -> tuple[bool, bool, str]:
+    """(call ok, answer ok, why not)."""
+    c_ok, c_why = check_calls(reply, expect)
+    a_ok, a_why = check_answer(reply, expect)
+    return c_ok, a_ok, "; ".join(w for ok, w in ((c_ok, c_why), (a_ok, a_why)) if not ok)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print a JSON report over the held-out prompts."""
-    import argparse
+def round_figures(reply) -> list[dict]:
+    """Per round: index, tokens, tok/s, generation seconds, cycles, accepted, tau."""
+    out = []
+    for r in reply.rounds:
+        s = r.summary
+        n = len(r.tokens)
+        out.append({"index": r.index, "tokens": n, "tok_s": s.tok_per_s,
+                    "gen_s": n / s.tok_per_s if s.tok_per_s else 0.0, "cycles": s.cycles,
+                    "accepted": s.accepted, "drafted": s.drafted,
+                    "tau": (s.accepted + s.cycles) / s.cycles if s.cycles else None})
+    return out
 
-    from app.engine.loader import load_drafter, load_target
+
+# ---- runs -------------------------------------------------------------------------------------
+
+def run_single(target, drafter, item: dict, dflash: bool) -> dict:
+    """One held-out prompt, plain (and DFlash): checks, figures, parity."""
+    runnable = frozen_tools()
+    hist = list(item["messages"])
+    plain = reply_to(target, drafter, hist, item["tools"], "plain", runnable)
+    c_ok, a_ok, why = check(plain, item["expect"])
+    row = {"id": item["id"], "category": item["category"], "call_ok": c_ok, "answer_ok": a_ok,
+           "ok": c_ok and a_ok, "why": why, "content": plain.content[:200],
+           "plain": round_figures(plain)}
+    if dflash:
+        fast = reply_to(target, drafter, hist, item["tools"], "dflash", runnable)
+        row["dflash"] = round_figures(fast)
+        row["identical"] = fast.all_tokens == plain.all_tokens
+    return row
+
+
+def run_script(target, drafter, script: dict, dflash: bool) -> dict:
+    """One multi-round script: each user turn answered with the history built as the app
+    builds it; plain and DFlash each build their own history."""
+    runnable = frozen_tools()
+    turns = []
+    hist = {"plain": [], "dflash": []}
+    for t in script["turns"]:
+        row: dict = {"user": t["user"], "category": t["category"]}
+        for mode in (("plain", "dflash") if dflash else ("plain",)):
+            h = hist[mode] + [{"role": "user", "content": t["user"]}]
+            rep = reply_to(target, drafter, h, script["tools"], mode, runnable)
+            hist[mode] = h + rep.messages
+            row[mode] = round_figures(rep)
+            if mode == "plain":
+                c_ok, a_ok, why = check(rep, t["expect"])
+                row.update(call_ok=c_ok, answer_ok=a_ok, why=why, content=rep.content[:200],
+                           needs_call=bool(t["expect"].get("calls")))
+                plain_tokens = rep.all_tokens
+            else:
+                row["identical"] = rep.all_tokens == plain_tokens
+        turns.append(row)
+    return {"id": script["id"], "kind": script["kind"], "turns": turns}
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
+    """The JSON report over evaluated rows (see the module doc)."""
+    single = [r for r in singles if r["category"] != "scope"]
+    scope = [r for r in singles if r["category"] == "scope"]
+    cats: dict[str, list[bool]] = {}
+    for r in single:
+        cats.setdefault(r["category"], []).append(r["ok"])
+    per_cat = {c: f"{sum(v)}/{len(v)}" for c, v in cats.items()}
+    script_turns = [t for s in scripts for t in s["turns"]]
+    call_turns = [t for t in script_turns if t["needs_call"]]
+    out = {
+        "single_prompts": len(single),
+        "single_accuracy": round(sum(r["ok"] for r in single) / max(1, len(single)), 3),
+        "single_per_category": per_cat,
+        "worst_category": min(((sum(v) / len(v), c) for c, v in cats.items()), default=None),
+        "scope_prompts": len(scope),
+        "scope_accuracy": round(sum(r["ok"] for r in scope) / max(1, len(scope)), 3),
+        "scripts": len(scripts),
+        "script_turns": len(script_turns),
+        "script_call_turns": len(call_turns),
+        "script_call_accuracy": round(sum(t["call_ok"] for t in call_turns)
+                                      / max(1, len(call_turns)), 3),
+        "script_value_accuracy": round(sum(t["answer_ok"] for t in call_turns)
+                                       / max(1, len(call_turns)), 3),
+        "script_turn_accuracy": round(sum(t["call_ok"] and t["answer_ok"] for t in script_turns)
+                                      / max(1, len(script_turns)), 3),
+        "script_failures": [(s["id"], i, t["why"]) for s in scripts
+                            for i, t in enumerate(s["turns"]) if t["why"]],
+        "single_failures": [(r["id"], r["why"]) for r in singles if not r["ok"]],
+    }
+    if dflash:
+        replies = [(r["plain"], r["dflash"]) for r in singles] + [
+            (t["plain"], t["dflash"]) for s in scripts for t in s["turns"]]
+        first = [d[0]["tau"] for _, d in replies if d]
+        post = [x["tau"] for _, d in replies for x in d[1:]]
+        n_tok = {m: sum(x["tokens"] for pr in replies for x in pr[i]) for i, m in
+                 enumerate(("plain", "dflash"))}
+        secs = {m: sum(x["gen_s"] for pr in replies for x in pr[i]) for i, m in
+                enumerate(("plain", "dflash"))}
+        drafted = sum(x["drafted"] for _, d in replies for x in d)
+        accepted = sum(x["accepted"] for _, d in replies for x in d)
+        rows = singles + [t for s in scripts for t in s["turns"]]
+        out.update(
+            identical=all(r["identical"] for r in rows),
+            not_identical=[r.get("id", r.get("user")) for r in rows if not r["identical"]],
+            tau_median_first_rounds=_median(first),
+            tau_median_post_tool_rounds=_median(post),
+            first_rounds=len(first), post_tool_rounds=len(post),
+            acceptance_rate=round(accepted / max(1, drafted), 3),
+            plain_tok_s=round(n_tok["plain"] / max(secs["plain"], 1e-9), 1),
+            dflash_tok_s=round(n_tok["dflash"] / max(secs["dflash"], 1e-9), 1),
+        )
+        out["speedup_pooled"] = round(out["dflash_tok_s"] / max(out["plain_tok_s"], 1e-9), 3)
+    return out
+
+
+def load_pair():
+    """(target, drafter) of the bundled pair, with the exact verify on."""
+    from app.engine.loader import check_pair, load_drafter, load_target
     from app.paths import demo_pair_dirs
 
-    p = argparse.ArgumentParser(description="evaluate the demo pair on held-out prompts")
+    exact_verify()
+    tdir, ddir = demo_pair_dirs()
+    target, drafter = load_target(str(tdir)), load_drafter(str(ddir))
+    check_pair(target, drafter)
+    return target, drafter
+
+
+# ---- speed benchmark --------------------------------------------------------------------------
+
+def bench_set(singles: list[dict], scripts: list[dict], n_scripts: int = 4) -> list[dict]:
+    """The default benchmark set: the first held-out prompt of every category, the two long
+    prompts of ``python -m app bench``, and the first ``n_scripts`` scripts of distinct
+    kinds. Each entry: ``{"id", "tools", "turns": [user texts]}`` or ``{"messages"}``."""
+    from app.engine.bench import _long_prompts
+
+    out, seen = [], set()
+    for it in singles:
+        if it["category"] not in seen:
+            seen.add(it["category"])
+            out.append({"id": it["id"], "tools": it["tools"],
+                        "turns": [it["messages"][0]["content"]]})
+    for p in _long_prompts():
+        out.append({"id": p.id, "tools": p.tools, "turns": [p.messages[0]["content"]]})
+    kinds = set()
+    for s in scripts:
+        if s["kind"] not in kinds and len(kinds) < n_scripts:
+            kinds.add(s["kind"])
+            out.append({"id": s["id"], "tools": True, "turns": [t["user"] for t in s["turns"]]})
+    return out
+
+
+def bench(target, drafter, entries: list[dict], repeats: int = 3,
+          max_tokens: int = MAX_TOKENS) -> dict:
+    """Plain vs DFlash on ``entries``, ``repeats`` times (order alternating), every round of
+    every turn counted: per run, tok/s = tokens / generation seconds summed over rounds; the
+    ratio is the median of the paired per-run ratios (same entry, same repeat). One untimed
+    warm-up run of each mode first."""
+    runs = []
+    for mode in ("plain", "dflash"):
+        _bench_run(target, drafter, entries[0], mode, max_tokens)
+    for rep in range(repeats):
+        for i, e in enumerate(entries):
+            order = ("plain", "dflash") if (rep + i) % 2 == 0 else ("dflash", "plain")
+            got = {m: _bench_run(target, drafter, e, m, max_tokens) for m in order}
+            runs.append({"id": e["id"], "repeat": rep, **got,
+                         "ratio": got["dflash"]["tok_s"] / max(got["plain"]["tok_s"], 1e-9),
+                         "identical": got["dflash"]["tokens_ids"] == got["plain"]["tokens_ids"]})
+    per_entry = {}
+    for r in runs:
+        per_entry.setdefault(r["id"], []).append(r["ratio"])
+    return {
+        "entries": len(entries), "repeats": repeats, "runs": len(runs),
+        "plain_tok_s_median": _median([r["plain"]["tok_s"] for r in runs]),
+        "dflash_tok_s_median": _median([r["dflash"]["tok_s"] for r in runs]),
+        "ratio_median": _median([r["ratio"] for r in runs]),
+        "ratio_per_entry": {k: _median(v) for k, v in per_entry.items()},
+        "tau_median": _median([r["dflash"]["tau"] for r in runs]),
+        "identical": all(r["identical"] for r in runs),
+    }
+
+
+def _bench_run(target, drafter, entry: dict, mode: str, max_tokens: int) -> dict:
+    runnable = frozen_tools(dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC))
+    hist: list[dict] = []
+    toks, secs, acc, cyc, ids = 0, 0.0, 0, 0, []
+    for u in entry["turns"]:
+        hist = hist + [{"role": "user", "content": u}]
+        rep = reply_to(target, drafter, hist, entry["tools"], mode, runnable, max_tokens)
+        hist = hist + rep.messages
+        for f in round_figures(rep):
+            toks += f["tokens"]
+            secs += f["gen_s"]
+            acc += f["accepted"]
+            cyc += f["cycles"]
+        ids += rep.all_tokens
+    return {"tokens": toks, "gen_s": secs, "tok_s": toks / max(secs, 1e-9),
+            "tau": (acc + cyc) / cyc if cyc else None, "tokens_ids": ids}
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (see the module doc)."""
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["app-bench"]:
+        exact_verify()
+        from app.cli import main as app_main
+
+        return app_main(["bench", *argv[1:]])
+    p = argparse.ArgumentParser(description="evaluate the demo pair on its held-out sets")
+    p.add_argument("what", nargs="?", choices=["eval", "bench"], default="eval")
     p.add_argument("--dflash", action="store_true", help="also run DFlash and compare")
-    p.add_argument("--limit", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--limit", type=int, default=0, help="single-turn prompts at most")
+    p.add_argument("--scripts-limit", type=int, default=-1, help="scripts at most (-1: all)")
+    p.add_argument("--repeats", type=int, default=3, help="bench repeats")
+    p.add_argument("--out", type=Path, help="write the full rows and report here (JSON)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    tdir, ddir = demo_pair_dirs()
-    target = load_target(str(tdir))
-    drafter = load_drafter(str(ddir)) if args.dflash else None
-    items = load_heldout()
+    target, drafter = load_pair()
+    singles, scripts = load_heldout(), load_scripts()
+    if args.what == "bench":
+        res = bench(target, drafter, bench_set(singles, scripts), args.repeats)
+        print(json.dumps(res, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(res, indent=1) + "\n")
+        return 0
     if args.limit:
-        items = items[: args.limit]
+        singles = singles[: args.limit]
+    if args.scripts_limit >= 0:
+        scripts = scripts[: args.scripts_limit]
+    t0 = time.time()
     rows = []
-    for it in items:
-        r = run_item(target, it, max_tokens=args.max_tokens)
-        ok, why = check(it, r)
-        row = {"id": it["id"], "ok": ok, "why": why,
-               "plain_tok_s": r["summary"].tok_per_s, "tokens": len(r["tokens"])}
-        if it.get("needs_tools"):
-            row["tool_call_valid"] = tool_call_valid(r)
-        if args.dflash:
-            d = run_item(target, it, mode="dflash", drafter=drafter, max_tokens=args.max_tokens)
-            s = d["summary"]
-            row.update(identical=d["tokens"] == r["tokens"], dflash_tok_s=s.tok_per_s,
-                       drafted=s.drafted, accepted=s.accepted, cycles=s.cycles,
-                       replays=s.replays, committed=len(d["tokens"]))
+    for it in singles:
+        rows.append(run_single(target, drafter, it, args.dflash))
         if args.verbose:
-            print(json.dumps(row), r["reasoning"][:100], "|", r["content"][:160], flush=True)
-        rows.append(row)
-    n = len(rows)
-    tool_rows = [r for r in rows if "tool_call_valid" in r]
-    report = {
-        "prompts": n,
-        "accuracy": round(sum(r["ok"] for r in rows) / max(1, n), 3),
-        "tool_call_validity": round(sum(r["tool_call_valid"] for r in tool_rows)
-                                    / max(1, len(tool_rows)), 3),
-        "tool_prompts": len(tool_rows),
-        "failures": [(r["id"], r["why"]) for r in rows if not r["ok"]],
-    }
-    if args.dflash:
-        drafted = sum(r["drafted"] for r in rows)
-        cycles = sum(r["cycles"] for r in rows)
-        plain_t = sum(r["tokens"] / r["plain_tok_s"] for r in rows if r["plain_tok_s"])
-        dfl_t = sum(r["committed"] / r["dflash_tok_s"] for r in rows if r["dflash_tok_s"])
-        report.update(
-            identical=all(r["identical"] for r in rows),
-            acceptance_rate=round(sum(r["accepted"] for r in rows) / max(1, drafted), 3),
-            tau=round((sum(r["accepted"] for r in rows) + cycles) / max(1, cycles), 3),
-            replays=sum(r["replays"] for r in rows),
-            plain_tok_s=round(sum(r["tokens"] for r in rows) / max(plain_t, 1e-9), 1),
-            dflash_tok_s=round(sum(r["committed"] for r in rows) / max(dfl_t, 1e-9), 1),
-        )
-        report["speedup"] = round(report["dflash_tok_s"] / max(report["plain_tok_s"], 1e-9), 3)
-    print(json.dumps(report, indent=1))
+            r = rows[-1]
+            print(json.dumps({k: r[k] for k in ("id", "ok", "why", "content")}), flush=True)
+    srows = []
+    for s in scripts:
+        srows.append(run_script(target, drafter, s, args.dflash))
+        if args.verbose:
+            print(json.dumps({"id": s["id"], "turns": [{k: t[k] for k in ("why", "content")}
+                                                      for t in srows[-1]["turns"]]}), flush=True)
+    rep = report(rows, srows, args.dflash)
+    rep["seconds"] = round(time.time() - t0, 1)
+    print(json.dumps(rep, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps({"report": rep, "singles": rows, "scripts": srows},
+                                       indent=1) + "\n")
     return 0
 
 

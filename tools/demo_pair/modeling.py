@@ -98,6 +98,35 @@ class TargetSpec:
         }
 
 
+SHAPES: dict[str, dict] = {
+    # name: TargetSpec fields (the drafter gets the same hidden size; see drafter_shape)
+    "h256-l6-a2": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                       full_attention_interval=3),
+    "h320-l8-a4": dict(hidden_size=320, intermediate_size=960, num_hidden_layers=8,
+                       full_attention_interval=2, num_attention_heads=4,
+                       linear_num_key_heads=5, linear_num_value_heads=10),
+    "h384-l6-a3": dict(hidden_size=384, intermediate_size=896, num_hidden_layers=6,
+                       full_attention_interval=2, num_attention_heads=6,
+                       linear_num_key_heads=6, linear_num_value_heads=12),
+    "h384-l8-a4": dict(hidden_size=384, intermediate_size=896, num_hidden_layers=8,
+                       full_attention_interval=2, num_attention_heads=6,
+                       linear_num_key_heads=6, linear_num_value_heads=12),
+}
+"""Target shapes tried for the shipped pair (``--shape`` in ``train.py``); each is a hybrid
+``qwen3_5`` (Gated DeltaNet + gated full attention; ``a`` = attention layers)."""
+
+
+def drafter_shape(tspec: TargetSpec, layers: int = 2) -> dict:
+    """DrafterSpec fields matching a target: same hidden size and heads, ``layers`` layers,
+    four taps spread from layer 1 to the second-to-last layer."""
+    n = tspec.num_hidden_layers
+    taps = sorted({1, round((n - 2) / 3) + 1, round(2 * (n - 2) / 3) + 1, n - 2})
+    return dict(hidden_size=tspec.hidden_size, intermediate_size=tspec.intermediate_size,
+                num_hidden_layers=layers, num_attention_heads=tspec.num_attention_heads,
+                num_key_value_heads=tspec.num_key_value_heads, head_dim=tspec.head_dim,
+                target_layer_ids=taps, num_target_layers=n)
+
+
 def build_target(spec: TargetSpec) -> nn.Module:
     """A randomly initialised transformers ``Qwen3_5ForCausalLM`` (float32) for ``spec``."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig

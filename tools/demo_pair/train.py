@@ -31,11 +31,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.demo_pair.modeling import (  # noqa: E402
+    SHAPES,
     Drafter,
     DrafterSpec,
     TargetSpec,
     build_target,
     cosine_lr,
+    drafter_shape,
     export_drafter,
     export_target,
     target_logits_and_taps,
@@ -101,6 +103,15 @@ def pad_batch(seqs: list[np.ndarray], pad: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def scheduled_lr(step: int, total: int, t0: float, budget_s: float, peak: float) -> float:
+    """Cosine with warm-up over the run's progress: the larger of the step fraction and the
+    time-budget fraction, so that a run cut by its budget still ends with a decayed rate."""
+    frac = step / max(1, total)
+    if budget_s > 0:
+        frac = max(frac, (time.time() - t0) / budget_s)
+    return cosine_lr(int(min(1.0, frac) * 10_000), 10_000, peak)
+
+
 def optimizer_step(opt, model, loss, step: int, total: int, t0: float, budget_s: float,
                    name: str, logd: dict) -> tuple[int, int]:
     """One AdamW step with gradient clipping at 1.0 (the DFlash paper's setting); ends the run
@@ -143,7 +154,7 @@ def train_target(model, data, args, dev, tspec: TargetSpec, logd: dict):
                 for lo, hi in data[i][1]:
                     labels[r, lo:hi] = ids[r, lo:hi]
             for g in opt.param_groups:
-                g["lr"] = cosine_lr(step, total, args.target_lr)
+                g["lr"] = scheduled_lr(step, total, t0, args.time_target, args.target_lr)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 logits = model(input_ids=ids, use_cache=False).logits
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
@@ -300,7 +311,7 @@ def train_drafter(drafter, target, seqs, plens, dspec, args, dev, logd):
             ids, blk_ids, labels = ids.to(dev), blk_ids.to(dev), labels.to(dev)
             blk_pos, mask = blk_pos.to(dev), mask.to(dev)
             for g in opt.param_groups:
-                g["lr"] = cosine_lr(step, total, args.drafter_lr)
+                g["lr"] = scheduled_lr(step, total, t0, args.time_drafter, args.drafter_lr)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 logits = drafter_forward(drafter, target, ids, blk_ids, blk_pos, mask, dspec,
                                          embed)
@@ -352,15 +363,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="h320-l8-a4",
+                   help="target shape (modeling.SHAPES)")
+    p.add_argument("--drafter-layers", type=int, default=2)
     p.add_argument("--target-steps", type=int, default=2200)
     p.add_argument("--target-lr", type=float, default=3e-3)
     p.add_argument("--target-batch-tokens", type=int, default=64_000)
     p.add_argument("--time-target", type=float, default=270.0,
                    help="seconds; training stops there if the steps are not done (0: off)")
-    p.add_argument("--gen-prompts", type=int, default=12_000)
+    p.add_argument("--gen-prompts", type=int, default=20_000)
     p.add_argument("--gen-batch", type=int, default=1024)
-    p.add_argument("--max-new", type=int, default=160)
-    p.add_argument("--time-gen", type=float, default=70.0)
+    p.add_argument("--max-new", type=int, default=200)
+    p.add_argument("--time-gen", type=float, default=80.0)
     p.add_argument("--drafter-steps", type=int, default=1800)
     p.add_argument("--drafter-lr", type=float, default=1e-3)
     p.add_argument("--drafter-batch-tokens", type=int, default=48_000)
@@ -375,11 +389,11 @@ def main(argv=None) -> int:
     dev = torch.device(args.device)
     t_start = time.time()
     specs = json.loads((args.data / "specs.json").read_text())
-    tspec = TargetSpec(**specs["target"])
-    dspec = DrafterSpec(**specs["drafter"])
+    tspec = TargetSpec(**specs["target"], **SHAPES[args.shape])
+    dspec = DrafterSpec(**specs["drafter"], **drafter_shape(tspec, args.drafter_layers))
     data = load_dataset(args.data / "dataset.npz")
     log(f"{len(data)} examples, {sum(len(t) for t, _ in data)} tokens, device {dev}")
-    logd: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+    logd: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "shape": args.shape}
 
     target = build_target(tspec).to(dev)
     logd["target_params"] = sum(p.numel() for p in target.parameters())

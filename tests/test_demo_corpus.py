@@ -1,0 +1,206 @@
+"""The demo pair's training corpus v2 (issue 18): held-out sets are disjoint from it, its
+tool results are the app's own, and its prompts are exactly what the app builds.
+
+CPU only, no model weights needed (the tokenizer shipped beside the demo target is used for the
+app-side rendering).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tools/ is not an installed package
+    sys.path.insert(0, str(REPO))
+
+from tools.demo_pair import build, corpus, data  # noqa: E402
+
+HERE = REPO / "tools" / "demo_pair"
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    prompts = json.loads((HERE / "heldout_prompts.json").read_text())
+    scripts = json.loads((HERE / "heldout_scripts.json").read_text())
+    return prompts, scripts
+
+
+def test_heldout_sets_have_the_sizes_the_gates_need(heldout):
+    prompts, scripts = heldout
+    single = [p for p in prompts if p["category"] != "scope"]
+    scope = [p for p in prompts if p["category"] == "scope"]
+    assert len(single) >= 120 and len(scope) >= 20 and len(scripts) >= 40
+    cats: dict[str, int] = {}
+    for p in single:
+        cats[p["category"]] = cats.get(p["category"], 0) + 1
+    assert min(cats.values()) >= 8
+    assert len({p["messages"][0]["content"] for p in prompts}) == len(prompts)
+    assert all(len(s["turns"]) >= 2 for s in scripts)
+    assert all(any(t["expect"].get("calls") for t in s["turns"]) for s in scripts)
+
+
+def test_heldout_files_are_the_seeded_sets(heldout):
+    # Frozen files, but still what the seeded generator makes (nothing edited by hand).
+    prompts, scripts = heldout
+    fresh_p = corpus.heldout_prompts(0)
+    fresh_s = corpus.heldout_scripts(0)
+    strip = lambda items: [{k: v for k, v in it.items() if k != "expect"} for it in items]  # noqa: E731
+    assert strip(fresh_p) == strip(prompts)
+    assert [[t["user"] for t in s["turns"]] for s in fresh_s] == \
+        [[t["user"] for t in s["turns"]] for s in scripts]
+
+
+def test_no_heldout_prompt_text_occurs_in_the_corpus(heldout):
+    prompts, scripts = heldout
+    held = corpus.heldout_user_texts(prompts, scripts)
+    g = corpus.Generator(0, split="train")
+    g.forbid(held)
+    seen = set()
+    for _ in range(build.DEFAULT_CHATS):
+        for t in g.chat().turns:
+            seen.add(t.user)
+    assert not held & seen
+    # Held-out single-turn prompts are not training phrasings either (not only other texts).
+    train_heads = {tmpl.split("{")[0] for table in corpus.T.values() for tmpl in table["train"]
+                   if tmpl.split("{")[0]}
+    singles = [p["messages"][0]["content"] for p in prompts
+               if p["category"] not in ("greeting", "thanks", "self", "scope")]
+    same_head = [q for q in singles if any(q.startswith(h) and len(h) > 12 for h in train_heads)]
+    assert len(same_head) <= len(singles) // 10, same_head[:5]
+
+
+def test_tool_results_are_the_app_tools_output():
+    import datetime as dt
+
+    from app.chat.tools import run_tool
+    from app.chat.tools.clock import current_time
+
+    g = corpus.Generator(5)
+    checked = {"calculator": 0, "convert_units": 0, "country_info": 0, "current_time": 0}
+    for _ in range(400):
+        msgs = g.chat().messages()
+        calls = {}
+        for m in msgs:
+            for c in m.get("tool_calls", []):
+                calls[c["id"]] = c["function"]
+            if m["role"] != "tool":
+                continue
+            fn = calls[m["tool_call_id"]]
+            assert fn["name"] == m["name"]
+            if fn["name"] == "current_time":
+                res = json.loads(m["content"])["result"]
+                now = dt.datetime.fromisoformat(res["datetime"])
+                assert current_time(fn["arguments"]["timezone"], now=now) == res
+            else:
+                assert run_tool(fn["name"], fn["arguments"]).content() == m["content"]
+            checked[fn["name"]] += 1
+    assert min(checked.values()) > 20, checked
+
+
+def test_answers_state_the_tool_values_exactly():
+    g = corpus.Generator(7)
+    n = 0
+    for _ in range(400):
+        msgs = g.chat().messages()
+        for i, m in enumerate(msgs):
+            if m["role"] != "tool":
+                continue
+            res = json.loads(m["content"])
+            # The next assistant message without calls is the answer to this result.
+            nxt = next(x for x in msgs[i + 1:] if x["role"] == "assistant")
+            if nxt.get("tool_calls"):
+                continue
+            if not res["ok"]:
+                assert res["error"] in nxt["content"]
+            elif m["name"] == "current_time":
+                r = res["result"]
+                assert r["time"] in nxt["content"] and r["date"] in nxt["content"]
+            elif m["name"] == "calculator":
+                assert corpus.jtext(res["result"]) in nxt["content"]
+            elif m["name"] == "convert_units":
+                assert corpus.jtext(res["result"]["value"]) in nxt["content"]
+            n += 1
+    assert n > 100
+
+
+def test_corpus_covers_the_issue_flows():
+    g = corpus.Generator(11)
+    cats, two_calls, follow_ups, errors = set(), 0, 0, 0
+    for _ in range(1500):
+        c = g.chat()
+        for k, t in enumerate(c.turns):
+            cats.add(t.category)
+            calls = [m for m in t.replies if m.get("tool_calls")]
+            two_calls += any(len(m["tool_calls"]) == 2 for m in calls)
+            errors += any(m["role"] == "tool" and '"ok": false' in m["content"]
+                          for m in t.replies)
+            follow_ups += k > 0 and t.user.split()[0] in ("And", "What", "How", "Convert",
+                                                          "Now", "Same")
+    assert {"scope", "self", "greeting", "thanks", "tool_time", "tool_calc", "tool_convert",
+            "tool_population", "tool_info", "tool_error", "tool_two_calls"} <= cats
+    assert two_calls > 20 and errors > 20 and follow_ups > 100
+
+
+@pytest.fixture(scope="module")
+def app_tokenizer():
+    from mlx_lm.utils import load_tokenizer
+
+    from app.paths import demo_pair_dirs
+
+    return load_tokenizer(demo_pair_dirs()[0])
+
+
+def _store_chat(store, chat: corpus.Chat) -> int:
+    """Write ``chat`` into ``store`` as the window does (one stored message per chat message)."""
+    conv = store.new_conversation("t")
+    for m in chat.messages():
+        if m["role"] == "user":
+            store.add_message(conv.id, "user", m["content"])
+        elif m["role"] == "assistant":
+            calls = [{"id": c["id"], "name": c["function"]["name"],
+                      "arguments": c["function"]["arguments"]} for c in m.get("tool_calls", [])]
+            store.add_message(conv.id, "assistant", m["content"],
+                              reasoning=m.get("reasoning_content", ""), tool_calls=calls or None,
+                              mode="plain")
+        else:
+            store.add_message(conv.id, "tool", m["content"], tool_call_id=m["tool_call_id"],
+                              name=m["name"])
+    return conv.id
+
+
+def test_corpus_renderer_equals_the_app_prompt_builder(tmp_path, app_tokenizer):
+    from app.chat.history import fit_for_tokenizer
+    from app.chat.storage import Store
+    from app.chat.templates import render_prompt
+    from app.chat.tools import tool_schemas
+
+    g = corpus.Generator(3)
+    chats = []
+    while len(chats) < 12:
+        c = g.chat()
+        n_tool = sum(1 for m in c.messages() if m["role"] == "tool")
+        if len(c.turns) >= 2 and (n_tool or len(chats) % 4 == 3):
+            chats.append(c)
+    store = Store(tmp_path / "chats.sqlite3")
+    compared = 0
+    for c in chats:
+        tools = tool_schemas() if c.tools else None
+        msgs = c.messages()
+        cid = _store_chat(store, c)
+        stored = store.messages_for_prompt(cid)
+        assert len(stored) == len(msgs)
+        for k, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            app_msgs = fit_for_tokenizer(stored[:k], app_tokenizer, 4096, tools=tools,
+                                         enable_thinking=True).messages
+            app_text = render_prompt(app_tokenizer, app_msgs, tools=tools,
+                                     enable_thinking=True).text
+            assert data.render_prompt_text(msgs[:k], tools, True) == app_text
+            compared += 1
+    assert compared >= 30
+    store.close()
