@@ -154,3 +154,21 @@ def test_pair_spec_label_keeps_the_names():
     assert PairSpec("/m/demo-target", display_name="Demo pair").label == "Demo pair"
     assert PairSpec("/m/demo-target").label == "demo-target"
     assert PairSpec(tiny=True).label == "tiny random pair"
+
+
+def test_load_keeps_the_repo_id_as_the_name(tiny_root):
+    """A cached repo loads from its snapshot folder; the name shown is the repo id, not the
+    snapshot's commit hash (the folder name)."""
+    from app.engine.tiny import build_tiny_pair
+
+    allow_engine_on_current_thread()
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    s = ChatSession()
+    info = s.load(PairSpec(str(t), str(d), repo_id="org/tiny-target"))
+    try:
+        assert info.target_name == "org/tiny-target" and info.spec.repo_id == "org/tiny-target"
+        assert info.target_path == str(t) and info.drafter_block_size == 16
+        plain = s.load(PairSpec(str(t)))
+        assert plain.target_name == t.name and plain.drafter_name is None
+    finally:
+        s.unload()

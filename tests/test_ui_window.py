@@ -86,7 +86,8 @@ class ScriptedBackend:
         self.summary: Summary | None = None
         self.threads: list[int] = []
 
-    def load(self, target, drafter):
+    def load(self, spec):
+        target, drafter = spec.target, spec.drafter
         self.threads.append(threading.get_ident())
         if self.fail_load and target == self.fail_load:
             raise ModelLoadError(f"could not load {target}: config.json is missing")

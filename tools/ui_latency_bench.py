@@ -32,7 +32,8 @@ class StreamBackend:
         self.rate, self.seconds, self.block = rate, seconds, block
         self.sent = 0
 
-    def load(self, target, drafter):
+    def load(self, spec):
+        target, drafter = spec.target, spec.drafter
         from app.ui.worker import ModelInfo
 
         return ModelInfo(target_name="synthetic", target_path=target, drafter_name="synthetic",

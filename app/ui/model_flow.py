@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
-from app.ui.worker import TINY_PAIR, ModelInfo
+from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 
 log = logging.getLogger("app.ui.window")
 
@@ -31,10 +31,15 @@ class ModelFlow:
 
     def load_last_or_default(self) -> None:
         """Load the last model used (QSettings) or the default pair."""
-        target = self.qs.value("model/target", "")
-        drafter = self.qs.value("model/drafter", "")
-        if target and (target == TINY_PAIR or Path(target).exists()):
-            self.load_model(str(target), str(drafter or ""))
+        target = str(self.qs.value("model/target", "") or "")
+        drafter = str(self.qs.value("model/drafter", "") or "")
+        if target == TINY_PAIR:
+            self.load_model(PairSpec(tiny=True))
+        elif target and Path(target).exists():
+            self.load_model(PairSpec(target, drafter or None,
+                                     display_name=str(self.qs.value("model/name", "") or ""),
+                                     repo_id=str(self.qs.value("model/repo_id", "") or "")
+                                     or None))
         else:
             self.load_default()
 
@@ -45,12 +50,21 @@ class ModelFlow:
             self.flash(note, 10000)
         self.load_model(target, drafter)
 
-    def load_model(self, target: str, drafter: str = "") -> None:
-        """Ask the worker to load a pair (progress shows; the window stays responsive)."""
+    def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
+        """Ask the worker to load a pair (progress shows; the window stays responsive).
+
+        ``target`` is a :class:`PairSpec` (it keeps the display name and repo id), or a folder
+        path with ``drafter`` ("" for none; :data:`TINY_PAIR` for the tiny pair)."""
         if self.busy:
             self.stop()
-        self._loading = (target, drafter)
-        self.worker.loadRequested.emit(target, drafter)
+        if isinstance(target, PairSpec):
+            spec = target
+        elif target == TINY_PAIR:
+            spec = PairSpec(tiny=True)
+        else:
+            spec = PairSpec(str(target), drafter or None)
+        self._loading = spec
+        self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:
         """Drop the loaded models."""
@@ -85,7 +99,7 @@ class ModelFlow:
 
         try:
             catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
-            dlg = ModelsDialog(self, catalog, lambda t, d: self.load_model(str(t), str(d or "")))
+            dlg = ModelsDialog(self, catalog, self.load_model)
         except Exception as exc:  # the window stays usable whatever the scan hits
             log.exception("models dialog")
             self.show_banner(f"Could not open the models list: {exc}")
@@ -109,9 +123,12 @@ class ModelFlow:
     def _on_loaded(self, info: ModelInfo) -> None:
         self.progress.hide()
         self.model = info
-        target, drafter = getattr(self, "_loading", (info.target_path, info.drafter_path or ""))
-        self.qs.setValue("model/target", target)
-        self.qs.setValue("model/drafter", drafter)
+        spec = info.spec or getattr(self, "_loading", None) or PairSpec(
+            info.target_path, info.drafter_path)
+        self.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)
+        self.qs.setValue("model/drafter", spec.drafter or "")
+        self.qs.setValue("model/name", spec.display_name)
+        self.qs.setValue("model/repo_id", spec.repo_id or "")
         text = f"Target: {info.target_name}"
         text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
             "   ·   no drafter (plain only)"

@@ -47,8 +47,9 @@ class ScriptedBackend:
     def __init__(self) -> None:
         self.turn = 0
 
-    def load(self, target, drafter):
+    def load(self, spec):
         """A made-up pair description."""
+        target, drafter = spec.target, spec.drafter
         from app.ui.worker import ModelInfo
 
         return ModelInfo(target_name="demo-target (scripted)", target_path=target,

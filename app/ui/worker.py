@@ -36,14 +36,14 @@ from app.chat.events import (
     ToolCallDelta,
     ToolResultEvent,
 )
-from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, finish_fields
+from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec, finish_fields
 from app.chat.turns import ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
 from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_PAIR", "ModelInfo", "ReplyFailed", "ReplyFinished", "ReplyResult", "UiEvent",
+__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult", "UiEvent",
            "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
@@ -113,7 +113,7 @@ class ReplyFailed:
 class Backend(Protocol):
     """What the worker needs from the engine side (all calls happen on the worker thread)."""
 
-    def load(self, target: str, drafter: str | None) -> ModelInfo:
+    def load(self, spec: PairSpec) -> ModelInfo:
         """Load a pair; raises :class:`EngineError` subclasses with user-facing messages."""
 
     def unload(self) -> None:
@@ -217,6 +217,7 @@ class Worker(QObject):
         loaded(object): :class:`ModelInfo` after a successful load.
         piecesReady(object): ``{key: list[str]}`` answering ``piecesRequested``.
         loadFailed(str): a user-facing message; the previous pair (if any) stays loaded.
+        (requests) loadRequested(PairSpec): load this pair (``backend.load(spec)``).
         events(int, list): request id and a batch of :class:`UiEvent`.
         finished(int): the request id; no more events follow for it.
         memory(int): MLX active memory in bytes.
@@ -237,7 +238,7 @@ class Worker(QObject):
 
     # requests (queued from the GUI thread)
     piecesRequested = Signal(object)
-    loadRequested = Signal(str, str)
+    loadRequested = Signal(object)
     replyRequested = Signal(int, list, object, list)
     unloadRequested = Signal()
     benchRequested = Signal(int)
@@ -260,13 +261,13 @@ class Worker(QObject):
             self._cancelled.add(req_id)
         self._cancel.set()
 
-    @Slot(str, str)
-    def _on_load(self, target: str, drafter: str) -> None:
+    @Slot(object)
+    def _on_load(self, spec: PairSpec) -> None:
         global _worker_thread_ident
         _worker_thread_ident = threading.get_ident()
-        self.loading.emit(f"Loading {target}…")
+        self.loading.emit(f"Loading {spec.label}…")
         try:
-            info = self.backend.load(target, drafter or None)
+            info = self.backend.load(spec)
         except EngineError as exc:
             self.loadFailed.emit(str(exc))
             return
