@@ -200,3 +200,4 @@ def test_invalid_sampling_settings_are_refused_up_front(tiny_hybrid, setting, ma
     for mode in ("plain", "dflash"):
         with pytest.raises(GenerationError, match=match):
             generate(target, [1, 2, 3], GenerationConfig(mode=mode, **setting), drafter)
+

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.engine.events import Summary
+
 DEFAULT_BLOCK_SIZES = "4,8,16"
 DEFAULT_REPEATS = 2
 DEFAULT_MAX_TOKENS = 128
@@ -249,11 +251,9 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             identical &= r.tokens == base.tokens
             if base.summary.tok_per_s > 0 and r.summary.tok_per_s > 0:
                 ratios.append(r.summary.tok_per_s / base.summary.tok_per_s)
-        drafted = sum(s.drafted for s in ss)
-        cycles = sum(s.cycles for s in ss)
-        busy = sum(s.draft_s + s.verify_s + s.rollback_s for s in ss)
-        replays = sum(s.replays for s in ss)
-        rollback_s = sum(s.rollback_s for s in ss)
+        pooled = Summary.pool(ss, m.mode)
+        cycles, replays, rollback_s = pooled.cycles, pooled.replays, pooled.rollback_s
+        busy = pooled.draft_s + pooled.verify_s + pooled.rollback_s
         dflash = m.mode == "dflash"
         out[m.name] = {
             "mode": m.mode,
@@ -264,13 +264,13 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             # A run that ended on its first token has no generation time: left out.
             "tok_per_s": _median([s.tok_per_s for s in ss if s.tok_per_s > 0]),
             "ttft_s": _median([s.ttft_s for s in ss]),
-            "acceptance_rate": (sum(s.accepted for s in ss) / drafted) if drafted else None,
-            "tau": (sum(s.generated_tokens - 1 for s in ss) / cycles) if cycles else None,
+            "acceptance_rate": pooled.acceptance_rate,
+            "tau": pooled.tau,
             "cycles": cycles,
             "replays": replays,
-            "draft_share": (sum(s.draft_s for s in ss) / busy) if dflash and busy else None,
-            "verify_share": (sum(s.verify_s for s in ss) / busy) if dflash and busy else None,
-            "rollback_share": (rollback_s / busy) if dflash and busy else None,
+            "draft_share": (pooled.draft_s / busy) if dflash and busy else None,
+            "verify_share": (pooled.verify_s / busy) if dflash and busy else None,
+            "rollback_share": pooled.rollback_share if dflash else None,
             "rollback_ms_per_replay": (1000 * rollback_s / replays) if replays else None,
             "peak_memory_bytes": max((s.peak_memory_bytes for s in ss), default=0),
             "ratio_to_plain": _median(ratios),
