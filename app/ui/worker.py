@@ -10,9 +10,9 @@ The backend (Qt-free) does the actual work: :class:`app.chat.session.ChatSession
 prompt fitting, ``app.chat.reply.run_reply``, the benchmark, token texts); tests swap in
 scripted backends that emit the engine's real event dataclasses (:mod:`app.engine.events`).
 
-Thread checks: :func:`assert_not_gui_thread` raises :class:`app.engine.errors.WrongThreadError`
-when called on the thread that owns the ``QApplication``; the worker calls it before every
-engine entry point.
+Thread checks: the window marks the GUI thread (``app.engine.threads``); the engine's entry
+points and :func:`assert_not_gui_thread` raise :class:`app.engine.errors.WrongThreadError`
+there.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.chat.events import (
     ContentDelta,
@@ -43,39 +43,25 @@ from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult", "UiEvent",
-           "Worker", "WorkerThread"]
+__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult",
+           "UiEvent", "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
 
 
 # --------------------------------------------------------------------------- thread checks
-_worker_thread_ident: int | None = None
-
-
-def is_gui_thread() -> bool:
-    """True when the caller runs on the thread that owns the ``QCoreApplication``."""
-    app = QCoreApplication.instance()
-    if app is None:
-        return False
-    return QThread.currentThread() is app.thread()
-
-
 def assert_not_gui_thread(what: str) -> None:
     """Raise :class:`WrongThreadError` when ``what`` (an engine entry point) runs on the GUI
-    thread. MLX arrays are bound to the thread that made them (DESIGN.md), so every MLX call
-    belongs on the worker."""
+    thread, which the window marks with ``app.engine.threads.forbid_engine_on_current_thread``
+    (the one guard: the engine's loading and generation check the same mark)."""
     from app.engine.threads import check_engine_thread
 
-    check_engine_thread()
-    if is_gui_thread():
-        raise WrongThreadError(f"{what} called on the GUI thread; it must run on the worker")
-
-
-def worker_thread_ident() -> int | None:
-    """``threading.get_ident()`` of the running worker thread (None before it starts)."""
-    return _worker_thread_ident
+    try:
+        check_engine_thread()
+    except WrongThreadError:
+        raise WrongThreadError(
+            f"{what} called on the GUI thread; it must run on the worker") from None
 
 
 # --------------------------------------------------------------------------- UI events
@@ -263,8 +249,6 @@ class Worker(QObject):
 
     @Slot(object)
     def _on_load(self, spec: PairSpec) -> None:
-        global _worker_thread_ident
-        _worker_thread_ident = threading.get_ident()
         self.loading.emit(f"Loading {spec.label}…")
         try:
             info = self.backend.load(spec)
@@ -315,8 +299,6 @@ class Worker(QObject):
     @Slot(int, list, object, list)
     def _on_reply(self, req_id: int, messages: list, settings: object, tags: list) -> None:
         """Run one reply per tag (["" ] normally, ["plain", "dflash"] for Compare)."""
-        global _worker_thread_ident
-        _worker_thread_ident = threading.get_ident()
         self._cancel = threading.Event()
         if req_id in self._cancelled:
             self._cancel.set()
