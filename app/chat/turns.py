@@ -21,17 +21,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from app.chat.conversation import Message as StoredMessage
+from app.chat.events import (
+    ContentDelta,
+    ReasoningDelta,
+    Reply,
+    ToolCallDelta,
+    ToolResultEvent,
+    tool_call_dict,
+)
+from app.chat.session import finish_fields
 from app.chat.storage import (
     DB_FILENAME,
     ConversationNotFoundError,
     StorageError,
     Store,
 )
-from app.engine.events import Summary
+from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +102,35 @@ class ReplyResult:
     messages: list[dict] = field(default_factory=list)
 
     @classmethod
+    def from_reply(cls, reply: Reply, settings: dict,
+                   pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
+        """The result of a finished ``app.chat.events.Reply``: the last round's text and
+        tokens, every round's tool calls with their results (``finish_fields``), the warnings
+        joined as the note, the token texts from ``pieces_fn``; ``settings`` is the reply's
+        values dict (``mode``, ``block_size``, ``rollback``)."""
+        fields = finish_fields(reply)
+        tokens = fields["token_ids"]
+        flags = fields["from_draft"]
+        note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
+                         for w in reply.warnings)
+        return cls(
+            content=fields["content"],
+            reasoning=fields["reasoning"],
+            tool_calls=fields["tool_calls"],
+            finish_reason=fields["finish_reason"] or "stop",
+            tokens=tokens,
+            from_draft=flags + [False] * (len(tokens) - len(flags)),
+            pieces=pieces_fn(tokens),
+            summary=reply.summary,
+            rounds=max(1, len(reply.rounds)),
+            mode=reply.mode or settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
+            note=note,
+            messages=[dict(m) for m in reply.messages],
+        )
+
+    @classmethod
     def from_row(cls, m: StoredMessage) -> ReplyResult:
         """The result of a stored reply row."""
         return cls(
@@ -109,6 +149,62 @@ class ReplyResult:
             rollback=m.rollback or "tape",
             error=m.error,
             messages=[dict(r) for r in m.rounds],
+        )
+
+
+class PartialReply:
+    """What a reply produced so far, from its events (:meth:`add`), for a
+    :class:`ReplyResult` when it ends without ``ReplyDone`` (an error, or a scripted
+    session): :meth:`result`."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.flags: list[bool] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[str, dict] = {}
+        self.summary: Summary | None = None
+
+    def add(self, ev: Any) -> None:
+        """Take one event (others than tokens, text, tool calls and ``Done`` are ignored)."""
+        if isinstance(ev, TokenEvent):
+            self.tokens.append(ev.token_id)
+            self.flags.append(ev.from_draft)
+        elif isinstance(ev, ContentDelta):
+            self.content.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
+            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
+            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
+            merged.update({k: v for k, v in d.items() if v is not None})
+        elif isinstance(ev, Done):
+            self.summary = ev.summary
+
+    def result(self, settings: dict, pieces_fn: Callable[[list[int]], list[str]], *,
+               failed: bool = False, cancelled: bool = False) -> ReplyResult:
+        """The :class:`ReplyResult` so far: finish reason from the engine's stop cause
+        (``error`` when ``failed``, ``cancelled`` when stopped without a summary)."""
+        finish = "stop"
+        if self.summary is not None:
+            finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
+                      "error": "error"}.get(self.summary.stop_cause, "stop")
+        elif cancelled:
+            finish = "cancelled"
+        if failed:
+            finish = "error"
+        return ReplyResult(
+            content="".join(self.content),
+            reasoning="".join(self.reasoning),
+            tool_calls=list(self.calls.values()),
+            finish_reason=finish,
+            tokens=self.tokens,
+            from_draft=self.flags,
+            pieces=pieces_fn(self.tokens),
+            summary=self.summary,
+            mode=settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
         )
 
 

@@ -20,26 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.chat.events import (
-    ContentDelta,
-    ReasoningDelta,
-    Reply,
     ReplyDone,
     RoundFinished,
     StopStringHit,
-    ToolCallDelta,
-    ToolResultEvent,
 )
-from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec, finish_fields
-from app.chat.turns import ReplyResult
+from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec
+from app.chat.turns import PartialReply, ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
-from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -118,79 +112,8 @@ class Backend(Protocol):
         """MLX active memory in bytes (0 when unknown)."""
 
 
-def tool_call_dict(obj: Any) -> dict:
-    """A tool call (``ToolCall``, ``ToolRun`` or a dict) as the dict the tool pane shows:
-    ``id``, ``name``, ``arguments``, ``result``, ``error``, ``duration_s`` (None when not
-    known)."""
-    d = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
-    return {
-        "id": str(d.get("id") or ""),
-        "name": str(d.get("name") or "?"),
-        "arguments": d.get("arguments"),
-        "result": d.get("result"),
-        "error": d.get("error"),
-        "duration_s": d.get("duration_s"),
-    }
-
-
 _NOT_SHOWN = (RoundFinished, StopStringHit)
 """Reply events the window does not show (their effect arrives with other events)."""
-
-
-def result_from_reply(reply: Reply, settings: dict,
-                      pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
-    """A :class:`ReplyResult` from an ``app.chat.events.Reply``: the last round's text and
-    tokens, every round's tool calls with their results (``finish_fields``), the warnings
-    joined as the note, the token texts from ``pieces_fn``."""
-    fields = finish_fields(reply)
-    tokens = fields["token_ids"]
-    flags = fields["from_draft"]
-    note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
-                     for w in reply.warnings)
-    return ReplyResult(
-        content=fields["content"],
-        reasoning=fields["reasoning"],
-        tool_calls=fields["tool_calls"],
-        finish_reason=fields["finish_reason"] or "stop",
-        tokens=tokens,
-        from_draft=flags + [False] * (len(tokens) - len(flags)),
-        pieces=pieces_fn(tokens),
-        summary=reply.summary,
-        rounds=max(1, len(reply.rounds)),
-        mode=reply.mode or settings.get("mode", "plain"),
-        block_size=settings.get("block_size"),
-        rollback=settings.get("rollback", "tape"),
-        note=note,
-        messages=[dict(m) for m in reply.messages],
-    )
-
-
-class _Partial:
-    """What a reply produced so far, for a :class:`ReplyResult` when it ends without
-    ``ReplyDone`` (an error, or a scripted backend)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.flags: list[bool] = []
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: dict[str, dict] = {}
-        self.summary: Summary | None = None
-
-    def add(self, ev: Any) -> None:
-        if isinstance(ev, TokenEvent):
-            self.tokens.append(ev.token_id)
-            self.flags.append(ev.from_draft)
-        elif isinstance(ev, ContentDelta):
-            self.content.append(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            self.reasoning.append(ev.text)
-        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
-            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
-            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
-            merged.update({k: v for k, v in d.items() if v is not None})
-        elif isinstance(ev, Done):
-            self.summary = ev.summary
 
 
 # --------------------------------------------------------------------------- the worker
@@ -318,7 +241,7 @@ class Worker(QObject):
         batch: list[UiEvent] = []
         last = time.monotonic()
         result: ReplyResult | None = None
-        partial = _Partial()
+        partial = PartialReply()
         failed = False
 
         def flush() -> None:
@@ -333,7 +256,7 @@ class Worker(QObject):
                 if isinstance(ev, _NOT_SHOWN):
                     continue
                 if isinstance(ev, ReplyDone):
-                    result = result_from_reply(ev.reply, settings, self.backend.pieces)
+                    result = ReplyResult.from_reply(ev.reply, settings, self.backend.pieces)
                     continue
                 partial.add(ev)
                 batch.append(UiEvent(ev, tag))
@@ -348,27 +271,8 @@ class Worker(QObject):
                                  tag))
             failed = True
         if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
-            finish = "stop"
-            if partial.summary is not None:
-                finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
-                          "error": "error"}.get(partial.summary.stop_cause, "stop")
-            elif self._cancel.is_set():
-                finish = "cancelled"
-            if failed:
-                finish = "error"
-            result = ReplyResult(
-                content="".join(partial.content),
-                reasoning="".join(partial.reasoning),
-                tool_calls=list(partial.calls.values()),
-                finish_reason=finish,
-                tokens=partial.tokens,
-                from_draft=partial.flags,
-                pieces=self.backend.pieces(partial.tokens),
-                summary=partial.summary,
-                mode=settings.get("mode", "plain"),
-                block_size=settings.get("block_size"),
-                rollback=settings.get("rollback", "tape"),
-            )
+            result = partial.result(settings, self.backend.pieces, failed=failed,
+                                    cancelled=self._cancel.is_set())
         batch.append(UiEvent(ReplyFinished(result), tag))
         flush()
 
