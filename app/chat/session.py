@@ -185,10 +185,9 @@ class ChatSession:
         note = ""
         target, drafter_path = spec.target, spec.drafter
         if spec.tiny:
-            from app.engine.tiny import build_tiny_pair
-            from app.paths import cache_dir
+            from app.engine.tiny import fallback_pair
 
-            t_dir, d_dir = build_tiny_pair(cache_dir() / "tiny-pair")
+            t_dir, d_dir = fallback_pair()
             target, drafter_path = str(t_dir), str(d_dir)
             note = ("The bundled demo pair is missing: a tiny random-weight pair is loaded "
                     "instead (its replies are gibberish).")

@@ -16,7 +16,6 @@ from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
-TINY_PAIR_FOLDER = "tiny-pair"
 
 
 class CommandError(Exception):
@@ -114,12 +113,12 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
     target, drafter = demo_pair_dirs()
     if (target / "config.json").is_file() and (drafter / "config.json").is_file():
         return str(target), str(drafter)
-    from app.engine.tiny import build_tiny_pair
+    from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
 
-    root = cache_dir() / TINY_PAIR_FOLDER
+    root = cache_dir() / FALLBACK_FOLDER
     _warn(f"The bundled demo pair is missing: using a tiny random-weight pair in {root} "
           "(its text is gibberish).")
-    t, d = build_tiny_pair(root)
+    t, d = fallback_pair()
     return str(t), str(d)
 
 
