@@ -979,3 +979,32 @@ def test_token_texts_hide_the_end_token(tiny_dirs):
     pieces = backend.pieces(ids + [eos])
     assert len(pieces) == len(ids) + 1
     assert pieces[-1] == "" and "".join(pieces) == "Paris is nice."
+
+
+def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
+    """A divergence shown in Compare comes with the target's top-two logit gap there, which
+    the worker's backend computes from the two replies."""
+    from types import SimpleNamespace
+
+    from app.chat.reply import ReplySettings, collect_reply
+    from app.engine.compare import near_tie
+    from app.ui.compare import verdict
+    from app.ui.worker import ReplyResult
+
+    target, drafter = tiny_hybrid
+    rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
+                        ReplySettings(mode="plain", max_tokens=6))
+    changed = list(rep.tokens)
+    changed[3] = (changed[3] + 1) % 100
+    other = SimpleNamespace(rounds=[SimpleNamespace(tokens=changed,
+                                                    prompt_ids=rep.rounds[0].prompt_ids)])
+    backend = ChatSession()
+    backend.target = target
+    gap = backend.top2_gap(rep, other)
+    expected = near_tie(target, rep.rounds[0].prompt_ids, rep.tokens[:3], {}, 3)["gap"]
+    assert gap == pytest.approx(expected)
+    plain = ReplyResult(tokens=list(rep.tokens), mode="plain")
+    dflash = ReplyResult(tokens=changed, mode="dflash", top2_gap=gap)
+    assert verdict(plain, dflash).startswith(
+        f"differ from token 3 (of 6 plain / 6 DFlash; top-two logit gap there {gap:.3g})")
+    assert verdict(plain, ReplyResult(tokens=list(rep.tokens))).startswith("identical, 6")

@@ -333,6 +333,16 @@ class ChatSession:
         status = "stopped" if done.finish_reason == "cancelled" else "complete"
         self.store.finish_reply(row.id, status=status, **finish_fields(done))
 
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ (one target forward); None when they do not, or with no
+        model loaded."""
+        check_engine_thread()
+        from app.chat.reply import divergence_near_tie
+
+        tie = divergence_near_tie(self.target, plain, dflash) if self.target else None
+        return tie["gap"] if tie else None
+
     def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
         """Leave out the oldest turns so the prompt fits the context limit with room for
         ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).

@@ -83,6 +83,8 @@ class ReplyResult:
         mode, block_size, rollback: how the reply was generated.
         messages: the chat-template messages of every round when tools ran (stored as the
             row's ``rounds``, so the next prompt shows the calls and results); [] otherwise.
+        top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
+            top-two logit gap at the first divergence (None otherwise).
     """
 
     content: str = ""
@@ -100,6 +102,7 @@ class ReplyResult:
     error: str | None = None
     note: str = ""
     messages: list[dict] = field(default_factory=list)
+    top2_gap: float | None = None
 
     @classmethod
     def from_reply(cls, reply: Reply, settings: dict,

@@ -64,6 +64,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="DFlash block size, 1..the drafter's (default: the drafter's)")
     p.add_argument("--rollback", choices=["tape", "replay"], default="tape",
                    help="recurrent-state rollback under DFlash (default tape)")
+    p.add_argument("--fast-verify", action="store_true",
+                   help="near-exact: verify with the chunked Gated DeltaNet form (faster on "
+                   "CPU for hybrid targets; can change tokens, see README); off by default")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
                        help="thinking on in the chat template")
@@ -155,6 +158,7 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         max_tokens=args.max_tokens,
         block_size=args.block_size,
         rollback=args.rollback,
+        fast_verify=args.fast_verify,
         enable_thinking=think,
         stop=list(args.stop),
         tools=tools,

@@ -328,6 +328,8 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         temp = v.get("temperature", 0.0)
         parts = [f"block {block}" if block else "block: drafter's", v.get("rollback", "tape"),
                  "greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
+        if v.get("fast_verify"):
+            parts.append("fast verify")
         if not v.get("thinking", True):
             parts.append("no thinking")
         self.composer.note.setText(" · ".join(parts))

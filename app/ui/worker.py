@@ -111,6 +111,10 @@ class Backend(Protocol):
     def memory_bytes(self) -> int:
         """MLX active memory in bytes (0 when unknown)."""
 
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ; None when they do not or it cannot be computed."""
+
 
 _NOT_SHOWN = (RoundFinished, StopStringHit)
 """Reply events the window does not show (their effect arrives with other events)."""
@@ -225,6 +229,7 @@ class Worker(QObject):
         self._cancel = threading.Event()
         if req_id in self._cancelled:
             self._cancel.set()
+        self._replies: dict[str, Any] = {}
         try:
             for tag in tags:
                 s = dict(settings)
@@ -257,6 +262,7 @@ class Worker(QObject):
                     continue
                 if isinstance(ev, ReplyDone):
                     result = ReplyResult.from_reply(ev.reply, settings, self.backend.pieces)
+                    self._replies[tag] = ev.reply
                     continue
                 partial.add(ev)
                 batch.append(UiEvent(ev, tag))
@@ -273,6 +279,14 @@ class Worker(QObject):
         if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
             result = partial.result(settings, self.backend.pieces, failed=failed,
                                     cancelled=self._cancel.is_set())
+        plain = self._replies.get("plain")
+        if tag == "dflash" and plain is not None and tag in self._replies \
+                and result.tokens != plain.all_tokens:
+            gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
+            try:
+                result.top2_gap = gap_of(plain, self._replies[tag]) if gap_of else None
+            except Exception:  # a figure for the header; never fails the reply
+                log.exception("top-two gap")
         batch.append(UiEvent(ReplyFinished(result), tag))
         flush()
 
