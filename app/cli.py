@@ -21,10 +21,11 @@ from app.commands.generation import DEFAULT_PROMPT
 
 # Modules that add subcommands, in --help order.
 COMMAND_MODULES = [
-    "app.commands.generation",  # chat, compare
-    "app.chat.tools.cli",  # tools
-    "app.engine.catalog",  # models
-    "app.engine.bench",  # bench
+    "app.commands.chat",
+    "app.commands.compare",
+    "app.commands.tools",
+    "app.commands.models",
+    "app.commands.bench",
 ]
 
 

@@ -160,7 +160,9 @@ def test_scaling_prompts_have_exact_lengths_and_costs(tiny_hybrid, tmp_path):
     assert "not meaningful" in sc["note"] and sc["repeats"] == 2
     result = {"header": {"target": "t", "device": "cpu", "blas": "x (y)"},
               "modes": {}, "scaling": sc}
-    paths = bench.plot_results(result, [], tmp_path)
+    from app.commands.bench import plot_results
+
+    paths = plot_results(result, [], tmp_path)
     assert (tmp_path / "cost_per_token.png") in paths
     assert (tmp_path / "cost_per_token.png").read_bytes()[:4] == b"\x89PNG"
 

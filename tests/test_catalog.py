@@ -346,3 +346,25 @@ def test_real_tiny_pair_from_the_cache_pairs_and_loads(tiny_root, tmp_path, monk
     assert loaded_d.config.block_size == drafter.to_dict()["block_size"] == 16
     est = cat.estimate_memory(target, drafter, context=256)
     assert est.weights_bytes == (t_dir / "model.safetensors").stat().st_size
+
+
+def test_drafter_defaults_are_named(tmp_path, caplog):
+    import json
+    import logging
+
+    from app.engine.catalog import drafter_defaults_used, warn_drafter_defaults
+
+    full = {"architectures": ["DFlashDraftModel"], "rope_theta": 10000.0,
+            "dflash_config": {"block_size": 8}}
+    assert drafter_defaults_used(full) == []
+    assert drafter_defaults_used({"rope_parameters": {"rope_theta": 1e6}, "block_size": 4}) == []
+    bare = {"architectures": ["DFlashDraftModel"]}
+    assert drafter_defaults_used(bare) == [
+        "the drafter config has no block_size; the default 16 is used",
+        "the drafter config has no rope_theta; the default 1e+06 is used",
+    ]
+    (tmp_path / "config.json").write_text(json.dumps(bare))
+    with caplog.at_level(logging.WARNING, logger="app.engine.catalog"):
+        assert len(warn_drafter_defaults(tmp_path)) == 2
+    assert "no rope_theta; the default 1e+06 is used" in caplog.text
+    assert warn_drafter_defaults(tmp_path / "missing") == []

@@ -298,3 +298,22 @@ def test_missing_x11_libraries_are_named(monkeypatch):
     assert cli.missing_x11_packages() == ["libxcb-cursor0"]
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # no X11 window wanted: nothing missing
     assert cli.missing_x11_packages() == []
+
+
+def test_plain_mode_warns_about_an_unusable_draft_model(capsys, pair_paths, tmp_path):
+    # a usable drafter: no warning in plain mode
+    code, _, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                           "--prompt", "Hi", "--max-tokens", "2", "--tools", "none", "--json")
+    assert code == 0 and "warning: --draft-model" not in err
+    # the target given as the drafter: plain still runs, and says why it could not be used
+    code, out, err = run_cli(capsys, "chat", "--model", str(pair_paths[0]), "--draft-model",
+                             str(pair_paths[0]), "--mode", "plain", "--prompt", "Hi",
+                             "--max-tokens", "2", "--tools", "none", "--json")
+    assert code == 0 and len(json.loads(out)["tokens"]) == 2
+    assert f"warning: --draft-model {pair_paths[0]} is not used in plain mode" in err
+    assert "not a DFlash drafter" in err
+    # a folder that does not exist
+    code, _, err = run_cli(capsys, "chat", "--model", str(pair_paths[0]), "--draft-model",
+                           str(tmp_path / "nope"), "--mode", "plain", "--prompt", "Hi",
+                           "--max-tokens", "2", "--tools", "none", "--json")
+    assert code == 0 and "could not be used with this target anyway" in err

@@ -194,7 +194,11 @@ def test_spec_on_macos_bundles_app_with_plist_and_icon(tmp_path):
         "mlx_lm.models.llama",
         "mlx_lm.tool_parsers.qwen3_coder",
         "app.commands.generation",
-        "app.chat.tools.cli",
+        "app.commands.chat",
+        "app.commands.compare",
+        "app.commands.models",
+        "app.commands.bench",
+        "app.commands.tools",
         "transformers.models.qwen2.tokenization_qwen2",
     ):
         assert name in hidden, name

@@ -45,10 +45,15 @@ def loads():
     return []
 
 
+loaded_specs: list = []
+
+
 @pytest.fixture
 def dialog(qtbot, env, loads):
+    loaded_specs.clear()
     catalog = env[0]
-    dlg = ModelsDialog(None, catalog, lambda t, d: loads.append((t, d)))
+    dlg = ModelsDialog(None, catalog, lambda spec: (loads.append((spec.target, spec.drafter)),
+                                                    loaded_specs.append(spec)))
     qtbot.addWidget(dlg)
     return dlg
 
@@ -70,6 +75,7 @@ def test_lists_bundled_pair_and_loads_it(dialog, env, loads):
     dialog.show()
     dialog.load_button.click()
     assert loads == [(str(demo_t), str(demo_d))]
+    assert loaded_specs[0].display_name == "demo-target" and loaded_specs[0].repo_id is None
     assert dialog.result() == QDialog.DialogCode.Accepted and not dialog.isVisible()
     # plain decoding is always offered
     dialog.drafter_combo.setCurrentIndex(dialog.drafter_combo.count() - 1)

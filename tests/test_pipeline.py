@@ -118,6 +118,17 @@ CASES = [
              calls=[], finish="stop", warnings=["malformed_tool_call"]),
     ),
     (
+        "unclosed_call_with_a_complete_body",
+        "Try: <tool_call>\n<function=calculator>\n<parameter=expression>\n1+1\n</parameter>\n"
+        "</function>",
+        True,
+        {},
+        "end_token",
+        dict(reasoning="", content="Try:", calls=[("call_0", "calculator",
+                                                    {"expression": "1+1"})],
+             finish="tool_calls", warnings=["unclosed_tool_call"]),
+    ),
+    (
         "invalid_json_call",
         '<tool_call>\n{"name": "x", "arguments": {oops}\n</tool_call>\nSorry.',
         True,

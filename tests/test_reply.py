@@ -164,15 +164,51 @@ def test_without_run_tools_the_call_is_returned(monkeypatch, fake_target):
     assert [c.name for c in rep.tool_calls] == ["calculator"] and rep.rounds[0].tool_runs == []
 
 
+def calc_call(expression: str) -> str:
+    return (f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expression}\n"
+            "</parameter>\n</function>\n</tool_call>")
+
+
 def test_tool_round_limit(monkeypatch, fake_target):
+    # a different call each round (a repeated one stops earlier, see below)
     settings = ReplySettings(mode="plain", run_tools=True, max_tool_rounds=2)
-    _, rep, engine = run_fake(monkeypatch, fake_target, [CALL_17x23], settings)
+    scripts = [calc_call("17*23"), calc_call("2*3"), calc_call("5*5")]
+    _, rep, engine = run_fake(monkeypatch, fake_target, scripts, settings)
     assert len(engine.prompts) == 3 and len(rep.rounds) == 3
     assert [len(r.tool_runs) for r in rep.rounds] == [1, 1, 0]
     assert rep.finish_reason == "tool_calls"
     assert rep.warnings[-1]["code"] == "tool_round_limit"
     # call ids stay unique across rounds
     assert [c.id for r in rep.rounds for c in r.tool_calls] == ["call_0", "call_1", "call_2"]
+
+
+def test_the_same_call_again_stops_the_loop(monkeypatch, fake_target):
+    settings = ReplySettings(mode="plain", run_tools=True, max_tool_rounds=8)
+    _, rep, engine = run_fake(monkeypatch, fake_target, [CALL_17x23], settings)
+    # round 0 runs the call; round 1 asks for it again: not run, the reply ends
+    assert len(engine.prompts) == 2 and [len(r.tool_runs) for r in rep.rounds] == [1, 0]
+    assert rep.warnings[-1]["code"] == "repeated_tool_call"
+    assert "same tool call again (calculator" in rep.warnings[-1]["message"]
+    assert rep.finish_reason == "tool_calls"
+
+
+def test_the_same_tool_with_other_arguments_runs_again(monkeypatch, fake_target):
+    settings = ReplySettings(mode="plain", run_tools=True)
+    scripts = [calc_call("17*23"), calc_call("17*24"), ANSWER]
+    _, rep, _ = run_fake(monkeypatch, fake_target, scripts, settings)
+    assert [len(r.tool_runs) for r in rep.rounds] == [1, 1, 0]
+    assert rep.rounds[1].tool_runs[0].result.result == 408 and rep.content == ANSWER
+    assert not [w for w in rep.warnings if w["code"] == "repeated_tool_call"]
+
+
+def test_unclosed_call_with_a_complete_body_runs_with_a_warning(monkeypatch, fake_target):
+    unclosed = CALL_17x23[: -len("</tool_call>")]
+    settings = ReplySettings(mode="plain", run_tools=True)
+    events, rep, engine = run_fake(monkeypatch, fake_target, [unclosed, ANSWER], settings)
+    (res,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert res.run.result.ok and res.run.result.result == 391
+    assert rep.rounds[0].finish_reason == "tool_calls" and rep.content == ANSWER
+    assert [w["code"] for w in rep.warnings] == ["unclosed_tool_call"]
 
 
 def test_unknown_tool_gives_error_result_and_continues(monkeypatch, fake_target):

@@ -1,7 +1,7 @@
 """The desktop window, offscreen (pytest-qt): chat, reasoning and tool panes, live panel,
 Stop, plain == DFlash, Compare, load errors, and no MLX call on the GUI thread.
 
-Two kinds of backend: the real one (``EngineBackend`` over a tiny random-weight pair built by
+Two kinds of backend: the real one (``ChatSession`` over a tiny random-weight pair built by
 ``app.engine.tiny``) and a scripted one that emits the engine's and the chat pipeline's real
 event dataclasses at a controlled pace (for Stop and exact figures).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
@@ -20,12 +19,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
-from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
-from app.engine.errors import ModelLoadError, WrongThreadError  # noqa: E402
-from app.engine.events import CycleEvent, Done, Summary, TokenEvent  # noqa: E402
+from app.chat.pipeline import ContentDelta  # noqa: E402
+from app.chat.scripted import ScriptedSession  # noqa: E402
+from app.chat.session import ChatSession  # noqa: E402
+from app.engine.errors import WrongThreadError  # noqa: E402
+from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
-from app.ui.worker import EngineBackend, ModelInfo, assert_not_gui_thread  # noqa: E402
+from app.ui.worker import assert_not_gui_thread  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 
@@ -72,80 +73,10 @@ def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
     return blocker.args[0]
 
 
-class ScriptedBackend:
-    """Emits reasoning, content (with a code block), tokens and DFlash cycles; ``delay_s``
-    per cycle; checks the cancel event before every cycle like the engine does."""
-
-    def __init__(self, cycles=6, block=4, delay_s=0.0, fail_load=None):
-        self.cycles = cycles
-        self.block = block
-        self.delay_s = delay_s
-        self.fail_load = fail_load
-        self.emitted_cycles = 0
-        self.summary: Summary | None = None
-        self.threads: list[int] = []
-
-    def load(self, target, drafter):
-        self.threads.append(threading.get_ident())
-        if self.fail_load and target == self.fail_load:
-            raise ModelLoadError(f"could not load {target}: config.json is missing")
-        return ModelInfo(target_name="scripted", target_path=target, drafter_name="scripted-d",
-                         drafter_path=drafter or "d", context_length=2048,
-                         drafter_block_size=self.block)
-
-    def unload(self):
-        pass
-
-    def memory_bytes(self):
-        return 123 * 2**20
-
-    def pieces(self, tokens):
-        return [f"t{t} " for t in tokens]
-
-    def reply(self, messages, settings, cancel):
-        self.threads.append(threading.get_ident())
-        self.last_settings, self.last_messages = dict(settings), list(messages)
-        return self._events(settings, cancel)
-
-    def _events(self, settings, cancel):
-        mode = settings["mode"]
-        yield ReasoningDelta("Paris is the capital. ")
-        yield ReasoningDelta("Say it plainly.")
-        idx = 0
-        accepted_lengths = []
-        n_tok = 1
-        yield TokenEvent(100, 0, False)
-        yield ContentDelta("The capital is **Paris**.\n\n```python\nprint('Paris')\n```\n")
-        stopped = False
-        for c in range(self.cycles):
-            if cancel.is_set():
-                stopped = True
-                break
-            acc = c % self.block
-            for k in range(acc + 1):
-                idx += 1
-                yield TokenEvent(100 + idx, idx, k < acc)
-                yield ContentDelta(f" w{idx}")
-            accepted_lengths.append(acc)
-            n_tok += acc + 1
-            yield CycleEvent(c, self.block - 1, acc, acc + 1, acc < self.block - 1,
-                             0.001, 0.002, 0.0005 if acc < self.block - 1 else 0.0)
-            self.emitted_cycles += 1
-            if self.delay_s:
-                time.sleep(self.delay_s)
-        cycles = len(accepted_lengths)
-        drafted = cycles * (self.block - 1)
-        accepted = sum(accepted_lengths)
-        replays = sum(1 for a in accepted_lengths if a < self.block - 1)
-        self.summary = Summary(
-            mode=mode, prompt_tokens=42, generated_tokens=n_tok, ttft_s=0.0123,
-            tok_per_s=321.5, cycles=cycles, drafted=drafted, accepted=accepted,
-            acceptance_rate=accepted / drafted if drafted else None,
-            tau=n_tok / cycles if cycles else None, replays=replays,
-            rollback_share=0.0625, stop_cause="cancelled" if stopped else "end_token",
-            accepted_lengths=list(accepted_lengths),
-        )
-        yield Done(self.summary)
+ScriptedBackend = ScriptedSession
+"""The scripted session (``app.chat.scripted``): reasoning, content with a code block, tokens
+and DFlash cycles; ``delay_s`` per cycle; the cancel event checked before every cycle like the
+engine does."""
 
 
 # ------------------------------------------------------------------ scripted backend
@@ -199,7 +130,7 @@ def test_stop_leaves_partial_reply_marked_stopped(qtbot, qs):
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
             qtbot.waitUntil(lambda: win._run is not None and
-                            win._run["stats"][""].cycles >= 5, timeout=10_000)
+                            win._run.sides[""].stats.cycles >= 5, timeout=10_000)
             assert win.composer.stop_btn.isEnabled()
             win.composer.stop_btn.click()
         msg = blocker.args[0]
@@ -238,7 +169,7 @@ def test_load_error_shows_message_and_window_stays_usable(qtbot, qs):
 def test_engine_load_error_from_real_loader(qtbot, qs, tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     try:
         with qtbot.waitSignal(win.loadFailed, timeout=30_000) as blocker:
             win.load_model(str(empty), "")
@@ -293,7 +224,7 @@ def engine_window(qtbot, qs, tiny_dirs, monkeypatch):
                                                               loader_mod.load_drafter))
     monkeypatch.setattr(gen_mod, "generate", recording("generate", gen_mod.generate))
     monkeypatch.setattr(reply_mod, "run_reply", recording("run_reply", reply_mod.run_reply))
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     win.engine_calls = calls
     t, d = tiny_dirs
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
@@ -397,15 +328,68 @@ def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, m
     assert "<tool_call>" not in chat and "<function=" not in chat
 
 
+def test_next_turn_prompt_keeps_the_tool_call_and_result(qtbot, engine_window, tiny_dirs,
+                                                         monkeypatch):
+    """The window builds the prompt from the stored messages: turn 1's tool call and tool
+    result reach turn 2 (they were lost when the prompt kept role and content only)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    import app.chat.reply as reply_mod
+
+    tok = load_tokenizer(tiny_dirs[0])
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    script = iter([
+        "<tool_call>\n<function=country_info>\n<parameter=name>\nChile\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "Chile's capital is Santiago.",
+        "About 19.6 million.",
+    ])
+    prompts: list[str] = []
+
+    class Scripted:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def cancel(self):
+            pass
+
+        def __iter__(self):
+            for i, t in enumerate(self.ids):
+                yield TokenEvent(t, i, False)
+            yield Done(Summary(mode="plain", generated_tokens=len(self.ids),
+                               stop_cause="end_token"))
+
+    def fake_generate(target, prompt_ids, config, drafter=None, **kwargs):
+        prompts.append(tok.decode(list(prompt_ids)))
+        return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
+
+    monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)
+    win = engine_window
+    win.defaults["use_tools"] = True
+    win.defaults["thinking"] = False
+    win.new_chat()
+    first = send_and_wait(qtbot, win, "Tell me about Chile.", mode="plain")
+    assert first.version.result.content == "Chile's capital is Santiago."
+    second = send_and_wait(qtbot, win, "And its population?", mode="plain")
+    assert second.version.result.content == "About 19.6 million."
+    assert len(prompts) == 3
+    turn2 = prompts[2]
+    assert "<function=country_info>" in turn2 and '"population": 19600000' in turn2
+    assert turn2.index("19600000") < turn2.index("And its population?")
+    # and the stored reply keeps its rounds across a reload of the conversation
+    reloaded = win.store.get(win.conv.id).messages[1].version.result
+    assert [m["role"] for m in reloaded.messages] == ["assistant", "tool", "assistant"]
+
+
 # ------------------------------------------------------------------ storage
 def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
 
     db = tmp_path / "conversations.db"
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=5, block=4)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.load_model("scripted-target", "scripted-drafter")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
@@ -414,14 +398,14 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
     backend.cycles, backend.delay_s = 100_000, 0.002
     win.composer.set_mode("plain")
     assert win.send("Tell me more.")
-    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
                     timeout=10_000)
     conv_id = win.conv.id
     win.shutdown()
     assert not win.busy
     partial_tokens = backend.summary.generated_tokens
 
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -535,12 +519,12 @@ def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
 def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_path):
     import json
 
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "conversations.db"
     backend = ScriptedBackend(cycles=3, block=4)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -580,7 +564,7 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -589,7 +573,8 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         assert set(reply.versions) == {"dflash", "plain"} and reply.chosen == "dflash"
         assert cmp_reply.compare and cmp_reply.chosen == "plain"
         assert cmp_reply.versions["plain"].result.mode == "plain"
-        assert conv.history()[-1]["content"] == cmp_reply.versions["plain"].result.content
+        assert win2.store.db.messages_for_prompt(conv_id)[-1]["content"] == \
+            cmp_reply.versions["plain"].result.content
     finally:
         win2.shutdown()
 
@@ -659,7 +644,7 @@ def test_controls_have_accessible_names(qtbot, qs):
 
 
 class FailingBackend(ScriptedBackend):
-    def _events(self, settings, cancel):
+    def _events(self, turn, mode, cancel):
         from app.engine.errors import GenerationError
 
         yield ContentDelta("Half an ans")
@@ -755,7 +740,7 @@ def test_switching_models_twice_while_generating(qtbot, tiny_dirs, tiny_dirs_den
     win.defaults["max_tokens"] = 400
     win.composer.set_mode("dflash")
     assert win.send(PROMPT)
-    qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].tokens >= 2,
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.tokens >= 2,
                     timeout=30_000)
     reply = win.conv.messages[-1]
     loaded = []
@@ -800,11 +785,11 @@ def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
 
 
 def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
-    store = SqliteStore(tmp_path / "c.db")
+    store = TurnStore(tmp_path / "c.db")
     win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -812,7 +797,7 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.compare(PROMPT)
-            qtbot.waitUntil(lambda: win._run["stats"]["plain"].cycles >= 3, timeout=10_000)
+            qtbot.waitUntil(lambda: win._run.sides["plain"].stats.cycles >= 3, timeout=10_000)
             win.stop()
         msg = blocker.args[0]
         assert msg.compare and msg.chosen == "plain"
@@ -861,11 +846,11 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
     seen = {}
     with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
         assert win.send(PROMPT)
-        qtbot.waitUntil(lambda: win._run is not None and win._run["stats"][""].cycles >= 3,
+        qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
                         timeout=60_000)
         win.stop()
         run = win._run
-        seen["stats"] = run["stats"][""]
+        seen["stats"] = run.sides[""].stats
     v = blocker.args[0].version
     s = v.result.summary
     assert v.stopped and v.result.finish_reason == "cancelled"
@@ -878,12 +863,12 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
 
 
 def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tmp_path):
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = ScriptedBackend(cycles=2)
-    win = MainWindow(backend=backend, store=SqliteStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -904,7 +889,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         assert len(win.store.db.messages(conv_id)) == 6  # the old branch is still stored
     finally:
         win.shutdown()
-    win2 = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -916,7 +901,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
 
 def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     from app.chat.storage import Store
-    from app.ui.storage_adapter import SqliteStore
+    from app.chat.turns import TurnStore
 
     db = tmp_path / "c.db"
     raw = Store(db)
@@ -929,7 +914,7 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     qs.setValue("last_conversation", conv.id)
     from app.ui.window import MainWindow
 
-    win = MainWindow(backend=ScriptedBackend(), store=SqliteStore(db), qsettings=qs,
+    win = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
                      auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -972,7 +957,7 @@ def test_short_benchmark_from_the_window(qtbot, engine_window):
 
 
 def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
-    win = make_window(qtbot, qs, EngineBackend())
+    win = make_window(qtbot, qs, ChatSession())
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
         win.load_model(str(tiny_dirs[0]), "")
     with qtbot.waitSignal(win.benchFinished, timeout=30_000) as blocker:
@@ -986,7 +971,7 @@ def test_token_texts_hide_the_end_token(tiny_dirs):
     """Compare and drafter colouring show token texts; the end token is counted, not shown."""
     from app.engine.loader import load_target
 
-    backend = EngineBackend()
+    backend = ChatSession()
     backend.target = load_target(tiny_dirs[0])
     tok = backend.target.tokenizer
     eos = next(iter(backend.target.eos_token_ids))
@@ -1013,7 +998,7 @@ def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
     changed[3] = (changed[3] + 1) % 100
     other = SimpleNamespace(rounds=[SimpleNamespace(tokens=changed,
                                                     prompt_ids=rep.rounds[0].prompt_ids)])
-    backend = EngineBackend()
+    backend = ChatSession()
     backend.target = target
     gap = backend.top2_gap(rep, other)
     expected = near_tie(target, rep.rounds[0].prompt_ids, rep.tokens[:3], {}, 3)["gap"]

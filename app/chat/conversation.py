@@ -73,6 +73,10 @@ class Message:
         status: one of :data:`STATUSES` (``complete`` for non-replies).
         error: the error message when ``status == "error"``.
         compare_group: shared by the two replies of one Compare turn (None otherwise).
+        rounds: for a reply that ran tools, every chat-template message the reply added, in
+            order (assistant turns with their ``tool_calls``, ``tool`` results, the final
+            assistant turn), exactly as they were rendered while generating; empty for a
+            one-round reply (its own fields are the message then).
         created_at, updated_at: POSIX seconds (float).
     """
 
@@ -97,8 +101,17 @@ class Message:
     status: str = "complete"
     error: str | None = None
     compare_group: str | None = None
+    rounds: list[dict] = field(default_factory=list)
     created_at: float = 0.0
     updated_at: float = 0.0
+
+    def to_prompt_dicts(self) -> list[dict]:
+        """This message as the chat-template messages it stands for: the stored ``rounds``
+        of a reply that ran tools (copies, so a turn renders as it was generated: tool calls,
+        tool results and reasoning included), otherwise ``[self.to_prompt_dict()]``."""
+        if self.rounds:
+            return [dict(m) for m in self.rounds]
+        return [self.to_prompt_dict()]
 
     def to_prompt_dict(self) -> dict:
         """This message as a chat-template message (Hugging Face form).

@@ -14,7 +14,11 @@ JSON layout (``format_version`` 1)::
      "messages": [{"id", "parent", "active_child", "role", "content", "reasoning",
                    "tool_calls", "tool_call_id", "name", "mode", "block_size", "rollback",
                    "generation", "summary", "token_ids", "from_draft", "finish_reason",
-                   "status", "error", "compare_group", "created_at", "updated_at"}, ...]}
+                   "status", "error", "compare_group", "created_at", "updated_at",
+                   "rounds"}, ...]}
+
+``rounds`` (a list of chat-template messages, empty for a reply without tool rounds) is
+optional on import: files written before it was added import with ``[]``.
 
 Times are POSIX seconds (float). ``from_draft`` is a string of ``0``/``1``, one per token.
 """
@@ -82,6 +86,7 @@ def export_json(store: Store, conversation_id: int) -> dict:
                 "compare_group": m.compare_group,
                 "created_at": m.created_at,
                 "updated_at": m.updated_at,
+                "rounds": m.rounds,
             }
             for m in msgs
         ],
@@ -166,6 +171,9 @@ def parse_json(data: dict | str | bytes) -> tuple[Conversation, list[Message]]:
         tool_calls = _field(m, "tool_calls", list, where, [])
         if not all(isinstance(t, dict) for t in tool_calls):
             raise ImportFormatError(f"{where}: 'tool_calls' must be a list of objects")
+        rounds = _field(m, "rounds", list, where, [])
+        if not all(isinstance(t, dict) for t in rounds):
+            raise ImportFormatError(f"{where}: 'rounds' must be a list of objects")
         msgs.append(
             Message(
                 id=_field(m, "id", int, where, required=True),
@@ -188,6 +196,7 @@ def parse_json(data: dict | str | bytes) -> tuple[Conversation, list[Message]]:
                 status=_field(m, "status", str, where, "complete"),
                 error=_field(m, "error", str, where),
                 compare_group=_field(m, "compare_group", str, where),
+                rounds=rounds,
                 created_at=float(_field(m, "created_at", num, where, conv.created_at)),
                 updated_at=float(_field(m, "updated_at", num, where, conv.updated_at)),
             )

@@ -22,8 +22,9 @@ produced them (issue 4). The stages, in order:
 4. **Tool calls**: text between the tool-call markers of the tool parser goes to an
    ``mlx_lm.tool_parsers`` module's ``parse_tool_call`` (the one mlx-lm inferred from the chat
    template, or an override by name), with the tool definitions (the XML parser takes argument
-   types from them). A call that cannot be parsed (unclosed, invalid JSON/XML) stays in the
-   content as text, flagged, with a warning.
+   types from them). A call that cannot be parsed (invalid JSON/XML, or unclosed with an
+   incomplete body) stays in the content as text, flagged, with a warning; an unclosed call
+   whose body is complete and parses is a call, with an ``unclosed_tool_call`` warning.
 
 Markers are matched in the decoded text, so they work whether the tokenizer has them as single
 special tokens or spells them over several ordinary tokens.
@@ -43,94 +44,20 @@ from typing import Any, Literal
 
 from mlx_lm.generate import TextStateMachine
 
-FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed tool call.
-
-    Attributes:
-        id: deterministic per reply: ``call_0``, ``call_1``, ... in the order the calls appear.
-        name: the function name the model wrote (not checked against the tool list).
-        arguments: the parsed arguments (dict; values typed by the tool schema when given).
-    """
-
-    id: str
-    name: str
-    arguments: dict
-
-    def to_dict(self) -> dict:
-        """``{"id", "name", "arguments"}`` (the ``tool_calls`` entries of ``chat --json``)."""
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
-
-    def to_message(self) -> dict:
-        """The OpenAI-style entry for an assistant message's ``tool_calls`` (what the chat
-        template reads back): ``{"id", "type": "function", "function": {"name", "arguments"}}``
-        with ``arguments`` as a dict."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    """New answer text. ``malformed`` is True for the text of a tool call that could not be
-    parsed and is kept as content (a :class:`PipelineWarning` comes with it)."""
-
-    text: str
-    malformed: bool = False
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    """New reasoning text (inside the thinking block)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """A tool call was parsed (emitted once, when its closing marker arrives)."""
-
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class PipelineWarning:
-    """Something in the text was not what it claimed to be.
-
-    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content).
-    ``message``: one line for the user.
-    """
-
-    code: str
-    message: str
-    text: str = ""
-
-    def to_dict(self) -> dict:
-        """``{"code", "message", "text"}`` for JSON output."""
-        return {"code": self.code, "message": self.message, "text": self.text}
-
-
-@dataclass(frozen=True)
-class StopStringHit:
-    """A stop string was found; the caller should cancel the engine.
-
-    ``stop``: the stop string. ``kept_tokens``: how many generated tokens the reply keeps (the
-    token that completed the stop string is the last one kept).
-    """
-
-    stop: str
-    kept_tokens: int
-
-
-Delta = ContentDelta | ReasoningDelta | ToolCallDelta | PipelineWarning | StopStringHit
+from app.chat.events import (  # noqa: F401 (re-exported: the pipeline's events)
+    ContentDelta,
+    Delta,
+    PipelineWarning,
+    ReasoningDelta,
+    StopStringHit,
+    ToolCall,
+    ToolCallDelta,
+)
 
 _CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
+
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "cancelled", "error")
 
 
 def finish_reason_for(stop_cause: str | None, *, stop_hit: bool, has_tool_calls: bool) -> str:
@@ -408,13 +335,32 @@ class TextPipeline:
         out.append(ContentDelta(body, malformed) if kind == _CONTENT else ReasoningDelta(body))
 
     def _close_open_call(self, out: list[Delta]) -> None:
-        """An unclosed call at the end of the text: keep it as flagged content."""
+        """An unclosed call at the end of the text. When its body is complete and parses (the
+        model only left out the end marker), it is a call, with an ``unclosed_tool_call``
+        warning; otherwise it stays as flagged content (``malformed_tool_call``)."""
         if self._state != _TOOL:
             return
-        raw = self._tool_start + self._tool_buf
+        body = self._tool_buf
+        raw = self._tool_start + body
         self._state = _CONTENT
         self._tool_buf = ""
-        self._malformed(raw, "the tool call was not closed", out)
+        calls = None
+        complete = body.strip() and (self._parser_name != "qwen3_coder"
+                                     or body.rstrip().endswith("</function>"))
+        if complete:
+            try:
+                calls = self._parse_body(body)
+            except ValueError:
+                calls = None
+        if not calls:
+            self._malformed(raw, "the tool call was not closed", out)
+            return
+        self.warnings.append(PipelineWarning(
+            "unclosed_tool_call",
+            f"the tool call was not closed ({self._tool_end} missing); its complete body was "
+            "read as a call", raw))
+        out.append(self.warnings[-1])
+        self._add_calls(calls, out)
 
     def _malformed(self, raw: str, why: str, out: list[Delta]) -> None:
         self.warnings.append(
@@ -430,6 +376,9 @@ class TextPipeline:
         except ValueError as exc:
             self._malformed(raw, str(exc), out)
             return
+        self._add_calls(calls, out)
+
+    def _add_calls(self, calls: list[tuple[str, dict]], out: list[Delta]) -> None:
         for name, arguments in calls:
             call = ToolCall(id=f"call_{self._next_call}", name=name, arguments=arguments)
             self._next_call += 1

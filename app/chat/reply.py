@@ -13,225 +13,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from app.chat.pipeline import (
+from app.chat.events import (  # noqa: F401 (re-exported: the reply's events and results)
     ContentDelta,
     PipelineWarning,
     ReasoningDelta,
+    Reply,
+    ReplyDone,
+    ReplyEvent,
+    ReplyRound,
+    RoundFinished,
+    RoundStarted,
     StopStringHit,
-    TextPipeline,
     ToolCall,
     ToolCallDelta,
+    ToolResultEvent,
+    ToolRun,
 )
+from app.chat.pipeline import TextPipeline
+from app.chat.settings import ReplySettings, Sampling  # noqa: F401 (re-exported)
 from app.chat.templates import render_prompt
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-
-
-@dataclass
-class ReplySettings:
-    """How to produce one reply.
-
-    Attributes:
-        mode: ``"plain"``, ``"dflash"`` or ``"dflash2"`` (a DFlash2 drafter; see
-            :class:`app.engine.generate.GenerationConfig`).
-        max_tokens: generated-token limit per generation round (int > 0).
-        block_size: DFlash block size (None: the drafter's).
-        rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
-        fast_verify: the engine's near-exact chunked verify (``GenerationConfig.fast_verify``).
-        enable_thinking: passed to the chat template; None keeps the tokenizer's default.
-        stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
-        tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
-        run_tools: run parsed calls and continue the reply with their results.
-        max_tool_rounds: at most this many rounds of tool execution per reply.
-        tool_parser: ``mlx_lm.tool_parsers`` module name overriding the inferred one.
-        runnable_tools: ``app.chat.tools`` ``Tool`` objects allowed to run (None: built-ins).
-        tool_timeout_s: seconds one tool call may run.
-        temperature, top_p, top_k, min_p, repetition_penalty, seed: sampling (engine's
-            ``GenerationConfig`` fields; temperature 0 is greedy).
-    """
-
-    mode: str = "plain"
-    max_tokens: int = 256
-    block_size: int | None = None
-    rollback: str = "tape"
-    fast_verify: bool = False
-    enable_thinking: bool | None = None
-    stop: list[str] = field(default_factory=list)
-    tools: list[dict] | None = None
-    run_tools: bool = False
-    max_tool_rounds: int = 8
-    tool_parser: str | None = None
-    runnable_tools: list | None = None
-    tool_timeout_s: float = 10.0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    seed: int | None = None
-
-
-@dataclass
-class ToolRun:
-    """One executed tool call: the call and its ``app.chat.tools`` ``ToolResult``."""
-
-    call: ToolCall
-    result: Any
-
-    def to_dict(self) -> dict:
-        """``{"id", "name", "ok", "result", "error", "duration_s"}``."""
-        r = self.result
-        return {
-            "id": self.call.id,
-            "name": self.call.name,
-            "ok": bool(r.ok),
-            "result": r.result if r.ok else None,
-            "error": None if r.ok else r.error,
-            "duration_s": round(float(r.duration_s), 6),
-        }
-
-
-@dataclass
-class ReplyRound:
-    """One generation inside a reply (a reply has several only when tools run).
-
-    ``tokens``/``from_draft``: kept generated ids and, per id, whether the drafter proposed it.
-    ``text``: raw decoded text of the kept tokens. ``summary``: the engine's figures with
-    ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
-    round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
-    """
-
-    index: int
-    mode: str
-    content: str
-    reasoning: str
-    tool_calls: list[ToolCall]
-    finish_reason: str
-    tokens: list[int]
-    from_draft: list[bool]
-    text: str
-    summary: Summary
-    prompt_ids: list[int]
-    warnings: list[PipelineWarning] = field(default_factory=list)
-    tool_runs: list[ToolRun] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
-        generated_tokens, summary``."""
-        return {
-            "index": self.index,
-            "content": self.content,
-            "reasoning": self.reasoning,
-            "tool_calls": [c.to_dict() for c in self.tool_calls],
-            "results": [t.to_dict() for t in self.tool_runs],
-            "finish_reason": self.finish_reason,
-            "generated_tokens": len(self.tokens),
-            "summary": self.summary.to_dict(),
-        }
-
-
-@dataclass
-class Reply:
-    """A finished reply.
-
-    ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
-    ``text``/``summary`` are those of the last round (the final answer when tools ran);
-    ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
-    ``messages`` are the messages this reply adds
-    to the conversation (assistant turns with their tool calls, tool results, the final
-    assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
-    round plus reply-level ones (``{"code", "message"}`` dicts).
-    """
-
-    mode: str
-    rounds: list[ReplyRound]
-    messages: list[dict]
-    warnings: list[dict]
-
-    @property
-    def content(self) -> str:
-        return self.rounds[-1].content
-
-    @property
-    def reasoning(self) -> str:
-        return self.rounds[-1].reasoning
-
-    @property
-    def tool_calls(self) -> list[ToolCall]:
-        return self.rounds[-1].tool_calls
-
-    @property
-    def finish_reason(self) -> str:
-        return self.rounds[-1].finish_reason
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.rounds[-1].tokens
-
-    @property
-    def from_draft(self) -> list[bool]:
-        return self.rounds[-1].from_draft
-
-    @property
-    def text(self) -> str:
-        return self.rounds[-1].text
-
-    @property
-    def summary(self) -> Summary:
-        return self.rounds[-1].summary
-
-    @property
-    def all_tokens(self) -> list[int]:
-        """Generated ids of every round, concatenated."""
-        return [t for r in self.rounds for t in r.tokens]
-
-
-@dataclass(frozen=True)
-class RoundStarted:
-    """A generation round begins (``index`` 0-based, ``prompt_tokens`` its prompt length)."""
-
-    index: int
-    prompt_tokens: int
-    mode: str
-
-
-@dataclass(frozen=True)
-class ToolResultEvent:
-    """A tool call ran (``round``: the round whose call it was)."""
-
-    round: int
-    run: ToolRun
-
-
-@dataclass(frozen=True)
-class RoundFinished:
-    """A generation round ended (its tools, if any, have not run yet)."""
-
-    round: ReplyRound
-
-
-@dataclass(frozen=True)
-class ReplyDone:
-    """The last event of :func:`run_reply`."""
-
-    reply: Reply
-
-
-ReplyEvent = (
-    TokenEvent
-    | CycleEvent
-    | ContentDelta
-    | ReasoningDelta
-    | ToolCallDelta
-    | PipelineWarning
-    | StopStringHit
-    | RoundStarted
-    | ToolResultEvent
-    | RoundFinished
-    | ReplyDone
-)
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
@@ -264,12 +68,7 @@ def _generation_config(settings: ReplySettings, mode: str):
         block_size=settings.block_size,
         rollback=settings.rollback,
         fast_verify=settings.fast_verify,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        min_p=settings.min_p,
-        repetition_penalty=settings.repetition_penalty,
-        seed=settings.seed,
+        **settings.sampling.generation_kwargs(),
     )
 
 
@@ -279,6 +78,13 @@ def _run_tool(call: ToolCall, settings: ReplySettings):
     return run_tool(
         call.name, call.arguments, tools=settings.runnable_tools, timeout_s=settings.tool_timeout_s
     )
+
+
+def _call_signature(calls: list[ToolCall]) -> list[tuple[str, str]]:
+    """The calls of one round as comparable (name, canonical JSON arguments) pairs."""
+    import json
+
+    return [(c.name, json.dumps(c.arguments, sort_keys=True, default=str)) for c in calls]
 
 
 def assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict:
@@ -326,7 +132,9 @@ def run_reply(
     only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
     deltas (``ContentDelta``, ``ReasoningDelta``, ``ToolCallDelta``, ``PipelineWarning``,
     ``StopStringHit``); :class:`RoundFinished`; then one :class:`ToolResultEvent` per executed
-    call. The last event is :class:`ReplyDone`.
+    call. The last event is :class:`ReplyDone`. A round that repeats the previous round's calls
+    with the same arguments ends the reply (warning ``repeated_tool_call``) instead of running
+    them again; ``max_tool_rounds`` bounds the rest (warning ``tool_round_limit``).
 
     Raises:
         ChatTemplateError: the conversation cannot be rendered.
@@ -347,6 +155,7 @@ def run_reply(
     executed = 0
     cancelled = False
     next_call = 0
+    last_signature: list | None = None  # the calls of the last round whose tools ran
     config = _generation_config(settings, mode)
     while True:
         index = len(rounds)
@@ -432,6 +241,16 @@ def run_reply(
         convo.append(assistant)
         if not (settings.run_tools and rnd.finish_reason == "tool_calls"):
             break
+        signature = _call_signature(rnd.tool_calls)
+        if signature == last_signature:
+            names = ", ".join(sorted({c.name for c in rnd.tool_calls}))
+            reply_warnings.append({
+                "code": "repeated_tool_call",
+                "message": f"the model asked for the same tool call again ({names}, same "
+                           "arguments) right after getting its result; stopped instead of "
+                           "running it again",
+            })
+            break
         if executed >= settings.max_tool_rounds:
             reply_warnings.append({
                 "code": "tool_round_limit",
@@ -450,6 +269,7 @@ def run_reply(
             convo.append(msg)
             yield ToolResultEvent(round=index, run=run)
         executed += 1
+        last_signature = signature
         if cancelled or (cancel_event is not None and cancel_event.is_set()):
             cancelled = True
             rnd.finish_reason = "cancelled"

@@ -43,7 +43,7 @@ from app.chat.conversation import (
 )
 
 DB_FILENAME = "conversations.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PARTIAL_INTERVAL_S = 0.5
 TITLE_MAX_CHARS = 60
 
@@ -134,7 +134,13 @@ UPDATE conversations SET active_root_id =
      WHERE m.conversation_id = conversations.id AND m.parent_id IS NULL);
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+_V3 = """
+ALTER TABLE messages ADD COLUMN rounds TEXT NOT NULL DEFAULT '[]';
+"""
+# v3: a reply that ran tools keeps the chat-template messages of every round (``rounds``), so
+# the next prompt shows its tool calls and results as they were generated.
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 """Schema version -> SQL that brings version-1 to it. Append only; never edit a released one."""
 
 
@@ -602,6 +608,7 @@ class Store:
         status: str = "complete",
         error: str | None = None,
         compare_group: str | None = None,
+        rounds: list[dict] | None = None,
         created_at: float | None = None,
         updated_at: float | None = None,
     ) -> Message:
@@ -652,8 +659,8 @@ class Store:
                 "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, "
                 "tool_calls, tool_call_id, name, mode, block_size, rollback, generation, summary, "
                 "token_ids, from_draft, finish_reason, status, error, compare_group, writer_pid, "
-                "created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "rounds, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     parent_id,
@@ -675,6 +682,7 @@ class Store:
                     error,
                     compare_group,
                     os.getpid() if status == "generating" else None,
+                    _dumps(list(rounds or [])),
                     created,
                     updated,
                 ),
@@ -840,7 +848,7 @@ class Store:
                 values["token_ids"] = ids
             values["from_draft"] = _draft_string(flags or [])
         for key, value in values.items():
-            if key in ("tool_calls", "token_ids", "summary", "generation"):
+            if key in ("tool_calls", "token_ids", "summary", "generation", "rounds"):
                 value = None if value is None else _dumps(value)
             sets.append(f"{key} = ?")
             params.append(value)
@@ -869,11 +877,14 @@ class Store:
         summary: dict | None = None,
         finish_reason: str | None = None,
         error: str | None = None,
+        rounds: list[dict] | None = None,
     ) -> Message:
         """End a reply: write its final state now (with anything held back by
         :meth:`update_partial`) and set its status (``complete``, ``stopped`` or ``error``).
 
-        ``summary`` is ``Summary.to_dict()``. Returns the stored message.
+        ``summary`` is ``Summary.to_dict()``. ``rounds`` are the chat-template messages of a
+        reply that ran tools (``app.chat.reply.Reply.messages``; see ``Message.rounds``).
+        Returns the stored message.
         """
         _check(status, STATUSES, "status")
         if status == "generating":
@@ -890,6 +901,8 @@ class Store:
             }
             if summary is not None:
                 extra["summary"] = summary
+            if rounds:
+                extra["rounds"] = list(rounds)
             self._write_partial(message_id, extra)
             self._last_write.pop(message_id, None)
             self._generating.discard(message_id)
@@ -950,6 +963,7 @@ class Store:
                     status="interrupted" if m.status == "generating" else m.status,
                     error=m.error,
                     compare_group=m.compare_group,
+                    rounds=m.rounds,
                     created_at=m.created_at,
                     updated_at=m.updated_at,
                 )
@@ -1020,15 +1034,16 @@ class Store:
 def _prompt_dicts(messages: list[Message]) -> list[dict]:
     """Chat-template dicts of ``messages``, leaving out unusable replies."""
     return [
-        m.to_prompt_dict()
+        d
         for m in messages
         if not (
             m.role == "assistant"
             and (
                 m.status in ("generating", "error")
-                or not (m.content or m.reasoning or m.tool_calls)
+                or not (m.content or m.reasoning or m.tool_calls or m.rounds)
             )
         )
+        for d in m.to_prompt_dicts()
     ]
 
 
@@ -1041,7 +1056,7 @@ _CONV_COLS = (
 _MSG_COLS = (
     "id, conversation_id, parent_id, active_child_id, role, content, reasoning, tool_calls, "
     "tool_call_id, name, mode, block_size, rollback, generation, summary, token_ids, from_draft, "
-    "finish_reason, status, error, compare_group, created_at, updated_at"
+    "finish_reason, status, error, compare_group, created_at, updated_at, rounds"
 )
 
 
@@ -1084,6 +1099,7 @@ def _msg(r: tuple) -> Message:
         compare_group=r[20],
         created_at=r[21],
         updated_at=r[22],
+        rounds=_loads(r[23], []),
     )
 
 
@@ -1182,8 +1198,10 @@ class ReplyRecorder:
         status: str | None = None,
         finish_reason: str | None = None,
         error: str | None = None,
+        rounds: list[dict] | None = None,
     ) -> Message:
-        """Save the final reply. ``summary`` is an ``app.engine.events.Summary`` (or its dict).
+        """Save the final reply. ``summary`` is an ``app.engine.events.Summary`` (or its dict);
+        ``rounds``: the reply's chat-template messages when it ran tools (``Message.rounds``).
 
         ``status`` defaults from ``summary.stop_cause``: ``cancelled`` -> ``stopped``,
         ``error`` -> ``error``, otherwise ``complete`` (``complete`` with no summary).
@@ -1206,4 +1224,5 @@ class ReplyRecorder:
             summary=data,
             finish_reason=finish_reason or cause,
             error=error,
+            rounds=rounds,
         )

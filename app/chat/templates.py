@@ -114,3 +114,19 @@ def render_prompt(
         text, getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None)
     )
     return RenderedPrompt(ids=ids, text=text, starts_in_reasoning=starts)
+
+
+def bench_prompt_ids(target, prompt) -> list[int]:
+    """Prompt ids of an ``app.engine.bench.BenchPrompt`` (``messages``, ``tools`` flag,
+    ``enable_thinking``) through the target's chat template, with the built-in tool
+    definitions when ``prompt.tools``."""
+    tools = None
+    if prompt.tools:
+        try:
+            from app.chat.tools import tool_schemas
+
+            tools = tool_schemas()
+        except ImportError:
+            tools = None
+    return render_prompt(target.tokenizer, prompt.messages, tools=tools,
+                         enable_thinking=prompt.enable_thinking).ids

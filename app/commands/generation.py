@@ -1,34 +1,21 @@
-"""Headless ``chat`` and ``compare`` commands (issues 3-5; the JSON contract is in the README).
-
-``python -m app chat [--model M --draft-model D] --mode {plain,dflash,dflash2} --prompt TEXT ...``
-prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
-summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
-``python -m app compare ...`` runs plain then DFlash on the same prompt and prints
-``{"plain", "dflash", "identical", "first_divergence", "near_tie"}``; when a DFlash2 drafter
-takes part (``--draft-model`` is one, or ``--dflash2-model`` gives one beside a DFlash drafter)
-it adds ``"dflash2", "dflash2_identical", "dflash2_first_divergence"`` (DFlash2 vs plain). With
-only a DFlash2 drafter, ``"dflash"`` is that drafter's run too (mode ``dflash`` runs the
-drafter's own draft), so today's fields keep their meaning: speculative vs plain.
-
-Both go through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
-0 ok (a divergence is reported, not an error), 2 bad arguments or unusable model files.
+"""What the generating commands share (``chat``: :mod:`app.commands.chat`, ``compare``:
+:mod:`app.commands.compare`, ``bench``: :mod:`app.commands.bench`): the common arguments, the
+model pair from the arguments or the bundled demo pair, tool definitions, reply settings, and
+the exit-code guard (0 ok, 2 bad arguments or unusable model files).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply, divergence_near_tie
-from app.engine.compare import first_divergence
+from app.chat.reply import ReplySettings
+from app.chat.settings import Sampling
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
-TINY_PAIR_FOLDER = "tiny-pair"
 
 
 class CommandError(Exception):
@@ -109,28 +96,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def register(subparsers) -> None:
-    """Add the ``chat`` and ``compare`` subcommands."""
-    chat = subparsers.add_parser(
-        "chat", help="one reply, plain or DFlash",
-        description="Generate one reply to --prompt and print it with its figures.",
-    )
-    _add_common(chat)
-    chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
-                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter)")
-    chat.set_defaults(func=run_chat)
-    compare = subparsers.add_parser(
-        "compare", help="plain then DFlash on the same prompt",
-        description="Run plain then DFlash decoding on the same prompt and report whether the "
-        "tokens are identical, where they first differ and how close the target's top two "
-        "logits are there.",
-    )
-    _add_common(compare)
-    compare.add_argument("--dflash2-model", default=None,
-                         help="a DFlash2 drafter to compare too, beside --draft-model's run")
-    compare.set_defaults(func=run_compare)
-
-
 # ------------------------------------------------------------------------------ setup
 def _warn(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -151,12 +116,12 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
     target, drafter = demo_pair_dirs()
     if (target / "config.json").is_file() and (drafter / "config.json").is_file():
         return str(target), str(drafter)
-    from app.engine.tiny import build_tiny_pair
+    from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
 
-    root = cache_dir() / TINY_PAIR_FOLDER
+    root = cache_dir() / FALLBACK_FOLDER
     _warn(f"The bundled demo pair is missing: using a tiny random-weight pair in {root} "
           "(its text is gibberish).")
-    t, d = build_tiny_pair(root)
+    t, d = fallback_pair()
     return str(t), str(d)
 
 
@@ -203,12 +168,9 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         runnable_tools=None if args.tools == "builtin" else [],
         max_tool_rounds=args.max_tool_rounds,
         tool_parser=args.tool_parser,
-        temperature=args.temp,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
+        sampling=Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          seed=args.seed),
     )
 
 
@@ -221,6 +183,7 @@ def _messages(args) -> list[dict]:
 
 
 def _load(args, need_drafter: bool):
+    from app.engine.catalog import warn_drafter_defaults
     from app.engine.loader import check_pair, load_drafter, load_target
 
     tpath, dpath = resolve_pair(args, need_drafter)
@@ -229,68 +192,31 @@ def _load(args, need_drafter: bool):
     if dpath and need_drafter:
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
+        for note in warn_drafter_defaults(drafter.path):
+            _warn(f"warning: {note}")
+    elif getattr(args, "draft_model", None):
+        problem = drafter_problem(target, args.draft_model)
+        if problem:
+            _warn(f"warning: --draft-model {args.draft_model} is not used in plain mode, and "
+                  f"it could not be used with this target anyway: {problem}")
     return target, drafter, tpath, dpath
 
 
-# ------------------------------------------------------------------------------ output
-def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
-    """The ``chat --json`` object for ``reply``."""
-    block = None
-    if reply.mode in ("dflash", "dflash2"):
-        block = settings.block_size or (drafter.config.block_size if drafter else None)
-    out: dict[str, Any] = {
-        "mode": reply.mode,
-        "block_size": block,
-        "rollback": settings.rollback,
-        "tokens": reply.tokens,
-        "text": reply.text,
-        "summary": reply.summary.to_dict(),
-        "content": reply.content,
-        "reasoning": reply.reasoning,
-        "tool_calls": [c.to_dict() for c in reply.tool_calls],
-        "finish_reason": reply.finish_reason,
-        "from_draft": reply.from_draft,
-        "warnings": reply.warnings,
-    }
-    if with_rounds:
-        out["rounds"] = [r.to_dict() for r in reply.rounds]
-    return out
+def drafter_problem(target, draft_model: str) -> str | None:
+    """Why ``draft_model`` could not serve as ``target``'s DFlash drafter (config-level
+    checks only, nothing is loaded), or None when it looks usable."""
+    from app.engine.catalog import check_pair_configs, is_drafter_config, read_config
+    from app.engine.loader import resolve_model_path
 
-
-def figures_line(reply: Reply, block: int | None = None) -> str:
-    """One line of figures: mode, tokens, tok/s, TTFT, acceptance, tau, replays, finish."""
-    s = reply.summary
-    parts = [reply.mode + (f" (block {block})" if block else "")]
-    parts.append(f"{len(reply.tokens)} tokens")
-    parts.append(f"{s.tok_per_s:.1f} tok/s")
-    parts.append(f"TTFT {s.ttft_s:.2f} s")
-    if reply.mode in ("dflash", "dflash2"):
-        acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
-        tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
-        parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
-    parts.append(f"finish {reply.finish_reason}")
-    return " · ".join(parts)
-
-
-def _print_reply(reply: Reply, block: int | None) -> None:
-    for r in reply.rounds[:-1]:
-        for run in r.tool_runs:
-            print(f"[tool call] {run.call.name} {json.dumps(run.call.arguments, ensure_ascii=False)}")
-            print(f"[tool result] {run.result.content()}")
-    if reply.reasoning:
-        print("[reasoning]")
-        print(reply.reasoning)
-        if reply.content:
-            print("[answer]")
-        elif not reply.tool_calls:
-            print("[answer] (none: the reply ended while reasoning)")
-    if reply.content or not (reply.reasoning or reply.tool_calls):
-        print(reply.content)
-    for c in reply.tool_calls:
-        print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
-    for w in reply.warnings:
-        print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
+    try:
+        config = read_config(resolve_model_path(draft_model))
+        if not is_drafter_config(config) and "DFlash2DraftModel" not in (
+                config.get("architectures") or []):
+            return "it is not a DFlash drafter (its config does not name DFlashDraftModel)"
+        check_pair_configs(dict(target.config), config)
+    except EngineError as exc:
+        return str(exc)
+    return None
 
 
 # ------------------------------------------------------------------------------ commands
@@ -302,130 +228,3 @@ def _guard(fn, args) -> int:
         return 2
 
 
-def run_chat(args) -> int:
-    """``chat``: one reply; returns the exit code."""
-    return _guard(_chat, args)
-
-
-def run_compare(args) -> int:
-    """``compare``: plain then DFlash; returns the exit code."""
-    return _guard(_compare, args)
-
-
-def _chat(args) -> int:
-    tools = load_tools(args.tools)
-    settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
-    if settings.enable_thinking is None:
-        settings.enable_thinking = default_thinking(tpath, dpath)
-    if args.json:
-        reply = collect_reply(target, drafter, _messages(args), settings)
-        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools), ensure_ascii=False))
-        return 0
-    reply = _stream_reply(target, drafter, _messages(args), settings)
-    block = chat_object(reply, settings, drafter, False)["block_size"]
-    for w in reply.warnings:
-        print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
-    return 0
-
-
-def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
-    """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
-    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
-    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
-
-    section = None
-    reply = None
-
-    def enter(name: str | None) -> None:
-        nonlocal section
-        if name == section:
-            return
-        if section is not None:
-            print(flush=True)
-        if name is not None:
-            print(f"[{name}]")
-        section = name
-
-    for ev in run_reply(target, drafter, messages, settings):
-        if isinstance(ev, ReasoningDelta):
-            enter("reasoning")
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, ContentDelta):
-            enter("answer")
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, ToolCallDelta):
-            enter(None)
-            args = json.dumps(ev.call.arguments, ensure_ascii=False)
-            print(f"[tool call] {ev.call.name} {args}", flush=True)
-        elif isinstance(ev, ToolResultEvent):
-            enter(None)
-            print(f"[tool result] {ev.run.result.content()}", flush=True)
-        elif isinstance(ev, ReplyDone):
-            reply = ev.reply
-    enter(None)
-    if reply.reasoning and not reply.content and not reply.tool_calls:
-        print("[answer] (none: the reply ended while reasoning)")
-    return reply
-
-
-def _compare(args) -> int:
-    tools = load_tools(args.tools)
-    target, drafter, tpath, dpath = _load(args, need_drafter=True)
-    think = args.think if args.think is not None else default_thinking(tpath, dpath)
-    drafter2 = None
-    if getattr(args, "dflash2_model", None):
-        from app.engine.loader import check_pair, load_drafter
-
-        drafter2 = load_drafter(args.dflash2_model)
-        if getattr(drafter2.config, "kind", "dflash") != "dflash2":
-            raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 drafter")
-        check_pair(target, drafter2)
-    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
-    results = {}
-    runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
-    if drafter2 is not None and not only_v2:
-        runs.append(("dflash2", drafter2))
-    for mode, d in runs:
-        settings = settings_from_args(args, mode, tools, think)
-        reply = collect_reply(target, d, _messages(args), settings)
-        results[mode] = (reply, settings, d)
-    if only_v2:
-        results["dflash"] = results["dflash2"]
-    (plain, ps, _), (dflash, ds, _) = results["plain"], results["dflash"]
-    div = first_divergence(plain.all_tokens, dflash.all_tokens)
-    tie = divergence_near_tie(target, plain, dflash) if div is not None else None
-    obj = {
-        "plain": chat_object(plain, ps, drafter, args.run_tools),
-        "dflash": chat_object(dflash, ds, drafter, args.run_tools),
-        "identical": div is None,
-        "first_divergence": div,
-        "near_tie": tie,
-    }
-    if "dflash2" in results:
-        v2, s2, d2 = results["dflash2"]
-        div2 = first_divergence(plain.all_tokens, v2.all_tokens)
-        obj["dflash2"] = chat_object(v2, s2, d2, args.run_tools)
-        obj["dflash2_identical"] = div2 is None
-        obj["dflash2_first_divergence"] = div2
-    if args.json:
-        print(json.dumps(obj, ensure_ascii=False))
-        return 0
-    for name, (reply, _, _) in results.items():
-        if only_v2 and name == "dflash":
-            continue  # the same run as dflash2
-        print(f"== {name} ==")
-        _print_reply(reply, obj[name]["block_size"])
-    if "dflash2" in results and not only_v2:
-        d2 = obj["dflash2_first_divergence"]
-        print("dflash2 identical: " + ("yes" if d2 is None else f"no (first divergence at {d2})"))
-    if div is None:
-        print("identical: yes")
-    else:
-        gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
-        print(f"identical: no (first divergence at token {div}{gap})")
-    sp, sd = plain.summary.tok_per_s, dflash.summary.tok_per_s
-    if sp > 0 and sd > 0:
-        print(f"speed: DFlash {sd:.1f} tok/s vs plain {sp:.1f} tok/s ({sd / sp:.2f}x)")
-    return 0

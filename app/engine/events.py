@@ -111,6 +111,45 @@ class Summary:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""
         return asdict(self)
 
+    # The figures arithmetic, in one place (the engine, the live panel and the bench use it).
+    def add_cycle(self, ev: CycleEvent) -> None:
+        """Count one DFlash cycle: its drafted and accepted tokens, replay, and seconds."""
+        self.cycles += 1
+        self.drafted += ev.drafted
+        self.accepted += ev.accepted
+        self.replays += int(ev.replayed)
+        self.draft_s += ev.draft_s
+        self.verify_s += ev.verify_s
+        self.rollback_s += ev.rollback_s
+        self.accepted_lengths.append(ev.accepted)
+
+    def set_rates(self, committed: int) -> None:
+        """Derive ``tau`` (``committed`` tokens per cycle), ``acceptance_rate`` (accepted /
+        drafted) and ``rollback_share`` (rollback / (draft + verify + rollback) seconds); None
+        where the denominator is 0. ``committed``: tokens the cycles committed."""
+        self.tau = committed / self.cycles if self.cycles else None
+        self.acceptance_rate = self.accepted / self.drafted if self.drafted else None
+        busy = self.draft_s + self.verify_s + self.rollback_s
+        self.rollback_share = self.rollback_s / busy if busy > 0 else None
+
+    @classmethod
+    def pool(cls, summaries: list[Summary], mode: str = "dflash") -> Summary:
+        """One summary over several runs: counts and seconds summed, rates derived from the
+        sums (:meth:`set_rates`, the committed tokens being each run's generated tokens but
+        its first, which the prefill produced)."""
+        out = cls(mode=mode)
+        for s in summaries:
+            out.generated_tokens += s.generated_tokens
+            out.cycles += s.cycles
+            out.drafted += s.drafted
+            out.accepted += s.accepted
+            out.replays += s.replays
+            out.draft_s += s.draft_s
+            out.verify_s += s.verify_s
+            out.rollback_s += s.rollback_s
+        out.set_rates(sum(s.generated_tokens - 1 for s in summaries))
+        return out
+
 
 @dataclass(frozen=True)
 class Done:

@@ -245,3 +245,16 @@ def build_tiny_pair(
     _save_mlx_model(drafter, drafter_dir, dcfg)
     marker.write_text(json.dumps(key))
     return target_dir, drafter_dir
+
+
+FALLBACK_FOLDER = "tiny-pair"
+"""Folder under ``app.paths.cache_dir()`` of the pair used when the demo pair is missing."""
+
+
+def fallback_pair() -> tuple[Path, Path]:
+    """The tiny pair the app falls back to when the bundled demo pair is missing (built once
+    in ``cache_dir() / FALLBACK_FOLDER``, then reused); the window, the session and the CLI
+    all use this one."""
+    from app.paths import cache_dir
+
+    return build_tiny_pair(cache_dir() / FALLBACK_FOLDER)

@@ -50,7 +50,7 @@ def histogram(accepted: list[int], block_size: int) -> list[int]:
 
 
 class BenchDialog(QDialog):
-    """Shows the dict of ``EngineBackend.benchmark``: ``{"modes": {name: figures},
+    """Shows the dict of ``ChatSession.benchmark``: ``{"modes": {name: figures},
     "accepted": [...], "prompts": n, "block_size": B}``."""
 
     def __init__(self, parent, result: dict) -> None:

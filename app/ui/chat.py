@@ -31,14 +31,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.turns import ConversationView, Turn
 from app.ui.render import message_html, tokens_html
-from app.ui.store import Conversation, Message
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
 
 
-def figures_line(msg: Message) -> str:
+def figures_line(msg: Turn) -> str:
     """The per-reply figures line: mode, tok/s, tau, replays, block size, rollback, state."""
     v = msg.version
     if v is None:
@@ -134,7 +134,7 @@ class ChatView(QTextBrowser):
         self.linkActivated.emit(link)
 
     # ---- rendering
-    def render(self, conv: Conversation | None, streaming: bool = False) -> None:
+    def render(self, conv: ConversationView | None, streaming: bool = False) -> None:
         """Render the whole conversation (``streaming``: the last turn is being generated
         and is streamed by :meth:`append_stream`)."""
         c = self.palette_colours
@@ -171,7 +171,7 @@ class ChatView(QTextBrowser):
             self._stream_pos = cur.position()
         self._end_edit(state)
 
-    def _assistant_html(self, i: int, m: Message, is_last: bool, streaming: bool) -> str:
+    def _assistant_html(self, i: int, m: Turn, is_last: bool, streaming: bool) -> str:
         c = self.palette_colours
         head = f'<p style="margin-top:14px;"><b style="color:{c.get("accent")};">Assistant</b>'
         v = m.version

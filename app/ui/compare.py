@@ -22,16 +22,14 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.engine.compare import first_divergence
+
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first token that differs between ``a`` and ``b`` (token id lists); when
-    one is a prefix of the other, the shorter length; None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    if len(a) != len(b):
-        return min(len(a), len(b))
-    return None
+    one is a prefix of the other, the shorter length; None when they are equal
+    (``app.engine.compare.first_divergence``)."""
+    return first_divergence(a, b)
 
 
 def verdict(plain, dflash) -> str:

@@ -76,7 +76,7 @@ def setup_logging(data_dir: Path) -> logging.Handler:
 
 def make_store(data_dir: Path):
     """The conversation store: SQLite storage in ``data_dir``."""
-    from app.ui.storage_adapter import open_store
+    from app.chat.turns import open_store
 
     return open_store(data_dir)
 

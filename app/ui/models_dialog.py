@@ -4,7 +4,7 @@ Qt only, no MLX: it reads the :class:`app.engine.catalog.Catalog` (config files 
 Hugging Face cache index) and runs downloads through :mod:`app.engine.download` on a plain
 Python thread, whose progress reaches the GUI thread through the Qt signals of
 :class:`DownloadRunner` (queued across threads). Loading is not done here: *Load* calls
-``on_load_pair(target_path, drafter_path_or_None)`` and the window's worker does the rest.
+``on_load_pair(PairSpec)`` and the window's worker does the rest.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.session import PairSpec
 from app.engine import download as dl
 from app.engine.catalog import (
     KNOWN_PAIRS,
@@ -141,7 +142,8 @@ class ModelsDialog(QDialog):
     Args:
         parent: parent widget (or None).
         catalog: the model catalog to show (scanned on open and after every change).
-        on_load_pair: called with ``(target_path, drafter_path or None)`` when the user loads;
+        on_load_pair: called with a :class:`~app.chat.session.PairSpec` (paths, display name,
+            repo id) when the user loads;
             ``None`` means plain decoding.
     """
 
@@ -149,7 +151,7 @@ class ModelsDialog(QDialog):
         self,
         parent: QWidget | None,
         catalog: Catalog,
-        on_load_pair: Callable[[str, str | None], None],
+        on_load_pair: Callable[[PairSpec], None],
     ):
         super().__init__(parent)
         self.setWindowTitle("Models")
@@ -382,7 +384,8 @@ class ModelsDialog(QDialog):
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return False
-        self.on_load_pair(str(target.path), str(drafter.path) if drafter else None)
+        self.on_load_pair(PairSpec(str(target.path), str(drafter.path) if drafter else None,
+                                   display_name=target.name, repo_id=target.repo_id))
         self.accept()
         return True
 

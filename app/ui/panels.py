@@ -66,18 +66,24 @@ class LiveStats:
     first_token_at: float | None = None
     last_token_at: float | None = None
     tokens: int = 0
-    cycles: int = 0
-    drafted: int = 0
-    accepted: int = 0
     committed: int = 0
-    replays: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    rollback_s: float = 0.0
-    accepted_lengths: list[int] = field(default_factory=list)
     prompt_tokens: int | None = None
     context_limit: int = 0
     summary: Summary | None = None
+    running: Summary = field(default_factory=lambda: Summary(mode="dflash"))
+    """The cycle figures so far, counted by :meth:`Summary.add_cycle` (as the engine does)."""
+
+    @property
+    def cycles(self) -> int:
+        """DFlash cycles seen so far."""
+        return self.running.cycles
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        """Accepted drafts per cycle (the engine's once the reply finished)."""
+        if self.summary is not None and self.summary.accepted_lengths:
+            return self.summary.accepted_lengths
+        return self.running.accepted_lengths
 
     def on_token(self, now: float | None = None) -> None:
         """Count one committed token."""
@@ -89,22 +95,13 @@ class LiveStats:
 
     def on_cycle(self, ev: CycleEvent) -> None:
         """Add one DFlash cycle."""
-        self.cycles += 1
-        self.drafted += ev.drafted
-        self.accepted += ev.accepted
+        self.running.add_cycle(ev)
         self.committed += ev.committed
-        self.replays += int(ev.replayed)
-        self.draft_s += ev.draft_s
-        self.verify_s += ev.verify_s
-        self.rollback_s += ev.rollback_s
-        self.accepted_lengths.append(ev.accepted)
 
     def apply_summary(self, s: Summary) -> None:
         """Take the engine's final figures (the panel then shows exactly these)."""
         self.summary = s
         self.prompt_tokens = s.prompt_tokens
-        if s.accepted_lengths:
-            self.accepted_lengths = list(s.accepted_lengths)
 
     def values(self) -> dict:
         """The numbers the panel shows, keyed as in :data:`FIGURES` (None: not applicable).
@@ -125,19 +122,20 @@ class LiveStats:
                 "context": (s.prompt_tokens + s.generated_tokens, self.context_limit),
                 "prompt": (s.reused_tokens, s.prompt_tokens - s.reused_tokens),
             }
-        spent = self.draft_s + self.verify_s + self.rollback_s
+        r = self.running
+        r.set_rates(self.committed)
         rate = None
         if self.first_token_at is not None and self.last_token_at is not None \
                 and self.tokens > 1 and self.last_token_at > self.first_token_at:
             rate = (self.tokens - 1) / (self.last_token_at - self.first_token_at)
         return {
-            "acceptance": self.accepted / self.drafted if self.drafted else None,
-            "tau": self.committed / self.cycles if self.cycles else None,
-            "replays": self.replays,
-            "rollback_share": self.rollback_s / spent if spent > 0 else None,
+            "acceptance": r.acceptance_rate,
+            "tau": r.tau,
+            "replays": r.replays,
+            "rollback_share": r.rollback_share,
             "tok_per_s": rate,
             "ttft": (self.first_token_at - self.started) if self.first_token_at else None,
-            "cycles": self.cycles,
+            "cycles": r.cycles,
             "tokens": self.tokens,
             "context": ((self.prompt_tokens or 0) + self.tokens, self.context_limit),
             "prompt": None,

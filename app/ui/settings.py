@@ -1,17 +1,13 @@
 """Generation settings: app defaults in QSettings, per-conversation overrides, the dialog.
 
 Effective settings = :data:`DEFAULTS` <- QSettings app defaults <- the conversation's
-overrides (the conversation wins). Keys and units:
-
-* ``system_prompt`` (str), ``max_tokens`` (int tokens), ``block_size`` (int; 0 = the
-  drafter's own), ``rollback`` ("tape" | "replay"), ``fast_verify`` (bool: the engine's
-  near-exact chunked verify, off by default), ``thinking`` (bool), ``stop_strings``
-  (list[str]), ``use_tools`` (bool: offer the built-in tools and run their calls),
-  ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int),
-  ``min_p`` (float), ``repetition_penalty`` (float; 1 = off), ``seed`` (int; -1 = none).
+overrides (the conversation wins). Names, defaults, ranges and coercion live in
+:mod:`app.chat.settings` (the one table, shared with the session and the CLI).
 """
 
 from __future__ import annotations
+
+import logging
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtWidgets import (
@@ -29,66 +25,33 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-DEFAULTS: dict = {
-    "system_prompt": "You are a helpful assistant.",
-    "max_tokens": 512,
-    "block_size": 0,
-    "rollback": "tape",
-    "fast_verify": False,
-    "thinking": True,
-    "stop_strings": [],
-    "use_tools": True,
-    "temperature": 0.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "seed": -1,
-}
+from app.chat.settings import (  # noqa: F401 (DEFAULTS, RANGES: the one table, re-exported)
+    DEFAULTS,
+    RANGES,
+    SettingError,
+    coerce,
+    defaults,
+    reply_values,
+)
 
-
-#: Valid ranges of the numeric settings (the dialog's spin boxes use the same ones); values
-#: read from QSettings are clamped into them, so a hand-edited file cannot reach the engine.
-RANGES: dict = {
-    "max_tokens": (1, 131072),
-    "block_size": (0, 64),
-    "temperature": (0.0, 2.0),
-    "top_p": (0.01, 1.0),
-    "top_k": (0, 100000),
-    "min_p": (0.0, 1.0),
-    "repetition_penalty": (1.0, 2.0),
-    "seed": (-1, 2**31 - 1),
-}
-
-
-def _coerce(key: str, value):
-    default = DEFAULTS[key]
-    if isinstance(default, bool):
-        return value in (True, "true", "1", 1)
-    if isinstance(default, int | float):
-        number = type(default)(float(value)) if isinstance(default, int) else float(value)
-        if number != number:  # NaN
-            raise ValueError(f"{key} is not a number")
-        low, high = RANGES.get(key, (number, number))
-        return min(max(number, low), high)
-    if isinstance(default, list):
-        if isinstance(value, str):
-            return [s for s in value.split("\n") if s]
-        return list(value or [])
-    return str(value)
+log = logging.getLogger(__name__)
 
 
 def load_defaults(qs: QSettings) -> dict:
-    """App defaults from QSettings (group ``generation``) over :data:`DEFAULTS`."""
-    out = dict(DEFAULTS)
+    """App defaults from QSettings (group ``generation``) over :data:`DEFAULTS`.
+
+    Hand-edited values are read with :func:`app.chat.settings.coerce`: numbers out of range
+    are clamped into it; an unreadable value keeps the default, with a warning in the log
+    naming the setting."""
+    out = defaults()
     qs.beginGroup("generation")
     try:
         for key in DEFAULTS:
             if qs.contains(key):
                 try:
-                    out[key] = _coerce(key, qs.value(key))
-                except (TypeError, ValueError):
-                    pass
+                    out[key] = coerce(key, qs.value(key), clamp=True)
+                except SettingError as exc:
+                    log.warning("preferences: %s; using the default %r", exc, DEFAULTS[key])
     finally:
         qs.endGroup()
     return out
@@ -108,22 +71,19 @@ def save_defaults(qs: QSettings, values: dict) -> None:
 
 
 def effective(defaults: dict, overrides: dict) -> dict:
-    """The settings a reply uses: ``defaults`` updated by the conversation's ``overrides``."""
+    """The settings a reply uses: ``defaults`` updated by the conversation's ``overrides``
+    (stored keys that are no setting are left out, with a warning naming them)."""
     out = dict(defaults)
+    unknown = sorted(k for k in overrides if k not in DEFAULTS)
+    if unknown:
+        log.warning("conversation settings: unknown %s ignored", ", ".join(unknown))
     out.update({k: v for k, v in overrides.items() if k in DEFAULTS})
     return out
 
 
 def reply_settings(values: dict, mode: str) -> dict:
-    """The dict the worker turns into ``ReplySettings``: None for "use the default"."""
-    s = dict(values)
-    s["mode"] = mode
-    s["block_size"] = values.get("block_size") or None
-    s["seed"] = None if values.get("seed", -1) < 0 else values["seed"]
-    s["repetition_penalty"] = None if values.get("repetition_penalty", 1.0) == 1.0 \
-        else values["repetition_penalty"]
-    s["enable_thinking"] = bool(values.get("thinking", True))
-    return s
+    """The values one reply runs with (:func:`app.chat.settings.reply_values`)."""
+    return reply_values(values, mode)
 
 
 class SettingsDialog(QDialog):

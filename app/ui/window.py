@@ -19,24 +19,17 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
-    QTextCursor,
 )
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
-    QFrame,
     QHBoxLayout,
     QInputDialog,
     QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
     QMainWindow,
     QMenu,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
     QSplitter,
     QStyle,
@@ -46,14 +39,23 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
+from app.chat.turns import ConversationView, Turn, TurnStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
-from app.ui.panels import Collapsible, LivePanel, LiveStats, ToolPane
-from app.ui.store import Conversation, ConversationStore, MemoryStore, Message, Version
+from app.ui.conversation_list import ConversationList
+from app.ui.details import DetailsPanel
+from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
+from app.ui.reply_flow import ReplyFlow
+from app.ui.run_state import ReplyRun
 from app.ui.theme import colours, make_palette, stylesheet
-from app.ui.worker import TINY_PAIR, Backend, ModelInfo, ReplyResult, UiEvent, WorkerThread
+from app.ui.worker import (
+    Backend,
+    ModelInfo,
+    UiEvent,
+    WorkerThread,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +64,18 @@ RENDER_MS = 40
 
 
 
-def default_pair() -> tuple[str, str, str]:
-    """(target, drafter, note): the bundled demo pair, or the tiny pseudo path with a note."""
-    from app.paths import demo_pair_dirs
-
-    target, drafter = demo_pair_dirs()
-    if (target / "config.json").is_file():
-        return str(target), str(drafter) if (drafter / "config.json").is_file() else "", ""
-    return TINY_PAIR, "", "demo pair not bundled: using a random-weight tiny pair (gibberish)"
-
-
-class MainWindow(QMainWindow):
+class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
     """The DFlash Chat window.
 
     Args:
-        backend: worker backend (default :class:`~app.ui.worker.EngineBackend`); tests pass
+        backend: worker backend (default :class:`~app.chat.session.ChatSession`); tests pass
             fakes.
-        store: conversation store (default :class:`~app.ui.store.MemoryStore`).
+        store: conversation store (default: ``TurnStore(":memory:")``, chats in memory).
         qsettings: where defaults, layout and last model live (default: the app's QSettings).
         auto_load: load the last/default model when shown.
         data_dir: the app's data folder (models list, storage); None for the default.
 
-    Signals: ``replyFinished(object)`` with the finished :class:`Message` (tests, storage).
+    Signals: ``replyFinished(object)`` with the finished :class:`Turn` (tests, storage).
     """
 
     replyFinished = Signal(object)
@@ -91,7 +83,7 @@ class MainWindow(QMainWindow):
     loadFailed = Signal(str)
     benchFinished = Signal(object)
 
-    def __init__(self, backend: Backend | None = None, store: ConversationStore | None = None,
+    def __init__(self, backend: Backend | None = None, store: TurnStore | None = None,
                  qsettings: QSettings | None = None, auto_load: bool = True,
                  data_dir: Path | None = None) -> None:
         super().__init__()
@@ -106,16 +98,16 @@ class MainWindow(QMainWindow):
         if icon.is_file():  # a checkout; the frozen app gets its icon from the bundle
             self.setWindowIcon(QIcon(str(icon)))
         self.qs = qsettings or QSettings()
-        self.store: ConversationStore = store or MemoryStore()
+        self.store: TurnStore = store if store is not None else TurnStore(":memory:")
         self.defaults = settings_mod.load_defaults(self.qs)
         self.model: ModelInfo | None = None
         self.memory_bytes = 0
-        self.conv: Conversation | None = None
+        self.conv: ConversationView | None = None
         self.busy = False
         self._req = 0
-        self._run: dict | None = None
+        self._run: ReplyRun | None = None
         self._pending: list[UiEvent] = []
-        self.shown_message: Message | None = None
+        self.shown_message: Turn | None = None
 
         self.workers = WorkerThread(backend)
         self.worker = self.workers.worker
@@ -148,33 +140,12 @@ class MainWindow(QMainWindow):
     def _build(self) -> None:
         st = self.style()
         # left: conversations
-        self.conv_list = QListWidget()
-        self.conv_list.setObjectName("conversations")
-        self.conv_list.setAccessibleName("Conversations")
-        self.conv_list.currentItemChanged.connect(self._on_conv_selected)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
-        self.conv_list.setTextElideMode(Qt.ElideRight)
-        new_btn = QPushButton(st.standardIcon(QStyle.SP_FileDialogNewFolder), " New chat")
-        new_btn.setAccessibleName("New chat")
-        new_btn.setToolTip("New chat (Ctrl+N)")
-        new_btn.clicked.connect(self.new_chat)
-        left = QFrame()
-        left.setObjectName("side")
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(8, 10, 8, 8)
-        title = QLabel("Chats")
-        title.setObjectName("sectionTitle")
-        self.search_box = QLineEdit()
-        self.search_box.setPlaceholderText("Search chats")
-        self.search_box.setClearButtonEnabled(True)
-        self.search_box.setAccessibleName("Search chats")
-        self.search_box.textChanged.connect(lambda _t: self._refresh_list())
-        ll.addWidget(title)
-        ll.addWidget(self.search_box)
-        ll.addWidget(self.conv_list, 1)
-        ll.addWidget(new_btn)
+        self.conv_side = ConversationList(self.store)
+        self.conv_side.selected.connect(self._on_conv_selected)
+        self.conv_side.newRequested.connect(self.new_chat)
+        self.conv_side.menuRequested.connect(self._conv_menu)
+        self.conv_list, self.search_box = self.conv_side.list, self.conv_side.search_box
+        left = self.conv_side
 
         # centre: banner, chat, compare, composer
         self.banner = QLabel("")
@@ -214,23 +185,11 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.composer)
 
         # right: live panel, reasoning, tools
-        self.live = LivePanel()
-        self.reasoning = QPlainTextEdit()
-        self.reasoning.setReadOnly(True)
-        self.reasoning.setAccessibleName("Reasoning")
-        self.reasoning.setPlaceholderText("The model's reasoning appears here.")
-        self.tools = ToolPane()
-        self.live_section = Collapsible("Live figures", self.live)
-        self.reasoning_section = Collapsible("Reasoning", self.reasoning)
-        self.tools_section = Collapsible("Tool calls", self.tools)
-        right = QFrame()
-        right.setObjectName("side")
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(10, 10, 10, 10)
-        rl.setSpacing(10)
-        rl.addWidget(self.live_section)
-        rl.addWidget(self.reasoning_section, 2)
-        rl.addWidget(self.tools_section, 2)
+        self.details = right = DetailsPanel()
+        self.live, self.reasoning, self.tools = right.live, right.reasoning, right.tools
+        self.live_section = right.live_section
+        self.reasoning_section = right.reasoning_section
+        self.tools_section = right.tools_section
 
         self.split = QSplitter(Qt.Horizontal)
         self.split.addWidget(left)
@@ -333,149 +292,11 @@ class MainWindow(QMainWindow):
         self.banner.setText("")
         self.banner_row.hide()
 
-    # ------------------------------------------------------------------ models
-    def load_last_or_default(self) -> None:
-        """Load the last model used (QSettings) or the default pair."""
-        target = self.qs.value("model/target", "")
-        drafter = self.qs.value("model/drafter", "")
-        if target and (target == TINY_PAIR or Path(target).exists()):
-            self.load_model(str(target), str(drafter or ""))
-        else:
-            self.load_default()
-
-    def load_default(self) -> None:
-        """Load the bundled demo pair (or the tiny pair, saying so)."""
-        target, drafter, note = default_pair()
-        if note:
-            self.flash(note, 10000)
-        self.load_model(target, drafter)
-
-    def load_model(self, target: str, drafter: str = "") -> None:
-        """Ask the worker to load a pair (progress shows; the window stays responsive)."""
-        if self.busy:
-            self.stop()
-        self._loading = (target, drafter)
-        self.worker.loadRequested.emit(target, drafter)
-
-    def unload(self) -> None:
-        """Drop the loaded models."""
-        if self.busy:
-            self.stop()
-        self.model = None
-        self.model_label.setText("No model loaded")
-        self.worker.unloadRequested.emit()
-
-    def run_benchmark(self, max_tokens: int = 48) -> None:
-        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results."""
-        self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
-        self.worker.benchRequested.emit(max_tokens)
-
-    def _on_bench_done(self, result: dict) -> None:
-        from app.ui.bench_dialog import BenchDialog
-
-        self.statusBar().clearMessage()
-        self._bench_dialog = BenchDialog(self, result)
-        self._bench_dialog.show()
-        self.benchFinished.emit(result)
-
-    def _on_bench_failed(self, message: str) -> None:
-        self.statusBar().clearMessage()
-        self.show_banner(message)
-        self.benchFinished.emit(None)
-
-    def open_models(self) -> None:
-        """The Models dialog (issue 9): pick, download, pair and remove models."""
-        from app.engine.catalog import Catalog
-        from app.ui.models_dialog import ModelsDialog
-
-        try:
-            catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
-            dlg = ModelsDialog(self, catalog, lambda t, d: self.load_model(str(t), str(d or "")))
-        except Exception as exc:  # the window stays usable whatever the scan hits
-            log.exception("models dialog")
-            self.show_banner(f"Could not open the models list: {exc}")
-            return
-        dlg.show()
-        self._models_dialog = dlg
-
-    def open_model_dialog(self) -> None:
-        """Pick a target folder, then (optionally) a drafter folder."""
-        target = QFileDialog.getExistingDirectory(self, "Target model folder")
-        if not target:
-            return
-        drafter = QFileDialog.getExistingDirectory(
-            self, "DFlash drafter folder (cancel for plain decoding only)")
-        self.load_model(target, drafter or "")
-
-    def _on_loading(self, text: str) -> None:
-        self.progress.show()
-        self.model_label.setText(text)
-
-    def _on_loaded(self, info: ModelInfo) -> None:
-        self.progress.hide()
-        self.model = info
-        target, drafter = getattr(self, "_loading", (info.target_path, info.drafter_path or ""))
-        self.qs.setValue("model/target", target)
-        self.qs.setValue("model/drafter", drafter)
-        text = f"Target: {info.target_name}"
-        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
-            "   ·   no drafter (plain only)"
-        if info.context_length:
-            text += f"   ·   context {info.context_length:,}"
-        self.model_label.setText(text)
-        self.composer.set_dflash_available(bool(info.drafter_name),
-                                           "DFlash needs a drafter for this target.")
-        if info.note:
-            self.show_banner(info.note)
-        self._on_memory(info.memory_bytes)
-        if info.memory_before_bytes or info.memory_bytes:
-            self.flash(
-                f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
-                f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
-        self.update_settings_note()
-        self.modelLoaded.emit(info)
-
-    def _on_load_failed(self, message: str) -> None:
-        self.progress.hide()
-        self.model = None  # the worker dropped the previous pair before loading
-        self.model_label.setText("No model loaded")
-        self.show_banner(f"Could not load the model: {message}")
-        self.loadFailed.emit(message)
-
-    def _on_memory(self, n: int) -> None:
-        self.memory_bytes = int(n or 0)
-        self.memory_label.setText(f"MLX memory {self.memory_bytes / 2**20:,.0f} MiB"
-                                  if self.memory_bytes else "")
-
     # ------------------------------------------------------------------ conversations
     def _refresh_list(self) -> None:
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        convs = self.store.list()
-        query = self.search_box.text().strip() if hasattr(self, "search_box") else ""
-        if query:
-            search = getattr(self.store, "search", None)
-            if search is not None:
-                try:
-                    hits = set(search(query))
-                except Exception:
-                    log.exception("search")
-                    hits = set()
-                convs = [c for c in convs if c.id in hits]
-            else:
-                q = query.lower()
-                convs = [c for c in convs if q in c.title.lower() or any(
-                    q in m.text().lower() for m in c.messages)]
-        for conv in convs:
-            item = QListWidgetItem(conv.title)
-            item.setData(Qt.UserRole, conv.id)
-            item.setToolTip(conv.title)
-            self.conv_list.addItem(item)
-            if self.conv is not None and conv.id == self.conv.id:
-                self.conv_list.setCurrentItem(item)
-        self.conv_list.blockSignals(False)
+        self.conv_side.refresh(self.conv.id if self.conv is not None else None)
 
-    def new_chat(self) -> Conversation:
+    def new_chat(self) -> ConversationView:
         """Start a new conversation and show it."""
         if self.busy:
             self.stop()
@@ -485,7 +306,7 @@ class MainWindow(QMainWindow):
         self.composer.edit.setFocus()
         return conv
 
-    def select_conversation(self, conv: Conversation | None) -> None:
+    def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
         self.conv = conv
         self._refresh_list()
@@ -515,10 +336,10 @@ class MainWindow(QMainWindow):
         self.composer.note.setToolTip("Settings for the next reply: " + ", ".join(parts)
                                       + " (File › Settings…)")
 
-    def _on_conv_selected(self, item: QListWidgetItem | None, _prev=None) -> None:
-        if item is None or self.busy:
+    def _on_conv_selected(self, conv_id: int) -> None:
+        if self.busy:
             return
-        conv = self.store.get(item.data(Qt.UserRole))
+        conv = self.store.get(conv_id)
         if conv is not None and conv is not self.conv:
             self.select_conversation(conv)
 
@@ -532,11 +353,10 @@ class MainWindow(QMainWindow):
             convs = self.store.list()
             self.select_conversation(self.store.get(convs[0].id) if convs else None)
 
-    def _conv_menu(self, pos) -> None:
-        item = self.conv_list.itemAt(pos)
-        if item is None or self.busy:
+    def _conv_menu(self, conv_id: int, where) -> None:
+        if self.busy:
             return
-        conv = self.store.get(item.data(Qt.UserRole))
+        conv = self.store.get(conv_id)
         if conv is None:
             return
         if conv is not self.conv:
@@ -546,7 +366,7 @@ class MainWindow(QMainWindow):
         menu.addAction("Export…", self.export_chat)
         menu.addSeparator()
         menu.addAction("Delete…", self.delete_chat)
-        menu.exec(self.conv_list.viewport().mapToGlobal(pos))
+        menu.exec(where)
 
     def rename_chat(self) -> None:
         """Ask for a new title for the shown conversation."""
@@ -558,10 +378,8 @@ class MainWindow(QMainWindow):
 
     def rename_conversation(self, title: str) -> None:
         """Set the shown conversation's title (stored at once)."""
-        rename = getattr(self.store, "rename", None)
         try:
-            if rename is not None:
-                rename(self.conv.id, title)
+            self.store.rename(self.conv.id, title)
             self.conv.title = " ".join(title.split())
         except Exception as exc:
             self.show_banner(f"Could not rename: {exc}")
@@ -569,8 +387,7 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, path: str | None = None) -> bool:
         """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
-        export = getattr(self.store, "export", None)
-        if self.conv is None or export is None:
+        if self.conv is None:
             self.show_banner("Export needs a saved conversation.")
             return False
         if path is None:
@@ -580,7 +397,7 @@ class MainWindow(QMainWindow):
             if not path:
                 return False
         try:
-            export(self.conv.id, Path(path))
+            self.store.export(self.conv.id, Path(path))
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
@@ -589,33 +406,25 @@ class MainWindow(QMainWindow):
 
     def import_chat(self, path: str | None = None) -> bool:
         """Import a conversation exported as JSON and show it."""
-        importer = getattr(self.store, "import_file", None)
-        if importer is None:
-            self.show_banner("Import needs the conversation database.")
-            return False
         if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
             if not path:
                 return False
         try:
-            conv = importer(Path(path))
+            conv = self.store.import_file(Path(path))
         except Exception as exc:
             self.show_banner(f"Could not import {Path(path).name}: {exc}")
             return False
         self.select_conversation(conv)
         return True
 
-    def show_message_details(self, msg: Message | None) -> None:
-        """Reasoning and tool calls of ``msg`` in the right-hand panes."""
+    def show_message_details(self, msg: Turn | None) -> None:
+        """Reasoning, tool calls and figures of ``msg`` in the right-hand panes."""
         self.shown_message = msg
         v = msg.version if msg else None
-        self.reasoning.setPlainText(v.result.reasoning if v else "")
-        self.tools.set_calls(v.result.tool_calls if v else [])
-        if v is not None and v.result.summary is not None:
-            st = LiveStats(context_limit=self.model.context_length if self.model else 0)
-            st.apply_summary(v.result.summary)
-            self.live.show_stats(st, self._block_for(v.result.mode,
-                                                     {"block_size": v.result.block_size}))
+        block = self._block_for(v.result.mode, {"block_size": v.result.block_size}) if v \
+            else None
+        self.details.show_turn(msg, self.model.context_length if self.model else 0, block)
 
     # ------------------------------------------------------------------ settings
     def current_settings(self) -> dict:
@@ -643,364 +452,6 @@ class MainWindow(QMainWindow):
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
         self.update_settings_note()
-
-    # ------------------------------------------------------------------ generation
-    def send(self, text: str) -> bool:
-        """Send ``text`` as a user message and generate a reply in the selected mode.
-        Returns False (with a message) when it cannot start."""
-        return self._start(text, [""])
-
-    def compare(self, text: str) -> bool:
-        """Run ``text`` plain then with DFlash; show both side by side."""
-        return self._start(text, ["plain", "dflash"])
-
-    def regenerate(self) -> bool:
-        """Generate a new version of the last reply in the selected mode; the earlier
-        versions stay and can be switched back to (links under the reply)."""
-        conv = self.conv
-        if conv is None or len(conv.messages) < 2 or conv.messages[-1].role != "assistant":
-            self.show_banner("There is no reply to regenerate yet.")
-            return False
-        if conv.messages[-1].compare:
-            self.show_banner("A Compare turn already holds both versions; pick one with "
-                             "“continue from …”.")
-            return False
-        return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
-
-    def edit_message(self, index: int, text: str | None = None) -> bool:
-        """Replace the user message at ``index`` by an edited version and re-run from there.
-
-        The later turns leave the conversation view and the prompt; the database keeps them
-        on the earlier branch (``Store.edit_user_message``). ``text`` None asks for it."""
-        conv = self.conv
-        if self.busy or conv is None or not 0 <= index < len(conv.messages) or \
-                conv.messages[index].role != "user":
-            return False
-        old = conv.messages[index]
-        if text is None:
-            text, ok = QInputDialog.getMultiLineText(self, "Edit message", "Message",
-                                                     old.content)
-            if not ok:
-                return False
-        if not text.strip():
-            return False
-        if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
-            return False
-        new = Message("user", text)
-        edit = getattr(self.store, "edit_user", None)
-        try:
-            if edit is not None:
-                edit(old, new)
-        except Exception as exc:
-            log.exception("editing a message")
-            self.show_banner(f"Could not save the edit: {exc}")
-            return False
-        conv.messages = conv.messages[:index] + [new]
-        return self._start(text, [""], edited=new)
-
-    def _start(self, text: str, tags: list[str], again: Message | None = None,
-               edited: Message | None = None) -> bool:
-        if self.busy:
-            return False
-        if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
-            if again is None:
-                self.composer.edit.setPlainText(text)
-            return False
-        mode = self.composer.mode()
-        if (mode == "dflash" or tags != [""]) and not self.model.drafter_name:
-            if tags != [""]:
-                self.show_banner("Compare needs a DFlash drafter for this target.")
-                return False
-            mode = "plain"
-        if self.conv is None:
-            self.new_chat()
-        conv = self.conv
-        if not any(m.role == "user" for m in conv.messages):
-            conv.title = text.strip().splitlines()[0][:48] or "New chat"
-        values = self.current_settings()
-        key = mode
-        if edited is not None:  # the edited user message is already the last one
-            history = Conversation(0, "", conv.messages[:-1]).history()
-            reply = Message("assistant", compare=tags != [""])
-            conv.messages.append(reply)
-        elif again is None:
-            history = conv.history()
-            conv.messages.append(Message("user", text))
-            reply = Message("assistant", compare=tags != [""])
-            conv.messages.append(reply)
-        else:
-            reply = again
-            reply.chosen = ""  # the new version streams in place of the shown one
-            history = Conversation(0, "", conv.messages[:-2]).history()
-            n = 1
-            while key in reply.versions:
-                n += 1
-                key = f"{mode}#{n}"
-        messages = ([{"role": "system", "content": values["system_prompt"]}]
-                    if values["system_prompt"].strip() else [])
-        messages += history + [{"role": "user", "content": text}]
-        rs = settings_mod.reply_settings(values, mode)
-        try:
-            self.store.save(conv)
-            self.store.begin_reply(conv, reply, tags if tags != [""] else [key], rs)
-        except Exception as exc:  # storage trouble must not stop the chat
-            log.exception("saving the new turn")
-            self.show_banner(f"Could not save this turn: {exc}")
-        self._refresh_list()
-        self._req += 1
-        limit = self.model.context_length
-        self._run = {
-            "id": self._req, "conv": conv, "msg": reply, "tags": tags, "mode": mode, "key": key,
-            "stats": {t: LiveStats(context_limit=limit) for t in tags},
-            "text": {t: "" for t in tags}, "reasoning": {t: "" for t in tags},
-            "calls": {t: {} for t in tags}, "results": {}, "errors": {},
-            "tokens": {t: [] for t in tags}, "flags": {t: [] for t in tags},
-            "stopped": False, "settings": rs, "current": tags[0],
-        }
-        self._pending = []
-        self.busy = True
-        self.composer.set_busy(True)
-        self.clear_banner()
-        self.reasoning.clear()
-        self.tools.set_calls([])
-        self.live.clear()
-        self.shown_message = reply
-        self.chat.follow = True
-        self.chat.render(conv, streaming=True)
-        if tags != [""]:
-            self.compare_view.show()
-            total = sum(self.centre_split.sizes()) or 600
-            self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
-            self.compare_view.set_results(None, None)
-            self.compare_view.show_running(tags[0])
-        self.worker.replyRequested.emit(self._req, messages, rs, tags)
-        return True
-
-    def stop(self) -> None:
-        """Stop the running reply (takes effect within one cycle or token)."""
-        if self.busy and self._run is not None:
-            self._run["stopped"] = True
-            self.worker.cancel(self._run["id"])
-            self.flash("Stopping…", 3000)
-
-    def _on_events(self, req_id: int, batch: list) -> None:
-        if self._run is not None and req_id == self._run["id"]:
-            self._pending.extend(batch)
-
-    def render_pending(self) -> None:
-        """Apply the events received since the last tick (the render timer's slot)."""
-        run = self._run
-        if run is None or not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        details_changed = False
-        for ev in batch:
-            tag = ev.tag if ev.tag in run["stats"] else run["tags"][0]
-            if tag != run["current"]:
-                run["current"] = tag
-                self.reasoning.clear()
-                self.compare_view.show_running(tag)
-            stats = run["stats"][tag]
-            k = ev.kind
-            if k == "token":
-                stats.on_token()
-                run["tokens"][tag].append(ev.data.token_id)
-                run["flags"][tag].append(ev.data.from_draft)
-            elif k == "cycle":
-                stats.on_cycle(ev.data)
-            elif k == "content":
-                run["text"][tag] += ev.data
-            elif k == "reasoning":
-                run["reasoning"][tag] += ev.data
-                cur = self.reasoning.textCursor()
-                cur.movePosition(QTextCursor.End)
-                cur.insertText(ev.data)
-            elif k in ("tool_call", "tool_result"):
-                key = ev.data.get("id") or f"{ev.data.get('name')}#{len(run['calls'][tag])}"
-                if k == "tool_result" and not ev.data.get("id"):
-                    # match the last running call of that name
-                    for ck, cv in reversed(list(run["calls"][tag].items())):
-                        if cv.get("name") == ev.data.get("name"):
-                            key = ck
-                            break
-                merged = run["calls"][tag].setdefault(key, {})
-                merged.update({a: b for a, b in ev.data.items() if b is not None})
-                details_changed = True
-            elif k == "engine_done":
-                stats.apply_summary(ev.data)
-            elif k == "round":
-                stats.prompt_tokens = ev.data.get("prompt_tokens")
-            elif k == "warning":
-                if ev.data:
-                    self.flash(ev.data, 8000)
-            elif k == "notice":
-                self.show_banner(ev.data)
-            elif k == "error":
-                run["errors"][tag] = ev.data
-                self.show_banner(ev.data)
-            elif k == "done":
-                self._finish_side(tag, ev.data)
-        if "" in run["text"]:
-            shown = run["text"][""]
-            if not shown and run["reasoning"][""]:
-                shown = "*Thinking… (the reasoning pane shows it live)*"
-            self.chat.set_stream(shown)
-        if run["tags"] != [""]:
-            cur_tag = run["current"]
-            if cur_tag not in run["results"]:
-                self.compare_view.stream(cur_tag, run["text"][cur_tag])
-        if details_changed:
-            self.tools.set_calls(list(run["calls"][run["current"]].values()))
-        cur = run["current"]
-        if cur not in run["results"]:
-            try:
-                self.store.progress(run["msg"], cur or run["key"], run["text"][cur],
-                                    run["reasoning"][cur], run["tokens"][cur],
-                                    run["flags"][cur])
-            except Exception:  # the reply keeps streaming; the final save retries
-                log.exception("saving a partial reply")
-        cur = run["current"]
-        mode = cur or run["mode"]
-        self.live.show_stats(run["stats"][cur], self._block_for(mode, run["settings"]))
-
-    def _block_for(self, mode: str, rs: dict | None = None) -> int | None:
-        """Block size for the chart's scale (None for plain)."""
-        if mode != "dflash" or self.model is None:
-            return None
-        return (rs or {}).get("block_size") or self.model.drafter_block_size
-
-    def _finish_side(self, tag: str, result: ReplyResult) -> None:
-        run = self._run
-        if result.mode == "dflash" and not result.block_size and self.model:
-            result.block_size = self.model.drafter_block_size
-        run["results"][tag] = result
-        if result.summary is not None:
-            run["stats"][tag].apply_summary(result.summary)
-        if result.note:
-            self.show_banner(result.note)
-        if result.tool_calls:
-            self.tools.set_calls(result.tool_calls)
-        elif run["calls"][tag]:
-            result.tool_calls = list(run["calls"][tag].values())
-
-    def _on_finished(self, req_id: int) -> None:
-        run = self._run
-        if run is None or req_id != run["id"]:
-            return
-        self.render_pending()
-        msg: Message = run["msg"]
-        for tag, result in run["results"].items():
-            key = tag or run["key"]
-            stopped = run["stopped"] or result.finish_reason == "cancelled"
-            msg.versions[key] = Version(result, stopped=stopped,
-                                        error=run["errors"].get(tag))
-        if run["tags"] == [""]:
-            msg.chosen = run["key"] if run["key"] in msg.versions else \
-                next(iter(msg.versions), "")
-        else:
-            for tag in run["tags"]:  # a side stopped before it ran: an empty, stopped version
-                if tag not in msg.versions:
-                    msg.versions[tag] = Version(
-                        ReplyResult(mode=tag, finish_reason="cancelled"), stopped=True,
-                        error=run["errors"].get(tag))
-            msg.chosen = "dflash" if "dflash" in run["results"] else \
-                next(iter(run["results"]), "dflash")
-            self.compare_view.set_results(run["results"].get("plain"),
-                                          run["results"].get("dflash"), msg.chosen)
-        self.busy = False
-        self._run = None
-        self.composer.set_busy(False)
-        self._save(run["conv"])
-        if run["conv"] is self.conv:
-            self.chat.render(self.conv)
-            self.show_message_details(msg)
-            last = run["stats"].get(run["current"])
-            if last is not None:
-                self.live.show_stats(last, self._block_for(run["current"] or run["mode"],
-                                                           run["settings"]))
-        self.replyFinished.emit(msg)
-
-    def _save(self, conv: Conversation) -> None:
-        try:
-            self.store.save(conv)
-        except Exception as exc:
-            log.exception("saving the conversation")
-            self.show_banner(f"Could not save the conversation: {exc}")
-
-    def _on_compare_choice(self, key: str) -> None:
-        for m in reversed(self.conv.messages if self.conv else []):
-            if m.role == "assistant" and m.compare:
-                m.chosen = key
-                self._save(self.conv)
-                self.chat.render(self.conv)
-                self.show_message_details(m)
-                return
-
-    def _on_chat_link(self, link: str) -> None:
-        if link.startswith("continue:"):
-            self.send("Continue from where you stopped.")
-        elif link.startswith("edit:"):
-            try:
-                self.edit_message(int(link.split(":", 1)[1]))
-            except ValueError:
-                return
-        elif link.startswith("version:") and self.conv is not None and not self.busy:
-            _, idx, key = link.split(":", 2)
-            try:
-                msg = self.conv.messages[int(idx)]
-            except (ValueError, IndexError):
-                return
-            if key in msg.versions:
-                msg.chosen = key
-                self._save(self.conv)
-                self.chat.render(self.conv)
-                self.show_message_details(msg)
-        elif link.startswith("choose:"):
-            key = link.split(":", 1)[1]
-            self.compare_view.set_choice(key)
-            self._on_compare_choice(key)
-        elif link.startswith("reasoning:") and self.conv is not None:
-            try:
-                msg = self.conv.messages[int(link.split(":", 1)[1])]
-            except (ValueError, IndexError):
-                return
-            self.reasoning_section.button.setChecked(True)
-            self.show_message_details(msg)
-
-    def _on_colour_toggled(self, on: bool) -> None:
-        self.chat.colour_drafts = on
-        if on:
-            self._request_pieces()
-        self.chat.render(self.conv, streaming=self.busy)
-
-    def _request_pieces(self) -> None:
-        """Ask the worker for the token texts of replies loaded without them (needs the
-        tokenizer, which lives on the worker)."""
-        if self.conv is None or self.model is None:
-            return
-        jobs = {}
-        for i, m in enumerate(self.conv.messages):
-            for key, v in m.versions.items():
-                if v.result.tokens and not v.result.pieces:
-                    jobs[(self.conv.id, i, key)] = list(v.result.tokens)
-        if jobs:
-            self.worker.piecesRequested.emit(jobs)
-
-    def _on_pieces(self, pieces: dict) -> None:
-        changed = False
-        for (conv_id, i, key), texts in pieces.items():
-            if self.conv is None or self.conv.id != conv_id or i >= len(self.conv.messages):
-                continue
-            v = self.conv.messages[i].versions.get(key)
-            if v is not None and len(texts) == len(v.result.tokens):
-                v.result.pieces = texts
-                changed = True
-        if changed and self.chat.colour_drafts and not self.busy:
-            self.chat.render(self.conv)
 
     # ------------------------------------------------------------------ help
     def debug_extra(self) -> dict:
@@ -1046,9 +497,8 @@ class MainWindow(QMainWindow):
             convs = self.store.list()
             conv = self.store.get(convs[0].id) if convs else None
         self.select_conversation(conv)
-        problem = getattr(self.store, "problem", None)
-        if problem:
-            self.show_banner(f"Chats are kept in memory only this time: {problem}")
+        if self.store.problem:
+            self.show_banner(f"Chats are kept in memory only this time: {self.store.problem}")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states and the switch to QSettings."""

@@ -16,6 +16,7 @@ trained to call exactly these. See docs/tools.md.
 
 from __future__ import annotations
 
+from app.chat.tools import base as _base
 from app.chat.tools import calculator as _calculator
 from app.chat.tools import clock as _clock
 from app.chat.tools import countries as _countries
@@ -61,6 +62,7 @@ BUILTIN_TOOLS: list[Tool] = [
 """The tools that ship with the app, in the order they are shown to the model."""
 
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in BUILTIN_TOOLS)
+_base.BUILTIN[:] = BUILTIN_TOOLS
 
 __all__ = [
     "BUILTIN_TOOLS",

@@ -94,12 +94,15 @@ class ToolResult:
         return json.dumps(self.to_payload(), ensure_ascii=False)
 
 
+BUILTIN: list[Tool] = []
+"""The default tool list; :mod:`app.chat.tools` (always imported before this module, as its
+package) fills it with ``BUILTIN_TOOLS``, so this module needs no import of its package."""
+
+
 def tool_schemas(tools: Iterable[Tool] | None = None) -> list[dict]:
     """OpenAI-style definitions of ``tools`` (default: the built-in tools), in order."""
     if tools is None:
-        from app.chat.tools import BUILTIN_TOOLS
-
-        tools = BUILTIN_TOOLS
+        tools = BUILTIN
     return [t.schema() for t in tools]
 
 
@@ -249,9 +252,7 @@ def run_tool(
 
     try:
         if tools is None:
-            from app.chat.tools import BUILTIN_TOOLS
-
-            tools = BUILTIN_TOOLS
+            tools = BUILTIN
         tools = list(tools)
         if not isinstance(name, str):
             return done(False, error=f"tool name must be a string, got {type(name).__name__}")

@@ -82,7 +82,7 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience
-    """Run ``tools`` on its own: ``python -m app.chat.tools.cli run calculator --args ...``."""
+    """Run ``tools`` on its own: ``python -m app.commands.tools run calculator --args ...``."""
     parser = argparse.ArgumentParser(prog="tools")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["tools", *(argv if argv is not None else sys.argv[1:])])

@@ -1,0 +1,276 @@
+"""The typed events and results of a reply, importable without MLX (the window handles them).
+
+The text pipeline (:mod:`app.chat.pipeline`) emits :class:`ContentDelta`,
+:class:`ReasoningDelta`, :class:`ToolCallDelta`, :class:`PipelineWarning` and
+:class:`StopStringHit`; the reply runner (:mod:`app.chat.reply`) adds :class:`RoundStarted`,
+:class:`ToolResultEvent`, :class:`RoundFinished` and ends with :class:`ReplyDone` carrying the
+:class:`Reply`. Engine events (``TokenEvent``, ``CycleEvent``, ``Done``) come from
+:mod:`app.engine.events`. Consumers match them with ``isinstance``, never by class name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.events import CycleEvent, Summary, TokenEvent
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call.
+
+    Attributes:
+        id: deterministic per reply: ``call_0``, ``call_1``, ... in the order the calls appear.
+        name: the function name the model wrote (not checked against the tool list).
+        arguments: the parsed arguments (dict; values typed by the tool schema when given).
+    """
+
+    id: str
+    name: str
+    arguments: dict
+
+    def to_dict(self) -> dict:
+        """``{"id", "name", "arguments"}`` (the ``tool_calls`` entries of ``chat --json``)."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def to_message(self) -> dict:
+        """The OpenAI-style entry for an assistant message's ``tool_calls`` (what the chat
+        template reads back): ``{"id", "type": "function", "function": {"name", "arguments"}}``
+        with ``arguments`` as a dict."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    """New answer text. ``malformed`` is True for the text of a tool call that could not be
+    parsed and is kept as content (a :class:`PipelineWarning` comes with it)."""
+
+    text: str
+    malformed: bool = False
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """New reasoning text (inside the thinking block)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call was parsed (emitted once, when its closing marker arrives)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class PipelineWarning:
+    """Something in the text was not what it claimed to be.
+
+    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content).
+    ``message``: one line for the user.
+    """
+
+    code: str
+    message: str
+    text: str = ""
+
+    def to_dict(self) -> dict:
+        """``{"code", "message", "text"}`` for JSON output."""
+        return {"code": self.code, "message": self.message, "text": self.text}
+
+
+@dataclass(frozen=True)
+class StopStringHit:
+    """A stop string was found; the caller should cancel the engine.
+
+    ``stop``: the stop string. ``kept_tokens``: how many generated tokens the reply keeps (the
+    token that completed the stop string is the last one kept).
+    """
+
+    stop: str
+    kept_tokens: int
+
+
+Delta = ContentDelta | ReasoningDelta | ToolCallDelta | PipelineWarning | StopStringHit
+
+
+@dataclass
+class ToolRun:
+    """One executed tool call: the call and its ``app.chat.tools`` ``ToolResult``."""
+
+    call: ToolCall
+    result: Any
+
+    def to_dict(self) -> dict:
+        """``{"id", "name", "ok", "result", "error", "duration_s"}``."""
+        r = self.result
+        return {
+            "id": self.call.id,
+            "name": self.call.name,
+            "ok": bool(r.ok),
+            "result": r.result if r.ok else None,
+            "error": None if r.ok else r.error,
+            "duration_s": round(float(r.duration_s), 6),
+        }
+
+
+@dataclass
+class ReplyRound:
+    """One generation inside a reply (a reply has several only when tools run).
+
+    ``tokens``/``from_draft``: kept generated ids and, per id, whether the drafter proposed it.
+    ``text``: raw decoded text of the kept tokens. ``summary``: the engine's figures with
+    ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
+    round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
+    """
+
+    index: int
+    mode: str
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str
+    summary: Summary
+    prompt_ids: list[int]
+    warnings: list[PipelineWarning] = field(default_factory=list)
+    tool_runs: list[ToolRun] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
+        generated_tokens, summary``."""
+        return {
+            "index": self.index,
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "results": [t.to_dict() for t in self.tool_runs],
+            "finish_reason": self.finish_reason,
+            "generated_tokens": len(self.tokens),
+            "summary": self.summary.to_dict(),
+        }
+
+
+@dataclass
+class Reply:
+    """A finished reply.
+
+    ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
+    ``text``/``summary`` are those of the last round (the final answer when tools ran);
+    ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
+    ``messages`` are the messages this reply adds
+    to the conversation (assistant turns with their tool calls, tool results, the final
+    assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
+    round plus reply-level ones (``{"code", "message"}`` dicts).
+    """
+
+    mode: str
+    rounds: list[ReplyRound]
+    messages: list[dict]
+    warnings: list[dict]
+
+    @property
+    def content(self) -> str:
+        return self.rounds[-1].content
+
+    @property
+    def reasoning(self) -> str:
+        return self.rounds[-1].reasoning
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.rounds[-1].tool_calls
+
+    @property
+    def finish_reason(self) -> str:
+        return self.rounds[-1].finish_reason
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.rounds[-1].tokens
+
+    @property
+    def from_draft(self) -> list[bool]:
+        return self.rounds[-1].from_draft
+
+    @property
+    def text(self) -> str:
+        return self.rounds[-1].text
+
+    @property
+    def summary(self) -> Summary:
+        return self.rounds[-1].summary
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """Generated ids of every round, concatenated."""
+        return [t for r in self.rounds for t in r.tokens]
+
+
+@dataclass(frozen=True)
+class RoundStarted:
+    """A generation round begins (``index`` 0-based, ``prompt_tokens`` its prompt length)."""
+
+    index: int
+    prompt_tokens: int
+    mode: str
+
+
+@dataclass(frozen=True)
+class ToolResultEvent:
+    """A tool call ran (``round``: the round whose call it was)."""
+
+    round: int
+    run: ToolRun
+
+
+@dataclass(frozen=True)
+class RoundFinished:
+    """A generation round ended (its tools, if any, have not run yet)."""
+
+    round: ReplyRound
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    """The last event of :func:`run_reply`."""
+
+    reply: Reply
+
+
+ReplyEvent = (
+    TokenEvent
+    | CycleEvent
+    | ContentDelta
+    | ReasoningDelta
+    | ToolCallDelta
+    | PipelineWarning
+    | StopStringHit
+    | RoundStarted
+    | ToolResultEvent
+    | RoundFinished
+    | ReplyDone
+)
+
+
+def tool_call_dict(obj: Any) -> dict:
+    """A tool call (``ToolCall``, ``ToolRun`` or a dict) as the dict the tool pane shows:
+    ``id``, ``name``, ``arguments``, ``result``, ``error``, ``duration_s`` (None when not
+    known)."""
+    d = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+    return {
+        "id": str(d.get("id") or ""),
+        "name": str(d.get("name") or "?"),
+        "arguments": d.get("arguments"),
+        "result": d.get("result"),
+        "error": d.get("error"),
+        "duration_s": d.get("duration_s"),
+    }

@@ -1,0 +1,433 @@
+"""A Qt-free chat session: the loaded pair, the prompt, the reply, its tool rounds, storage.
+
+:class:`ChatSession` owns one loaded model pair (named by a :class:`PairSpec`, which keeps the
+display name and repo id all the way to the status bar) and its prefix cache
+(``app.engine.prefix.PromptCache``). It runs on the one thread that owns MLX (the window's
+worker, or the CLI's main thread):
+
+* :meth:`ChatSession.load` / :meth:`unload` load and drop a pair;
+* :meth:`ChatSession.reply` runs one reply (``app.chat.reply.run_reply``: prompt rendering,
+  the engine, the text pipeline, tool rounds) on chat-template messages, after fitting them to
+  the context; it yields the reply's typed events;
+* :meth:`ChatSession.send` does the whole turn on a :class:`~app.chat.storage.Store`: stores the
+  user message, begins the reply row, builds the prompt from the stored messages
+  (:func:`prompt_for`), runs the reply, saves its growth and its final state (with the tool
+  rounds, :func:`finish_fields`).
+
+Prompts are always built from stored messages (``Store.prompt_for_reply``), so an earlier
+turn's tool calls, tool results and reasoning reach the model as they were generated: a
+multi-turn tool chat keeps its facts and the rendered history is a prefix of what the target's
+cache holds (prefix reuse).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.chat.settings import reply_settings
+from app.chat.storage import ReplyRecorder, Store
+from app.engine.errors import EngineError, GenerationError
+from app.engine.events import TokenEvent
+from app.engine.threads import check_engine_thread
+
+TINY_PAIR = "tiny:"
+"""A target path standing for ``PairSpec(tiny=True)`` (kept for QSettings values and the
+window's default-pair fallback)."""
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which model pair to load, and how to name it.
+
+    Attributes:
+        target: the target's folder (str path); ignored when ``tiny``.
+        drafter: the DFlash drafter's folder, or None for a target alone.
+        display_name: what the window shows ("" -> :attr:`label` derives one).
+        repo_id: the Hugging Face repo id when the folder is a cached snapshot (None for a
+            local folder), so the status bar never shows a snapshot's commit hash.
+        tiny: build (or reuse) the random-weight tiny pair in the cache folder instead.
+    """
+
+    target: str = ""
+    drafter: str | None = None
+    display_name: str = ""
+    repo_id: str | None = None
+    tiny: bool = False
+
+    @property
+    def label(self) -> str:
+        """The name to show: ``display_name``, else ``repo_id``, else the folder's name."""
+        if self.display_name:
+            return self.display_name
+        if self.repo_id:
+            return self.repo_id
+        if self.tiny:
+            return "tiny random pair"
+        return Path(self.target).name or self.target
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the window shows about the loaded pair (plain Python values).
+
+    ``context_length`` in tokens; ``memory_bytes`` is MLX's active memory after loading
+    (0 when unknown); ``drafter_block_size`` None without a drafter; ``spec`` the
+    :class:`PairSpec` it was loaded from (None for old callers).
+    """
+
+    target_name: str
+    target_path: str
+    drafter_name: str | None = None
+    drafter_path: str | None = None
+    context_length: int = 0
+    model_type: str = ""
+    drafter_block_size: int | None = None
+    memory_bytes: int = 0
+    note: str = ""
+    card: str = ""
+    device: str = ""
+    memory_before_bytes: int = 0
+    blas: str = ""
+    spec: PairSpec | None = None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A sentence for the user about this reply's prompt (e.g. earlier turns left out)."""
+
+    message: str
+
+
+def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dict]:
+    """The chat-template messages the stored reply ``reply_id`` answers.
+
+    ``Store.prompt_for_reply`` (every earlier turn with its tool calls, tool results and
+    reasoning, see ``Message.to_prompt_dicts``), with ``system_prompt`` first when it is not
+    blank and the conversation holds no system message of its own.
+
+    Raises:
+        app.chat.storage.MessageNotFoundError: no such reply.
+    """
+    messages = store.prompt_for_reply(reply_id)
+    if system_prompt.strip() and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def finish_fields(reply: Any) -> dict:
+    """Keyword arguments for ``Store.finish_reply`` from an ``app.chat.reply.Reply``:
+    ``content``, ``reasoning`` (of the last round), ``tool_calls`` (every round's calls with
+    their ``result``/``error``/``duration_s``), ``token_ids``/``from_draft`` (last round),
+    ``summary`` (dict), ``finish_reason`` and ``rounds`` (the chat-template messages when the
+    reply ran more than one round, else ``[]``)."""
+    calls: list[dict] = []
+    for rnd in reply.rounds:
+        runs = {r.call.id: r.to_dict() for r in rnd.tool_runs}
+        for call in rnd.tool_calls:
+            d = {"id": call.id, "name": call.name, "arguments": call.arguments,
+                 "result": None, "error": None, "duration_s": None}
+            if call.id in runs:
+                d.update({k: runs[call.id][k] for k in ("result", "error", "duration_s")})
+            calls.append(d)
+    return {
+        "content": reply.content,
+        "reasoning": reply.reasoning,
+        "tool_calls": calls,
+        "token_ids": list(reply.tokens),
+        "from_draft": list(reply.from_draft),
+        "summary": reply.summary.to_dict() if reply.summary is not None else None,
+        "finish_reason": reply.finish_reason,
+        "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
+    }
+
+
+class ChatSession:
+    """The loaded pair and its prefix cache; runs replies (call everything on one thread,
+    the one that owns MLX; the GUI thread is refused with ``WrongThreadError``).
+
+    Args:
+        store: where :meth:`send` keeps conversations (None: :meth:`send` is unavailable;
+            the window stores replies itself and calls :meth:`reply`).
+    """
+
+    def __init__(self, store: Store | None = None) -> None:
+        self.store = store
+        self.target = None
+        self.drafter = None
+        self.cache = None  # app.engine.prefix.PromptCache of the loaded target
+        self.spec: PairSpec | None = None
+
+    # ------------------------------------------------------------------ loading
+    def load(self, spec: PairSpec | str, drafter: str | None = None) -> ModelInfo:
+        """Load a pair and check it fits; returns what the window shows.
+
+        ``spec`` is a :class:`PairSpec` (a plain target path plus ``drafter`` is accepted
+        too). The previous pair is dropped first and MLX's buffer cache cleared (switching
+        must not hold two models in memory); ``ModelInfo.memory_before_bytes`` is MLX's active
+        memory before that.
+
+        Raises:
+            app.engine.errors.ModelNotFoundError, ModelLoadError, PairMismatchError (and other
+            ``EngineError`` subclasses): nothing is loaded then.
+        """
+        check_engine_thread()
+        if not isinstance(spec, PairSpec):
+            spec = (PairSpec(tiny=True) if str(spec) == TINY_PAIR
+                    else PairSpec(target=str(spec), drafter=drafter or None))
+        from app.engine import loader
+
+        before = self.memory_bytes()
+        self.unload()
+        note = ""
+        target, drafter_path = spec.target, spec.drafter
+        if spec.tiny:
+            from app.engine.tiny import fallback_pair
+
+            t_dir, d_dir = fallback_pair()
+            target, drafter_path = str(t_dir), str(d_dir)
+            note = ("The bundled demo pair is missing: a tiny random-weight pair is loaded "
+                    "instead (its replies are gibberish).")
+        new_target = loader.load_target(target)
+        new_drafter = None
+        if drafter_path:
+            new_drafter = loader.load_drafter(drafter_path)
+            loader.check_pair(new_target, new_drafter)
+            from app.engine.catalog import warn_drafter_defaults
+
+            warn_drafter_defaults(new_drafter.path)
+        self.target, self.drafter, self.spec = new_target, new_drafter, spec
+        from app.engine.prefix import PromptCache
+
+        self.cache = PromptCache()
+        if "vision_config" in (getattr(new_target, "config", None) or {}):
+            note = (note + " " if note else "") + ("This is a multimodal checkpoint: it is "
+                                                   "used for text; image input is not "
+                                                   "supported.")
+        card = ""
+        try:
+            readme = Path(str(new_target.path)) / "README.md"
+            if readme.is_file():
+                card = readme.read_text(encoding="utf-8", errors="replace")[:4000]
+        except OSError:
+            pass
+        name = spec.display_name or spec.repo_id or str(new_target.name)
+        return ModelInfo(
+            target_name=name,
+            target_path=str(new_target.path),
+            drafter_name=str(new_drafter.name) if new_drafter else None,
+            drafter_path=str(new_drafter.path) if new_drafter else None,
+            context_length=int(getattr(new_target, "context_length", 0) or 0),
+            model_type=str(getattr(new_target, "model_type", "")),
+            drafter_block_size=int(new_drafter.config.block_size) if new_drafter else None,
+            memory_bytes=self.memory_bytes(),
+            card=card,
+            device=_mlx_device(),
+            note=note,
+            memory_before_bytes=before,
+            blas=_blas(),
+            spec=spec,
+        )
+
+    def unload(self) -> None:
+        """Drop the loaded pair and clear MLX's buffer cache."""
+        check_engine_thread()
+        self.target = self.drafter = self.cache = self.spec = None
+        import gc
+
+        gc.collect()
+        try:
+            import mlx.core as mx
+
+            mx.clear_cache()
+        except Exception:  # pragma: no cover - older mlx
+            pass
+
+    def memory_bytes(self) -> int:
+        """MLX active memory in bytes (0 when unavailable)."""
+        try:
+            import mlx.core as mx
+
+            return int(mx.get_active_memory())
+        except Exception:
+            return 0
+
+    # ------------------------------------------------------------------ replies
+    def reply(self, messages: list[dict], settings: dict,
+              cancel: threading.Event | None = None) -> Iterator:
+        """Events of one reply to ``messages`` (chat-template dicts).
+
+        ``settings`` is the window's settings dict (``mode``, sampling, ``use_tools``, ...;
+        see ``app.ui.settings.reply_settings``). The messages are fitted to the context first
+        (oldest turns left out; a :class:`Notice` is yielded first then). Yields
+        ``app.chat.reply`` events, ending with ``ReplyDone``.
+
+        Raises:
+            EngineError: no model loaded, DFlash without a drafter, or the current message
+                alone does not fit the context (``GenerationError``).
+        """
+        check_engine_thread()
+        if self.target is None:
+            raise EngineError("no model is loaded")
+        mode = settings.get("mode")
+        drafter = self.drafter if mode == "dflash" else None
+        if mode == "dflash" and drafter is None:
+            raise EngineError("DFlash needs a drafter; none is loaded for this target")
+        from app.chat import reply as reply_mod
+
+        rs = reply_settings(settings)
+        messages, notice = self._fit(messages, rs)
+        events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
+                                     session=self.cache)
+        if notice:
+            return _prepend(Notice(notice), events)
+        return iter(events)
+
+    def send(self, conversation_id: int, text: str, settings: dict,
+             cancel: threading.Event | None = None) -> Iterator:
+        """One whole turn on the store: the user message ``text``, a reply row, the prompt
+        from the stored messages, the reply (events yielded as :meth:`reply` does), its
+        growth saved through the store's throttle and its final state (tool rounds included)
+        stored. The stored reply row is ``self.last_reply_id`` afterwards.
+
+        Raises:
+            RuntimeError: the session has no store. EngineError as :meth:`reply`.
+        """
+        if self.store is None:
+            raise RuntimeError("ChatSession.send needs a store")
+        from app.chat.pipeline import ContentDelta
+        from app.chat.reply import ReplyDone
+
+        mode = settings.get("mode") or "plain"
+        self.store.add_message(conversation_id, "user", text)
+        row = self.store.begin_reply(conversation_id, mode=mode,
+                                     block_size=settings.get("block_size") if mode == "dflash"
+                                     else None,
+                                     rollback=settings.get("rollback") if mode == "dflash"
+                                     else None)
+        self.last_reply_id = row.id
+        messages = prompt_for(self.store, row.id, settings.get("system_prompt") or "")
+        recorder = ReplyRecorder(self.store, row.id)
+        content: list[str] = []
+        done = None
+        try:
+            for ev in self.reply(messages, settings, cancel):
+                if isinstance(ev, TokenEvent):
+                    recorder.token(ev)
+                elif isinstance(ev, ContentDelta):
+                    content.append(ev.text)
+                    recorder.text(content="".join(content))
+                elif isinstance(ev, ReplyDone):
+                    done = ev.reply
+                yield ev
+        except Exception as exc:
+            self.store.finish_reply(row.id, status="error", error=str(exc),
+                                    content="".join(content))
+            raise
+        if done is None:
+            self.store.finish_reply(row.id, status="error", error="the reply did not finish")
+            return
+        status = "stopped" if done.finish_reason == "cancelled" else "complete"
+        self.store.finish_reply(row.id, status=status, **finish_fields(done))
+
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ (one target forward); None when they do not, or with no
+        model loaded."""
+        check_engine_thread()
+        from app.chat.reply import divergence_near_tie
+
+        tie = divergence_near_tie(self.target, plain, dflash) if self.target else None
+        return tie["gap"] if tie else None
+
+    def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
+        """Leave out the oldest turns so the prompt fits the context limit with room for
+        ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
+
+        Raises :class:`GenerationError` when the current message alone does not fit."""
+        from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
+
+        limit = context_limit(getattr(self.target, "context_length", None) or None)
+        kwargs = {}
+        if rs.enable_thinking is not None:
+            kwargs["enable_thinking"] = rs.enable_thinking
+        try:
+            fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
+                                       reserve=min(int(rs.max_tokens), limit // 2),
+                                       tools=rs.tools, **kwargs)
+        except ContextOverflowError as exc:
+            raise GenerationError(str(exc)) from exc
+        return fitted.messages, fitted.notice()
+
+    # ------------------------------------------------------------------ extras
+    def benchmark(self, max_tokens: int = 48, n_prompts: int = 3) -> dict:
+        """A short ``python -m app bench`` on the loaded pair: plain, DFlash + tape and
+        DFlash + replay at the drafter's block size, a few of the pair's held-out prompts,
+        one repeat (``app.engine.bench``). Returns ``{"modes": {name: figures}, "accepted":
+        [accepted drafts per cycle over the DFlash + tape runs], "prompts": n,
+        "block_size": int}``.
+
+        Raises:
+            EngineError: no model or no drafter loaded.
+        """
+        check_engine_thread()
+        from app.chat.templates import bench_prompt_ids
+        from app.engine import bench
+
+        if self.target is None or self.drafter is None:
+            raise EngineError("the benchmark needs a target and a DFlash drafter loaded")
+        prompts, _ = bench.default_prompts(Path(str(self.target.path)))
+        rendered = [(p.id, bench_prompt_ids(self.target, p)) for p in prompts[:n_prompts]]
+        modes = bench.make_modes([self.drafter.config.block_size])
+        records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens)
+        tape = modes[1].name
+        accepted = [a for r in records if r.mode.name == tape
+                    for a in r.summary.accepted_lengths]
+        return {"modes": bench.aggregate(records, modes), "accepted": accepted,
+                "prompts": len(rendered), "block_size": self.drafter.config.block_size}
+
+    def pieces(self, tokens: list[int]) -> list[str]:
+        """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens));
+        the end token shows as ""."""
+        if self.target is None:
+            return [""] * len(tokens)
+        detok = self.target.tokenizer.detokenizer
+        detok.reset()
+        out = []
+        eos = set(getattr(self.target, "eos_token_ids", ()) or ())
+        for t in tokens:
+            if int(t) in eos:  # the end token is counted but not shown as text
+                out.append("")
+                continue
+            detok.add_token(int(t))
+            out.append(detok.last_segment)
+        detok.finalize()
+        if out:
+            out[-1] += detok.last_segment
+        return out
+
+
+def _prepend(first: Any, rest: Iterator) -> Iterator:
+    yield first
+    yield from rest
+
+
+def _blas() -> str:
+    try:
+        from app.engine.blas import blas_description
+
+        return blas_description(load_mlx=True)
+    except Exception:
+        return ""
+
+
+def _mlx_device() -> str:
+    try:
+        import mlx.core as mx
+
+        return str(mx.default_device())
+    except Exception:  # pragma: no cover
+        return "unknown"

@@ -1,0 +1,465 @@
+"""The stored conversation as the window shows it: turns, each reply with its versions.
+
+This is a view over :mod:`app.chat.storage` (the one conversation model), not a second model:
+every value comes from a stored ``app.chat.conversation.Message`` row and every change is
+written through :class:`TurnStore` to the :class:`~app.chat.storage.Store` at once or when a
+reply ends. In the view
+
+* a user message is one :class:`Turn` (``ids[""]`` is its row);
+* an assistant turn is one :class:`Turn` whose :attr:`Turn.versions` are sibling reply rows:
+  a regenerated reply (keys ``"plain"``, ``"dflash"``, then ``"<mode>#<n>"``, see
+  :func:`version_key`), or the two sides of a Compare turn (``"plain"``/``"dflash"`` sharing a
+  ``compare_group``); ``chosen`` is the version on the active path.
+
+The prompt for a reply is never built from this view: :func:`app.chat.session.prompt_for` reads
+the stored rows (tool calls, tool results and reasoning as generated). Titles come from the
+storage's one rule (``app.chat.storage.auto_title``). Qt-free; the window calls it from the GUI
+thread (sqlite only, no MLX). An in-memory store is ``TurnStore(":memory:")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from app.chat.conversation import Message as StoredMessage
+from app.chat.events import (
+    ContentDelta,
+    ReasoningDelta,
+    Reply,
+    ToolCallDelta,
+    ToolResultEvent,
+    tool_call_dict,
+)
+from app.chat.session import finish_fields
+from app.chat.storage import (
+    DB_FILENAME,
+    ConversationNotFoundError,
+    StorageError,
+    Store,
+)
+from app.engine.events import Done, Summary, TokenEvent
+
+log = logging.getLogger(__name__)
+
+_SUMMARY_FIELDS = {f.name for f in fields(Summary)}
+
+
+def version_key(mode: str, taken) -> str:
+    """The key of a new reply version in ``mode``: ``mode`` itself, else ``"<mode>#<n>"``
+    with the smallest ``n >= 2`` not in ``taken`` (any container of keys)."""
+    key, n = mode, 1
+    while key in taken:
+        n += 1
+        key = f"{mode}#{n}"
+    return key
+
+
+def summary_from_dict(d: dict | None) -> Summary | None:
+    """A :class:`Summary` from its stored dict (keys of newer versions ignored; None stays
+    None)."""
+    if not d:
+        return None
+    return Summary(**{k: v for k, v in d.items() if k in _SUMMARY_FIELDS})
+
+
+@dataclass
+class ReplyResult:
+    """A finished (or stopped) reply in plain Python types (safe to hand to the GUI).
+
+    Attributes:
+        content, reasoning: final text (str).
+        tool_calls: list of dicts (id, name, arguments, result, error, duration_s).
+        finish_reason: "stop", "length", "tool_calls", "cancelled" or "error".
+        tokens: generated token ids (list[int]); from_draft: one bool per token.
+        pieces: the text of each token from mlx-lm's streaming detokenizer (list[str], same
+            length as ``tokens``; "" for a token that only completes a later character).
+        summary: the engine :class:`Summary` of the last round (None when no round ran).
+        rounds: generation rounds (tool calls make more than one).
+        mode, block_size, rollback: how the reply was generated.
+        messages: the chat-template messages of every round when tools ran (stored as the
+            row's ``rounds``, so the next prompt shows the calls and results); [] otherwise.
+        top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
+            top-two logit gap at the first divergence (None otherwise).
+    """
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str = "stop"
+    tokens: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    summary: Summary | None = None
+    rounds: int = 1
+    mode: str = "plain"
+    block_size: int | None = None
+    rollback: str = "tape"
+    error: str | None = None
+    note: str = ""
+    messages: list[dict] = field(default_factory=list)
+    top2_gap: float | None = None
+
+    @classmethod
+    def from_reply(cls, reply: Reply, settings: dict,
+                   pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
+        """The result of a finished ``app.chat.events.Reply``: the last round's text and
+        tokens, every round's tool calls with their results (``finish_fields``), the warnings
+        joined as the note, the token texts from ``pieces_fn``; ``settings`` is the reply's
+        values dict (``mode``, ``block_size``, ``rollback``)."""
+        fields = finish_fields(reply)
+        tokens = fields["token_ids"]
+        flags = fields["from_draft"]
+        note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
+                         for w in reply.warnings)
+        return cls(
+            content=fields["content"],
+            reasoning=fields["reasoning"],
+            tool_calls=fields["tool_calls"],
+            finish_reason=fields["finish_reason"] or "stop",
+            tokens=tokens,
+            from_draft=flags + [False] * (len(tokens) - len(flags)),
+            pieces=pieces_fn(tokens),
+            summary=reply.summary,
+            rounds=max(1, len(reply.rounds)),
+            mode=reply.mode or settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
+            note=note,
+            messages=[dict(m) for m in reply.messages],
+        )
+
+    @classmethod
+    def from_row(cls, m: StoredMessage) -> ReplyResult:
+        """The result of a stored reply row."""
+        return cls(
+            content=m.content,
+            reasoning=m.reasoning,
+            tool_calls=[dict(c) for c in (m.tool_calls or [])],
+            finish_reason=m.finish_reason or ("cancelled" if m.status in ("stopped",
+                                                                          "interrupted")
+                                              else "stop"),
+            tokens=list(m.token_ids or []),
+            from_draft=list(m.from_draft or []),
+            summary=summary_from_dict(m.summary),
+            rounds=max(1, sum(1 for r in m.rounds if r.get("role") == "assistant")),
+            mode=m.mode or "plain",
+            block_size=m.block_size,
+            rollback=m.rollback or "tape",
+            error=m.error,
+            messages=[dict(r) for r in m.rounds],
+        )
+
+
+class PartialReply:
+    """What a reply produced so far, from its events (:meth:`add`), for a
+    :class:`ReplyResult` when it ends without ``ReplyDone`` (an error, or a scripted
+    session): :meth:`result`."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.flags: list[bool] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[str, dict] = {}
+        self.summary: Summary | None = None
+
+    def add(self, ev: Any) -> None:
+        """Take one event (others than tokens, text, tool calls and ``Done`` are ignored)."""
+        if isinstance(ev, TokenEvent):
+            self.tokens.append(ev.token_id)
+            self.flags.append(ev.from_draft)
+        elif isinstance(ev, ContentDelta):
+            self.content.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
+            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
+            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
+            merged.update({k: v for k, v in d.items() if v is not None})
+        elif isinstance(ev, Done):
+            self.summary = ev.summary
+
+    def result(self, settings: dict, pieces_fn: Callable[[list[int]], list[str]], *,
+               failed: bool = False, cancelled: bool = False) -> ReplyResult:
+        """The :class:`ReplyResult` so far: finish reason from the engine's stop cause
+        (``error`` when ``failed``, ``cancelled`` when stopped without a summary)."""
+        finish = "stop"
+        if self.summary is not None:
+            finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
+                      "error": "error"}.get(self.summary.stop_cause, "stop")
+        elif cancelled:
+            finish = "cancelled"
+        if failed:
+            finish = "error"
+        return ReplyResult(
+            content="".join(self.content),
+            reasoning="".join(self.reasoning),
+            tool_calls=list(self.calls.values()),
+            finish_reason=finish,
+            tokens=self.tokens,
+            from_draft=self.flags,
+            pieces=pieces_fn(self.tokens),
+            summary=self.summary,
+            mode=settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
+        )
+
+
+@dataclass
+class Version:
+    """One generated version of an assistant turn.
+
+    ``result`` is its :class:`ReplyResult`; ``stopped`` is True when the reply is partial
+    (Stop, or ``interrupted``: the app ended while it was written); ``error`` holds a
+    generation error message; ``saved`` once its final state is stored.
+    """
+
+    result: ReplyResult
+    stopped: bool = False
+    error: str | None = None
+    saved: bool = False
+    interrupted: bool = False
+
+
+@dataclass
+class Turn:
+    """A shown message. ``role`` is "user" or "assistant".
+
+    Assistant turns keep every version (see the module doc); ``chosen`` is the key of the
+    version the conversation continues from; ``ids`` maps "" (a user message) or each version
+    key to its storage row id.
+    """
+
+    role: str
+    content: str = ""
+    versions: dict[str, Version] = field(default_factory=dict)
+    chosen: str = ""
+    created: float = field(default_factory=time.time)
+    compare: bool = False
+    ids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def version(self) -> Version | None:
+        """The chosen version (None for user messages or a turn still being generated)."""
+        return self.versions.get(self.chosen)
+
+    @property
+    def is_compare(self) -> bool:
+        """True for a Compare turn (plain and DFlash versions of one prompt)."""
+        return self.compare
+
+    def text(self) -> str:
+        """The text shown for the turn (the chosen version's answer for a reply)."""
+        v = self.version
+        return v.result.content if v is not None else self.content
+
+
+@dataclass
+class ConversationView:
+    """A conversation's id, title, per-conversation settings overrides and shown turns."""
+
+    id: int
+    title: str
+    messages: list[Turn] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    updated: float = field(default_factory=time.time)
+
+
+class TurnStore:
+    """The window's conversations over one :class:`~app.chat.storage.Store`.
+
+    Args:
+        path: the database file, or ``":memory:"`` for chats kept in memory only.
+
+    Raises:
+        StorageError: from the constructor when the database cannot be used (the caller
+            falls back to memory and says so, see :func:`open_store`).
+    """
+
+    problem: str = ""
+    """Why chats are kept in memory only ("" when they are stored as asked)."""
+
+    def __init__(self, path: Path | str = ":memory:") -> None:
+        self.db = Store(path)
+
+    # ---- conversations
+    def list(self) -> list[ConversationView]:
+        """Every conversation (titles only; turns load with :meth:`get`), newest first."""
+        return [ConversationView(id=c.id, title=c.title or "New chat",
+                                 settings=dict(c.settings), updated=c.updated_at)
+                for c in self.db.list_conversations()]
+
+    def new(self) -> ConversationView:
+        """A new, empty conversation (titled by its first prompt, ``auto_title``)."""
+        c = self.db.new_conversation()
+        return ConversationView(id=c.id, title="New chat", updated=c.updated_at)
+
+    def get(self, conv_id: int) -> ConversationView | None:
+        """The conversation's active path as turns (None when it does not exist)."""
+        try:
+            c = self.db.get_conversation(conv_id)
+            path = self.db.active_path(conv_id)
+        except StorageError:
+            return None
+        conv = ConversationView(id=c.id, title=c.title or "New chat",
+                                settings=dict(c.settings), updated=c.updated_at)
+        for m in path:
+            if m.role == "user":
+                conv.messages.append(Turn("user", m.content, ids={"": m.id}))
+            elif m.role == "assistant":
+                conv.messages.append(self._reply_turn(m))
+        return conv
+
+    def _reply_turn(self, m: StoredMessage) -> Turn:
+        turn = Turn("assistant")
+        partner = self.db.compare_partner(m.id)
+        if partner is not None:
+            turn.compare = True
+            rows = [(m.mode or "plain", m), (partner.mode or "plain", partner)]
+        else:
+            rows: list = []
+            for row in self.db.versions(m.id):
+                if row.role != "assistant" or row.compare_group:
+                    continue
+                rows.append((version_key(row.mode or "plain", dict(rows)), row))
+        for key, row in rows:
+            turn.versions[key] = Version(
+                ReplyResult.from_row(row),
+                stopped=row.status in ("stopped", "interrupted"),
+                error=row.error if row.status == "error" else None,
+                saved=row.status != "generating",
+                interrupted=row.status == "interrupted",
+            )
+            turn.ids[key] = row.id
+            if row.id == m.id:
+                turn.chosen = key
+        return turn
+
+    def save(self, conv: ConversationView) -> None:
+        """Write what changed: new user messages, finished reply versions, the version a
+        turn continues from, the per-conversation settings; the stored title comes back."""
+        self.db.update_conversation(conv.id, settings=dict(conv.settings))
+        for msg in conv.messages:
+            if msg.role == "user" and "" not in msg.ids:
+                row = self.db.add_message(conv.id, "user", msg.content)
+                msg.ids[""] = row.id
+            elif msg.role == "assistant":
+                for key, v in msg.versions.items():
+                    if v.saved or key not in msg.ids:
+                        continue
+                    self._finish(msg.ids[key], v)
+                    v.saved = True
+                if len(msg.ids) > 1 and msg.chosen in msg.ids:
+                    self.db.set_active(msg.ids[msg.chosen])
+        stored = self.db.get_conversation(conv.id)
+        if stored.title:
+            conv.title = stored.title
+
+    def _finish(self, row_id: int, v: Version) -> None:
+        r = v.result
+        status = "error" if v.error else ("stopped" if v.stopped else "complete")
+        self.db.finish_reply(
+            row_id, status=status, content=r.content, reasoning=r.reasoning,
+            tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",
+                                                "duration_s")} for c in r.tool_calls],
+            token_ids=list(r.tokens), from_draft=list(r.from_draft),
+            summary=r.summary.to_dict() if r.summary is not None else None,
+            finish_reason=r.finish_reason, error=v.error,
+            rounds=r.messages if r.rounds > 1 else None)
+
+    def edit_user(self, old: Turn, new: Turn) -> None:
+        """Store ``new`` as an edited version of the user message ``old`` (a sibling made
+        active; the turns after ``old`` stay stored on the earlier branch)."""
+        if "" not in old.ids:
+            return
+        row = self.db.edit_user_message(old.ids[""], new.content)
+        new.ids[""] = row.id
+
+    def rename(self, conv_id: int, title: str) -> None:
+        """Set a conversation's title (raises ValueError when empty)."""
+        self.db.rename(conv_id, title)
+
+    def export(self, conv_id: int, path: Path) -> Path:
+        """Write the conversation to ``path`` (``.json``: JSON, else Markdown)."""
+        from app.chat.export import write_export
+
+        return write_export(self.db, conv_id, Path(path))
+
+    def import_file(self, path: Path) -> ConversationView:
+        """Import a JSON export as a new conversation and return it.
+
+        Raises ``app.chat.export.ImportFormatError`` or OSError."""
+        from app.chat.export import import_json
+
+        c = import_json(self.db, Path(path))
+        return self.get(c.id)
+
+    def search(self, text: str) -> list[int]:
+        """Ids of conversations whose messages or title contain ``text`` (first hit first)."""
+        ids: list[int] = []
+        for hit in self.db.search(text):
+            if hit.conversation_id not in ids:
+                ids.append(hit.conversation_id)
+        return ids
+
+    def delete(self, conv_id: int) -> None:
+        """Delete a conversation and its messages (no error when it is gone already)."""
+        try:
+            self.db.delete_conversation(conv_id)
+        except ConversationNotFoundError:
+            pass
+
+    # ---- a reply being generated
+    def begin_reply(self, conv: ConversationView, msg: Turn, keys: list[str],
+                    settings: dict) -> None:
+        """Store the reply rows as ``generating`` before generation starts (the user message
+        first). ``keys`` is ``[version key]`` or ``["plain", "dflash"]`` for Compare."""
+        self.save(conv)
+        block = settings.get("block_size")
+        rollback = settings.get("rollback") or "tape"
+        generation = {k: settings.get(k) for k in ("max_tokens", "temperature", "top_p",
+                                                    "top_k", "min_p", "seed",
+                                                    "enable_thinking")}
+        if keys == ["plain", "dflash"]:
+            plain, dflash = self.db.begin_compare(conv.id, block_size=block, rollback=rollback,
+                                                  generation=generation)
+            msg.ids.update(plain=plain.id, dflash=dflash.id)
+        else:
+            mode = settings.get("mode") or "plain"
+            kwargs = {"block_size": block if mode == "dflash" else None,
+                      "rollback": rollback if mode == "dflash" else None,
+                      "generation": generation}
+            if msg.ids:  # a new version of a stored reply: a sibling row
+                row = self.db.regenerate(next(iter(msg.ids.values())), mode=mode, **kwargs)
+            else:
+                row = self.db.begin_reply(conv.id, mode=mode, **kwargs)
+            msg.ids[keys[0]] = row.id
+
+    def progress(self, msg: Turn, key: str, content: str, reasoning: str,
+                 tokens: list[int], from_draft: list[bool]) -> None:
+        """Save the growing reply (the storage throttles writes to one per 0.5 s)."""
+        if key in msg.ids:
+            self.db.update_partial(msg.ids[key], content=content, reasoning=reasoning,
+                                   token_ids=list(tokens), from_draft=list(from_draft))
+
+    def close(self) -> None:
+        """Flush held-back writes and close the database."""
+        self.db.close()
+
+
+def open_store(data_dir: Path) -> TurnStore:
+    """The store in ``data_dir`` (``conversations.db``); on a database error an in-memory
+    one whose :attr:`TurnStore.problem` says why (logged too; the window shows it)."""
+    try:
+        return TurnStore(Path(data_dir) / DB_FILENAME)
+    except StorageError as exc:
+        log.error("conversation database unusable, keeping chats in memory: %s", exc)
+        store = TurnStore(":memory:")
+        store.problem = str(exc)
+        return store

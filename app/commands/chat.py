@@ -1,0 +1,162 @@
+"""``python -m app chat``: one reply, plain or DFlash (the JSON contract is in the README).
+
+``python -m app chat [--model M --draft-model D] --mode {plain,dflash} --prompt TEXT ...``
+prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
+summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
+It goes through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
+0 ok, 2 bad arguments or unusable model files.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.chat.reply import Reply, ReplySettings, collect_reply
+from app.commands.generation import (
+    _add_common,
+    _guard,
+    _load,
+    _messages,
+    default_thinking,
+    load_tools,
+    settings_from_args,
+)
+
+
+def register(subparsers) -> None:
+    """Add the ``chat`` subcommand."""
+    chat = subparsers.add_parser(
+        "chat", help="one reply, plain or DFlash",
+        description="Generate one reply to --prompt and print it with its figures.",
+    )
+    _add_common(chat)
+    chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
+                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter)")
+    chat.set_defaults(func=run_chat)
+
+
+# ------------------------------------------------------------------------------ output
+def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
+    """The ``chat --json`` object for ``reply``."""
+    block = None
+    if reply.mode in ("dflash", "dflash2"):
+        block = settings.block_size or (drafter.config.block_size if drafter else None)
+    out: dict[str, Any] = {
+        "mode": reply.mode,
+        "block_size": block,
+        "rollback": settings.rollback,
+        "tokens": reply.tokens,
+        "text": reply.text,
+        "summary": reply.summary.to_dict(),
+        "content": reply.content,
+        "reasoning": reply.reasoning,
+        "tool_calls": [c.to_dict() for c in reply.tool_calls],
+        "finish_reason": reply.finish_reason,
+        "from_draft": reply.from_draft,
+        "warnings": reply.warnings,
+    }
+    if with_rounds:
+        out["rounds"] = [r.to_dict() for r in reply.rounds]
+    return out
+
+
+def figures_line(reply: Reply, block: int | None = None) -> str:
+    """One line of figures: mode, tokens, tok/s, TTFT, acceptance, tau, replays, finish."""
+    s = reply.summary
+    parts = [reply.mode + (f" (block {block})" if block else "")]
+    parts.append(f"{len(reply.tokens)} tokens")
+    parts.append(f"{s.tok_per_s:.1f} tok/s")
+    parts.append(f"TTFT {s.ttft_s:.2f} s")
+    if reply.mode in ("dflash", "dflash2"):
+        acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
+        tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
+        parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
+    parts.append(f"finish {reply.finish_reason}")
+    return " · ".join(parts)
+
+
+def _print_reply(reply: Reply, block: int | None) -> None:
+    for r in reply.rounds[:-1]:
+        for run in r.tool_runs:
+            print(f"[tool call] {run.call.name} {json.dumps(run.call.arguments, ensure_ascii=False)}")
+            print(f"[tool result] {run.result.content()}")
+    if reply.reasoning:
+        print("[reasoning]")
+        print(reply.reasoning)
+        if reply.content:
+            print("[answer]")
+        elif not reply.tool_calls:
+            print("[answer] (none: the reply ended while reasoning)")
+    if reply.content or not (reply.reasoning or reply.tool_calls):
+        print(reply.content)
+    for c in reply.tool_calls:
+        print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
+    for w in reply.warnings:
+        print(f"[warning] {w['message']}")
+    print(figures_line(reply, block))
+
+
+def run_chat(args) -> int:
+    """``chat``: one reply; returns the exit code."""
+    return _guard(_chat, args)
+
+
+def _chat(args) -> int:
+    tools = load_tools(args.tools)
+    settings = settings_from_args(args, args.mode, tools, args.think)
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
+    if settings.enable_thinking is None:
+        settings.enable_thinking = default_thinking(tpath, dpath)
+    if args.json:
+        reply = collect_reply(target, drafter, _messages(args), settings)
+        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools), ensure_ascii=False))
+        return 0
+    reply = _stream_reply(target, drafter, _messages(args), settings)
+    block = chat_object(reply, settings, drafter, False)["block_size"]
+    for w in reply.warnings:
+        print(f"[warning] {w['message']}")
+    print(figures_line(reply, block))
+    return 0
+
+
+def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
+    """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
+    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
+    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
+
+    section = None
+    reply = None
+
+    def enter(name: str | None) -> None:
+        nonlocal section
+        if name == section:
+            return
+        if section is not None:
+            print(flush=True)
+        if name is not None:
+            print(f"[{name}]")
+        section = name
+
+    for ev in run_reply(target, drafter, messages, settings):
+        if isinstance(ev, ReasoningDelta):
+            enter("reasoning")
+            print(ev.text, end="", flush=True)
+        elif isinstance(ev, ContentDelta):
+            enter("answer")
+            print(ev.text, end="", flush=True)
+        elif isinstance(ev, ToolCallDelta):
+            enter(None)
+            args = json.dumps(ev.call.arguments, ensure_ascii=False)
+            print(f"[tool call] {ev.call.name} {args}", flush=True)
+        elif isinstance(ev, ToolResultEvent):
+            enter(None)
+            print(f"[tool result] {ev.run.result.content()}", flush=True)
+        elif isinstance(ev, ReplyDone):
+            reply = ev.reply
+    enter(None)
+    if reply.reasoning and not reply.content and not reply.tool_calls:
+        print("[answer] (none: the reply ended while reasoning)")
+    return reply
+
+

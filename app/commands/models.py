@@ -1,0 +1,121 @@
+"""``python -m app models``: list targets and DFlash drafters and which fit; add or forget a
+model folder; download Hugging Face repos into the cache (``app.engine.catalog`` and
+``app.engine.download`` do the work; this module only parses and prints)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.engine.catalog import Catalog, catalog_report, format_bytes
+from app.engine.errors import EngineError, ModelLoadError, ModelNotFoundError
+
+
+def _print_text(report: dict) -> None:
+    """The report of :func:`app.engine.catalog.catalog_report` as text on stdout."""
+    print(f"Hugging Face cache: {report['cache_dir']}")
+    print("Targets:")
+    if not report["targets"]:
+        print("  (none)")
+    for t in report["targets"]:
+        print(f"  {t['name']}  [{t['source']}, {format_bytes(t['size_bytes'])}]  {t['path']}")
+        print(f"    memory: {t['memory']['message']}")
+        if t["drafters"]:
+            print(f"    DFlash drafters that fit: {', '.join(t['drafters'])}")
+        else:
+            print("    no DFlash drafter fits: plain decoding only")
+        for nf in t["not_fitting"]:
+            print(f"    does not fit: {nf['name']}: {nf['reason']}")
+    print("Drafters:")
+    if not report["drafters"]:
+        print("  (none)")
+    for d in report["drafters"]:
+        print(f"  {d['name']}  [{d['source']}, {format_bytes(d['size_bytes'])}]  {d['path']}")
+    print("Known pairs (approximate download):")
+    for p in report["known_pairs"]:
+        have = "cached" if p["target_cached"] and p["drafter_cached"] else "not cached"
+        think = "thinking on" if p["thinking"] else "thinking off"
+        print(
+            f"  {p['target_repo']} + {p['drafter_repo']}  ~{p['download_gb']:.1f} GB, "
+            f"block {p['block_size']}, {think}  ({have})"
+        )
+    for s in report["skipped"]:
+        print(f"skipped {s['path']}: {s['reason']}")
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    catalog = Catalog()
+    if args.add_folder:
+        try:
+            found = catalog.add_folder(args.add_folder)
+        except (ModelNotFoundError, ModelLoadError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"added {args.add_folder}: {', '.join(e.name for e in found)}", file=sys.stderr)
+    if args.remove_folder:
+        if not catalog.remove_folder(args.remove_folder):
+            print(f"error: {args.remove_folder} is not in the folder list", file=sys.stderr)
+            return 2
+    if args.download:
+        code = _download_cli(args.download)
+        if code:
+            return code
+        catalog.refresh()
+    report = catalog_report(catalog)
+    if catalog.folders_error:
+        print(f"warning: {catalog.folders_error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_text(report)
+    return 0
+
+
+def _download_cli(repos: list[str]) -> int:
+    """Download ``repos`` in order, printing one progress line to stderr; 2 on failure."""
+    from app.engine import download as dl
+
+    def show(p) -> None:
+        total = format_bytes(p.bytes_total) if p.bytes_total else "?"
+        eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "?"
+        print(
+            f"\r{p.repo_id}: {format_bytes(p.bytes_done)} of {total}, "
+            f"{format_bytes(p.rate_bps)}/s, {eta} left   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    for repo in repos:
+        try:
+            path = dl.download_repo(repo, on_progress=show, min_interval_s=0.5)
+        except KeyboardInterrupt:
+            print(f"\ndownload of {repo} interrupted; run again to resume", file=sys.stderr)
+            return 2
+        except EngineError as exc:
+            print(f"\nerror: {exc}", file=sys.stderr)
+            return 2
+        print(f"\n{repo}: {path}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``models [--json] [--add-folder DIR] [--remove-folder DIR] [--download REPO...]``."""
+    p = subparsers.add_parser(
+        "models",
+        help="list targets and DFlash drafters (bundled, folders, HF cache) and which fit",
+        description="List every target and DFlash drafter with its source (bundled, folder, "
+        "cache), path and size on disk, and for each target the drafters that fit it.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--add-folder", metavar="DIR", help="add a model folder (persisted)")
+    p.add_argument("--remove-folder", metavar="DIR", help="forget a model folder")
+    p.add_argument(
+        "--download",
+        nargs="+",
+        metavar="REPO",
+        help="download Hugging Face repos into the cache first (e.g. a known pair's target "
+        "and drafter)",
+    )
+    p.set_defaults(func=_run_models)

@@ -1,0 +1,105 @@
+"""The left-hand list of conversations with its search box and New chat button.
+
+:class:`ConversationList` owns the list's state (which conversations are shown for the search
+text, which one is current) and reads them from the store; the window answers its signals.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QStyle,
+    QVBoxLayout,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ConversationList(QFrame):
+    """Conversations, newest first, filtered by the search box (``TurnStore.search``).
+
+    Signals:
+        selected(int): the user picked the conversation with this id.
+        newRequested(): the New chat button.
+        menuRequested(int, QPoint): a context menu for this conversation at this global
+            position.
+    """
+
+    selected = Signal(int)
+    newRequested = Signal()
+    menuRequested = Signal(int, QPoint)
+
+    def __init__(self, store, parent=None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.current_id: int | None = None
+        self.setObjectName("side")
+        self.list = QListWidget()
+        self.list.setObjectName("conversations")
+        self.list.setAccessibleName("Conversations")
+        self.list.currentItemChanged.connect(self._on_current)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._on_menu)
+        self.list.setTextElideMode(Qt.ElideRight)
+        new_btn = QPushButton(self.style().standardIcon(QStyle.SP_FileDialogNewFolder),
+                              " New chat")
+        new_btn.setAccessibleName("New chat")
+        new_btn.setToolTip("New chat (Ctrl+N)")
+        new_btn.clicked.connect(self.newRequested)
+        title = QLabel("Chats")
+        title.setObjectName("sectionTitle")
+        self.search_box = QLineEdit()
+        self.search_box.setPlaceholderText("Search chats")
+        self.search_box.setClearButtonEnabled(True)
+        self.search_box.setAccessibleName("Search chats")
+        self.search_box.textChanged.connect(lambda _t: self.refresh())
+        ll = QVBoxLayout(self)
+        ll.setContentsMargins(8, 10, 8, 8)
+        ll.addWidget(title)
+        ll.addWidget(self.search_box)
+        ll.addWidget(self.list, 1)
+        ll.addWidget(new_btn)
+
+    def refresh(self, current_id: int | None | object = ...) -> None:
+        """Re-read the conversations (``current_id``: the one to mark as current; left out,
+        the one marked before)."""
+        if current_id is not ...:
+            self.current_id = current_id
+        self.list.blockSignals(True)
+        self.list.clear()
+        convs = self.store.list()
+        query = self.search_box.text().strip()
+        if query:
+            try:
+                hits = set(self.store.search(query))
+            except Exception:
+                log.exception("search")
+                hits = set()
+            convs = [c for c in convs if c.id in hits]
+        for conv in convs:
+            item = QListWidgetItem(conv.title)
+            item.setData(Qt.UserRole, conv.id)
+            item.setToolTip(conv.title)
+            self.list.addItem(item)
+            if conv.id == self.current_id:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+
+    def _on_current(self, item: QListWidgetItem | None, _prev=None) -> None:
+        if item is not None:
+            self.selected.emit(int(item.data(Qt.UserRole)))
+
+    def _on_menu(self, pos) -> None:
+        item = self.list.itemAt(pos)
+        if item is not None:
+            self.menuRequested.emit(int(item.data(Qt.UserRole)),
+                                    self.list.viewport().mapToGlobal(pos))

@@ -1,0 +1,161 @@
+"""The window's model handling: loading the last, the default or a chosen pair on the worker,
+unloading, the Models dialog, the short benchmark, and the status line that says what is
+loaded. :class:`ModelFlow` is mixed into :class:`app.ui.window.MainWindow`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtWidgets import QFileDialog
+
+from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
+
+log = logging.getLogger("app.ui.window")
+
+
+def default_pair() -> tuple[str, str, str]:
+    """(target, drafter, note): the bundled demo pair, or the tiny pseudo path with a note."""
+    from app.paths import demo_pair_dirs
+
+    target, drafter = demo_pair_dirs()
+    if (target / "config.json").is_file():
+        return str(target), str(drafter) if (drafter / "config.json").is_file() else "", ""
+    return TINY_PAIR, "", "demo pair not bundled: using a random-weight tiny pair (gibberish)"
+
+
+class ModelFlow:
+    """Loading, unloading, the Models dialog and the benchmark (see the module doc). Needs
+    the attributes :class:`~app.ui.window.MainWindow` sets up."""
+
+    def load_last_or_default(self) -> None:
+        """Load the last model used (QSettings) or the default pair."""
+        target = str(self.qs.value("model/target", "") or "")
+        drafter = str(self.qs.value("model/drafter", "") or "")
+        if target == TINY_PAIR:
+            self.load_model(PairSpec(tiny=True))
+        elif target and Path(target).exists():
+            self.load_model(PairSpec(target, drafter or None,
+                                     display_name=str(self.qs.value("model/name", "") or ""),
+                                     repo_id=str(self.qs.value("model/repo_id", "") or "")
+                                     or None))
+        else:
+            self.load_default()
+
+    def load_default(self) -> None:
+        """Load the bundled demo pair (or the tiny pair, saying so)."""
+        target, drafter, note = default_pair()
+        if note:
+            self.flash(note, 10000)
+        self.load_model(target, drafter)
+
+    def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
+        """Ask the worker to load a pair (progress shows; the window stays responsive).
+
+        ``target`` is a :class:`PairSpec` (it keeps the display name and repo id), or a folder
+        path with ``drafter`` ("" for none; :data:`TINY_PAIR` for the tiny pair)."""
+        if self.busy:
+            self.stop()
+        if isinstance(target, PairSpec):
+            spec = target
+        elif target == TINY_PAIR:
+            spec = PairSpec(tiny=True)
+        else:
+            spec = PairSpec(str(target), drafter or None)
+        self._loading = spec
+        self.worker.loadRequested.emit(spec)
+
+    def unload(self) -> None:
+        """Drop the loaded models."""
+        if self.busy:
+            self.stop()
+        self.model = None
+        self.model_label.setText("No model loaded")
+        self.worker.unloadRequested.emit()
+
+    def run_benchmark(self, max_tokens: int = 48) -> None:
+        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results."""
+        self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
+        self.worker.benchRequested.emit(max_tokens)
+
+    def _on_bench_done(self, result: dict) -> None:
+        from app.ui.bench_dialog import BenchDialog
+
+        self.statusBar().clearMessage()
+        self._bench_dialog = BenchDialog(self, result)
+        self._bench_dialog.show()
+        self.benchFinished.emit(result)
+
+    def _on_bench_failed(self, message: str) -> None:
+        self.statusBar().clearMessage()
+        self.show_banner(message)
+        self.benchFinished.emit(None)
+
+    def open_models(self) -> None:
+        """The Models dialog (issue 9): pick, download, pair and remove models."""
+        from app.engine.catalog import Catalog
+        from app.ui.models_dialog import ModelsDialog
+
+        try:
+            catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
+            dlg = ModelsDialog(self, catalog, self.load_model)
+        except Exception as exc:  # the window stays usable whatever the scan hits
+            log.exception("models dialog")
+            self.show_banner(f"Could not open the models list: {exc}")
+            return
+        dlg.show()
+        self._models_dialog = dlg
+
+    def open_model_dialog(self) -> None:
+        """Pick a target folder, then (optionally) a drafter folder."""
+        target = QFileDialog.getExistingDirectory(self, "Target model folder")
+        if not target:
+            return
+        drafter = QFileDialog.getExistingDirectory(
+            self, "DFlash drafter folder (cancel for plain decoding only)")
+        self.load_model(target, drafter or "")
+
+    def _on_loading(self, text: str) -> None:
+        self.progress.show()
+        self.model_label.setText(text)
+
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self.progress.hide()
+        self.model = info
+        spec = info.spec or getattr(self, "_loading", None) or PairSpec(
+            info.target_path, info.drafter_path)
+        self.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)
+        self.qs.setValue("model/drafter", spec.drafter or "")
+        self.qs.setValue("model/name", spec.display_name)
+        self.qs.setValue("model/repo_id", spec.repo_id or "")
+        text = f"Target: {info.target_name}"
+        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
+            "   ·   no drafter (plain only)"
+        if info.context_length:
+            text += f"   ·   context {info.context_length:,}"
+        self.model_label.setText(text)
+        self.composer.set_dflash_available(bool(info.drafter_name),
+                                           "DFlash needs a drafter for this target.")
+        if info.note:
+            self.show_banner(info.note)
+        self._on_memory(info.memory_bytes)
+        if info.memory_before_bytes or info.memory_bytes:
+            self.flash(
+                f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
+                f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
+        self.update_settings_note()
+        self.modelLoaded.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.model = None  # the worker dropped the previous pair before loading
+        self.model_label.setText("No model loaded")
+        self.show_banner(f"Could not load the model: {message}")
+        self.loadFailed.emit(message)
+
+    def _on_memory(self, n: int) -> None:
+        self.memory_bytes = int(n or 0)
+        self.memory_label.setText(f"MLX memory {self.memory_bytes / 2**20:,.0f} MiB"
+                                  if self.memory_bytes else "")
+

@@ -1,0 +1,33 @@
+"""The figures arithmetic lives in one place (``app.engine.events.Summary``); the live panel
+and the bench reuse it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def test_summary_arithmetic_is_shared_by_engine_panel_and_bench():
+    """Summary.add_cycle / set_rates / pool: the one place figures are computed."""
+    from app.engine.events import CycleEvent, Summary
+    from app.ui.panels import LiveStats
+
+    cycles = [CycleEvent(0, 3, 3, 4, False, 0.01, 0.02, 0.0),
+              CycleEvent(1, 3, 1, 2, True, 0.01, 0.02, 0.01)]
+    s = Summary(mode="dflash", generated_tokens=7)
+    for ev in cycles:
+        s.add_cycle(ev)
+    s.set_rates(committed=6)
+    assert (s.cycles, s.drafted, s.accepted, s.replays) == (2, 6, 4, 1)
+    assert s.tau == 3.0 and s.acceptance_rate == 4 / 6 and s.accepted_lengths == [3, 1]
+    assert abs(s.rollback_share - 0.01 / 0.07) < 1e-12
+    live = LiveStats()
+    for ev in cycles:
+        live.on_cycle(ev)
+    v = live.values()
+    assert (v["acceptance"], v["tau"], v["replays"], v["cycles"]) == (4 / 6, 3.0, 1, 2)
+    assert v["rollback_share"] == s.rollback_share
+    pooled = Summary.pool([s, Summary(mode="dflash", generated_tokens=1)])
+    assert pooled.cycles == 2 and pooled.tau == 3.0 and pooled.generated_tokens == 8
+    assert Summary.pool([Summary(mode="plain", generated_tokens=5)], "plain").tau is None

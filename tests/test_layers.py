@@ -1,0 +1,119 @@
+"""The package's import structure: engine <- chat <- ui / commands, and no cycles.
+
+Every ``import app.x`` / ``from app.x import y`` in ``app/`` is read with :mod:`ast`, lazy
+imports inside functions included (they run too, just later).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "app"
+
+LAYER = {"paths": 0, "engine": 1, "chat": 2, "ui": 3, "commands": 3, "cli": 4, "__main__": 4}
+"""Higher layers may import lower ones only; ui and commands do not import each other."""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(APP.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``app`` modules ``path`` imports (``from app.x import y`` counts as ``app.x.y`` when
+    that is a module, else ``app.x``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for n in names:
+            if n == "app" or n.startswith("app."):
+                out.add(n)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in APP.rglob("*.py")}
+    g: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        deps = set()
+        for n in imports_of(path):
+            while n not in files and "." in n:
+                n = n.rsplit(".", 1)[0]
+            if n in files and n != mod and n != "app":
+                deps.add(n)
+        g[mod] = deps
+    return g
+
+
+def layer(mod: str) -> int | None:
+    parts = mod.split(".")
+    return LAYER.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_imports_go_one_way():
+    wrong = []
+    for mod, deps in graph().items():
+        lm = layer(mod)
+        if lm is None:
+            continue
+        for d in deps:
+            ld = layer(d)
+            if ld is None:
+                continue
+            sibling = lm == ld == 3 and mod.split(".")[1] != d.split(".")[1]
+            if ld > lm or sibling:
+                wrong.append(f"{mod} -> {d}")
+    assert wrong == [], "upward imports:\n" + "\n".join(sorted(wrong))
+
+
+def test_engine_and_chat_never_import_qt():
+    qt = []
+    for path in list((APP / "engine").rglob("*.py")) + list((APP / "chat").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m.split(".")[0] in ("PySide6", "qasync") for m in mods):
+                qt.append(module_name(path))
+    assert qt == []
+
+
+def test_no_import_cycle():
+    g = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_walker_sees_imports():
+    """The checks above would pass on an empty graph; make sure they read real edges."""
+    g = graph()
+    assert "app.engine.events" in g["app.chat.reply"]
+    assert "app.chat.storage" in g["app.chat.turns"]
+    assert "app.engine.loader" in g["app.chat.session"]  # a lazy import inside a method
+    assert layer("app.ui.window") == 3 and layer("app.engine.prefix") == 1

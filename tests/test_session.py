@@ -1,0 +1,199 @@
+"""ChatSession: prompts come from the stored messages (tool calls, tool results, reasoning as
+generated), so a multi-turn tool chat keeps its facts and the next turn's prompt extends what
+the target's cache holds (prefix reuse)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from app.chat import reply as reply_mod
+from app.chat.reply import ReplyDone, ToolResultEvent
+from app.chat.session import ChatSession, PairSpec, finish_fields, prompt_for
+from app.chat.storage import Store
+from app.engine.events import Done, Summary, TokenEvent
+from app.engine.prefix import common_prefix
+from app.engine.threads import allow_engine_on_current_thread
+
+LOOKUP = ("<tool_call>\n<function=country_info>\n<parameter=name>\nChile\n</parameter>\n"
+          "</function>\n</tool_call>")
+ANSWER_1 = "Chile is in South America; its capital is Santiago."
+ANSWER_2 = "About 19.6 million people (2023)."
+
+
+class PrefixEngine:
+    """Replaces ``reply._engine_generate``: emits scripted replies and measures prefix reuse
+    as a ``PromptCache`` does (the kept ids are the last prompt plus its generated tokens;
+    the reused count is their common prefix with the new prompt, the last prompt token
+    always prefilled)."""
+
+    def __init__(self, tokenizer, scripts):
+        self.tok = tokenizer
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.scripts = [tokenizer.encode(s, add_special_tokens=False) + [self.eos]
+                        for s in scripts]
+        self.prompts: list[list[int]] = []
+        self.kept: list[int] = []
+        self.reused: list[int] = []
+
+    def __call__(self, target, prompt_ids, config, drafter=None, session=None,
+                 boundaries=None):
+        assert session is not None, "the session's prefix cache must reach the engine"
+        prompt = list(prompt_ids)
+        ids = self.scripts[len(self.prompts)]
+        self.prompts.append(prompt)
+        reused = min(common_prefix(self.kept, prompt), len(prompt) - 1) if self.kept else 0
+        self.reused.append(reused)
+        self.kept = prompt + ids
+        engine = self
+
+        class Gen:
+            def cancel(self):
+                pass
+
+            def __iter__(self):
+                for i, t in enumerate(ids):
+                    yield TokenEvent(t, i, False)
+                yield Done(Summary(mode=config.mode, generated_tokens=len(ids),
+                                   prompt_tokens=len(prompt), reused_tokens=reused,
+                                   stop_cause="end_token"))
+
+        assert engine is self
+        return Gen()
+
+
+@pytest.fixture
+def session(qwen_tokenizer):
+    allow_engine_on_current_thread()
+    store = Store(":memory:")
+    s = ChatSession(store)
+    eos = {qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    s.target = SimpleNamespace(tokenizer=qwen_tokenizer, eos_token_ids=eos,
+                               context_length=8192)
+    s.cache = object()  # stands for the PromptCache the engine would use
+    yield s
+    store.close()
+
+
+SETTINGS = {"mode": "plain", "use_tools": True, "max_tokens": 200, "enable_thinking": False}
+
+
+def test_multi_turn_tool_chat_keeps_the_tool_result_and_reuses_the_prefix(
+        monkeypatch, session, qwen_tokenizer):
+    engine = PrefixEngine(qwen_tokenizer, [LOOKUP, ANSWER_1, ANSWER_2])
+    monkeypatch.setattr(reply_mod, "_engine_generate", engine)
+    conv = session.store.new_conversation()
+
+    events = list(session.send(conv.id, "Tell me about Chile.", SETTINGS))
+    assert any(isinstance(e, ToolResultEvent) and e.run.result.ok for e in events)
+    assert isinstance(events[-1], ReplyDone) and events[-1].reply.content == ANSWER_1
+    first = session.store.get_message(session.last_reply_id)
+    assert first.status == "complete" and first.content == ANSWER_1
+    assert [m["role"] for m in first.rounds] == ["assistant", "tool", "assistant"]
+    assert first.tool_calls[0]["name"] == "country_info"
+    assert first.tool_calls[0]["result"]["population"] == 19600000
+    turn1_last_prompt = engine.prompts[1]
+
+    events = list(session.send(conv.id, "And its population?", SETTINGS))
+    assert isinstance(events[-1], ReplyDone) and events[-1].reply.content == ANSWER_2
+    turn2 = qwen_tokenizer.decode(engine.prompts[2])
+    # turn 1's tool call and tool result are in turn 2's prompt
+    assert "<function=country_info>" in turn2
+    assert '"population": 19600000' in turn2
+    assert turn2.index("Tell me about Chile.") < turn2.index("19600000") < \
+        turn2.index("And its population?")
+    # and turn 2 extends what the cache holds: all of turn 1's last round prompt is reused
+    # but its generation prompt (the template writes a past turn without the empty think
+    # block that opened the reply), so the reused prefix holds the tool call and result
+    opener = qwen_tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+    assert turn1_last_prompt[-len(opener):] == opener
+    assert engine.reused[2] >= len(turn1_last_prompt) - len(opener)
+    reused_text = qwen_tokenizer.decode(engine.prompts[2][:engine.reused[2]])
+    assert '"population": 19600000' in reused_text
+    summary = session.store.get_message(session.last_reply_id).summary
+    assert summary["reused_tokens"] == engine.reused[2] > 0
+
+
+def test_prompt_for_adds_the_system_prompt_once(session):
+    store = session.store
+    conv = store.new_conversation()
+    store.add_message(conv.id, "user", "hi")
+    row = store.begin_reply(conv.id, mode="plain")
+    assert prompt_for(store, row.id, "Be brief.") == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert prompt_for(store, row.id, "  ") == [{"role": "user", "content": "hi"}]
+    conv2 = store.new_conversation(system_prompt="Stored.")
+    store.add_message(conv2.id, "user", "hi")
+    row2 = store.begin_reply(conv2.id, mode="plain")
+    assert prompt_for(store, row2.id, "Be brief.")[0] == {"role": "system",
+                                                          "content": "Stored."}
+
+
+def test_one_round_reply_stores_no_rounds(monkeypatch, session, qwen_tokenizer):
+    engine = PrefixEngine(qwen_tokenizer, [ANSWER_1])
+    monkeypatch.setattr(reply_mod, "_engine_generate", engine)
+    conv = session.store.new_conversation()
+    done = list(session.send(conv.id, "Where is Chile?", SETTINGS))[-1].reply
+    fields = finish_fields(done)
+    assert fields["rounds"] == [] and fields["content"] == ANSWER_1
+    row = session.store.get_message(session.last_reply_id)
+    assert row.rounds == [] and row.to_prompt_dicts() == [
+        {"role": "assistant", "content": ANSWER_1}]
+
+
+def test_send_without_a_store_is_refused():
+    with pytest.raises(RuntimeError, match="needs a store"):
+        list(ChatSession().send(1, "hi", SETTINGS, threading.Event()))
+
+
+def test_pair_spec_label_keeps_the_names():
+    assert PairSpec("/c/snapshots/ab12cd", repo_id="z-lab/Qwen3.5-4B").label == \
+        "z-lab/Qwen3.5-4B"
+    assert PairSpec("/m/demo-target", display_name="Demo pair").label == "Demo pair"
+    assert PairSpec("/m/demo-target").label == "demo-target"
+    assert PairSpec(tiny=True).label == "tiny random pair"
+
+
+def test_load_keeps_the_repo_id_as_the_name(tiny_root):
+    """A cached repo loads from its snapshot folder; the name shown is the repo id, not the
+    snapshot's commit hash (the folder name)."""
+    from app.engine.tiny import build_tiny_pair
+
+    allow_engine_on_current_thread()
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    s = ChatSession()
+    info = s.load(PairSpec(str(t), str(d), repo_id="org/tiny-target"))
+    try:
+        assert info.target_name == "org/tiny-target" and info.spec.repo_id == "org/tiny-target"
+        assert info.target_path == str(t) and info.drafter_block_size == 16
+        plain = s.load(PairSpec(str(t)))
+        assert plain.target_name == t.name and plain.drafter_name is None
+    finally:
+        s.unload()
+
+
+def test_scripted_session_counts_what_it_emits():
+    """The one scripted session (tests, screenshot, latency bench): its Summary's counts are
+    those of its events, and cancel is checked before every cycle."""
+    from app.chat.events import ContentDelta, ReasoningDelta, ToolResultEvent
+    from app.chat.scripted import ScriptedSession, ScriptedTurn
+    from app.engine.events import CycleEvent
+
+    s = ScriptedSession(turns=[ScriptedTurn("a b", "abcdefgh", ("calculator", {"e": 1}, 2))],
+                        cycles=None, block=4, chunk_chars=3, accept=lambda c: 2)
+    events = list(s.reply([], {"mode": "dflash"}))
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "a b"
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == "abcdefgh"
+    (tool,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert tool.run.result.result == 2
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    summary = events[-1].summary
+    assert len(cycles) == summary.cycles == 3 and len(tokens) == summary.generated_tokens == 9
+    assert summary.tau == 3.0 and summary.acceptance_rate == 6 / 9
+    cancel = threading.Event()
+    cancel.set()
+    stopped = list(ScriptedSession(cycles=100).reply([], {"mode": "dflash"}, cancel))
+    assert stopped[-1].summary.cycles == 0 and stopped[-1].summary.stop_cause == "cancelled"
