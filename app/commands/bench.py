@@ -3,7 +3,9 @@
 Every prompt goes through the target's chat template (:func:`app.chat.templates.render_prompt`)
 and then through each mode: ``plain``, and for every block size B ``dflash+tape@B`` and
 ``dflash+replay@B`` (greedy; with ``--fast-verify`` also ``dflash+tape@B+fast``, the near-exact
-chunked verify). Modes are interleaved (the order rotates from one prompt and
+chunked verify; with ``--dflash2-model`` also ``dflash2+tape@B`` and ``dflash2+tape@B+nosel``,
+a DFlash2 drafter with its candidate selector on and off, and ``dflash2_vs_dflash`` in the
+result; a DFlash2 ``--draft-model`` alone gives plain and the DFlash2 modes). Modes are interleaved (the order rotates from one prompt and
 repeat to the next) and repeated, after one untimed warm-up run per mode. Per mode the report
 gives the median tok/s (generation only, prefill excluded, as :class:`~app.engine.events.Summary`
 counts it), the median time to first token, the acceptance rate and tau (definitions in
