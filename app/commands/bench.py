@@ -443,7 +443,7 @@ def run_bench(args) -> int:
         "identical_tokens": all(f["identical_tokens"] for f in figures.values()),
         "scaling": None,
     }
-    if any(f["mode"] == "dflash2" for f in figures.values()):
+    if any(f.get("mode") == "dflash2" for f in figures.values()):
         result["dflash2_vs_dflash"] = dflash2_vs_dflash(figures)
     if args.scaling:
         if not args.json:

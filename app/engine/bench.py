@@ -234,8 +234,9 @@ def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: lis
     rotating by one at each step so that no mode always runs first or after the same one.
     ``drafter2``: the DFlash2 drafter of ``dflash2`` modes (see :func:`run_one`)."""
     warm_ids = prompts[0][1]
+    extra = {} if drafter2 is None else {"drafter2": drafter2}
     for m in modes:
-        run_one(target, drafter, warm_ids, m, min(8, max_tokens), drafter2=drafter2)
+        run_one(target, drafter, warm_ids, m, min(8, max_tokens), **extra)
     records = []
     step = 0
     total = repeats * len(prompts) * len(modes)
@@ -243,8 +244,7 @@ def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: lis
         for pid, ids in prompts:
             k = step % len(modes)
             for m in modes[k:] + modes[:k]:
-                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r,
-                                       drafter2=drafter2))
+                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r, **extra))
                 if progress:
                     progress(len(records), total, records[-1])
             step += 1
@@ -314,7 +314,7 @@ def dflash2_vs_dflash(modes: dict[str, dict]) -> dict[str, dict]:
     ratio (issue 22's goal: >= 1.1) and whether DFlash2's tokens equal plain's."""
     out = {}
     for name, fig in modes.items():
-        if fig["mode"] != "dflash2" or not fig.get("selector", True):
+        if fig.get("mode") != "dflash2" or not fig.get("selector", True):
             continue
         b = fig["block_size"]
         base = modes.get(f"dflash+tape@{b}", {})
@@ -353,7 +353,7 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig["mode"] != "dflash":
+        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig.get("mode") == "dflash2":
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]
@@ -368,7 +368,8 @@ def goals(result: dict) -> dict:
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""
     tapes = {k: v for k, v in result["modes"].items()
-             if v["rollback"] == "tape" and not v.get("fast_verify") and v["mode"] == "dflash"}
+             if v["rollback"] == "tape" and not v.get("fast_verify")
+             and v.get("mode") != "dflash2"}
     ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
     best = max(ratios) if ratios else None
     tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]
