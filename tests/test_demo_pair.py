@@ -27,9 +27,9 @@ from tools.demo_pair import evaluate as ev  # noqa: E402
 TARGET_DIR, DRAFTER_DIR = demo_pair_dirs()
 
 # Held-out items the shipped pair answers correctly (a fixed subset of the model card's run).
-SINGLE_IDS = ["fact_capital-0", "tool_time-104", "tool_convert-120", "greeting-80",
-              "scope-152"]
-SCRIPT_IDS = ["script-2-time_other"]
+SINGLE_IDS = ["fact_capital-0", "tool_time-110", "tool_convert-120", "greeting-80",
+              "scope-155"]
+SCRIPT_IDS = ["script-10-country_field"]
 
 
 @pytest.fixture(scope="module")
