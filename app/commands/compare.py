@@ -12,9 +12,12 @@ reported, not an error (exit code 0); 2 for bad arguments or unusable model file
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from dataclasses import replace
 
 from app.chat.reply import collect_reply, divergence_near_tie
+from app.chat.tools import builtin_tools
 from app.commands.chat import _print_reply, chat_object
 from app.commands.generation import (
     _add_common,
@@ -65,8 +68,12 @@ def _compare(args) -> int:
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
         runs.append(("dflash2", drafter2))
+    # both runs see the same tool results: the built-in clock frozen at one instant
+    frozen = builtin_tools(dt.datetime.now(dt.UTC)) if args.tools == "builtin" else None
     for mode, d in runs:
         settings = settings_from_args(args, mode, tools, think)
+        if frozen is not None:
+            settings = replace(settings, runnable_tools=frozen)
         reply = collect_reply(target, d, _messages(args), settings)
         results[mode] = (reply, settings, d)
     if only_v2:
