@@ -10,8 +10,7 @@ Every reply goes through the app's reply runner (:func:`app.chat.reply.collect_r
 the built-in tools run for real (``current_time`` is frozen at one instant per item, so plain
 and DFlash see the same tool results), the history of a script is built as the window builds
 it (the reply's messages appended, then :func:`app.chat.history.fit_for_tokenizer`), and every
-engine pass runs the exact step-loop verify (``fast_verify=False``, see
-:func:`exact_verify`).
+engine pass runs the engine's default, exact step-loop verify (``fast_verify`` is never set).
 
 Checks of one reply against its ``expect`` (see :class:`tools.demo_pair.corpus.Turn`):
 
@@ -45,22 +44,6 @@ MAX_TOKENS = 200
 
 
 # ---- setup ------------------------------------------------------------------------------------
-
-def exact_verify() -> None:
-    """Make every engine pass in this process use the exact step-loop verify
-    (``TargetRunner(fast_verify=False)``, the engine's default), whatever a caller asks."""
-    from app.engine import target as tmod
-
-    if getattr(tmod.TargetRunner, "_demo_exact", False):
-        return
-    orig = tmod.TargetRunner.__init__
-
-    def init(self, model, model_type, *args, **kwargs):
-        orig(self, model, model_type, fast_verify=False)
-
-    tmod.TargetRunner.__init__ = init
-    tmod.TargetRunner._demo_exact = True
-
 
 def heldout_dir() -> Path:
     """The folder of the frozen held-out sets (the shipped demo target)."""
@@ -301,11 +284,10 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
 
 
 def load_pair(tdir: Path | None = None, ddir: Path | None = None):
-    """(target, drafter): the bundled pair unless folders are given; exact verify on."""
+    """(target, drafter): the bundled pair unless folders are given."""
     from app.engine.loader import check_pair, load_drafter, load_target
     from app.paths import demo_pair_dirs
 
-    exact_verify()
     if tdir is None or ddir is None:
         tdir, ddir = demo_pair_dirs()
     target, drafter = load_target(str(tdir)), load_drafter(str(ddir))
@@ -405,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app-bench"]:
-        exact_verify()
         from app.cli import main as app_main
 
         return app_main(["bench", *argv[1:]])
