@@ -43,7 +43,8 @@ def test_description_names_a_library_mapped_in_this_process():
     preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if "openblas" in p]
     if preloaded:
         assert info.name == "OpenBLAS" and info.optimized
-        assert "(optimized)" in desc
+        threads = blas.openblas_threads(info.path)
+        assert threads and f"(optimized, {threads} thread" in desc
     elif not any("openblas" in p or "mkl" in p for p in mapped):
         assert not info.optimized and "(slow)" in desc
 

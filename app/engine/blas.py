@@ -188,7 +188,7 @@ def blas_in_use(load_mlx: bool = False) -> BlasInfo:
 def blas_description(load_mlx: bool = True) -> str:
     """One line naming the BLAS in use, its file, and whether it is optimized.
 
-    E.g. ``"OpenBLAS (optimized) /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"``
+    E.g. ``"OpenBLAS (optimized, 1 thread) /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"``
     or ``"reference BLAS (netlib, bundled with mlx-cpu) (slow) /.../libblas-bd8a282c.so..."``.
     """
     info = blas_in_use(load_mlx=load_mlx)
