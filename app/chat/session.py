@@ -22,6 +22,7 @@ cache holds (prefix reuse).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from app.chat.storage import ReplyRecorder, Store
 from app.engine.errors import EngineError, GenerationError
 from app.engine.events import TokenEvent
 from app.engine.threads import check_engine_thread
+
+log = logging.getLogger(__name__)
 
 TINY_PAIR = "tiny:"
 """A target path standing for ``PairSpec(tiny=True)`` (kept for QSettings values and the
@@ -181,7 +184,27 @@ class ChatSession:
         from app.engine import loader
 
         before = self.memory_bytes()
+        previous = self.spec
         self.unload()
+        try:
+            return self._load_spec(spec, before)
+        except Exception:
+            if previous is not None:  # a failed load leaves the working pair loaded
+                try:
+                    self._load_spec(previous, before)
+                except Exception:
+                    log.exception("reloading the previous pair after a failed load")
+                    self.unload()
+            raise
+
+    def has_model(self) -> bool:
+        """True while a target is loaded (after a failed :meth:`load`, the previous one)."""
+        return self.target is not None
+
+    def _load_spec(self, spec: PairSpec, before: int) -> ModelInfo:
+        """Load ``spec`` into this session (nothing loaded before); see :meth:`load`."""
+        from app.engine import loader
+
         note = ""
         target, drafter_path = spec.target, spec.drafter
         if spec.tiny:

@@ -264,7 +264,8 @@ class TurnStore:
 
     def _finish(self, row_id: int, v: Version) -> None:
         r = v.result
-        status = "error" if v.error else ("stopped" if v.stopped else "complete")
+        status = "error" if v.error else ("interrupted" if v.interrupted else
+                                           ("stopped" if v.stopped else "complete"))
         self.db.finish_reply(
             row_id, status=status, content=r.content, reasoning=r.reasoning,
             tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
+from app.ui.text import sentence
 from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 
 log = logging.getLogger("app.ui.window")
@@ -75,7 +76,12 @@ class ModelFlow:
         self.worker.unloadRequested.emit()
 
     def run_benchmark(self, max_tokens: int = 48) -> None:
-        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results."""
+        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results.
+
+        ``max_tokens`` must be a positive int (a bool, e.g. a QAction's ``checked``, is not
+        a token count and falls back to the default 48)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            max_tokens = 48
         self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
         self.worker.benchRequested.emit(max_tokens)
 
@@ -129,16 +135,14 @@ class ModelFlow:
         self.qs.setValue("model/drafter", spec.drafter or "")
         self.qs.setValue("model/name", spec.display_name)
         self.qs.setValue("model/repo_id", spec.repo_id or "")
-        text = f"Target: {info.target_name}"
-        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
-            "   ·   no drafter (plain only)"
-        if info.context_length:
-            text += f"   ·   context {info.context_length:,}"
-        self.model_label.setText(text)
+        self._loading = None
+        self._show_model_line(info)
+        if self.banner_kind == "error":  # an earlier failure is over now
+            self.clear_banner()
         self.composer.set_dflash_available(bool(info.drafter_name),
                                            "DFlash needs a drafter for this target.")
         if info.note:
-            self.show_banner(info.note)
+            self.show_note(info.note)
         self._on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
             self.flash(
@@ -147,12 +151,27 @@ class ModelFlow:
         self.update_settings_note()
         self.modelLoaded.emit(info)
 
-    def _on_load_failed(self, message: str) -> None:
+    def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:
         self.progress.hide()
-        self.model = None  # the worker dropped the previous pair before loading
-        self.model_label.setText("No model loaded")
-        self.show_banner(f"Could not load the model: {message}")
+        self._loading = None
+        if still_loaded and self.model is not None:
+            self._show_model_line(self.model)  # the working pair stays in use
+            self.show_banner(f"Could not load the model: {sentence(message)} "
+                             f"{self.model.target_name} is still loaded.")
+        else:
+            self.model = None
+            self.model_label.setText("No model loaded")
+            self.show_banner(f"Could not load the model: {sentence(message)}")
         self.loadFailed.emit(message)
+
+    def _show_model_line(self, info: ModelInfo) -> None:
+        """The status bar's line naming the loaded pair."""
+        text = f"Target: {info.target_name}"
+        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
+            "   ·   no drafter (plain only)"
+        if info.context_length:
+            text += f"   ·   context {info.context_length:,}"
+        self.model_label.setText(text)
 
     def _on_memory(self, n: int) -> None:
         self.memory_bytes = int(n or 0)

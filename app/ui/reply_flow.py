@@ -76,8 +76,7 @@ class ReplyFlow:
         if not text.strip():
             return False
         if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
+            self._say_no_model()
             return False
         new = Turn("user", text)
         try:
@@ -89,13 +88,20 @@ class ReplyFlow:
         conv.messages = conv.messages[:index] + [new]
         return self._start(text, [""], edited=new)
 
+    def _say_no_model(self) -> None:
+        """Why nothing can be sent: a load is running, or nothing is loaded at all."""
+        if getattr(self, "_loading", None) is not None:
+            self.show_note("No model is loaded yet: wait for loading to finish.")
+        else:
+            self.show_banner("No model is loaded: pick one with File › Models…, or File › Use "
+                             "default model for the bundled demo.")
+
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
                edited: Turn | None = None) -> bool:
         if self.busy:
             return False
         if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
+            self._say_no_model()
             if again is None:
                 self.composer.edit.setPlainText(text)
             return False
@@ -248,7 +254,7 @@ class ReplyFlow:
             self.flash(ev.message, 8000)
 
     def _on_notice(self, side: SideRun, ev: Notice) -> None:
-        self.show_banner(ev.message)
+        self.show_note(ev.message)
 
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
         side.error = ev.message
@@ -286,7 +292,7 @@ class ReplyFlow:
         if result.summary is not None:
             side.stats.apply_summary(result.summary)
         if result.note:
-            self.show_banner(result.note)
+            self.show_note(result.note)
         if result.tool_calls:
             self.tools.set_calls(result.tool_calls)
         elif side.calls:
@@ -302,8 +308,9 @@ class ReplyFlow:
             if side.result is None:
                 continue
             stopped = run.stopped or side.result.finish_reason == "cancelled"
-            msg.versions[run.version_key(side.tag)] = Version(side.result, stopped=stopped,
-                                                              error=side.error)
+            msg.versions[run.version_key(side.tag)] = Version(
+                side.result, stopped=stopped or run.interrupted, error=side.error,
+                interrupted=run.interrupted)
         if not run.compare:
             msg.chosen = run.key if run.key in msg.versions else next(iter(msg.versions), "")
         else:

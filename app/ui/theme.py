@@ -123,6 +123,7 @@ def stylesheet(c: dict) -> str:
         border-radius: 8px; }}
     QLabel#banner {{ background: {c['diff_bg']}; color: {c['text']}; padding: 6px 10px;
         border-radius: 6px; }}
+    QLabel#banner[kind="note"] {{ background: {c['user_bg']}; color: {c['text']}; }}
     QTreeWidget, QPlainTextEdit {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 6px; }}
     QToolButton#collapse {{ border: none; font-weight: 600; }}

@@ -49,6 +49,7 @@ from app.ui.details import DetailsPanel
 from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
 from app.ui.reply_flow import ReplyFlow
 from app.ui.run_state import ReplyRun
+from app.ui.text import sentence
 from app.ui.theme import colours, make_palette, stylesheet
 from app.ui.worker import (
     Backend,
@@ -104,6 +105,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.memory_bytes = 0
         self.conv: ConversationView | None = None
         self.busy = False
+        self._loading = None  # the PairSpec being loaded, None when no load runs
         self._req = 0
         self._run: ReplyRun | None = None
         self._pending: list[UiEvent] = []
@@ -152,6 +154,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.banner.setAccessibleName("Message")
+        self.banner_kind = ""
         self.banner_close = QToolButton()
         self.banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
         self.banner_close.setAccessibleName("Dismiss message")
@@ -255,7 +258,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.compare_action = act(c, "Compare plain and DFlash",
                                   lambda: self.composer._compare(), "Ctrl+Shift+C")
         self.regen_action = act(c, "Regenerate last reply", self.regenerate, "Ctrl+R")
-        act(c, "Run short benchmark", self.run_benchmark)
+        self.bench_action = act(c, "Run short benchmark", lambda: self.run_benchmark())
         act(c, "Rename chat…", self.rename_chat, "F2")
         act(c, "Delete chat", self.delete_chat)
         h = mb.addMenu("&Help")
@@ -280,16 +283,27 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.flash_label.setText(f"   ·   {text}" if text else "")
         self._flash_timer.start(ms)
 
-    def show_banner(self, text: str) -> None:
-        """Show a dismissable message above the chat (errors, notes)."""
-        log.info("banner: %s", text)
-        self.banner.setText(text)
+    def show_banner(self, text: str, kind: str = "error") -> None:
+        """Show a dismissable message above the chat. ``kind`` "error" (something failed:
+        the red banner) or "note" (routine information: a quiet one)."""
+        log.info("banner (%s): %s", kind, text)
+        self.banner_kind = kind
+        self.banner.setText(sentence(text))
+        self.banner.setProperty("kind", kind)
+        self.banner.setAccessibleName("Error" if kind == "error" else "Note")
+        self.banner.style().unpolish(self.banner)
+        self.banner.style().polish(self.banner)
         self.banner_row.show()
-        self.flash(text, 8000)
+        self.flash(sentence(text), 8000)
+
+    def show_note(self, text: str) -> None:
+        """Routine information (not an error) in the quiet banner."""
+        self.show_banner(text, kind="note")
 
     def clear_banner(self) -> None:
         """Hide the message."""
         self.banner.setText("")
+        self.banner_kind = ""
         self.banner_row.hide()
 
     # ------------------------------------------------------------------ conversations
@@ -302,6 +316,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
             self.stop()
         conv = self.store.new()
         self._save(conv)
+        self.clear_banner()  # a message about the previous chat does not belong here
         self.select_conversation(conv)
         self.composer.edit.setFocus()
         return conv
@@ -507,12 +522,15 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.qs.sync()
 
     def shutdown(self, timeout_ms: int = 15000) -> None:
-        """Cancel a running reply, keep its partial text, stop the worker thread, close the
-        store (a second call does nothing)."""
+        """Cancel a running reply, keep its partial text (stored as ``interrupted``: the app
+        closed while it was written), stop the worker thread, close the store (a second call
+        does nothing)."""
         if getattr(self, "_shut", False):
             return
         self._shut = True
         if self.busy:
+            if self._run is not None:
+                self._run.interrupted = True
             self.stop()
             loop = QEventLoop()
             clock = QElapsedTimer()
@@ -528,6 +546,19 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         except Exception:
             log.exception("closing the store")
 
+    def confirm_quit_while_busy(self) -> bool:
+        """Ask whether to quit while a reply is being written (True: quit)."""
+        answer = QMessageBox.question(
+            self, "Quit while a reply is written?",
+            "A reply is still being written. Quit anyway? What it has written so far is kept "
+            "and marked “interrupted”.",
+            QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+        return answer == QMessageBox.Yes
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
+        if self.busy and not getattr(self, "_shut", False) and \
+                not self.confirm_quit_while_busy():
+            event.ignore()
+            return
         self.shutdown()
         super().closeEvent(event)
