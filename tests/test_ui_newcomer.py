@@ -138,3 +138,101 @@ def test_session_failed_load_reloads_the_previous_pair(tiny_dirs, tmp_path):
     assert session.has_model()
     assert str(session.target.path) == info.target_path
     assert session.drafter is not None and session.spec.target == str(tiny_dirs[0])
+
+
+def _rect_in_window(win, w):
+    top_left = w.mapTo(win, QPoint(0, 0))
+    return (top_left.x(), top_left.y(), w.width(), w.height())
+
+
+# ------------------------------------------------------------------ item 2 and Send -> Stop
+def test_double_click_on_send_does_not_stop_the_reply(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=60, block=4, delay_s=0.01))
+    try:
+        win.resize(1280, 800)
+        qtbot.wait(50)
+        c = win.composer
+        send_rect = _rect_in_window(win, c.send_btn)
+        centre = QPoint(send_rect[0] + send_rect[2] // 2, send_rect[1] + send_rect[3] // 2)
+        c.edit.setPlainText(PROMPT)
+        interval = QApplication.styleHints().mouseDoubleClickInterval()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            QTest.mouseClick(win.windowHandle(), Qt.LeftButton, Qt.NoModifier, centre)
+            assert win.busy
+            # Stop took Send's place: same rectangle in the window
+            assert _rect_in_window(win, c.stop_btn) == send_rect
+            assert c.stop_btn.isVisible() and not c.send_btn.isVisible()
+            QTest.mouseClick(win.windowHandle(), Qt.LeftButton, Qt.NoModifier, centre,
+                             delay=min(100, interval // 3))
+        v = blocker.args[0].version
+        assert not v.stopped and v.result.finish_reason != "cancelled"
+        assert backend.emitted_cycles == 60
+        assert c.send_btn.isVisible() and _rect_in_window(win, c.send_btn) == send_rect
+    finally:
+        win.shutdown()
+
+
+def test_a_deliberate_click_on_stop_still_stops(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4,
+                                                         delay_s=0.002))
+    try:
+        c = win.composer
+        interval = QApplication.styleHints().mouseDoubleClickInterval()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            qtbot.wait(interval + 150)
+            r = _rect_in_window(win, c.stop_btn)
+            QTest.mouseClick(win.windowHandle(), Qt.LeftButton, Qt.NoModifier,
+                             QPoint(r[0] + r[2] // 2, r[1] + r[3] // 2))
+        assert blocker.args[0].version.stopped
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ item 5
+def test_layout_does_not_jump_and_the_window_goes_small(qtbot, qs):
+    from app.engine.events import Summary
+
+    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=30, block=4, delay_s=0.01))
+    try:
+        win.resize(1280, 800)
+        qtbot.wait(50)
+        c = win.composer
+
+        def geometry():
+            return (win.chat.width(), _rect_in_window(win, win.chat)[2],
+                    [_rect_in_window(win, w) for w in
+                     (c.plain_btn, c.dflash_btn, c.colour_box, c.compare_btn, c.action_stack,
+                      c.note)])
+
+        before = geometry()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.send(PROMPT)
+            qtbot.waitUntil(lambda: win._run is not None and
+                            win._run.sides[""].stats.cycles >= 3, timeout=10_000)
+            during = geometry()
+        qtbot.wait(100)
+        after = geometry()
+        assert before == during == after
+        # long figures (prompt reuse, big context) do not widen the right column
+        big = Summary(mode="dflash", prompt_tokens=123_456, generated_tokens=98_765,
+                      ttft_s=1.5, tok_per_s=1234.5, cycles=54_321, drafted=99_999,
+                      accepted=88_888, acceptance_rate=0.889, tau=15.99, replays=12_345,
+                      rollback_share=0.5, reused_tokens=120_000)
+        from app.ui.panels import LiveStats
+
+        st = LiveStats(context_limit=262_144)
+        st.apply_summary(big)
+        win.live.show_stats(st, 16)
+        qtbot.wait(50)
+        assert geometry() == after
+        # the settings line is whole: its width fits its text
+        assert c.note.width() >= c.note.fontMetrics().horizontalAdvance(c.note.text())
+        hint = win.minimumSizeHint()
+        assert hint.width() <= 900 and hint.height() <= 600
+        win.resize(900, 600)
+        qtbot.wait(50)
+        assert c.note.isVisible()
+        assert c.note.width() >= c.note.fontMetrics().horizontalAdvance(c.note.text())
+    finally:
+        win.shutdown()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QEvent, Qt, QUrl, Signal
+from PySide6.QtCore import QElapsedTimer, QEvent, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QGuiApplication,
     QKeyEvent,
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
+    QStackedWidget,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -242,14 +243,20 @@ class ChatView(QTextBrowser):
 
 
 class Composer(QWidget):
-    """Input box with the Plain | DFlash switch, Send, Stop and Compare.
+    """Input box with the Plain | DFlash switch, Colour drafts, Compare and one Send button
+    that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
+    do); the settings line for the next reply sits on its own line, never cut.
 
-    Enter sends, Shift+Enter inserts a new line. Signals: ``send(str)``, ``stop()``,
-    ``compare(str)``; ``mode()`` returns "plain" or "dflash"."""
+    Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
+    double-click interval after Send started the reply is ignored (the second click of a
+    double-click on Send does not stop the reply it started). Signals: ``send(str)``,
+    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain" or
+    "dflash"."""
 
     send = Signal(str)
     stop = Signal()
     compare = Signal(str)
+    modeChanged = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -263,9 +270,12 @@ class Composer(QWidget):
         self.plain_btn.setObjectName("segLeft")
         self.dflash_btn = QPushButton("DFlash")
         self.dflash_btn.setObjectName("segRight")
-        for b, tip in ((self.plain_btn, "Decode one token per target forward."),
-                       (self.dflash_btn, "DFlash block-diffusion speculative decoding "
-                                         "(exact: greedy output equals plain).")):
+        for b, tip in ((self.plain_btn, "Plain: the model writes one token at a time. Each "
+                                        "token is one forward pass of the target model."),
+                       (self.dflash_btn, "DFlash: a small drafter guesses several tokens at "
+                                         "once and the model checks them in one pass. "
+                                         "Block-diffusion speculative decoding; exact: with "
+                                         "greedy sampling the text equals plain's.")):
             b.setCheckable(True)
             b.setToolTip(tip)
             b.setAccessibleName(f"{b.text()} decoding")
@@ -274,24 +284,41 @@ class Composer(QWidget):
         self.mode_group.addButton(self.plain_btn)
         self.mode_group.addButton(self.dflash_btn)
         self.dflash_btn.setChecked(True)
+        self.mode_group.buttonToggled.connect(
+            lambda _b, on: on and self.modeChanged.emit(self.mode()))
         self.colour_box = QCheckBox("Colour drafts")
-        self.colour_box.setToolTip("Tint tokens the drafter proposed and the target accepted.")
+        self.colour_box.setToolTip("Colour drafts: tint the answer's words the drafter guessed "
+                                   "right. Tinted: a draft token the target accepted; plain: "
+                                   "a token the target produced itself.")
         self.colour_box.setAccessibleName("Colour drafter tokens")
         self.send_btn = QPushButton("Send")
         self.send_btn.setObjectName("send")
         self.send_btn.setToolTip("Send (Enter / Ctrl+Return)")
         self.send_btn.setAccessibleName("Send")
         self.stop_btn = QPushButton("Stop")
-        self.stop_btn.setToolTip("Stop generating (Esc)")
+        self.stop_btn.setObjectName("send")
+        self.stop_btn.setToolTip("Stop generating (Esc); what was written so far is kept")
         self.stop_btn.setAccessibleName("Stop")
         self.stop_btn.setEnabled(False)
+        self.stop_btn.installEventFilter(self)
+        self.action_stack = QStackedWidget()
+        self.action_stack.addWidget(self.send_btn)
+        self.action_stack.addWidget(self.stop_btn)
+        width = max(self.send_btn.sizeHint().width(), self.stop_btn.sizeHint().width(), 72)
+        self.action_stack.setFixedWidth(width)
+        self.action_stack.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        self._busy_clock = QElapsedTimer()
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setToolTip("Run the prompt plain, then with DFlash, side by side "
                                     "(Ctrl+Shift+C)")
         self.compare_btn.setAccessibleName("Compare plain and DFlash")
         self.note = QLabel("")
         self.note.setObjectName("figureName")
-        self.note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.note.setAccessibleName("Settings for the next reply")
+        self.mode_note = QLabel("")
+        self.mode_note.setObjectName("figureName")
+        self.mode_note.setAccessibleName("Mode note")
+        self.mode_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         row.setSpacing(6)
         seg = QHBoxLayout()
@@ -301,15 +328,19 @@ class Composer(QWidget):
         row.addLayout(seg)
         row.addSpacing(10)
         row.addWidget(self.colour_box)
-        row.addWidget(self.note, 1)
+        row.addStretch(1)
         row.addWidget(self.compare_btn)
-        row.addWidget(self.stop_btn)
-        row.addWidget(self.send_btn)
+        row.addWidget(self.action_stack)
+        info = QHBoxLayout()
+        info.setSpacing(12)
+        info.addWidget(self.note)
+        info.addWidget(self.mode_note, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 10)
         lay.setSpacing(6)
         lay.addWidget(self.edit)
         lay.addLayout(row)
+        lay.addLayout(info)
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(self.stop.emit)
         self.compare_btn.clicked.connect(self._compare)
@@ -323,10 +354,15 @@ class Composer(QWidget):
         (self.dflash_btn if mode == "dflash" else self.plain_btn).setChecked(True)
 
     def set_busy(self, busy: bool) -> None:
-        """Generating: Send/Compare off, Stop on (and the reverse)."""
+        """Generating: Send turns into Stop (same place, same size), Compare off; and back."""
         self.send_btn.setEnabled(not busy)
         self.compare_btn.setEnabled(not busy and self.dflash_btn.isEnabled())
         self.stop_btn.setEnabled(busy)
+        self.action_stack.setCurrentWidget(self.stop_btn if busy else self.send_btn)
+        if busy:
+            self._busy_clock.start()
+        else:
+            self.mode_note.setText("")
 
     def set_dflash_available(self, ok: bool, reason: str = "") -> None:
         """Enable DFlash (and Compare) only with a drafter; ``reason`` is shown otherwise."""
@@ -353,7 +389,17 @@ class Composer(QWidget):
         if text:
             self.compare.emit(text)
 
+    def _too_soon_to_stop(self) -> bool:
+        """True within the double-click interval after Send turned into Stop."""
+        return self._busy_clock.isValid() and \
+            self._busy_clock.elapsed() < QGuiApplication.styleHints().mouseDoubleClickInterval()
+
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt override)
+        if obj is self.stop_btn and event.type() in (QEvent.MouseButtonPress,
+                                                     QEvent.MouseButtonDblClick,
+                                                     QEvent.MouseButtonRelease) \
+                and self._too_soon_to_stop():
+            return True  # the second click of a double-click on Send
         if obj is self.edit and event.type() == QEvent.KeyPress:
             ke: QKeyEvent = event
             if ke.key() in (Qt.Key_Return, Qt.Key_Enter) and \

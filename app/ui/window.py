@@ -29,7 +29,9 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMenu,
     QMessageBox,
+    QFrame,
     QProgressBar,
+    QScrollArea,
     QSizePolicy,
     QSplitter,
     QStyle,
@@ -175,6 +177,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.composer.compare.connect(self.compare)
         self.composer.stop.connect(self.stop)
         self.composer.colour_box.toggled.connect(self._on_colour_toggled)
+        self.composer.modeChanged.connect(self._on_mode_changed)
         self.centre_split = QSplitter(Qt.Vertical)
         self.centre_split.addWidget(self.chat)
         self.centre_split.addWidget(self.compare_view)
@@ -187,12 +190,21 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         cl.addWidget(self.centre_split, 1)
         cl.addWidget(self.composer)
 
-        # right: live panel, reasoning, tools
-        self.details = right = DetailsPanel()
-        self.live, self.reasoning, self.tools = right.live, right.reasoning, right.tools
-        self.live_section = right.live_section
-        self.reasoning_section = right.reasoning_section
-        self.tools_section = right.tools_section
+        # right: live panel, reasoning, tools (scrolls when the window is small)
+        self.details = DetailsPanel()
+        right = QScrollArea()
+        right.setObjectName("sideScroll")
+        right.setWidgetResizable(True)
+        right.setFrameShape(QFrame.NoFrame)
+        right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        right.setWidget(self.details)
+        right.setMinimumWidth(260)
+        self.details_scroll = right
+        d = self.details
+        self.live, self.reasoning, self.tools = d.live, d.reasoning, d.tools
+        self.live_section = d.live_section
+        self.reasoning_section = d.reasoning_section
+        self.tools_section = d.tools_section
 
         self.split = QSplitter(Qt.Horizontal)
         self.split.addWidget(left)
@@ -336,16 +348,27 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         if conv is not None:
             self.qs.setValue("last_conversation", conv.id)
 
+    def _on_mode_changed(self, mode: str) -> None:
+        """The switch moved: the settings line follows; mid-reply, say it is for the next."""
+        self.update_settings_note()
+        if self.busy and self._run is not None and not self._run.compare:
+            now = "DFlash" if self._run.mode == "dflash" else "Plain"
+            new = "DFlash" if mode == "dflash" else "Plain"
+            self.composer.mode_note.setText(
+                "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
+
     def update_settings_note(self) -> None:
         """The composer's one-line summary of the settings a reply will use."""
         v = self.current_settings()
         block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
         temp = v.get("temperature", 0.0)
-        parts = [f"block {block}" if block else "block: drafter's", v.get("rollback", "tape"),
-                 "greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
+        parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
+        if self.composer.mode() == "dflash":
+            parts[:0] = [f"block {block}" if block else "block: drafter's",
+                         v.get("rollback", "tape")]
         if not v.get("thinking", True):
             parts.append("no thinking")
-        self.composer.note.setText(" · ".join(parts))
+        self.composer.note.setText("Next reply: " + " · ".join(parts))
         self.composer.note.setToolTip("Settings for the next reply: " + ", ".join(parts)
                                       + " (File › Settings…)")
 
