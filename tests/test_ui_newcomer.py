@@ -18,6 +18,7 @@ from PySide6.QtCore import QPoint, Qt  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
 
+from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
 from app.engine.errors import ModelLoadError  # noqa: E402
 from test_ui_window import (  # noqa: E402
     PROMPT,
@@ -234,5 +235,174 @@ def test_layout_does_not_jump_and_the_window_goes_small(qtbot, qs):
         qtbot.wait(50)
         assert c.note.isVisible()
         assert c.note.width() >= c.note.fontMetrics().horizontalAdvance(c.note.text())
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ item 6
+class ToolReplyBackend(BenchBackend):
+    """A DFlash (or plain) tool reply in two rounds: reasoning, a calculator call, its
+    result, then reasoning and the answer; each round ends with the engine's Done."""
+
+    def _events(self, settings, cancel):
+        from app.chat.events import RoundStarted, ToolCall, ToolCallDelta, ToolResultEvent
+        from app.chat.events import ToolRun
+        from app.chat.tools import ToolResult
+        from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+        mode = settings["mode"]
+        self.round_summaries = []
+        r2_cycles = getattr(self, "r2_cycles", 2)
+        for rnd, (thought, answer, cycles) in enumerate(
+                (("I will use the tool.", "", 3),
+                 ("The tool says 5.", "The sum is 5.", r2_cycles))):
+            yield RoundStarted(rnd, 40 + 30 * rnd, mode)
+            yield ReasoningDelta(thought)
+            yield TokenEvent(1, 0, False)
+            n = 1
+            acc_lengths = []
+            if mode == "dflash":
+                for c in range(cycles):
+                    if cancel.is_set():
+                        break
+                    if rnd and self.delay_s:
+                        time.sleep(self.delay_s)
+                    for k in range(3):
+                        yield TokenEvent(10 + n, n, k < 2)
+                        n += 1
+                    acc_lengths.append(2)
+                    yield CycleEvent(c, 3, 2, 3, True, 0.001, 0.002, 0.0005)
+            else:
+                for _ in range(cycles * 3):
+                    yield TokenEvent(10 + n, n, False)
+                    n += 1
+            if answer:
+                yield ContentDelta(answer)
+            s = Summary(mode=mode, prompt_tokens=40 + 30 * rnd, generated_tokens=n,
+                        ttft_s=0.01 * (rnd + 1), tok_per_s=100.0 * (rnd + 1),
+                        cycles=len(acc_lengths), drafted=3 * len(acc_lengths),
+                        accepted=sum(acc_lengths),
+                        acceptance_rate=(2 / 3) if acc_lengths else None,
+                        tau=(n - 1) / len(acc_lengths) if acc_lengths else None,
+                        replays=len(acc_lengths), rollback_share=0.14 if acc_lengths else None,
+                        stop_cause="cancelled" if cancel.is_set() else "end_token",
+                        accepted_lengths=acc_lengths)
+            self.round_summaries.append(s)
+            if not answer:
+                call = ToolCall("call_0", "calculator", {"expression": "2+3"})
+                yield ToolCallDelta(call)
+            yield Done(s)
+            if not answer:
+                yield ToolResultEvent(0, ToolRun(call, ToolResult(True, result=5,
+                                                                  duration_s=0.001)))
+
+
+def test_tool_reply_figures_are_the_reply_total_and_per_round(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, ToolReplyBackend())
+    try:
+        msg = send_and_wait(qtbot, win, "What is 2+3?", mode="dflash")
+        r1, r2 = backend.round_summaries
+        shown = win.live.shown
+        assert shown["tokens"] == r1.generated_tokens + r2.generated_tokens == 17
+        assert shown["cycles"] == 5
+        assert shown["tau"] == pytest.approx((17 - 2) / 5)
+        assert win.live.chart.values == [2, 2, 2, 2, 2]
+        assert win.live.scope_label.text() == "Reply total over 2 rounds (tool calls)"
+        assert win.live.round_box.isVisibleTo(win) and win.live.round_box.count() == 3
+        win.live.round_box.activated.emit(2)
+        assert win.live.shown["tokens"] == r2.generated_tokens
+        assert win.live.shown["cycles"] == 2
+        assert win.live.scope_label.text() == "Round 2 of 2 only"
+        # the reasoning of both rounds stays, one paragraph each
+        assert win.reasoning.toPlainText() == "I will use the tool.\n\nThe tool says 5."
+        # the footer agrees with the panel
+        assert "17 tokens" in win.chat.toPlainText() and "2 rounds" in win.chat.toPlainText()
+        assert msg.version.result.summary.generated_tokens == 17
+    finally:
+        win.shutdown()
+
+
+def test_stop_keeps_figures_reasoning_and_chart_in_agreement(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4,
+                                                         delay_s=0.002))
+    try:
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            qtbot.waitUntil(lambda: win._run is not None and
+                            win._run.sides[""].stats.cycles >= 5, timeout=10_000)
+            win.stop()
+        v = blocker.args[0].version
+        s = backend.summary
+        assert v.stopped
+        assert win.live.shown["cycles"] == s.cycles == len(win.live.chart.values) >= 5
+        assert win.live.shown["tokens"] == s.generated_tokens > 0
+        assert win.reasoning.toPlainText() == "Paris is the capital. Say it plainly."
+        footer = win.chat.toPlainText()
+        assert f"{s.generated_tokens} tokens" in footer and f"{s.cycles} cycles" in footer
+    finally:
+        win.shutdown()
+
+
+def test_live_tau_agrees_with_the_token_count():
+    from app.engine.events import CycleEvent
+    from app.ui.panels import LiveStats
+
+    st = LiveStats()
+    st.on_token()
+    st.on_token()
+    # one cycle that verified a block of 16 but committed 1 token (max tokens reached)
+    st.on_cycle(CycleEvent(0, 15, 15, 16, False, 0.001, 0.001, 0.0))
+    assert st.values()["tokens"] == 2
+    assert st.values()["tau"] == 1.0
+
+
+def test_plain_reply_hides_the_draft_figures(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, ToolReplyBackend())
+    try:
+        send_and_wait(qtbot, win, "What is 2+3?", mode="plain")
+        for key in ("acceptance", "tau", "replays", "rollback_share", "cycles"):
+            assert not win.live.tiles[key].isVisibleTo(win)
+        for key in ("tok_per_s", "ttft", "tokens", "context"):
+            assert win.live.tiles[key].isVisibleTo(win)
+        assert not win.live.chart.isVisibleTo(win)
+        assert "do not apply" in win.live.mode_label.text()
+        send_and_wait(qtbot, win, "Again with DFlash", mode="dflash")
+        assert win.live.tiles["tau"].isVisibleTo(win) and win.live.chart.isVisibleTo(win)
+    finally:
+        win.shutdown()
+
+
+def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert win.live.shown["tokens"] > 0
+        win.new_chat()
+        assert win.live.shown["tokens"] == 0
+        assert win.live.labels["tok_per_s"].text() == "–"
+        assert win.live.chart.values == []
+        assert win.reasoning.toPlainText() == ""
+    finally:
+        win.shutdown()
+
+
+def test_stop_in_the_second_round_of_a_tool_reply_keeps_both_rounds(qtbot, qs):
+    backend = ToolReplyBackend(delay_s=0.003)
+    backend.r2_cycles = 100_000
+    win, backend = loaded_window(qtbot, qs, backend)
+    try:
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send("What is 2+3?")
+            qtbot.waitUntil(lambda: win._run is not None and
+                            win._run.sides[""].stats.cycles >= 8, timeout=10_000)
+            win.stop()
+        v = blocker.args[0].version
+        r1, r2 = backend.round_summaries
+        assert v.stopped
+        cycles = r1.cycles + r2.cycles
+        assert win.live.shown["cycles"] == cycles == len(win.live.chart.values) >= 8
+        assert win.live.shown["tokens"] == r1.generated_tokens + r2.generated_tokens
+        assert win.reasoning.toPlainText() == "I will use the tool.\n\nThe tool says 5."
+        assert f"{cycles} cycles" in win.chat.toPlainText()
     finally:
         win.shutdown()

@@ -67,7 +67,10 @@ class ReplyResult:
         tokens: generated token ids (list[int]); from_draft: one bool per token.
         pieces: the text of each token from mlx-lm's streaming detokenizer (list[str], same
             length as ``tokens``; "" for a token that only completes a later character).
-        summary: the engine :class:`Summary` of the last round (None when no round ran).
+        summary: the engine :class:`Summary` of the whole reply (``Summary.reply_total`` over
+            its rounds; None when no round ran).
+        round_summaries: each round's :class:`Summary` (known while the app runs; a reply
+            read back from storage has only the total).
         rounds: generation rounds (tool calls make more than one).
         mode, block_size, rollback: how the reply was generated.
         messages: the chat-template messages of every round when tools ran (stored as the
@@ -89,6 +92,18 @@ class ReplyResult:
     error: str | None = None
     note: str = ""
     messages: list[dict] = field(default_factory=list)
+    round_summaries: list = field(default_factory=list)
+
+    def all_reasoning(self) -> str:
+        """The reasoning of every round, in order, one blank line between rounds (a tool
+        reply thinks before its call and again before its answer)."""
+        parts = [str(m.get("reasoning_content") or "").strip() for m in self.messages
+                 if m.get("role") == "assistant"]
+        parts = [p for p in parts if p]
+        last = self.reasoning.strip()
+        if last and (not parts or parts[-1] != last):
+            parts.append(last)
+        return "\n\n".join(parts) if parts else self.reasoning
 
     @classmethod
     def from_row(cls, m: StoredMessage) -> ReplyResult:

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.turns import ConversationView, Turn
 from app.ui.render import message_html, tokens_html
+from app.ui.text import plural
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
@@ -51,14 +52,18 @@ def figures_line(msg: Turn) -> str:
         parts.append(f"{s.tok_per_s:.1f} tok/s")
         if r.mode == "dflash" and s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")
-            parts.append(f"{s.replays} replay{'s' if s.replays != 1 else ''}")
+            parts.append(plural(s.replays, "replay"))
     if v.stopped:
+        # the engine's counts when it reported them (every round of a tool reply), so the
+        # footer agrees with the panel
         cycles = s.cycles if s is not None else 0
-        parts.append(f"{len(r.tokens)} tokens")
+        parts.append(plural(s.generated_tokens if s is not None else len(r.tokens), "token"))
         if r.mode == "dflash":
-            parts.append(f"{cycles} cycles")
+            parts.append(plural(cycles, "cycle"))
     elif s is not None:
-        parts.append(f"{s.generated_tokens} tokens")
+        parts.append(plural(s.generated_tokens, "token"))
+    if r.rounds > 1:
+        parts.append(f"{r.rounds} rounds")
     if r.mode == "dflash":
         parts.append(f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
@@ -183,7 +188,8 @@ class ChatView(QTextBrowser):
         if r.reasoning:
             head += (f'<p style="color:{c.get("muted")}; font-size:small;">'
                      f'<a href="reasoning:{i}" style="color:{c.get("muted")};">'
-                     f"Reasoning ({len(r.reasoning.split())} words) — show in pane</a></p>")
+                     f"Reasoning ({plural(len(r.all_reasoning().split()), 'word')}) — show "
+                     "in pane</a></p>")
         if self.colour_drafts and r.pieces:
             body = tokens_html(r.pieces, r.from_draft, c)
         else:
@@ -326,7 +332,7 @@ class Composer(QWidget):
         seg.addWidget(self.plain_btn)
         seg.addWidget(self.dflash_btn)
         row.addLayout(seg)
-        row.addSpacing(10)
+        row.addSpacing(6)
         row.addWidget(self.colour_box)
         row.addStretch(1)
         row.addWidget(self.compare_btn)

@@ -150,6 +150,8 @@ class ReplyFlow:
         self._req += 1
         self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
                                    self.model.context_length)
+        for side in self._run.sides.values():
+            side.stats.mode = side.tag or mode
         self._pending = []
         self.busy = True
         self.composer.set_busy(True)
@@ -244,10 +246,13 @@ class ReplyFlow:
         self._details_changed = True
 
     def _on_engine_done(self, side: SideRun, ev: Done) -> None:
-        side.stats.apply_summary(ev.summary)
+        side.stats.on_done(ev.summary)  # one round; the reply's total comes at its end
 
     def _on_round(self, side: SideRun, ev: RoundStarted) -> None:
-        side.stats.prompt_tokens = ev.prompt_tokens
+        side.stats.on_round(ev.index, ev.prompt_tokens)
+        if ev.index > 0 and side.reasoning and not side.reasoning.endswith("\n\n"):
+            side.reasoning += "\n\n"  # the next round thinks anew: its own paragraph
+            self.details.append_reasoning("\n\n")
 
     def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
         if ev.message:
@@ -290,7 +295,8 @@ class ReplyFlow:
             result.block_size = self.model.drafter_block_size
         side.result = result
         if result.summary is not None:
-            side.stats.apply_summary(result.summary)
+            side.stats.apply_summary(result.summary, result.round_summaries or
+                                     side.stats.round_summaries)
         if result.note:
             self.show_note(result.note)
         if result.tool_calls:

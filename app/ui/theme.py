@@ -112,9 +112,9 @@ def stylesheet(c: dict) -> str:
     QPushButton:checked {{ background: {c['accent']}; color: {c['accent_text']};
         border-color: {c['accent']}; font-weight: 600; }}
     QPushButton#segLeft {{ border-top-right-radius: 0; border-bottom-right-radius: 0;
-        margin-right: 0; min-width: 56px; }}
+        margin-right: 0; min-width: 44px; padding: 5px 8px; }}
     QPushButton#segRight {{ border-top-left-radius: 0; border-bottom-left-radius: 0;
-        margin-left: 0; border-left: none; min-width: 56px; }}
+        margin-left: 0; border-left: none; min-width: 44px; padding: 5px 8px; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}

@@ -198,7 +198,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         right.setFrameShape(QFrame.NoFrame)
         right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         right.setWidget(self.details)
-        right.setMinimumWidth(260)
+        right.setMinimumWidth(300)  # three figure tiles side by side
         self.details_scroll = right
         d = self.details
         self.live, self.reasoning, self.tools = d.live, d.reasoning, d.tools

@@ -32,6 +32,7 @@ from app.chat.events import (
     Reply,
     ReplyDone,
     RoundFinished,
+    RoundStarted,
     StopStringHit,
     ToolCallDelta,
     ToolResultEvent,
@@ -158,6 +159,7 @@ def result_from_reply(reply: Reply, settings: dict,
     joined as the note, the token texts from ``pieces_fn``."""
     fields = finish_fields(reply)
     tokens = fields["token_ids"]
+    round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
     flags = fields["from_draft"]
     note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
                      for w in reply.warnings)
@@ -169,7 +171,8 @@ def result_from_reply(reply: Reply, settings: dict,
         tokens=tokens,
         from_draft=flags + [False] * (len(tokens) - len(flags)),
         pieces=pieces_fn(tokens),
-        summary=reply.summary,
+        summary=Summary.reply_total(round_summaries) if round_summaries else reply.summary,
+        round_summaries=round_summaries,
         rounds=max(1, len(reply.rounds)),
         mode=reply.mode or settings.get("mode", "plain"),
         block_size=settings.get("block_size"),
@@ -189,10 +192,18 @@ class _Partial:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[str, dict] = {}
-        self.summary: Summary | None = None
+        self.summaries: list[Summary] = []
+
+    @property
+    def summary(self) -> Summary | None:
+        """The figures over every round seen (None before the first ``Done``)."""
+        return Summary.reply_total(self.summaries) if self.summaries else None
 
     def add(self, ev: Any) -> None:
-        if isinstance(ev, TokenEvent):
+        if isinstance(ev, RoundStarted):
+            if ev.index > 0 and self.reasoning:
+                self.reasoning.append("\n\n")  # each round's reasoning its own paragraph
+        elif isinstance(ev, TokenEvent):
             self.tokens.append(ev.token_id)
             self.flags.append(ev.from_draft)
         elif isinstance(ev, ContentDelta):
@@ -204,7 +215,7 @@ class _Partial:
             merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
             merged.update({k: v for k, v in d.items() if v is not None})
         elif isinstance(ev, Done):
-            self.summary = ev.summary
+            self.summaries.append(ev.summary)
 
 
 # --------------------------------------------------------------------------- the worker
@@ -392,6 +403,8 @@ class Worker(QObject):
                 from_draft=partial.flags,
                 pieces=self.backend.pieces(partial.tokens),
                 summary=partial.summary,
+                round_summaries=list(partial.summaries),
+                rounds=max(1, len(partial.summaries)),
                 mode=settings.get("mode", "plain"),
                 block_size=settings.get("block_size"),
                 rollback=settings.get("rollback", "tape"),
