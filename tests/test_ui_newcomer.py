@@ -406,3 +406,265 @@ def test_stop_in_the_second_round_of_a_tool_reply_keeps_both_rounds(qtbot, qs):
         assert f"{cycles} cycles" in win.chat.toPlainText()
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ item 7
+def _slow(qtbot, qs):
+    return loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4, delay_s=0.002))
+
+
+def _wait_cycles(qtbot, win, n=3):
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= n,
+                    timeout=10_000)
+
+
+def test_delete_chat_during_a_reply_asks_then_stops_and_deletes(qtbot, qs, monkeypatch):
+    win, backend = _slow(qtbot, qs)
+    try:
+        asked = []
+
+        def answer(parent, title, text, *a, **k):
+            asked.append(text)
+            return QMessageBox.No if len(asked) == 1 else QMessageBox.Yes
+
+        monkeypatch.setattr(QMessageBox, "question", answer)
+        assert win.send(PROMPT)
+        _wait_cycles(qtbot, win)
+        conv_id = win.conv.id
+        win.delete_chat()  # No: the reply goes on, the chat stays
+        assert "still being written" in asked[0]
+        assert win.busy and win.store.get(conv_id) is not None
+        win.delete_chat()  # Yes: stopped first, then deleted
+        assert not win.busy
+        assert win.store.get(conv_id) is None
+        assert win.conv is None or win.conv.id != conv_id
+    finally:
+        win.shutdown()
+
+
+def test_chat_list_is_disabled_with_a_reason_during_a_reply(qtbot, qs):
+    win, backend = _slow(qtbot, qs)
+    try:
+        win.new_chat()
+        other = win.conv.id
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            win.new_chat()
+            assert win.send(PROMPT)
+            _wait_cycles(qtbot, win)
+            assert not win.conv_list.isEnabled()
+            assert "when this reply is finished" in win.conv_list.toolTip()
+            shown = win.conv.id
+            win.stop()
+        assert win.conv_list.isEnabled() and win.conv_list.toolTip() == ""
+        assert win.conv.id == shown != other
+    finally:
+        win.shutdown()
+
+
+def test_mode_switch_mid_reply_says_it_is_for_the_next_reply(qtbot, qs):
+    win, backend = _slow(qtbot, qs)
+    try:
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            win.composer.set_mode("dflash")
+            assert win.send(PROMPT)
+            _wait_cycles(qtbot, win)
+            win.composer.plain_btn.click()
+            note = win.composer.mode_note.text()
+            assert note == "Plain applies to the next reply; this one stays DFlash."
+            assert win.composer.mode_note.isVisible()
+            win.stop()
+        assert blocker.args[0].version.result.mode == "dflash"
+        assert win.composer.mode_note.text() == ""
+        assert win.composer.note.text().startswith("Next reply: greedy")  # plain: no block
+    finally:
+        win.shutdown()
+
+
+def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeypatch):
+    from app.chat.turns import TurnStore
+    from app.ui.window import MainWindow
+
+    db = tmp_path / "c.db"
+    backend = BenchBackend(cycles=100_000, block=4, delay_s=0.002)
+    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    win.load_model("t", "d")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+    answers = [QMessageBox.No, QMessageBox.Yes]
+    asked = []
+
+    def answer(parent, title, text, *a, **k):
+        asked.append(text)
+        return answers[len(asked) - 1]
+
+    monkeypatch.setattr(QMessageBox, "question", answer)
+    assert win.send(PROMPT)
+    _wait_cycles(qtbot, win)
+    assert not win.close()  # No: the window stays and the reply goes on
+    assert win.isVisible() and win.busy
+    assert "interrupted" in asked[0]
+    assert win.close()
+    assert not win.busy
+    win2 = MainWindow(backend=BenchBackend(), store=TurnStore(db), qsettings=qs,
+                      auto_load=False)
+    qtbot.addWidget(win2)
+    try:
+        v = win2.conv.messages[-1].version
+        assert v.interrupted
+        assert "interrupted" in win2.chat.toPlainText()
+    finally:
+        win2.shutdown()
+
+
+# ------------------------------------------------------------------ item 8
+def test_focus_starts_in_the_message_box(qtbot, qs):
+    win = make_window(qtbot, qs, BenchBackend())
+    try:
+        qtbot.wait(20)
+        assert win.focusWidget() is win.composer.edit
+        assert win.focusWidget() is not win.search_box
+    finally:
+        win.shutdown()
+
+
+def test_counts_read_as_english():
+    from app.chat.turns import ReplyResult, Turn, Version
+    from app.engine.events import Summary
+    from app.ui.chat import figures_line
+    from app.ui.text import plural
+
+    assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens"
+    s = Summary(mode="dflash", generated_tokens=1, cycles=1, replays=1, tau=1.0,
+                tok_per_s=5.0)
+    t = Turn("assistant")
+    t.versions["dflash"] = Version(ReplyResult(mode="dflash", tokens=[7], summary=s),
+                                   stopped=True)
+    t.chosen = "dflash"
+    line = figures_line(t)
+    assert "1 token ·" in line and "1 cycle ·" in line
+    assert "1 tokens" not in line and "1 cycles" not in line
+
+
+def test_reasoning_link_says_one_word(qtbot, qs):
+    class OneWord(BenchBackend):
+        def _events(self, settings, cancel):
+            for ev in super()._events(settings, cancel):
+                if isinstance(ev, ReasoningDelta):
+                    if ev.text.startswith("Paris"):
+                        yield ReasoningDelta("Paris.")
+                    continue
+                yield ev
+
+    win, backend = loaded_window(qtbot, qs, OneWord())
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        text = win.chat.toPlainText()
+        assert "Reasoning (1 word)" in text and "(1 words)" not in text
+    finally:
+        win.shutdown()
+
+
+def test_messages_start_with_a_capital_and_notes_are_not_errors(qtbot, qs):
+    from app.chat.session import Notice
+
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        win.show_banner("could not export: disk full")
+        assert win.banner.text() == "Could not export: disk full."
+        assert win.banner_kind == "error"
+        win._on_notice(None, Notice("2 earlier turns were left out to fit the context."))
+        assert win.banner_kind == "note"
+        assert win.banner.property("kind") == "note"
+        assert win.banner.accessibleName() == "Note"
+    finally:
+        win.shutdown()
+
+
+def test_big_numbers_in_answers_are_grouped_not_in_code(qtbot, qs):
+    from app.ui.text import group_digits
+
+    assert group_digits("about 19600000 people in 2024") == "about 19,600,000 people in 2024"
+    assert group_digits("pi is 3.14159265, id 0012345") == "pi is 3.14159265, id 0012345"
+
+    class Numbers(BenchBackend):
+        def _events(self, settings, cancel):
+            for ev in super()._events(settings, cancel):
+                if isinstance(ev, ContentDelta):
+                    if ev.text.startswith("The capital"):
+                        yield ContentDelta("About 19600000 people live there.\n\n"
+                                           "```\nx = 19600000\n```\n")
+                    continue
+                yield ev
+
+    win, backend = loaded_window(qtbot, qs, Numbers())
+    try:
+        msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        text = win.chat.toPlainText()
+        assert "About 19,600,000 people live there." in text
+        assert "x = 19600000" in text and win.chat.codes == ["x = 19600000"]
+        assert "19600000 people" in msg.version.result.content  # stored as written
+    finally:
+        win.shutdown()
+
+
+def test_reasoning_of_two_rounds_is_two_paragraphs_live(qtbot, qs):
+    backend = ToolReplyBackend(delay_s=0.003)
+    backend.r2_cycles = 100_000
+    win, backend = loaded_window(qtbot, qs, backend)
+    try:
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.send("What is 2+3?")
+            qtbot.waitUntil(lambda: "The tool says" in win.reasoning.toPlainText(),
+                            timeout=10_000)
+            assert win.reasoning.toPlainText() == "I will use the tool.\n\nThe tool says 5."
+            win.stop()
+    finally:
+        win.shutdown()
+
+
+def test_context_overflow_says_max_tokens_reserves_half(tiny_dirs):
+    from app.chat.session import ChatSession
+    from app.engine.errors import GenerationError
+
+    session = ChatSession()
+    session.load(str(tiny_dirs[0]), str(tiny_dirs[1]))
+    limit = session.target.context_length
+    huge = "word " * (limit * 2)
+    with pytest.raises(GenerationError) as info:
+        list(session.reply([{"role": "user", "content": huge}],
+                           {"mode": "plain", "max_tokens": limit, "use_tools": False}))
+    assert "Max tokens reserves up to half the context" in str(info.value)
+    assert f"{limit // 2:,} kept free" in str(info.value)
+
+
+def test_save_as_defaults_says_so(qtbot, qs):
+    win = make_window(qtbot, qs, BenchBackend())
+    try:
+        values = dict(win.current_settings())
+        values["max_tokens"] = 77
+        win._on_settings_saved(values, "defaults")
+        assert win.banner_row.isVisible() and win.banner_kind == "note"
+        assert win.banner.text().startswith("Saved as the defaults")
+        assert "≤77 tok" in win.composer.note.text()
+    finally:
+        win.shutdown()
+
+
+def test_figure_tooltips_start_in_plain_words(qtbot, qs):
+    from app.ui.panels import FIGURES
+
+    jargon = ("rate", "=", "recurrent", "cycle", "prefill", "verify", "committed")
+    win = make_window(qtbot, qs, BenchBackend())
+    try:
+        for key, _name, tip in FIGURES:
+            first = tip.split(". ")[0]
+            assert not any(j in first.lower() for j in jargon), (key, first)
+            assert first.startswith(("How", "Times")), (key, first)
+            assert len(tip.split(". ")) >= 2  # then the exact definition
+            assert win.live.labels[key].toolTip() == tip
+        assert win.live.tiles["replays"].toolTip().startswith(
+            "Times the model's memory had to be rewound because the draft was only partly "
+            "right.")
+    finally:
+        win.shutdown()

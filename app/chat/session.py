@@ -368,12 +368,15 @@ class ChatSession:
         kwargs = {}
         if rs.enable_thinking is not None:
             kwargs["enable_thinking"] = rs.enable_thinking
+        reserve = min(int(rs.max_tokens), limit // 2)
         try:
             fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
-                                       reserve=min(int(rs.max_tokens), limit // 2),
-                                       tools=rs.tools, **kwargs)
+                                       reserve=reserve, tools=rs.tools, **kwargs)
         except ContextOverflowError as exc:
-            raise GenerationError(str(exc)) from exc
+            raise GenerationError(
+                f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "
+                "reply: Max tokens reserves up to half the context). Shorten the message, or "
+                "lower Max tokens in File › Settings….") from exc
         return fitted.messages, fitted.notice()
 
     # ------------------------------------------------------------------ extras

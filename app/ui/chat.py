@@ -193,7 +193,8 @@ class ChatView(QTextBrowser):
         if self.colour_drafts and r.pieces:
             body = tokens_html(r.pieces, r.from_draft, c)
         else:
-            body = message_html(r.content, self.codes, c) if r.content.strip() else ""
+            body = message_html(r.content, self.codes, c, readable_numbers=True) \
+                if r.content.strip() else ""
         if r.tool_calls:
             names = ", ".join(html.escape(str(t.get("name"))) for t in r.tool_calls)
             body += (f'<p style="color:{c.get("muted")}; font-size:small;">'
@@ -236,7 +237,8 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
             cur.removeSelectedText()
             codes = list(self._base_codes)
-            cur.insertHtml(message_html(text, codes, self.palette_colours))
+            cur.insertHtml(message_html(text, codes, self.palette_colours,
+                                        readable_numbers=True))
             self.codes = codes
         else:
             if not self._stream_plain:  # switch to plain appends from here on

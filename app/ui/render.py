@@ -13,6 +13,8 @@ import re
 
 from PySide6.QtGui import QTextDocument
 
+from app.ui.text import group_digits
+
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)(?:^```[ \t]*$|\Z)", re.S | re.M)
 _BODY = re.compile(r"<body[^>]*>(.*)</body>", re.S)
 
@@ -52,16 +54,19 @@ def code_block_html(code: str, lang: str, index: int, palette: dict) -> str:
     )
 
 
-def message_html(text: str, codes: list[str], palette: dict) -> str:
+def message_html(text: str, codes: list[str], palette: dict,
+                 readable_numbers: bool = False) -> str:
     """HTML for one message's Markdown ``text``; appends each code block's text to ``codes``
-    (the index in the copy anchor is its position there)."""
+    (the index in the copy anchor is its position there). ``readable_numbers``: whole
+    numbers of five or more digits in the prose (not in code) get thousands separators
+    (``19600000 people`` -> ``19,600,000 people``), for the model's answers."""
     out = []
     for kind, lang, body in split_fences(text):
         if kind == "code":
             codes.append(body)
             out.append(code_block_html(body, lang, len(codes) - 1, palette))
         elif body.strip():
-            out.append(markdown_html(body))
+            out.append(markdown_html(group_digits(body) if readable_numbers else body))
     return "".join(out)
 
 

@@ -155,6 +155,7 @@ class ReplyFlow:
         self._pending = []
         self.busy = True
         self.composer.set_busy(True)
+        self.conv_side.set_busy(True)
         self.clear_banner()
         self.details.clear()
         self.shown_message = reply
@@ -332,6 +333,7 @@ class ReplyFlow:
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
+        self.conv_side.set_busy(False)
         self._save(run.conv)
         if run.conv is self.conv:
             self.chat.render(self.conv)

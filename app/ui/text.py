@@ -26,7 +26,7 @@ def sentence(text: str) -> str:
     return text
 
 
-_BIG_INT = re.compile(r"(?<![\w.,])(\d{5,})(?![\w.,])")
+_BIG_INT = re.compile(r"(?<![\w.,])([1-9]\d{4,})(?![\w.,])")
 
 
 def group_digits(text: str) -> str:

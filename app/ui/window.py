@@ -380,14 +380,35 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
             self.select_conversation(conv)
 
     def delete_chat(self) -> None:
-        """Delete the shown conversation after confirmation."""
-        if self.conv is None or self.busy:
+        """Delete the shown conversation after confirmation; while a reply is written, the
+        question says so and Yes stops the reply first."""
+        if self.conv is None:
             return
-        ok = QMessageBox.question(self, "Delete chat", f"Delete “{self.conv.title}”?")
+        if self.busy:
+            ok = QMessageBox.question(
+                self, "Delete chat",
+                f"A reply is still being written in “{self.conv.title}”. Stop it and delete "
+                "the chat?")
+            if ok != QMessageBox.Yes or not self.wait_until_idle():
+                return
+        else:
+            ok = QMessageBox.question(self, "Delete chat", f"Delete “{self.conv.title}”?")
         if ok == QMessageBox.Yes:
             self.store.delete(self.conv.id)
             convs = self.store.list()
             self.select_conversation(self.store.get(convs[0].id) if convs else None)
+
+    def wait_until_idle(self, timeout_ms: int = 15000) -> bool:
+        """Stop the running reply and wait (events keep flowing) until it has ended and is
+        stored; True when it did within ``timeout_ms``."""
+        self.stop()
+        loop = QEventLoop()
+        clock = QElapsedTimer()
+        clock.start()
+        while self.busy and clock.elapsed() < timeout_ms:
+            loop.processEvents(QEventLoop.AllEvents, 50)
+            time.sleep(0.005)
+        return not self.busy
 
     def _conv_menu(self, conv_id: int, where) -> None:
         if self.busy:
@@ -481,12 +502,16 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         if where == "defaults":
             self.defaults = values
             settings_mod.save_defaults(self.qs, values)
+            self.show_note("Saved as the defaults: every chat without its own settings uses "
+                           "them from the next reply.")
         else:
             if self.conv is None:
                 self.new_chat()
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
+            self.show_note(f"Saved for “{self.conv.title or 'this chat'}”: its next reply "
+                           "uses them.")
         self.update_settings_note()
 
     # ------------------------------------------------------------------ help
@@ -577,6 +602,12 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
             "and marked “interrupted”.",
             QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
         return answer == QMessageBox.Yes
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        if not getattr(self, "_shown_once", False):
+            self._shown_once = True
+            self.composer.edit.setFocus(Qt.OtherFocusReason)  # typing goes to the message
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         if self.busy and not getattr(self, "_shut", False) and \
