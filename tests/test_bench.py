@@ -212,3 +212,38 @@ def test_goals_from_figures():
     assert g["dflash_growth_le_plain"] is True
     result["identical_tokens"] = False
     assert bench.goals(result)["tape_2x_plain_identical"] is False
+
+
+def test_per_prompt_divergence_with_the_top_two_gap(tiny_hybrid):
+    """bench --json gives identical / first_divergence / top2_gap per prompt and mode; the
+    gap is the target's own top-two logit gap after plain's tokens up to the divergence."""
+    from engine_fixtures import prompt_ids, top2_gap
+
+    target, _ = tiny_hybrid
+    ids = prompt_ids(target)
+    plain, tape = bench.Mode("plain", "plain"), bench.Mode("dflash+tape@4", "dflash", "tape", 4)
+    records = [_rec(plain, "a", 0, 10.0, tokens=(5, 6, 7)), _rec(tape, "a", 0, 20.0,
+                                                                  tokens=(5, 6, 9)),
+               _rec(plain, "b", 0, 10.0), _rec(tape, "b", 0, 10.0)]
+    figs = bench.aggregate(records, [plain, tape])
+    bench.add_top2_gaps(target, figs, records, {"a": ids, "b": ids})
+    a, b = figs["dflash+tape@4"]["prompts"]["a"], figs["dflash+tape@4"]["prompts"]["b"]
+    assert a["identical"] is False and a["first_divergence"] == 2
+    assert a["top2_gap"] == pytest.approx(top2_gap(target, ids + [5, 6]), rel=1e-5)
+    assert b == {"identical": True, "first_divergence": None, "top2_gap": None}
+    assert figs["dflash+tape@4"]["fast_verify"] is False
+
+
+def test_fast_verify_modes_are_opt_in_and_left_out_of_the_goals():
+    names = [m.name for m in bench.make_modes([4])]
+    assert names == ["plain", "dflash+tape@4", "dflash+replay@4"]
+    modes = bench.make_modes([4], fast=True)
+    assert [m.name for m in modes][-1] == "dflash+tape@4+fast" and modes[-1].fast
+    result = {
+        "modes": {"plain": {"rollback": None, "ratio_to_plain": 1.0},
+                  "dflash+tape@4": {"rollback": "tape", "ratio_to_plain": 1.5},
+                  "dflash+tape@4+fast": {"rollback": "tape", "ratio_to_plain": 2.5,
+                                         "fast_verify": True}},
+        "tape_vs_replay_rollback": {}, "identical_tokens": True, "scaling": None,
+    }
+    assert bench.goals(result)["best_tape_ratio_to_plain"] == 1.5

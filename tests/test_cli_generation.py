@@ -64,6 +64,15 @@ def test_compare_json_identical_with_replays(capsys, pair_paths):
     assert obj["near_tie"] is None
     assert obj["plain"]["tokens"] == obj["dflash"]["tokens"]
     assert obj["dflash"]["block_size"] == 4 and obj["dflash"]["summary"]["replays"] > 0
+    assert obj["dflash"]["summary"]["fast_verify"] is False  # exact by default
+
+
+def test_fast_verify_flag_reaches_the_engine(capsys, pair_paths):
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "dflash",
+                             "--prompt", "Hello", "--max-tokens", "8", "--tools", "none",
+                             "--fast-verify", "--json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["fast_verify"] is True
 
 
 def test_chat_human_output(capsys, pair_paths):
@@ -203,8 +212,7 @@ def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
 def test_near_tie_reported_at_a_forced_divergence(tiny_hybrid):
     from types import SimpleNamespace
 
-    from app.chat.reply import ReplySettings, collect_reply
-    from app.commands.compare import _near_tie_for
+    from app.chat.reply import ReplySettings, collect_reply, divergence_near_tie
 
     target, drafter = tiny_hybrid
     rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
@@ -213,7 +221,7 @@ def test_near_tie_reported_at_a_forced_divergence(tiny_hybrid):
     changed[4] = (changed[4] + 1) % 100
     other = SimpleNamespace(rounds=[SimpleNamespace(tokens=changed,
                                                     prompt_ids=rep.rounds[0].prompt_ids)])
-    tie = _near_tie_for(target, rep, other)
+    tie = divergence_near_tie(target, rep, other)
     assert tie["index"] == 4 and first_divergence(rep.tokens, changed) == 4
     assert tie["plain_token"] == rep.tokens[4] == tie["top"][0]["id"]
     assert tie["dflash_token"] == changed[4] and tie["dflash_logit"] <= tie["plain_logit"]
@@ -265,7 +273,8 @@ def test_file_tools_are_offered_but_never_run(monkeypatch):
 
     from app.commands.generation import settings_from_args
 
-    base = dict(max_tokens=8, block_size=None, rollback="tape", stop=[], run_tools=True,
+    base = dict(max_tokens=8, block_size=None, rollback="tape", fast_verify=False, stop=[],
+                run_tools=True,
                 max_tool_rounds=8, tool_parser=None, temp=0.0, top_p=1.0, top_k=0, min_p=0.0,
                 repetition_penalty=None, seed=None)
     builtin = settings_from_args(argparse.Namespace(tools="builtin", **base), "plain", [], None)

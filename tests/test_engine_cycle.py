@@ -201,3 +201,33 @@ def test_invalid_sampling_settings_are_refused_up_front(tiny_hybrid, setting, ma
         with pytest.raises(GenerationError, match=match):
             generate(target, [1, 2, 3], GenerationConfig(mode=mode, **setting), drafter)
 
+
+def test_accepted_end_token_leaves_no_later_draft_in_the_cache(tiny_hybrid, monkeypatch):
+    """When the end token is an accepted draft, the stored cache keeps the positions before it
+    (the end token itself pending, as after a plain sampled run), not the drafts the target
+    verified after it."""
+    from app.engine.prefix import PromptCache
+
+    target, _ = tiny_hybrid
+    ids = prompt_ids(target)
+    reference = run(target, ids, mode="plain", max_tokens=40).tokens
+    cut = next(i for i in range(3, 15) if reference[i] not in reference[:i])
+    monkeypatch.setattr(target, "eos_token_ids", {reference[cut]})  # an end token mid-block
+    oracle = OracleDrafter(reference, len(ids), target.vocab_size, 16, [1, 3], schedule=[None])
+    session = PromptCache()
+    spec = collect(generate(target, ids, GenerationConfig(mode="dflash", max_tokens=40,
+                                                          block_size=16), oracle,
+                            session=session))
+    assert spec.tokens == reference[: cut + 1] and spec.summary.stop_cause == "end_token"
+    assert spec.cycles[0].accepted == 15  # the end token was an accepted draft
+    assert session.ids == ids + reference[:cut]
+    runner = TargetRunner(target.model, target.model_type)
+    for c, lin in zip(session.target_cache, runner.linear):
+        if not lin:
+            assert c.offset == len(ids) + cut
+    # and the recurrent state is plain's after the same positions
+    plain_cache = make_prompt_cache(target.model)
+    target.model(mx.array([ids + reference[:cut]]), cache=plain_cache)
+    for a, b in zip(session.target_cache, plain_cache):
+        if hasattr(a, "cache"):
+            np.testing.assert_allclose(np.array(a.cache[1]), np.array(b.cache[1]), atol=1e-5)

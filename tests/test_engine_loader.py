@@ -225,3 +225,45 @@ def test_drafter_config_problems_are_named(tmp_path):
     (tmp_path / "zero" / "config.json").write_text(json.dumps(zero))
     with pytest.raises(ModelLoadError, match="block_size is 0"):
         load_drafter(tmp_path / "zero")
+
+
+def test_checkpoint_dtype_kept_on_gpu_backends_upcast_only_on_cpu(tiny_root, monkeypatch):
+    """``_on_cpu`` means the CPU device, not "no Metal" (MLX's CUDA backend has no Metal);
+    ``keep_dtype`` overrides the choice."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_map
+
+    from app.engine import loader
+    from app.engine.tiny import build_tiny_pair
+
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)  # as on CUDA
+    assert loader._on_cpu() is (mx.default_device() == mx.cpu)
+    t_dir, d_dir = build_tiny_pair(tiny_root / "dtype", "qwen3", seed=3)
+    half = tiny_root / "dtype-half"
+    if not half.exists():
+        import shutil
+
+        shutil.copytree(t_dir, half)
+        weights = mx.load(str(half / "model.safetensors"))
+        mx.save_safetensors(str(half / "model.safetensors"),
+                            tree_map(lambda a: a.astype(mx.bfloat16), weights))
+    dtypes = {v.dtype for _, v in tree_flatten(loader.load_target(half).model.parameters())}
+    assert dtypes == {mx.float32}  # this CPU upcasts
+    kept = loader.load_target(half, keep_dtype=True).model.parameters()
+    assert {v.dtype for _, v in tree_flatten(kept)} == {mx.bfloat16}
+    monkeypatch.setattr(loader, "_on_cpu", lambda: False)  # a GPU backend
+    gpu = loader.load_target(half).model.parameters()
+    assert {v.dtype for _, v in tree_flatten(gpu)} == {mx.bfloat16}
+
+
+def test_unrestorable_cache_type_refuses_dflash_naming_it(tiny_hybrid, monkeypatch):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from app.engine.errors import UnsupportedArchitectureError
+    from app.engine.target import TargetRunner
+
+    target, _ = tiny_hybrid
+    monkeypatch.setattr(TargetRunner, "make_cache",
+                        lambda self: [QuantizedKVCache() for _ in self.layers])
+    with pytest.raises(UnsupportedArchitectureError, match="QuantizedKVCache"):
+        TargetRunner(target.model, target.model_type)

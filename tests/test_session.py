@@ -172,3 +172,28 @@ def test_load_keeps_the_repo_id_as_the_name(tiny_root):
         assert plain.target_name == t.name and plain.drafter_name is None
     finally:
         s.unload()
+
+
+def test_scripted_session_counts_what_it_emits():
+    """The one scripted session (tests, screenshot, latency bench): its Summary's counts are
+    those of its events, and cancel is checked before every cycle."""
+    from app.chat.events import ContentDelta, ReasoningDelta, ToolResultEvent
+    from app.chat.scripted import ScriptedSession, ScriptedTurn
+    from app.engine.events import CycleEvent
+
+    s = ScriptedSession(turns=[ScriptedTurn("a b", "abcdefgh", ("calculator", {"e": 1}, 2))],
+                        cycles=None, block=4, chunk_chars=3, accept=lambda c: 2)
+    events = list(s.reply([], {"mode": "dflash"}))
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "a b"
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == "abcdefgh"
+    (tool,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert tool.run.result.result == 2
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    summary = events[-1].summary
+    assert len(cycles) == summary.cycles == 3 and len(tokens) == summary.generated_tokens == 9
+    assert summary.tau == 3.0 and summary.acceptance_rate == 6 / 9
+    cancel = threading.Event()
+    cancel.set()
+    stopped = list(ScriptedSession(cycles=100).reply([], {"mode": "dflash"}, cancel))
+    assert stopped[-1].summary.cycles == 0 and stopped[-1].summary.stop_cause == "cancelled"

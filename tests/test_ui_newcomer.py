@@ -17,18 +17,45 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
-
-from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
-from app.engine.errors import ModelLoadError  # noqa: E402
 from test_ui_window import (  # noqa: E402
     PROMPT,
     ScriptedBackend,
-    _allow_engine_after,  # noqa: F401 (autouse fixture)
     make_window,
-    qs,  # noqa: F401 (fixture)
     send_and_wait,
-    tiny_dirs,  # noqa: F401 (fixture)
 )
+
+from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
+from app.engine.errors import ModelLoadError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _allow_engine_after():
+    """The window marks the GUI (main) thread as MLX-free; undo it for other test files."""
+    yield
+    from app.engine.threads import allow_engine_on_current_thread
+
+    allow_engine_on_current_thread()
+
+
+@pytest.fixture
+def qs(tmp_path):
+    from PySide6.QtCore import QSettings
+
+    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    s.beginGroup("generation")
+    s.setValue("use_tools", False)
+    s.setValue("max_tokens", 12)
+    s.setValue("system_prompt", "")
+    s.endGroup()
+    return s
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    from app.engine.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("ui20_tiny"), "qwen3_5", seed=0,
+                           block_size=8)
 
 
 class BenchBackend(ScriptedBackend):
@@ -244,13 +271,11 @@ class ToolReplyBackend(BenchBackend):
     """A DFlash (or plain) tool reply in two rounds: reasoning, a calculator call, its
     result, then reasoning and the answer; each round ends with the engine's Done."""
 
-    def _events(self, settings, cancel):
-        from app.chat.events import RoundStarted, ToolCall, ToolCallDelta, ToolResultEvent
-        from app.chat.events import ToolRun
+    def _events(self, turn, mode, cancel):
+        from app.chat.events import RoundStarted, ToolCall, ToolCallDelta, ToolResultEvent, ToolRun
         from app.chat.tools import ToolResult
         from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 
-        mode = settings["mode"]
         self.round_summaries = []
         r2_cycles = getattr(self, "r2_cycles", 2)
         for rnd, (thought, answer, cycles) in enumerate(
@@ -548,8 +573,8 @@ def test_counts_read_as_english():
 
 def test_reasoning_link_says_one_word(qtbot, qs):
     class OneWord(BenchBackend):
-        def _events(self, settings, cancel):
-            for ev in super()._events(settings, cancel):
+        def _events(self, turn, mode, cancel):
+            for ev in super()._events(turn, mode, cancel):
                 if isinstance(ev, ReasoningDelta):
                     if ev.text.startswith("Paris"):
                         yield ReasoningDelta("Paris.")
@@ -588,8 +613,8 @@ def test_big_numbers_in_answers_are_grouped_not_in_code(qtbot, qs):
     assert group_digits("pi is 3.14159265, id 0012345") == "pi is 3.14159265, id 0012345"
 
     class Numbers(BenchBackend):
-        def _events(self, settings, cancel):
-            for ev in super()._events(settings, cancel):
+        def _events(self, turn, mode, cancel):
+            for ev in super()._events(turn, mode, cancel):
                 if isinstance(ev, ContentDelta):
                     if ev.text.startswith("The capital"):
                         yield ContentDelta("About 19600000 people live there.\n\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
@@ -20,13 +19,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
-from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
+from app.chat.pipeline import ContentDelta  # noqa: E402
+from app.chat.scripted import ScriptedSession  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
-from app.engine.errors import ModelLoadError, WrongThreadError  # noqa: E402
-from app.engine.events import CycleEvent, Done, Summary, TokenEvent  # noqa: E402
+from app.engine.errors import WrongThreadError  # noqa: E402
+from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
-from app.ui.worker import ModelInfo, assert_not_gui_thread  # noqa: E402
+from app.ui.worker import assert_not_gui_thread  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 
@@ -73,81 +73,10 @@ def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
     return blocker.args[0]
 
 
-class ScriptedBackend:
-    """Emits reasoning, content (with a code block), tokens and DFlash cycles; ``delay_s``
-    per cycle; checks the cancel event before every cycle like the engine does."""
-
-    def __init__(self, cycles=6, block=4, delay_s=0.0, fail_load=None):
-        self.cycles = cycles
-        self.block = block
-        self.delay_s = delay_s
-        self.fail_load = fail_load
-        self.emitted_cycles = 0
-        self.summary: Summary | None = None
-        self.threads: list[int] = []
-
-    def load(self, spec):
-        target, drafter = spec.target, spec.drafter
-        self.threads.append(threading.get_ident())
-        if self.fail_load and target == self.fail_load:
-            raise ModelLoadError(f"could not load {target}: config.json is missing")
-        return ModelInfo(target_name="scripted", target_path=target, drafter_name="scripted-d",
-                         drafter_path=drafter or "d", context_length=2048,
-                         drafter_block_size=self.block)
-
-    def unload(self):
-        pass
-
-    def memory_bytes(self):
-        return 123 * 2**20
-
-    def pieces(self, tokens):
-        return [f"t{t} " for t in tokens]
-
-    def reply(self, messages, settings, cancel):
-        self.threads.append(threading.get_ident())
-        self.last_settings, self.last_messages = dict(settings), list(messages)
-        return self._events(settings, cancel)
-
-    def _events(self, settings, cancel):
-        mode = settings["mode"]
-        yield ReasoningDelta("Paris is the capital. ")
-        yield ReasoningDelta("Say it plainly.")
-        idx = 0
-        accepted_lengths = []
-        n_tok = 1
-        yield TokenEvent(100, 0, False)
-        yield ContentDelta("The capital is **Paris**.\n\n```python\nprint('Paris')\n```\n")
-        stopped = False
-        for c in range(self.cycles):
-            if cancel.is_set():
-                stopped = True
-                break
-            acc = c % self.block
-            for k in range(acc + 1):
-                idx += 1
-                yield TokenEvent(100 + idx, idx, k < acc)
-                yield ContentDelta(f" w{idx}")
-            accepted_lengths.append(acc)
-            n_tok += acc + 1
-            yield CycleEvent(c, self.block - 1, acc, acc + 1, acc < self.block - 1,
-                             0.001, 0.002, 0.0005 if acc < self.block - 1 else 0.0)
-            self.emitted_cycles += 1
-            if self.delay_s:
-                time.sleep(self.delay_s)
-        cycles = len(accepted_lengths)
-        drafted = cycles * (self.block - 1)
-        accepted = sum(accepted_lengths)
-        replays = sum(1 for a in accepted_lengths if a < self.block - 1)
-        self.summary = Summary(
-            mode=mode, prompt_tokens=42, generated_tokens=n_tok, ttft_s=0.0123,
-            tok_per_s=321.5, cycles=cycles, drafted=drafted, accepted=accepted,
-            acceptance_rate=accepted / drafted if drafted else None,
-            tau=n_tok / cycles if cycles else None, replays=replays,
-            rollback_share=0.0625, stop_cause="cancelled" if stopped else "end_token",
-            accepted_lengths=list(accepted_lengths),
-        )
-        yield Done(self.summary)
+ScriptedBackend = ScriptedSession
+"""The scripted session (``app.chat.scripted``): reasoning, content with a code block, tokens
+and DFlash cycles; ``delay_s`` per cycle; the cancel event checked before every cycle like the
+engine does."""
 
 
 # ------------------------------------------------------------------ scripted backend
@@ -715,7 +644,7 @@ def test_controls_have_accessible_names(qtbot, qs):
 
 
 class FailingBackend(ScriptedBackend):
-    def _events(self, settings, cancel):
+    def _events(self, turn, mode, cancel):
         from app.engine.errors import GenerationError
 
         yield ContentDelta("Half an ans")
@@ -1050,3 +979,32 @@ def test_token_texts_hide_the_end_token(tiny_dirs):
     pieces = backend.pieces(ids + [eos])
     assert len(pieces) == len(ids) + 1
     assert pieces[-1] == "" and "".join(pieces) == "Paris is nice."
+
+
+def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
+    """A divergence shown in Compare comes with the target's top-two logit gap there, which
+    the worker's backend computes from the two replies."""
+    from types import SimpleNamespace
+
+    from app.chat.reply import ReplySettings, collect_reply
+    from app.engine.compare import near_tie
+    from app.ui.compare import verdict
+    from app.ui.worker import ReplyResult
+
+    target, drafter = tiny_hybrid
+    rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
+                        ReplySettings(mode="plain", max_tokens=6))
+    changed = list(rep.tokens)
+    changed[3] = (changed[3] + 1) % 100
+    other = SimpleNamespace(rounds=[SimpleNamespace(tokens=changed,
+                                                    prompt_ids=rep.rounds[0].prompt_ids)])
+    backend = ChatSession()
+    backend.target = target
+    gap = backend.top2_gap(rep, other)
+    expected = near_tie(target, rep.rounds[0].prompt_ids, rep.tokens[:3], {}, 3)["gap"]
+    assert gap == pytest.approx(expected)
+    plain = ReplyResult(tokens=list(rep.tokens), mode="plain")
+    dflash = ReplyResult(tokens=changed, mode="dflash", top2_gap=gap)
+    assert verdict(plain, dflash).startswith(
+        f"differ from token 3 (of 6 plain / 6 DFlash; top-two logit gap there {gap:.3g})")
+    assert verdict(plain, ReplyResult(tokens=list(rep.tokens))).startswith("identical, 6")

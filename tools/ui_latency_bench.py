@@ -25,61 +25,21 @@ WORDS = ("the drafter proposes a block of tokens and the target verifies them in
          "so several tokens are committed per cycle when the guesses are right ").split()
 
 
-class StreamBackend:
-    """Emits ``rate`` tokens per second for ``seconds`` (paced in 5 ms slices)."""
+def stream_session(rate: float, seconds: float):
+    """``app.chat.scripted.ScriptedSession`` paced at ``rate`` tokens per second for
+    ``seconds``: 20 reasoning words, then one word of content per token (a paragraph break
+    every 60) and a DFlash cycle every 5 tokens."""
+    from app.chat.scripted import ScriptedSession, ScriptedTurn
 
-    def __init__(self, rate: float, seconds: float, block: int = 8) -> None:
-        self.rate, self.seconds, self.block = rate, seconds, block
-        self.sent = 0
+    def word(i: int) -> str:
+        return WORDS[i % len(WORDS)] + (".\n\n" if i % 60 == 59 else " ")
 
-    def load(self, spec):
-        target, drafter = spec.target, spec.drafter
-        from app.ui.worker import ModelInfo
-
-        return ModelInfo(target_name="synthetic", target_path=target, drafter_name="synthetic",
-                         drafter_path=drafter, context_length=32768, drafter_block_size=8)
-
-    def unload(self):
-        pass
-
-    def memory_bytes(self):
-        return 0
-
-    def pieces(self, tokens):
-        return [""] * len(tokens)
-
-    def reply(self, messages, settings, cancel):
-        return self._events(cancel)
-
-    def _events(self, cancel):
-        from app.chat.pipeline import ContentDelta, ReasoningDelta
-        from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-
-        for w in WORDS[:20]:
-            yield ReasoningDelta(w + " ")
-        start = time.perf_counter()
-        i = cycle = 0
-        since_cycle = 0
-        while not cancel.is_set():
-            elapsed = time.perf_counter() - start
-            if elapsed >= self.seconds:
-                break
-            due = int(elapsed * self.rate)
-            while i < due:
-                yield TokenEvent(i % 500, i, since_cycle > 0)
-                word = WORDS[i % len(WORDS)]
-                yield ContentDelta(word + (".\n\n" if i % 60 == 59 else " "))
-                i += 1
-                since_cycle += 1
-                if since_cycle == 5:
-                    yield CycleEvent(cycle, self.block - 1, 4, 5, True, 1e-4, 2e-4, 1e-5)
-                    cycle += 1
-                    since_cycle = 0
-            time.sleep(0.005)
-        self.sent = i
-        yield Done(Summary(mode="dflash", generated_tokens=i, cycles=cycle,
-                           tok_per_s=i / max(1e-9, time.perf_counter() - start),
-                           stop_cause="length"))
+    return ScriptedSession(
+        turns=[ScriptedTurn(" ".join(WORDS[:20]), "")], cycles=10**9, block=8,
+        accept=lambda c: 4, tokens_per_s=rate, seconds=seconds, filler=word,
+        figures={}, info={"target_name": "synthetic", "drafter_name": "synthetic",
+                          "context_length": 32768},
+        memory=0, piece=lambda t: "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.ui.window import MainWindow
 
     qs = QSettings(str(Path(tempfile.mkdtemp()) / "s.ini"), QSettings.IniFormat)
-    backend = StreamBackend(args.rate, args.seconds)
+    backend = stream_session(args.rate, args.seconds)
     win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
     win.resize(1280, 800)
     win.show()
@@ -148,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     gaps = [max(0.0, g) for g in gaps[1:]]
     q = statistics.quantiles(gaps, n=100) if len(gaps) >= 2 else [0.0] * 99
     chars = len(win.chat.toPlainText())
-    print(f"tokens streamed      {backend.sent} in {wall:.1f} s "
-          f"({backend.sent / max(wall, 1e-9):.0f} tok/s requested {args.rate:.0f})")
+    sent = backend.summary.generated_tokens if backend.summary else 0
+    print(f"tokens streamed      {sent} in {wall:.1f} s "
+          f"({sent / max(wall, 1e-9):.0f} tok/s requested {args.rate:.0f})")
     print(f"render ticks         {ticks[0]} (timer {win.timer.interval()} ms)")
     print(f"probe samples        {len(gaps)} (period {args.period_ms:g} ms)")
     print(f"event-loop latency   p50 {q[49]:.1f} ms   p99 {q[98]:.1f} ms   "

@@ -261,3 +261,16 @@ ReplyEvent = (
 )
 
 
+def tool_call_dict(obj: Any) -> dict:
+    """A tool call (``ToolCall``, ``ToolRun`` or a dict) as the dict the tool pane shows:
+    ``id``, ``name``, ``arguments``, ``result``, ``error``, ``duration_s`` (None when not
+    known)."""
+    d = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+    return {
+        "id": str(d.get("id") or ""),
+        "name": str(d.get("name") or "?"),
+        "arguments": d.get("arguments"),
+        "result": d.get("result"),
+        "error": d.get("error"),
+        "duration_s": d.get("duration_s"),
+    }

@@ -67,6 +67,7 @@ def _generation_config(settings: ReplySettings, mode: str):
         max_tokens=settings.max_tokens,
         block_size=settings.block_size,
         rollback=settings.rollback,
+        fast_verify=settings.fast_verify,
         **settings.sampling.generation_kwargs(),
     )
 
@@ -293,3 +294,25 @@ def collect_reply(
             reply = ev.reply
     assert reply is not None
     return reply
+
+
+def divergence_near_tie(target, plain: Reply, dflash: Reply) -> dict | None:
+    """The target's top-two logits (:func:`app.engine.compare.near_tie`) at the first
+    divergence of two replies to the same messages: the prompt of the round where they first
+    differ, plus the common prefix inside it. None when they never differ, or when the
+    differing round's prompts differ (an earlier difference in tool results). Engine thread.
+    """
+    from app.engine.compare import first_divergence, near_tie
+
+    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
+        i = first_divergence(rp.tokens, rd.tokens)
+        if i is None:
+            continue
+        if rp.prompt_ids != rd.prompt_ids:
+            return None
+        pick = {
+            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
+            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
+        }
+        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
+    return None

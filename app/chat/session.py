@@ -181,7 +181,6 @@ class ChatSession:
         if not isinstance(spec, PairSpec):
             spec = (PairSpec(tiny=True) if str(spec) == TINY_PAIR
                     else PairSpec(target=str(spec), drafter=drafter or None))
-        from app.engine import loader
 
         before = self.memory_bytes()
         previous = self.spec
@@ -208,10 +207,9 @@ class ChatSession:
         note = ""
         target, drafter_path = spec.target, spec.drafter
         if spec.tiny:
-            from app.engine.tiny import build_tiny_pair
-            from app.paths import cache_dir
+            from app.engine.tiny import fallback_pair
 
-            t_dir, d_dir = build_tiny_pair(cache_dir() / "tiny-pair")
+            t_dir, d_dir = fallback_pair()
             target, drafter_path = str(t_dir), str(d_dir)
             note = ("The bundled demo pair is missing: a tiny random-weight pair is loaded "
                     "instead (its replies are gibberish).")
@@ -356,6 +354,16 @@ class ChatSession:
             return
         status = "stopped" if done.finish_reason == "cancelled" else "complete"
         self.store.finish_reply(row.id, status=status, **finish_fields(done))
+
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ (one target forward); None when they do not, or with no
+        model loaded."""
+        check_engine_thread()
+        from app.chat.reply import divergence_near_tie
+
+        tie = divergence_near_tie(self.target, plain, dflash) if self.target else None
+        return tie["gap"] if tie else None
 
     def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
         """Leave out the oldest turns so the prompt fits the context limit with room for

@@ -4,7 +4,8 @@ Stored keys (QSettings group ``generation``, a conversation's ``settings``, expo
 names in :data:`SPECS`, unchanged from earlier versions:
 
 * ``system_prompt`` (str), ``max_tokens`` (int tokens), ``block_size`` (int; 0 = the
-  drafter's own), ``rollback`` ("tape" | "replay"), ``thinking`` (bool), ``stop_strings``
+  drafter's own), ``rollback`` ("tape" | "replay"), ``fast_verify`` (bool: the engine's
+  near-exact chunked verify, off by default), ``thinking`` (bool), ``stop_strings``
   (list[str]), ``use_tools`` (bool: offer the built-in tools and run their calls);
 * sampling: ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int; 0 = off),
   ``min_p`` (float), ``repetition_penalty`` (float; 1 = off), ``seed`` (int; -1 = none).
@@ -47,6 +48,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("max_tokens", 512, 1, 131072),
     Spec("block_size", 0, 0, 64),
     Spec("rollback", "tape", choices=("tape", "replay")),
+    Spec("fast_verify", False),
     Spec("thinking", True),
     Spec("stop_strings", []),
     Spec("use_tools", True),
@@ -170,6 +172,7 @@ class ReplySettings:
         max_tokens: generated-token limit per generation round (int > 0).
         block_size: DFlash block size (None: the drafter's).
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
+        fast_verify: the engine's near-exact chunked verify (``GenerationConfig.fast_verify``).
         enable_thinking: passed to the chat template; None keeps the tokenizer's default.
         stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
         tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
@@ -185,6 +188,7 @@ class ReplySettings:
     max_tokens: int = 256
     block_size: int | None = None
     rollback: str = "tape"
+    fast_verify: bool = False
     enable_thinking: bool | None = None
     stop: list[str] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -196,7 +200,8 @@ class ReplySettings:
     sampling: Sampling = field(default_factory=Sampling)
 
 
-REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "enable_thinking",
+REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "fast_verify",
+                        "enable_thinking",
                         "stop", "stop_strings", "tools", "run_tools", "use_tools",
                         "max_tool_rounds", "tool_parser", "runnable_tools", "tool_timeout_s",
                         "system_prompt", "thinking", *SAMPLING_KEYS})
@@ -232,7 +237,7 @@ def reply_settings(values: dict):
         raise SettingError(f"unknown setting{'s' if len(unknown) > 1 else ''}: "
                            f"{', '.join(unknown)}")
     kwargs = {k: values[k] for k in ("mode", "max_tokens", "block_size", "rollback",
-                                     "enable_thinking", "tools", "run_tools",
+                                     "fast_verify", "enable_thinking", "tools", "run_tools",
                                      "max_tool_rounds", "tool_parser", "runnable_tools",
                                      "tool_timeout_s") if k in values}
     kwargs["stop"] = list(values.get("stop") or values.get("stop_strings") or [])

@@ -21,17 +21,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from app.chat.conversation import Message as StoredMessage
+from app.chat.events import (
+    ContentDelta,
+    ReasoningDelta,
+    Reply,
+    RoundStarted,
+    ToolCallDelta,
+    ToolResultEvent,
+    tool_call_dict,
+)
+from app.chat.session import finish_fields
 from app.chat.storage import (
     DB_FILENAME,
     ConversationNotFoundError,
     StorageError,
     Store,
 )
-from app.engine.events import Summary
+from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +87,8 @@ class ReplyResult:
         mode, block_size, rollback: how the reply was generated.
         messages: the chat-template messages of every round when tools ran (stored as the
             row's ``rounds``, so the next prompt shows the calls and results); [] otherwise.
+        top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
+            top-two logit gap at the first divergence (None otherwise).
     """
 
     content: str = ""
@@ -92,6 +106,7 @@ class ReplyResult:
     error: str | None = None
     note: str = ""
     messages: list[dict] = field(default_factory=list)
+    top2_gap: float | None = None
     round_summaries: list = field(default_factory=list)
 
     def all_reasoning(self) -> str:
@@ -104,6 +119,38 @@ class ReplyResult:
         if last and (not parts or parts[-1] != last):
             parts.append(last)
         return "\n\n".join(parts) if parts else self.reasoning
+
+    @classmethod
+    def from_reply(cls, reply: Reply, settings: dict,
+                   pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
+        """The result of a finished ``app.chat.events.Reply``: the last round's text and
+        tokens, the figures over every round (``Summary.reply_total``), every round's tool calls with their results (``finish_fields``), the warnings
+        joined as the note, the token texts from ``pieces_fn``; ``settings`` is the reply's
+        values dict (``mode``, ``block_size``, ``rollback``)."""
+        fields = finish_fields(reply)
+        tokens = fields["token_ids"]
+        round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
+        flags = fields["from_draft"]
+        note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
+                         for w in reply.warnings)
+        return cls(
+            content=fields["content"],
+            reasoning=fields["reasoning"],
+            tool_calls=fields["tool_calls"],
+            finish_reason=fields["finish_reason"] or "stop",
+            tokens=tokens,
+            from_draft=flags + [False] * (len(tokens) - len(flags)),
+            pieces=pieces_fn(tokens),
+            summary=(Summary.reply_total(round_summaries) if round_summaries
+                     else reply.summary),
+            round_summaries=round_summaries,
+            rounds=max(1, len(reply.rounds)),
+            mode=reply.mode or settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
+            note=note,
+            messages=[dict(m) for m in reply.messages],
+        )
 
     @classmethod
     def from_row(cls, m: StoredMessage) -> ReplyResult:
@@ -124,6 +171,73 @@ class ReplyResult:
             rollback=m.rollback or "tape",
             error=m.error,
             messages=[dict(r) for r in m.rounds],
+        )
+
+
+class PartialReply:
+    """What a reply produced so far, from its events (:meth:`add`), for a
+    :class:`ReplyResult` when it ends without ``ReplyDone`` (an error, or a scripted
+    session): :meth:`result`."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.flags: list[bool] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[str, dict] = {}
+        self.summaries: list[Summary] = []
+
+    @property
+    def summary(self) -> Summary | None:
+        """The figures over every round seen (None before the first ``Done``)."""
+        return Summary.reply_total(self.summaries) if self.summaries else None
+
+    def add(self, ev: Any) -> None:
+        """Take one event (others than round starts, tokens, text, tool calls and ``Done``
+        are ignored)."""
+        if isinstance(ev, RoundStarted):
+            if ev.index > 0 and self.reasoning:
+                self.reasoning.append("\n\n")  # each round's reasoning its own paragraph
+        elif isinstance(ev, TokenEvent):
+            self.tokens.append(ev.token_id)
+            self.flags.append(ev.from_draft)
+        elif isinstance(ev, ContentDelta):
+            self.content.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
+            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
+            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
+            merged.update({k: v for k, v in d.items() if v is not None})
+        elif isinstance(ev, Done):
+            self.summaries.append(ev.summary)
+
+    def result(self, settings: dict, pieces_fn: Callable[[list[int]], list[str]], *,
+               failed: bool = False, cancelled: bool = False) -> ReplyResult:
+        """The :class:`ReplyResult` so far: finish reason from the engine's stop cause
+        (``error`` when ``failed``, ``cancelled`` when stopped without a summary)."""
+        finish = "stop"
+        if self.summary is not None:
+            finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
+                      "error": "error"}.get(self.summary.stop_cause, "stop")
+        elif cancelled:
+            finish = "cancelled"
+        if failed:
+            finish = "error"
+        return ReplyResult(
+            content="".join(self.content),
+            reasoning="".join(self.reasoning),
+            tool_calls=list(self.calls.values()),
+            finish_reason=finish,
+            tokens=self.tokens,
+            from_draft=self.flags,
+            pieces=pieces_fn(self.tokens),
+            summary=self.summary,
+            round_summaries=list(self.summaries),
+            rounds=max(1, len(self.summaries)),
+            mode=settings.get("mode", "plain"),
+            block_size=settings.get("block_size"),
+            rollback=settings.get("rollback", "tape"),
         )
 
 

@@ -2,13 +2,16 @@
 
 Every prompt goes through the target's chat template (:func:`app.chat.templates.render_prompt`)
 and then through each mode: ``plain``, and for every block size B ``dflash+tape@B`` and
-``dflash+replay@B`` (greedy). Modes are interleaved (the order rotates from one prompt and
+``dflash+replay@B`` (greedy; with ``--fast-verify`` also ``dflash+tape@B+fast``, the near-exact
+chunked verify). Modes are interleaved (the order rotates from one prompt and
 repeat to the next) and repeated, after one untimed warm-up run per mode. Per mode the report
 gives the median tok/s (generation only, prefill excluded, as :class:`~app.engine.events.Summary`
 counts it), the median time to first token, the acceptance rate and tau (definitions in
 :mod:`app.engine.events`), replays, the time shares of draft / verify / rollback, the peak
 memory, and the ratio to plain computed pair by pair (same prompt, same repeat; the median of
-those ratios). Every mode's token ids are checked against plain's for the same prompt.
+those ratios). Every mode's token ids are checked against plain's for the same prompt; per
+prompt the report gives ``identical``, ``first_divergence`` and, where they differ, the target's
+top-two logit gap there (``top2_gap``, :func:`app.engine.compare.near_tie`).
 
 ``--scaling`` adds cost per generated token against prompt length (128..4096 tokens) and
 against generated length, plain and DFlash. Tau at lengths the model pair never saw in
@@ -40,6 +43,7 @@ from app.engine.bench import (
     BenchError,
     RunRecord,
     _long_prompts,
+    add_top2_gaps,
     aggregate,
     default_prompts,
     goals,
@@ -94,6 +98,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, help="folder for bench.json, CSV files and PNG plots "
                    "(default: benchmarks/<UTC time> in the app-data folder, none with --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--fast-verify", action="store_true", help="also run dflash+tape@B+fast: "
+                   "the near-exact chunked verify (can change tokens; reported per prompt)")
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
                    "against prompt length (128..4096) and against generated length")
     p.add_argument("--multi-turn", action="store_true",
@@ -137,6 +143,11 @@ def text_report(result: dict) -> str:
         lines.append("tape/replay rollback cost per replay: " + ", ".join(
             f"B={b}: {_fmt(v)}" for b, v in tvr.items()) + " (goal <= 0.20)")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
+    for name, f in result["modes"].items():
+        for pid, p in (f.get("prompts") or {}).items():
+            if not p["identical"]:
+                lines.append(f"  {name} differs from plain on {pid} at token "
+                             f"{p['first_divergence']} (top-two logit gap {_fmt(p['top2_gap'], '.3g')})")
     g = result.get("goals")
     if g:
         lines.append(f"goal DFlash+tape >= 2x plain: best {_fmt(g['best_tape_ratio_to_plain'])}x"
@@ -386,10 +397,11 @@ def run_bench(args) -> int:
              f"({', '.join(str(b) for b in args.block_sizes if b > limit)})")
     if not blocks:
         blocks = [limit]
-    modes = make_modes(blocks)
+    modes = make_modes(blocks, fast=args.fast_verify)
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
-                "modes_order": "interleaved, rotating", "greedy": True}
+                "modes_order": "interleaved, rotating", "greedy": True,
+                "fast_verify_modes": bool(args.fast_verify)}
     head = header(target, drafter, tpath, dpath, settings)
 
     def progress(i, n, rec):
@@ -401,6 +413,7 @@ def run_bench(args) -> int:
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
                          progress)
     figures = aggregate(records, modes)
+    add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {
         "header": head,
         "modes": figures,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from app.chat.reply import Reply, collect_reply
+from app.chat.reply import collect_reply, divergence_near_tie
 from app.commands.chat import _print_reply, chat_object
 from app.commands.generation import (
     _add_common,
@@ -20,7 +20,7 @@ from app.commands.generation import (
     load_tools,
     settings_from_args,
 )
-from app.engine.compare import first_divergence, near_tie
+from app.engine.compare import first_divergence
 
 
 def register(subparsers) -> None:
@@ -40,23 +40,6 @@ def run_compare(args) -> int:
     return _guard(_compare, args)
 
 
-def _near_tie_for(target, plain: Reply, dflash: Reply) -> dict | None:
-    """Near-tie figures at the first divergence of the two replies' rounds (the prompt of the
-    round where they first differ, plus the common prefix inside it)."""
-    for rp, rd in zip(plain.rounds, dflash.rounds, strict=False):
-        i = first_divergence(rp.tokens, rd.tokens)
-        if i is None:
-            continue
-        if rp.prompt_ids != rd.prompt_ids:
-            return None
-        pick = {
-            "plain": rp.tokens[i] if i < len(rp.tokens) else None,
-            "dflash": rd.tokens[i] if i < len(rd.tokens) else None,
-        }
-        return near_tie(target, rp.prompt_ids, rp.tokens[:i], pick, i)
-    return None
-
-
 def _compare(args) -> int:
     tools = load_tools(args.tools)
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
@@ -68,7 +51,7 @@ def _compare(args) -> int:
         results[mode] = (reply, settings)
     (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
     div = first_divergence(plain.all_tokens, dflash.all_tokens)
-    tie = _near_tie_for(target, plain, dflash) if div is not None else None
+    tie = divergence_near_tie(target, plain, dflash) if div is not None else None
     obj = {
         "plain": chat_object(plain, ps, drafter, args.run_tools),
         "dflash": chat_object(dflash, ds, drafter, args.run_tools),

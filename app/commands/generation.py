@@ -16,7 +16,6 @@ from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
-TINY_PAIR_FOLDER = "tiny-pair"
 
 
 class CommandError(Exception):
@@ -65,6 +64,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="DFlash block size, 1..the drafter's (default: the drafter's)")
     p.add_argument("--rollback", choices=["tape", "replay"], default="tape",
                    help="recurrent-state rollback under DFlash (default tape)")
+    p.add_argument("--fast-verify", action="store_true",
+                   help="near-exact: verify with the chunked Gated DeltaNet form (faster on "
+                   "CPU for hybrid targets; can change tokens, see README); off by default")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
                        help="thinking on in the chat template")
@@ -114,12 +116,12 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
     target, drafter = demo_pair_dirs()
     if (target / "config.json").is_file() and (drafter / "config.json").is_file():
         return str(target), str(drafter)
-    from app.engine.tiny import build_tiny_pair
+    from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
 
-    root = cache_dir() / TINY_PAIR_FOLDER
+    root = cache_dir() / FALLBACK_FOLDER
     _warn(f"The bundled demo pair is missing: using a tiny random-weight pair in {root} "
           "(its text is gibberish).")
-    t, d = build_tiny_pair(root)
+    t, d = fallback_pair()
     return str(t), str(d)
 
 
@@ -156,6 +158,7 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
         max_tokens=args.max_tokens,
         block_size=args.block_size,
         rollback=args.rollback,
+        fast_verify=args.fast_verify,
         enable_thinking=think,
         stop=list(args.stop),
         tools=tools,

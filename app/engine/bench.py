@@ -2,7 +2,8 @@
 
 :func:`run_matrix` runs every prompt through each :class:`Mode` (``plain``, and for every block
 size B ``dflash+tape@B`` and ``dflash+replay@B``, greedy), interleaved and repeated after one
-untimed warm-up run per mode; :func:`aggregate` gives per mode the median tok/s (generation
+untimed warm-up run per mode (with ``fast`` also ``dflash+tape@B+fast``, the near-exact chunked
+verify); :func:`aggregate` gives per mode the median tok/s (generation
 only, prefill excluded, as :class:`~app.engine.events.Summary` counts it), the median time to
 first token, the acceptance rate and tau (definitions in :mod:`app.engine.events`), replays,
 the time shares of draft / verify / rollback, the peak memory, the ratio to plain computed pair
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.engine.compare import first_divergence, near_tie
 from app.engine.events import Summary
 
 DEFAULT_BLOCK_SIZES = "4,8,16"
@@ -67,13 +69,15 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class Mode:
-    """A decoding mode: ``name`` (``plain``, ``dflash+tape@8``...), engine ``mode``,
-    ``rollback`` and ``block`` (None for plain)."""
+    """A decoding mode: ``name`` (``plain``, ``dflash+tape@8``, ``dflash+tape@8+fast``...),
+    engine ``mode``, ``rollback``, ``block`` (None for plain) and ``fast`` (the engine's
+    near-exact ``fast_verify``)."""
 
     name: str
     mode: str
     rollback: str = "tape"
     block: int | None = None
+    fast: bool = False
 
 
 @dataclass
@@ -175,12 +179,15 @@ def default_prompts(target_dir: Path | None) -> tuple[list[BenchPrompt], str]:
 
 
 # ------------------------------------------------------------------------------ running
-def make_modes(block_sizes: list[int]) -> list[Mode]:
-    """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B``."""
+def make_modes(block_sizes: list[int], fast: bool = False) -> list[Mode]:
+    """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
+    ``fast``, ``dflash+tape@B+fast``)."""
     modes = [Mode("plain", "plain")]
     for b in block_sizes:
         modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
         modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
+        if fast:
+            modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
     return modes
 
 
@@ -195,7 +202,7 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     from app.engine.generate import GenerationConfig, generate
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
-                           rollback=mode.rollback)
+                           rollback=mode.rollback, fast_verify=mode.fast)
     gen = generate(target, ids, cfg, drafter if mode.mode == "dflash" else None)
     tokens, times, summary = [], [], None
     t0 = time.perf_counter()
@@ -243,12 +250,17 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
     for m in modes:
         rs = [r for r in records if r.mode.name == m.name]
         ss = [r.summary for r in rs]
-        ratios, identical = [], True
+        ratios, identical, prompts = [], True, {}
         for r in rs:
             base = plain.get((r.prompt_id, r.repeat))
             if base is None:
                 continue
             identical &= r.tokens == base.tokens
+            div = first_divergence(base.tokens, r.tokens)
+            seen = prompts.setdefault(r.prompt_id, {"identical": True, "first_divergence": None,
+                                                    "top2_gap": None})
+            if div is not None and seen["identical"]:
+                seen.update(identical=False, first_divergence=div)
             if base.summary.tok_per_s > 0 and r.summary.tok_per_s > 0:
                 ratios.append(r.summary.tok_per_s / base.summary.tok_per_s)
         pooled = Summary.pool(ss, m.mode)
@@ -275,15 +287,36 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "peak_memory_bytes": max((s.peak_memory_bytes for s in ss), default=0),
             "ratio_to_plain": _median(ratios),
             "identical_tokens": identical,
+            "fast_verify": m.fast,
+            "prompts": prompts,
         }
     return out
+
+
+def add_top2_gaps(target, figures: dict[str, dict], records: list[RunRecord],
+                  rendered: dict) -> None:
+    """Fill ``top2_gap`` of every divergent prompt in :func:`aggregate`'s figures: the target's
+    top-two logit gap after the prompt and plain's tokens up to the divergence.
+
+    ``rendered``: prompt id -> its prompt token ids. Needs the engine thread (one target
+    forward per divergence)."""
+    plain = {r.prompt_id: r for r in records if r.mode.name == "plain" and r.repeat == 0}
+    for fig in figures.values():
+        for pid, p in fig.get("prompts", {}).items():
+            d = p["first_divergence"]
+            if d is None or pid not in plain:
+                continue
+            tokens = plain[pid].tokens
+            tie = near_tie(target, rendered[pid], tokens[:d],
+                           {"plain": tokens[d] if d < len(tokens) else None}, d)
+            p["top2_gap"] = tie["gap"]
 
 
 def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape":
+        if fig["rollback"] != "tape" or fig.get("fast_verify"):
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]
@@ -297,7 +330,8 @@ def goals(result: dict) -> dict:
     tokens (best block size); tape rollback <= 1/5 of replay rollback per replay (every block
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""
-    tapes = {k: v for k, v in result["modes"].items() if v["rollback"] == "tape"}
+    tapes = {k: v for k, v in result["modes"].items()
+             if v["rollback"] == "tape" and not v.get("fast_verify")}
     ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
     best = max(ratios) if ratios else None
     tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]

@@ -1,6 +1,9 @@
-"""Comparing two decodings of one prompt: where they first differ, and whether the target
-saw a near tie there (its top two logits almost equal), the one reason plain and DFlash may
-part ways under greedy decoding. Used by ``compare``, the bench and the window's Compare view.
+"""Comparing two generations of the same prompt: where they diverge and how close the
+target's choice was there.
+
+A divergence between greedy plain and greedy DFlash is reported with the target's top-two
+logit gap at that position (``shared/DFLASH_NOTES.md``, "Numerics": never assume a near-tie,
+show it).
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from typing import Any
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """First index where the token id lists ``a`` and ``b`` differ, the shorter length when
-    one is a prefix of the other, None when they are equal."""
+    """First index where ``a`` and ``b`` differ, the shorter length when one is a prefix of
+    the other, None when equal."""
     if a == b:
         return None
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -29,6 +32,9 @@ def near_tie(target, prompt_ids: list[int], prefix: list[int], tokens: dict[str,
     """
     import mlx.core as mx
 
+    from app.engine.threads import check_engine_thread
+
+    check_engine_thread()
     ids = mx.array([list(prompt_ids) + list(prefix)], dtype=mx.int32)
     logits = target.model(ids)[0, -1].astype(mx.float32)
     order = mx.argsort(-logits)[:2].tolist()

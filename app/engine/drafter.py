@@ -10,14 +10,19 @@ z-lab's reference implementation; summarised in ``shared/DFLASH_NOTES.md``):
 * every layer is a Qwen3 decoder layer whose attention takes queries from the (normed) block only
   and keys/values from ``[proj(ctx); proj(normed block)]``; ``ctx`` is not passed through the
   layer's input norm and is never updated from layer to layer; ``q_norm``/``k_norm`` are per-head
-  RMSNorms and RoPE runs at absolute positions (context rows at their own positions, block rows
-  continuing from the context length);
-* ``full_attention`` layers attend bidirectionally within the block; ``sliding_attention``
-  layers are causal with a window of ``sliding_window`` positions (config ``layer_types``);
+  RMSNorms and RoPE (mlx-lm's ``initialize_rope``, so ``rope_scaling`` is honoured) runs at
+  absolute positions (context rows at their own positions, block rows continuing from the
+  context length);
+* attention is **non-causal in every layer** (z-lab's PyTorch drafter calls the attention
+  function with ``is_causal=False``); ``sliding_attention`` layers pass ``sliding_window`` to it,
+  which transformers' flash-attention path turns into flash-attn's
+  ``window_size=(w - 1, w - 1)``: a query at position ``q`` sees the keys at positions ``k``
+  with ``|q - k| <= w - 1``. See :func:`attention_visibility`;
 * a final ``norm``; logits come from the **target's** LM head.
 
-Only the context K/V are cached (after ``k_norm`` and RoPE), one :class:`mlx_lm.models.cache.KVCache`
-per layer; block K/V are recomputed every cycle.
+Only the context K/V are cached (after ``k_norm`` and RoPE), one :class:`DraftContextCache` per
+layer; block K/V are recomputed every cycle. A sliding layer's cache keeps only the context rows
+a later query can still see (plus a small trim margin), so its memory is bounded by the window.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
 
 from app.engine.errors import ModelLoadError, UnsupportedArchitectureError
 
@@ -52,6 +57,16 @@ class DrafterConfig:
     ``block_size`` comes from ``dflash_config.block_size`` or the top-level ``block_size``;
     ``rope_theta`` from the top level or ``rope_parameters.rope_theta``; ``target_layer_ids`` from
     ``dflash_config`` or the top level, else :func:`default_target_layer_ids`.
+
+    ``rope_scaling`` is the config's ``rope_scaling``, else its ``rope_parameters`` (the dict
+    mlx-lm's ``qwen3.ModelArgs`` hands to ``initialize_rope``; a ``default`` rope type there
+    gives plain RoPE). ``sliding_window`` is None when the config's ``use_sliding_window`` is
+    false (transformers' ``Qwen3Config`` drops the window then) or no window is given; a config
+    without ``use_sliding_window`` keeps its window (published sliding drafters say ``true``;
+    ``Qwen3Config`` would default the key to false).
+    ``is_causal`` is the config's ``is_causal`` (default False: the block is bidirectional in
+    every layer, as z-lab's drafter runs it; a config that says ``is_causal: true`` gets a
+    causal block in every layer, as the later z-lab code reads that key).
     """
 
     hidden_size: int
@@ -72,6 +87,8 @@ class DrafterConfig:
     sliding_window: int | None = None
     max_position_embeddings: int = 40960
     model_type: str = "qwen3"
+    rope_scaling: dict[str, Any] | None = None
+    is_causal: bool = False
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> DrafterConfig:
@@ -119,6 +136,17 @@ class DrafterConfig:
                     f"layer_types has {len(layer_types)} entries for {n_layers} layers"
                 )
             sliding = cfg.get("sliding_window")
+            if cfg.get("use_sliding_window") is False or sliding is None:
+                sliding = None
+            elif int(sliding) < 1:
+                raise ValueError(f"sliding_window is {sliding}, it must be at least 1")
+            rope_scaling = cfg.get("rope_scaling")
+            if rope_scaling is None and rope_params:
+                rope_scaling = dict(rope_params)
+            if rope_scaling is not None and not isinstance(rope_scaling, dict):
+                raise TypeError(f"rope_scaling is {rope_scaling!r}, not an object")
+            max_pos = int(cfg.get("max_position_embeddings", 40960))
+            _make_rope(head_dim, float(rope_theta), rope_scaling, max_pos)  # refuse unknown types
             return cls(
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
@@ -136,8 +164,10 @@ class DrafterConfig:
                 attention_bias=bool(cfg.get("attention_bias", False)),
                 layer_types=layer_types,
                 sliding_window=None if sliding is None else int(sliding),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
+                max_position_embeddings=max_pos,
                 model_type=str(cfg.get("model_type", "qwen3")),
+                rope_scaling=rope_scaling,
+                is_causal=bool(cfg.get("is_causal") or False),
             )
         except KeyError as exc:
             raise ModelLoadError(f"drafter config.json lacks the field {exc.args[0]}") from exc
@@ -145,8 +175,203 @@ class DrafterConfig:
             raise ModelLoadError(f"drafter config.json has an unreadable field: {exc}") from exc
 
 
+def _make_rope(head_dim: int, theta: float, scaling: dict | None, max_pos: int) -> nn.Module:
+    """The RoPE module mlx-lm builds for these settings (``rope_utils.initialize_rope``,
+    non-traditional, as mlx-lm's qwen3 model passes it)."""
+    return initialize_rope(
+        head_dim,
+        base=theta,
+        traditional=False,
+        scaling_config=scaling,
+        max_position_embeddings=max_pos,
+    )
+
+
+def attention_visibility(
+    q_start: int,
+    q_len: int,
+    k_start: int,
+    k_len: int,
+    window: int | None,
+    causal: bool = False,
+) -> mx.array | None:
+    """Which keys each block query sees, by absolute position.
+
+    Queries sit at positions ``q_start .. q_start + q_len - 1``; keys at the contiguous positions
+    ``k_start .. k_start + k_len - 1`` (the kept context rows, then the block's own rows).
+    Key ``k`` is visible to query ``q`` iff
+
+    * ``|q - k| <= window - 1`` when ``window`` is set: flash-attn's ``window_size=(w - 1,
+      w - 1)``, which transformers' flash-attention integration
+      (``modeling_flash_attention_utils._flash_attention_forward``) passes for
+      ``sliding_window=w`` and which z-lab's drafter hands it on ``sliding_attention`` layers
+      (with a causal layer only the ``q - k <= w - 1`` side applies). transformers passes no
+      window when there are at most ``w`` keys, which the rule gives as well;
+    * ``k <= q`` only when ``causal`` (not the case for published DFlash drafters: the
+      reference runs every layer with ``is_causal=False``).
+
+    Returns:
+        A ``(q_len, k_len)`` bool array (True = attend), or None when every key is visible
+        to every query (the attention then runs without a mask).
+    """
+    far = (q_start + q_len - 1) - k_start  # the largest q - k
+    near = q_start - (k_start + k_len - 1)  # the smallest q - k
+    if not causal and (window is None or max(far, -near) <= window - 1):
+        return None
+    q_pos = q_start + mx.arange(q_len)[:, None]
+    k_pos = k_start + mx.arange(k_len)[None, :]
+    visible = mx.ones((q_len, k_len), dtype=mx.bool_)
+    if causal:
+        visible = visible & (k_pos <= q_pos)
+    if window is not None:
+        visible = visible & (q_pos - k_pos <= window - 1)
+        if not causal:
+            visible = visible & (k_pos - q_pos <= window - 1)
+    return visible
+
+
+#: Context rows a sliding layer keeps beyond its window, so that a trim (prefix reuse cutting
+#: the last turn's tail) of up to this many positions stays exact.
+TRIM_MARGIN = 256
+
+
+class DraftContextCache:
+    """One drafter layer's context K/V, at absolute positions ``start .. offset - 1``.
+
+    ``keys``/``values`` are ``(B, n_kv_heads, capacity, head_dim)`` buffers (the model's dtype,
+    after ``k_norm`` and RoPE) whose first ``offset - start`` rows are valid. ``offset`` is the
+    number of context positions the cache covers (it equals the target cache's length, and is
+    what :mod:`app.engine.prefix` and :mod:`app.engine.generate` read); ``start`` is the
+    position of the oldest row still held.
+
+    With ``window`` set (a sliding layer) a query at position ``q >= offset`` can only see keys
+    ``k >= q - (window - 1)`` (:func:`attention_visibility`), so rows below
+    ``offset - (window - 1) - margin`` are dropped when the buffer is reallocated (and appended
+    rows older than that are never stored): the buffers hold at most
+    ``window - 1 + margin + 2 * step`` rows, whatever the context length. The ``margin``
+    rows keep :meth:`trim` exact for trims of up to ``margin`` positions; a deeper trim leaves
+    the next queries without the dropped rows (see :attr:`exact`). Without a window nothing is
+    dropped (``start`` stays 0), as mlx-lm's ``KVCache``.
+    """
+
+    step = 256
+
+    def __init__(self, window: int | None = None, margin: int = TRIM_MARGIN):
+        self.window = window
+        self.margin = margin
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+        self.start = 0
+
+    @property
+    def keep(self) -> int | None:
+        """Rows always kept behind ``offset`` (None: all of them)."""
+        return None if self.window is None else self.window - 1 + self.margin
+
+    @property
+    def size(self) -> int:
+        """Valid rows held (``offset - start``)."""
+        return self.offset - self.start
+
+    def visible_start(self, q_start: int | None = None) -> int:
+        """The oldest held position a query at ``q_start`` (default ``offset``) may see."""
+        q = self.offset if q_start is None else q_start
+        if self.window is None:
+            return self.start
+        return min(max(self.start, q - (self.window - 1)), self.offset)
+
+    @property
+    def exact(self) -> bool:
+        """True when every key the reference would show a query at ``offset`` is held."""
+        need = 0 if self.window is None else max(0, self.offset - (self.window - 1))
+        return self.start <= need
+
+    def can_trim_exactly(self, n: int) -> bool:
+        """True when :meth:`trim` of ``n`` positions leaves the cache :attr:`exact`."""
+        end = self.offset - min(n, self.offset)
+        need = 0 if self.window is None else max(0, end - (self.window - 1))
+        return self.start <= need
+
+    def rows_to_skip(self, count: int) -> int:
+        """Of ``count`` rows about to be appended, how many no later query can see."""
+        keep = self.keep
+        return 0 if keep is None else max(0, count - keep)
+
+    def append(self, keys: mx.array, values: mx.array, skipped: int = 0) -> None:
+        """Append context K/V ``(B, n_kv_heads, C, head_dim)`` for positions
+        ``offset + skipped .. offset + skipped + C - 1``; ``skipped`` positions before them
+        were dropped unseen (:meth:`rows_to_skip`)."""
+        if skipped:
+            self.offset += skipped
+            self.start = self.offset  # every held row was older than the skipped ones
+        count = keys.shape[2]
+        if count == 0:
+            return
+        n = self.size
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if self.keys is None or n + count > cap:
+            lo = self.start
+            if self.keep is not None:
+                lo = max(lo, self.offset + count - self.keep)
+            held_k = self.keys[..., lo - self.start : n, :] if n and lo < self.offset else None
+            held_v = self.values[..., lo - self.start : n, :] if held_k is not None else None
+            first = max(0, lo - self.offset)  # appended rows already too old (count > keep)
+            keys, values = keys[..., first:, :], values[..., first:, :]
+            rows = (0 if held_k is None else held_k.shape[2]) + keys.shape[2]
+            B, H, _, D = keys.shape
+            pad = ((rows + self.step - 1) // self.step) * self.step - rows + self.step
+            parts_k = ([] if held_k is None else [held_k]) + [keys]
+            parts_v = ([] if held_v is None else [held_v]) + [values]
+            parts_k.append(mx.zeros((B, H, pad, D), dtype=keys.dtype))
+            parts_v.append(mx.zeros((B, H, pad, values.shape[3]), dtype=values.dtype))
+            self.keys = mx.concatenate(parts_k, axis=2)
+            self.values = mx.concatenate(parts_v, axis=2)
+            self.start = lo
+            self.offset += count
+            return
+        self.keys[..., n : n + count, :] = keys
+        self.values[..., n : n + count, :] = values
+        self.offset += count
+
+    def fetch(self, lo: int) -> tuple[mx.array | None, mx.array | None]:
+        """K/V of the held positions ``max(lo, start) .. offset - 1`` (None when empty)."""
+        a = max(lo, self.start) - self.start
+        if self.keys is None or a >= self.size:
+            return None, None
+        return self.keys[..., a : self.size, :], self.values[..., a : self.size, :]
+
+    def is_trimmable(self) -> bool:
+        """Always True (mlx-lm's cache protocol)."""
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the last ``n`` positions (fewer if the cache covers fewer); returns how many.
+
+        ``offset`` goes back by that many. Rows below ``start`` are gone: after a trim deeper
+        than :attr:`margin` the cache may lack keys a query at the new ``offset`` would see
+        (:meth:`can_trim_exactly` says beforehand, :attr:`exact` afterwards); drafts are then
+        computed from the rows held, which only affects acceptance, never the output.
+        """
+        n = max(0, min(n, self.offset))
+        self.offset -= n
+        if self.offset < self.start:
+            self.start = self.offset
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the K/V buffers."""
+        return sum(a.nbytes for a in (self.keys, self.values) if a is not None)
+
+
 class DraftAttention(nn.Module):
-    """Attention with queries from the block and keys/values from ``[context; block]``."""
+    """Attention with queries from the block and keys/values from ``[context; block]``.
+
+    Non-causal (unless the config's ``is_causal``); on ``sliding_attention`` layers with a
+    window, keys farther than ``sliding_window - 1`` positions from a query are masked
+    (:func:`attention_visibility`).
+    """
 
     def __init__(self, cfg: DrafterConfig, layer_type: str):
         super().__init__()
@@ -162,9 +387,16 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.rope = nn.RoPE(self.head_dim, traditional=False, base=cfg.rope_theta)
+        self.rope = _make_rope(
+            self.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings
+        )
         self.sliding = layer_type == "sliding_attention"
         self.window = cfg.sliding_window if self.sliding else None
+        self.causal = cfg.is_causal
+
+    def make_cache(self) -> DraftContextCache:
+        """This layer's context cache (bounded by the window on a sliding layer)."""
+        return DraftContextCache(self.window)
 
     def _kv(self, h: mx.array, offset: int) -> tuple[mx.array, mx.array]:
         B, L, _ = h.shape
@@ -173,29 +405,39 @@ class DraftAttention(nn.Module):
         k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
         return k, v.transpose(0, 2, 1, 3)
 
-    def __call__(self, x: mx.array, ctx: mx.array | None, cache: KVCache) -> mx.array:
-        """x: normed block ``(B, L, D)``; ctx: new context rows ``(B, C, D)`` or None."""
+    def extend(self, ctx: mx.array, cache: DraftContextCache) -> None:
+        """Append context rows ``ctx`` ``(B, C, hidden)`` (positions from ``cache.offset``);
+        rows no later query can see are skipped, not projected."""
+        skip = cache.rows_to_skip(ctx.shape[1])
+        if skip == ctx.shape[1]:  # nothing a later query sees (window 1, no margin)
+            cache.append(*self._kv(ctx[:, :0], cache.offset), skipped=skip)
+            return
+        k, v = self._kv(ctx[:, skip:] if skip else ctx, cache.offset + skip)
+        cache.append(k, v, skipped=skip)
+
+    def __call__(self, x: mx.array, ctx: mx.array | None, cache: DraftContextCache) -> mx.array:
+        """x: normed block ``(B, L, D)``; ctx: new context rows ``(B, C, D)`` or None.
+
+        Returns ``(B, L, D)``. The block's queries sit at positions ``cache.offset ..
+        cache.offset + L - 1`` (after ``ctx`` is appended).
+        """
         B, L, _ = x.shape
         if ctx is not None and ctx.shape[1] > 0:
-            k_ctx, v_ctx = self._kv(ctx, cache.offset)
-            cache.update_and_fetch(k_ctx, v_ctx)
+            self.extend(ctx, cache)
         start = cache.offset
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=start)
         k_blk, v_blk = self._kv(x, start)
-        if start > 0:
-            keys = mx.concatenate([cache.keys[..., :start, :], k_blk], axis=2)
-            values = mx.concatenate([cache.values[..., :start, :], v_blk], axis=2)
+        lo = cache.visible_start(start)
+        k_ctx, v_ctx = cache.fetch(lo)
+        if k_ctx is not None:
+            keys = mx.concatenate([k_ctx, k_blk], axis=2)
+            values = mx.concatenate([v_ctx, v_blk], axis=2)
         else:
             keys, values = k_blk, v_blk
-        mask = None
-        if self.sliding:
-            q_pos = start + mx.arange(L)[:, None]
-            k_pos = mx.arange(start + L)[None, :]
-            visible = k_pos <= q_pos
-            if self.window is not None:
-                visible = visible & (q_pos - k_pos < self.window)
-            mask = visible
+        mask = attention_visibility(
+            start, L, start + L - keys.shape[2], keys.shape[2], self.window, self.causal
+        )
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
@@ -223,7 +465,7 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x: mx.array, ctx: mx.array | None, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, ctx: mx.array | None, cache: DraftContextCache) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -240,12 +482,13 @@ class DFlashDrafter(nn.Module):
         self.layers = [DraftLayer(cfg, t) for t in cfg.layer_types]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def make_cache(self) -> list[KVCache]:
-        """One context K/V cache per layer."""
-        return [KVCache() for _ in self.layers]
+    def make_cache(self) -> list[DraftContextCache]:
+        """One context K/V cache per layer (:class:`DraftContextCache`; sliding layers keep
+        only what their window can still see)."""
+        return [layer.self_attn.make_cache() for layer in self.layers]
 
     def __call__(
-        self, block_embeddings: mx.array, taps: mx.array | None, cache: list[KVCache]
+        self, block_embeddings: mx.array, taps: mx.array | None, cache: list[DraftContextCache]
     ) -> mx.array:
         """Run one draft pass.
 
@@ -266,12 +509,11 @@ class DFlashDrafter(nn.Module):
             h = layer(h, ctx, c)
         return self.norm(h)
 
-    def extend_context(self, taps: mx.array, cache: list[KVCache]) -> None:
+    def extend_context(self, taps: mx.array, cache: list[DraftContextCache]) -> None:
         """Append context rows for ``taps`` ``(B, C, n_taps * hidden)`` without drafting."""
         ctx = self.hidden_norm(self.fc(taps))
         for layer, c in zip(self.layers, cache):
-            k, v = layer.self_attn._kv(ctx, c.offset)
-            c.update_and_fetch(k, v)
+            layer.self_attn.extend(ctx, c)
 
     def draft(self, runner, pending: int, length: int, taps: mx.array | None, cache) -> mx.array:
         """Propose ``length - 1`` draft tokens after ``pending`` (greedy, argmax).

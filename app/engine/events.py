@@ -78,7 +78,8 @@ class Summary:
 
     Units: seconds, tokens, bytes. ``tok_per_s`` counts generated tokens over generation
     time only (prefill excluded: from the first token to the last). ``peak_memory_bytes``
-    is ``mx.get_peak_memory()`` during the generation.
+    is ``mx.get_peak_memory()`` during the generation. ``fast_verify`` is True when the
+    near-exact chunked verify ran (``GenerationConfig.fast_verify`` on a hybrid target).
     """
 
     mode: Literal["plain", "dflash"] = "plain"
@@ -103,6 +104,7 @@ class Summary:
     stop_cause: StopCause = "length"
     error: str | None = None
     accepted_lengths: list[int] = field(default_factory=list)
+    fast_verify: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""

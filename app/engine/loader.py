@@ -74,9 +74,10 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def _on_cpu() -> bool:
+    """True when MLX computes on the CPU (Metal and CUDA are both ``mx.gpu``)."""
     import mlx.core as mx
 
-    return mx.default_device() == mx.cpu or not mx.metal.is_available()
+    return mx.default_device() == mx.cpu
 
 
 def _upcast_for_cpu(model) -> None:
@@ -138,8 +139,13 @@ class LoadedDrafter:
     name: str
 
 
-def load_target(path_or_repo: str | Path) -> LoadedTarget:
+def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedTarget:
     """Load a target with mlx-lm's loader from a folder or a cached Hugging Face repo id.
+
+    Float16/bfloat16 weights of an unquantized checkpoint are upcast to float32 on the CPU
+    (MLX's CPU half-precision matmuls are slow); on a GPU backend (Metal, CUDA) the checkpoint
+    dtype is kept. ``keep_dtype`` overrides that (True: never upcast; False: always).
+    Quantized checkpoints are never upcast.
 
     Raises:
         ModelNotFoundError, ModelLoadError (missing/corrupt files, wrong tensor shapes),
@@ -175,7 +181,9 @@ def load_target(path_or_repo: str | Path) -> LoadedTarget:
         raise ModelLoadError(f"could not load {folder.name}: {msg}") from exc
     except Exception as exc:  # mlx-lm raises many kinds for bad files; all are load errors
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
-    if _on_cpu() and "quantization" not in cfg:
+    if keep_dtype is None:
+        keep_dtype = not _on_cpu()
+    if not keep_dtype and "quantization" not in cfg:
         _upcast_for_cpu(model)
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
@@ -191,8 +199,11 @@ def load_target(path_or_repo: str | Path) -> LoadedTarget:
     )
 
 
-def load_drafter(path_or_repo: str | Path) -> LoadedDrafter:
+def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedDrafter:
     """Load a z-lab DFlash drafter (``config.json`` + ``model.safetensors``).
+
+    Weights are float32 on the CPU and keep the checkpoint dtype on a GPU backend;
+    ``keep_dtype`` overrides that as for :func:`load_target`.
 
     Extra ``embed_tokens``/``lm_head`` tensors (one preview checkpoint shipped them) are
     ignored; every other tensor must be present with the shape the config implies.
@@ -235,7 +246,9 @@ def load_drafter(path_or_repo: str | Path) -> LoadedDrafter:
     if extra:
         log.warning("ignoring %d unexpected drafter tensors (e.g. %s)", len(extra), extra[0])
     model = DFlashDrafter(cfg)
-    dtype = mx.float32 if _on_cpu() else next(iter(weights.values())).dtype
+    if keep_dtype is None:
+        keep_dtype = not _on_cpu()
+    dtype = next(iter(weights.values())).dtype if keep_dtype else mx.float32
     model.load_weights([(k, weights[k].astype(dtype)) for k in shapes], strict=True)
     mx.eval(model.parameters())
     return LoadedDrafter(model=model, config=cfg, path=folder, name=folder.name)

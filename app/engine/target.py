@@ -22,10 +22,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from app.engine.errors import UnsupportedArchitectureError
+from app.engine.errors import GenerationError, UnsupportedArchitectureError
 from app.engine.gdn_chunked import chunked_gated_delta_update
 
 #: model_type values whose layer structure this module knows (taps and rollback).
@@ -115,9 +115,9 @@ def gdn_forward(
         cache: the layer's ``ArraysCache(size=2)``: ``[conv_state, recurrent_state]``.
         tapes: when a list, a :class:`GDNTape` for this call is appended to it.
         chunked: compute the recurrence with the chunked (parallel-in-time) form
-            (:mod:`app.engine.gdn_chunked`): the outputs agree with the step loop to float32
-            rounding; the caller must re-run the reference recurrence (``GDNTape.rollback``)
-            before the state is used again, so carried states stay exact.
+            (:mod:`app.engine.gdn_chunked`, the opt-in ``fast_verify``): the outputs agree with
+            the step loop only to rounding, and that rounding reaches everything computed from
+            them (deeper layers, attention K/V); it is not exact.
 
     Returns:
         ``(B, S, hidden)`` layer output; the cache is updated as mlx-lm would update it.
@@ -162,11 +162,16 @@ class TargetRunner:
         model: an mlx-lm model (``qwen3_5``, ``qwen3_5_moe``, ``qwen3_next``, ``qwen3``,
             ``llama``; other families raise :class:`UnsupportedArchitectureError`).
         model_type: the config's ``model_type``.
-        chunked_verify: run verify passes' GDN recurrence in the chunked form (default: on
-            where mlx-lm's Metal kernel does not run, i.e. off Apple GPUs).
+        fast_verify: run verify passes' GDN recurrence in the chunked form (near-exact, off by
+            default; see ``GenerationConfig.fast_verify``). Off, a verify pass runs the same
+            per-position operations as one-token steps (mlx-lm's ``gated_delta_update``).
+
+    Raises:
+        UnsupportedArchitectureError: a family without tap capture, or a cache type whose
+            rollback the engine cannot make exact (named in the message).
     """
 
-    def __init__(self, model: nn.Module, model_type: str, chunked_verify: bool | None = None):
+    def __init__(self, model: nn.Module, model_type: str, fast_verify: bool = False):
         if model_type not in TAP_FAMILIES:
             raise UnsupportedArchitectureError(
                 f"DFlash needs tap capture, which this app implements for "
@@ -184,9 +189,8 @@ class TargetRunner:
             head_owner, "lm_head"
         )
         self._head_owner = head_owner
-        if chunked_verify is None:
-            chunked_verify = not (mx.metal.is_available() and mx.default_device() == mx.gpu)
-        self.chunked_verify = bool(chunked_verify) and self.hybrid
+        self.fast_verify = bool(fast_verify) and self.hybrid
+        check_restorable(self.make_cache())
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -225,9 +229,8 @@ class TargetRunner:
 
         Args:
             taps: 0-based layer ids whose outputs to return, concatenated on the last axis.
-            tapes: a list that receives one :class:`GDNTape` per GDN layer (a verify pass: with
-                ``chunked_verify`` its recurrence runs chunked, and the caller re-runs the
-                reference recurrence over the kept positions afterwards).
+            tapes: a list that receives one :class:`GDNTape` per GDN layer (a verify pass; with
+                ``fast_verify`` its recurrence runs chunked).
             all_logits: False computes logits for the last position only.
 
         Returns:
@@ -235,22 +238,28 @@ class TargetRunner:
             (None when ``taps`` is None).
         """
         h = self.inner.embed_tokens(ids)
-        fa_cache = next((c for c, lin in zip(cache, self.linear) if not lin), None)
         ssm_cache = next((c for c, lin in zip(cache, self.linear) if lin), None)
-        fa_mask = create_attention_mask(h, fa_cache)
         ssm_mask = create_ssm_mask(h, ssm_cache) if ssm_cache is not None else None
+        masks: dict = {}  # one attention mask per kind of cache, as mlx-lm's models build them
+
+        def attention_mask(c):
+            key = (type(c), getattr(c, "max_size", None))
+            if key not in masks:
+                masks[key] = create_attention_mask(h, c)
+            return masks[key]
+
         wanted = set(taps or ())
         captured: dict[int, mx.array] = {}
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
             if self.linear[i]:
                 r = gdn_forward(
                     layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, tapes,
-                    chunked=self.chunked_verify and tapes is not None,
+                    chunked=self.fast_verify and tapes is not None,
                 )
                 h = h + r
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             else:
-                h = layer(h, mask=fa_mask, cache=c)
+                h = layer(h, mask=attention_mask(c), cache=c)
             if i in wanted:
                 captured[i] = h
         tap_states = None
@@ -261,12 +270,57 @@ class TargetRunner:
         return self.lm_head(self.inner.norm(h)), tap_states
 
 
+def check_restorable(cache: list) -> None:
+    """Refuse a cache list whose rollback the engine cannot make exact.
+
+    Exact rollback exists for mlx-lm's ``KVCache`` (trim), ``RotatingKVCache`` (the rejected
+    rows cut from the verify pass's temporally ordered buffer, :func:`trim_attention`) and the
+    Gated DeltaNet ``ArraysCache`` (tapes). Anything else (e.g. ``QuantizedKVCache``,
+    ``ChunkedKVCache``, ``CacheList``) is refused.
+
+    Raises:
+        UnsupportedArchitectureError: naming the cache type; plain decoding still works.
+    """
+    allowed = (KVCache, RotatingKVCache, ArraysCache)
+    for c in cache:
+        if type(c) not in allowed:
+            raise UnsupportedArchitectureError(
+                f"DFlash cannot roll back a {type(c).__name__} exactly (it supports KVCache, "
+                "RotatingKVCache and Gated DeltaNet state); use plain mode for this model"
+            )
+
+
+def _trim_rotating(c: RotatingKVCache, n: int) -> None:
+    """Drop the last ``n`` positions of a sliding-window cache right after a multi-token pass.
+
+    mlx-lm's ``RotatingKVCache.trim`` only moves its offsets, which is wrong once the buffer
+    has rotated. After a pass of S > 1 tokens (``_update_concat``) the buffer is in temporal
+    order and ends with those S positions, so the rejected ones are its last ``n`` rows; cutting
+    them leaves the rows the next step or pass needs (the last ``max_size - 1`` or more).
+
+    Raises:
+        GenerationError: the buffer is not in the state a multi-token pass leaves.
+    """
+    if c.keys is None or c._idx != c.keys.shape[2] or n > c.keys.shape[2]:
+        raise GenerationError("sliding-window cache is not in the state a verify pass leaves")
+    keep = c.keys.shape[2] - n
+    c.keys = c.keys[..., :keep, :]
+    c.values = c.values[..., :keep, :]
+    c.offset -= n
+    c._idx = keep
+
+
 def trim_attention(cache: list, linear: list[bool], n: int) -> None:
-    """Drop the last ``n`` positions from every attention (KV) cache."""
+    """Drop the last ``n`` positions from every attention cache (full or sliding-window),
+    right after a verify pass of more than ``n`` tokens."""
     if n <= 0:
         return
     for c, lin in zip(cache, linear):
-        if not lin:
+        if lin:
+            continue
+        if isinstance(c, RotatingKVCache):
+            _trim_rotating(c, n)
+        else:
             c.trim(n)
 
 

@@ -84,16 +84,20 @@ def build_tokenizer(folder: Path, vocab_size: int = 512, chat_template: str | No
     return tok.get_vocab_size()
 
 
-def target_config(family: str, vocab_size: int, eos_id: int) -> dict:
-    """A scaled-down config for ``qwen3_5`` (hybrid) or ``qwen3`` (dense)."""
+def target_config(family: str, vocab_size: int, eos_id: int, hidden_size: int = 64) -> dict:
+    """A scaled-down config for ``qwen3_5`` (hybrid), ``qwen3`` (dense) or ``llama`` with
+    sliding-window layers (``layer_types``, window 24). Head sizes scale with ``hidden_size``
+    (a multiple of 64)."""
+    if hidden_size % 64:
+        raise ValueError(f"hidden_size {hidden_size} is not a multiple of 64")
     common = {
         "vocab_size": vocab_size,
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
         "num_hidden_layers": 6,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
+        "head_dim": hidden_size // 4,
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096,
         "tie_word_embeddings": False,
@@ -113,8 +117,8 @@ def target_config(family: str, vocab_size: int, eos_id: int) -> dict:
             "architectures": ["Qwen3_5ForCausalLM"],
             "linear_num_value_heads": 4,
             "linear_num_key_heads": 2,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
+            "linear_key_head_dim": hidden_size // 4,
+            "linear_value_head_dim": hidden_size // 4,
             "linear_conv_kernel_dim": 4,
             "full_attention_interval": 3,
             "rope_parameters": {
@@ -123,6 +127,15 @@ def target_config(family: str, vocab_size: int, eos_id: int) -> dict:
                 "partial_rotary_factor": 0.25,
                 "mrope_section": [1, 1, 0],
             },
+        }
+    if family == "llama":
+        return {
+            **common,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "rope_theta": 10000.0,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "sliding_window": 24,
         }
     raise ValueError(f"unknown tiny family {family!r}")
 
@@ -176,17 +189,19 @@ def build_tiny_pair(
     block_size: int = 8,
     sliding: bool = True,
     weight_scale: float = 1.0,
+    hidden_size: int = 64,
 ) -> tuple[Path, Path]:
     """Write a tiny random target and drafter under ``root``; returns their folders.
 
     Reuses folders already built with the same arguments (a ``built.json`` marker).
 
     Args:
-        family: ``qwen3_5`` (hybrid) or ``qwen3`` (dense).
+        family: ``qwen3_5`` (hybrid), ``qwen3`` (dense) or ``llama`` (sliding-window layers).
         seed: ``mx.random`` seed for the weights.
         block_size: the drafter's ``dflash_config.block_size``.
         sliding: give the drafter one ``sliding_attention`` layer.
         weight_scale: multiplies the target's random weights (larger -> peakier logits).
+        hidden_size: the target's (and drafter's) width; 64 unless rounding must show.
     """
     import hashlib
 
@@ -200,7 +215,7 @@ def build_tiny_pair(
     root = Path(root)
     template = resource_path("chat_template.jinja").read_bytes()
     key = {"family": family, "seed": seed, "block_size": block_size, "sliding": sliding,
-           "weight_scale": weight_scale, "version": 2,
+           "weight_scale": weight_scale, "hidden_size": hidden_size, "version": 3,
            "template": hashlib.sha256(template).hexdigest()[:16]}
     target_dir, drafter_dir = root / f"{family}-target", root / f"{family}-dflash"
     marker = root / f"{family}-built.json"
@@ -212,7 +227,7 @@ def build_tiny_pair(
 
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     eos_id, mask_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|mask|>")
-    tcfg = target_config(family, vocab, eos_id)
+    tcfg = target_config(family, vocab, eos_id, hidden_size)
     mx.random.seed(seed)
     model_cls, args_cls = _get_classes(tcfg)
     target = model_cls(args_cls.from_dict(tcfg))
@@ -230,3 +245,16 @@ def build_tiny_pair(
     _save_mlx_model(drafter, drafter_dir, dcfg)
     marker.write_text(json.dumps(key))
     return target_dir, drafter_dir
+
+
+FALLBACK_FOLDER = "tiny-pair"
+"""Folder under ``app.paths.cache_dir()`` of the pair used when the demo pair is missing."""
+
+
+def fallback_pair() -> tuple[Path, Path]:
+    """The tiny pair the app falls back to when the bundled demo pair is missing (built once
+    in ``cache_dir() / FALLBACK_FOLDER``, then reused); the window, the session and the CLI
+    all use this one."""
+    from app.paths import cache_dir
+
+    return build_tiny_pair(cache_dir() / FALLBACK_FOLDER)

@@ -1,7 +1,8 @@
 """Compare: the same prompt through plain and DFlash, side by side.
 
 The first token where the two outputs differ is highlighted on both sides; when they agree
-the header says "identical, N tokens". Each side shows its figures; the header gives the
+the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
+at the first divergence (computed on the worker). Each side shows its figures; the header gives the
 speed ratio (DFlash tok/s / plain tok/s). The user picks the version the conversation
 continues from (DFlash's by default).
 """
@@ -37,8 +38,10 @@ def verdict(plain, dflash) -> str:
     if diff is None:
         text = f"identical, {len(plain.tokens)} tokens"
     else:
+        gap = getattr(dflash, "top2_gap", None)
+        gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
         text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
-               f"{len(dflash.tokens)} DFlash)"
+               f"{len(dflash.tokens)} DFlash{gap})"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0:
         text += f" · DFlash {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"

@@ -21,13 +21,14 @@ from app.chat.events import (
     RoundStarted,
     ToolCallDelta,
     ToolResultEvent,
+    tool_call_dict,
 )
 from app.chat.session import Notice, prompt_for
 from app.chat.turns import ConversationView, ReplyResult, Turn, Version, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
-from app.ui.worker import ReplyFailed, ReplyFinished, tool_call_dict
+from app.ui.worker import ReplyFailed, ReplyFinished
 
 log = logging.getLogger("app.ui.window")
 

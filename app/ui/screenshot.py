@@ -7,8 +7,8 @@ The committed ``docs/screenshot.png`` was taken with the bundled demo pair::
         --model resources/models/demo-target --drafter resources/models/demo-dflash
 
 With ``--model`` the window runs the real engine on that pair (e.g. the bundled demo pair) and
-is grabbed while the second reply is being generated. Without it a scripted backend replays a
-fixed conversation through the same event types (for layout work; the figures are then
+is grabbed while the second reply is being generated. Without it the scripted session
+(``app.chat.scripted``) replays a fixed conversation through the same event types (for layout work; the figures are then
 made up and the window says "scripted" in its status bar).
 """
 
@@ -41,88 +41,27 @@ DEMO_PROMPTS = [
 """Prompts in the demo pair's world (countries, units, the built-in tools)."""
 
 
-class ScriptedBackend:
-    """Replays :data:`SCRIPT` with DFlash-like cycles (made-up figures)."""
+def scripted_session():
+    """:data:`SCRIPT` through ``app.chat.scripted.ScriptedSession``: DFlash-like cycles of
+    block 8 with made-up acceptance, the unit tool on the second turn, made-up figures."""
+    import random
 
-    def __init__(self) -> None:
-        self.turn = 0
+    from app.chat.scripted import ScriptedSession, ScriptedTurn
 
-    def load(self, spec):
-        """A made-up pair description."""
-        target, drafter = spec.target, spec.drafter
-        from app.ui.worker import ModelInfo
-
-        return ModelInfo(target_name="demo-target (scripted)", target_path=target,
-                         drafter_name="demo-dflash (scripted)", drafter_path=drafter,
-                         context_length=4096, drafter_block_size=8,
-                         memory_bytes=412 * 2**20)
-
-    def unload(self):
-        """Nothing to drop."""
-
-    def memory_bytes(self):
-        """A made-up figure (412 MiB)."""
-        return 412 * 2**20
-
-    def pieces(self, tokens):
-        """Placeholder token texts."""
-        return ["x"] * len(tokens)
-
-    def reply(self, messages, settings, cancel):
-        """The next scripted turn's events."""
-        return self._events(settings, cancel)
-
-    def _events(self, settings, cancel):
-        import random
-
-        from app.chat.events import (
-            ContentDelta,
-            ReasoningDelta,
-            ToolCall,
-            ToolCallDelta,
-            ToolResultEvent,
-            ToolRun,
-        )
-        from app.chat.tools import ToolResult
-        from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-
-        _, reasoning, content = SCRIPT[min(self.turn, len(SCRIPT) - 1)]
-        self.turn += 1
-        rng = random.Random(self.turn)
-        slow = float(os.environ.get("SCRIPT_DELAY", "0.03"))
-        words = reasoning.split(" ")
-        for w in words:
-            yield ReasoningDelta(w + " ")
-            time.sleep(slow / 4)
-        if self.turn == 2:
-            yield ToolCallDelta(ToolCall("call_0", "convert_units",
-                                         {"value": 25, "from_unit": "degC", "to_unit": "degF"}))
-
-            yield ToolResultEvent(0, ToolRun(
-                ToolCall("call_0", "convert_units",
-                         {"value": 25, "from_unit": "degC", "to_unit": "degF"}),
-                ToolResult(ok=True, result={"value": 77.0, "unit": "degree_Fahrenheit"},
-                           duration_s=0.004)))
-        chunks = [content[i:i + 6] for i in range(0, len(content), 6)]
-        idx, lengths = 0, []
-        for c, chunk in enumerate(chunks):
-            if cancel.is_set():
-                break
-            acc = min(7, max(0, int(rng.gauss(4.5, 2))))
-            for k in range(acc + 1):
-                yield TokenEvent(1000 + idx, idx, k < acc)
-                idx += 1
-            yield ContentDelta(chunk)
-            lengths.append(acc)
-            yield CycleEvent(c, 7, acc, acc + 1, acc < 7, 0.003, 0.006, 0.0004)
-            time.sleep(slow)
-        n = len(lengths)
-        yield Done(Summary(
-            mode="dflash", prompt_tokens=118, generated_tokens=idx, ttft_s=0.084,
-            tok_per_s=96.4, cycles=n, drafted=7 * n, accepted=sum(lengths),
-            acceptance_rate=sum(lengths) / (7 * n), tau=idx / n,
-            replays=sum(1 for a in lengths if a < 7), rollback_share=0.041,
-            stop_cause="end_token", accepted_lengths=lengths))
+    rng = random.Random(2)
+    slow = float(os.environ.get("SCRIPT_DELAY", "0.03"))
+    turns = [ScriptedTurn(reasoning, content) for _, reasoning, content in SCRIPT]
+    turns[1] = ScriptedTurn(turns[1].reasoning, turns[1].content, (
+        "convert_units", {"value": 25, "from_unit": "degC", "to_unit": "degF"},
+        {"value": 77.0, "unit": "degree_Fahrenheit"}))
+    return ScriptedSession(
+        turns=turns, cycles=None, block=8, chunk_chars=6, delay_s=slow,
+        reasoning_delay_s=slow / 4,
+        accept=lambda c: min(7, max(0, int(rng.gauss(4.5, 2)))),
+        figures={"prompt_tokens": 118, "ttft_s": 0.084, "tok_per_s": 96.4},
+        info={"target_name": "demo-target (scripted)", "drafter_name": "demo-dflash (scripted)",
+              "context_length": 4096, "memory_bytes": 412 * 2**20},
+        memory=412 * 2**20, piece=lambda t: "x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp()
     qs = QSettings(str(Path(tmp) / "s.ini"), QSettings.IniFormat)
     qs.setValue("generation/use_tools", True)
-    backend = None if args.model else ScriptedBackend()
+    backend = None if args.model else scripted_session()
     win = MainWindow(backend=backend, qsettings=qs, auto_load=False)
     w, h = (int(v) for v in args.size.split("x"))
     win.resize(w, h)

@@ -117,6 +117,14 @@ class SettingsDialog(QDialog):
         self.rollback.setAccessibleName("Rollback strategy")
         self.rollback.setToolTip("tape: re-run only the recurrence over committed tokens; "
                                  "replay: run the committed tokens through the whole target.")
+        self.fast_verify = QCheckBox("Fast verify (near-exact)")
+        self.fast_verify.setChecked(bool(values.get("fast_verify", False)))
+        self.fast_verify.setAccessibleName("Fast verify (near-exact)")
+        self.fast_verify.setToolTip(
+            "Faster checking of drafts on hybrid models off Apple GPUs, but the reply can differ "
+            "from the plain one. Runs the Gated DeltaNet layers of the verify pass in a "
+            "chunked (parallel-in-time) form whose rounding reaches the cached state; off, "
+            "DFlash gives exactly the plain reply.")
         self.thinking = QCheckBox("Let the model think before answering")
         self.thinking.setChecked(values["thinking"])
         self.thinking.setAccessibleName("Thinking")
@@ -169,6 +177,7 @@ class SettingsDialog(QDialog):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Block size", self.block)
         form.addRow("Rollback", self.rollback)
+        form.addRow("", self.fast_verify)
         form.addRow("", self.thinking)
         form.addRow("", self.use_tools)
         form.addRow("Stop strings", self.stops)
@@ -201,6 +210,7 @@ class SettingsDialog(QDialog):
             max_tokens=self.max_tokens.value(),
             block_size=self.block.value(),
             rollback=self.rollback.currentText(),
+            fast_verify=self.fast_verify.isChecked(),
             thinking=self.thinking.isChecked(),
             use_tools=self.use_tools.isChecked(),
             stop_strings=[s.strip() for s in self.stops.text().split("|") if s.strip()],

@@ -23,13 +23,13 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QInputDialog,
     QLabel,
     QMainWindow,
     QMenu,
     QMessageBox,
-    QFrame,
     QProgressBar,
     QScrollArea,
     QSizePolicy,
@@ -366,6 +366,8 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         if self.composer.mode() == "dflash":
             parts[:0] = [f"block {block}" if block else "block: drafter's",
                          v.get("rollback", "tape")]
+            if v.get("fast_verify"):
+                parts.append("fast verify")
         if not v.get("thinking", True):
             parts.append("no thinking")
         self.composer.note.setText("Next reply: " + " · ".join(parts))

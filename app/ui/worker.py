@@ -10,9 +10,9 @@ The backend (Qt-free) does the actual work: :class:`app.chat.session.ChatSession
 prompt fitting, ``app.chat.reply.run_reply``, the benchmark, token texts); tests swap in
 scripted backends that emit the engine's real event dataclasses (:mod:`app.engine.events`).
 
-Thread checks: :func:`assert_not_gui_thread` raises :class:`app.engine.errors.WrongThreadError`
-when called on the thread that owns the ``QApplication``; the worker calls it before every
-engine entry point.
+Thread checks: the window marks the GUI thread (``app.engine.threads``); the engine's entry
+points and :func:`assert_not_gui_thread` raise :class:`app.engine.errors.WrongThreadError`
+there.
 """
 
 from __future__ import annotations
@@ -20,63 +20,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.chat.events import (
-    ContentDelta,
-    ReasoningDelta,
-    Reply,
     ReplyDone,
     RoundFinished,
-    RoundStarted,
     StopStringHit,
-    ToolCallDelta,
-    ToolResultEvent,
 )
-from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec, finish_fields
-from app.chat.turns import ReplyResult
+from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec
+from app.chat.turns import PartialReply, ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
-from app.engine.events import Done, Summary, TokenEvent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult", "UiEvent",
-           "Worker", "WorkerThread"]
+__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult",
+           "UiEvent", "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
 
 
 # --------------------------------------------------------------------------- thread checks
-_worker_thread_ident: int | None = None
-
-
-def is_gui_thread() -> bool:
-    """True when the caller runs on the thread that owns the ``QCoreApplication``."""
-    app = QCoreApplication.instance()
-    if app is None:
-        return False
-    return QThread.currentThread() is app.thread()
-
-
 def assert_not_gui_thread(what: str) -> None:
     """Raise :class:`WrongThreadError` when ``what`` (an engine entry point) runs on the GUI
-    thread. MLX arrays are bound to the thread that made them (DESIGN.md), so every MLX call
-    belongs on the worker."""
+    thread, which the window marks with ``app.engine.threads.forbid_engine_on_current_thread``
+    (the one guard: the engine's loading and generation check the same mark)."""
     from app.engine.threads import check_engine_thread
 
-    check_engine_thread()
-    if is_gui_thread():
-        raise WrongThreadError(f"{what} called on the GUI thread; it must run on the worker")
-
-
-def worker_thread_ident() -> int | None:
-    """``threading.get_ident()`` of the running worker thread (None before it starts)."""
-    return _worker_thread_ident
+    try:
+        check_engine_thread()
+    except WrongThreadError:
+        raise WrongThreadError(
+            f"{what} called on the GUI thread; it must run on the worker") from None
 
 
 # --------------------------------------------------------------------------- UI events
@@ -132,90 +111,13 @@ class Backend(Protocol):
     def memory_bytes(self) -> int:
         """MLX active memory in bytes (0 when unknown)."""
 
-
-def tool_call_dict(obj: Any) -> dict:
-    """A tool call (``ToolCall``, ``ToolRun`` or a dict) as the dict the tool pane shows:
-    ``id``, ``name``, ``arguments``, ``result``, ``error``, ``duration_s`` (None when not
-    known)."""
-    d = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
-    return {
-        "id": str(d.get("id") or ""),
-        "name": str(d.get("name") or "?"),
-        "arguments": d.get("arguments"),
-        "result": d.get("result"),
-        "error": d.get("error"),
-        "duration_s": d.get("duration_s"),
-    }
+    def top2_gap(self, plain: Any, dflash: Any) -> float | None:
+        """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the
+        same messages first differ; None when they do not or it cannot be computed."""
 
 
 _NOT_SHOWN = (RoundFinished, StopStringHit)
 """Reply events the window does not show (their effect arrives with other events)."""
-
-
-def result_from_reply(reply: Reply, settings: dict,
-                      pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
-    """A :class:`ReplyResult` from an ``app.chat.events.Reply``: the last round's text and
-    tokens, every round's tool calls with their results (``finish_fields``), the warnings
-    joined as the note, the token texts from ``pieces_fn``."""
-    fields = finish_fields(reply)
-    tokens = fields["token_ids"]
-    round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
-    flags = fields["from_draft"]
-    note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
-                     for w in reply.warnings)
-    return ReplyResult(
-        content=fields["content"],
-        reasoning=fields["reasoning"],
-        tool_calls=fields["tool_calls"],
-        finish_reason=fields["finish_reason"] or "stop",
-        tokens=tokens,
-        from_draft=flags + [False] * (len(tokens) - len(flags)),
-        pieces=pieces_fn(tokens),
-        summary=Summary.reply_total(round_summaries) if round_summaries else reply.summary,
-        round_summaries=round_summaries,
-        rounds=max(1, len(reply.rounds)),
-        mode=reply.mode or settings.get("mode", "plain"),
-        block_size=settings.get("block_size"),
-        rollback=settings.get("rollback", "tape"),
-        note=note,
-        messages=[dict(m) for m in reply.messages],
-    )
-
-
-class _Partial:
-    """What a reply produced so far, for a :class:`ReplyResult` when it ends without
-    ``ReplyDone`` (an error, or a scripted backend)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.flags: list[bool] = []
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: dict[str, dict] = {}
-        self.summaries: list[Summary] = []
-
-    @property
-    def summary(self) -> Summary | None:
-        """The figures over every round seen (None before the first ``Done``)."""
-        return Summary.reply_total(self.summaries) if self.summaries else None
-
-    def add(self, ev: Any) -> None:
-        if isinstance(ev, RoundStarted):
-            if ev.index > 0 and self.reasoning:
-                self.reasoning.append("\n\n")  # each round's reasoning its own paragraph
-        elif isinstance(ev, TokenEvent):
-            self.tokens.append(ev.token_id)
-            self.flags.append(ev.from_draft)
-        elif isinstance(ev, ContentDelta):
-            self.content.append(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            self.reasoning.append(ev.text)
-        elif isinstance(ev, (ToolCallDelta, ToolResultEvent)):
-            d = tool_call_dict(ev.call if isinstance(ev, ToolCallDelta) else ev.run)
-            merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
-            merged.update({k: v for k, v in d.items() if v is not None})
-        elif isinstance(ev, Done):
-            self.summaries.append(ev.summary)
 
 
 # --------------------------------------------------------------------------- the worker
@@ -275,8 +177,6 @@ class Worker(QObject):
 
     @Slot(object)
     def _on_load(self, spec: PairSpec) -> None:
-        global _worker_thread_ident
-        _worker_thread_ident = threading.get_ident()
         self.loading.emit(f"Loading {spec.label}…")
         try:
             info = self.backend.load(spec)
@@ -335,11 +235,10 @@ class Worker(QObject):
     @Slot(int, list, object, list)
     def _on_reply(self, req_id: int, messages: list, settings: object, tags: list) -> None:
         """Run one reply per tag (["" ] normally, ["plain", "dflash"] for Compare)."""
-        global _worker_thread_ident
-        _worker_thread_ident = threading.get_ident()
         self._cancel = threading.Event()
         if req_id in self._cancelled:
             self._cancel.set()
+        self._replies: dict[str, Any] = {}
         try:
             for tag in tags:
                 s = dict(settings)
@@ -356,7 +255,7 @@ class Worker(QObject):
         batch: list[UiEvent] = []
         last = time.monotonic()
         result: ReplyResult | None = None
-        partial = _Partial()
+        partial = PartialReply()
         failed = False
 
         def flush() -> None:
@@ -371,7 +270,8 @@ class Worker(QObject):
                 if isinstance(ev, _NOT_SHOWN):
                     continue
                 if isinstance(ev, ReplyDone):
-                    result = result_from_reply(ev.reply, settings, self.backend.pieces)
+                    result = ReplyResult.from_reply(ev.reply, settings, self.backend.pieces)
+                    self._replies[tag] = ev.reply
                     continue
                 partial.add(ev)
                 batch.append(UiEvent(ev, tag))
@@ -386,29 +286,16 @@ class Worker(QObject):
                                  tag))
             failed = True
         if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
-            finish = "stop"
-            if partial.summary is not None:
-                finish = {"end_token": "stop", "length": "length", "cancelled": "cancelled",
-                          "error": "error"}.get(partial.summary.stop_cause, "stop")
-            elif self._cancel.is_set():
-                finish = "cancelled"
-            if failed:
-                finish = "error"
-            result = ReplyResult(
-                content="".join(partial.content),
-                reasoning="".join(partial.reasoning),
-                tool_calls=list(partial.calls.values()),
-                finish_reason=finish,
-                tokens=partial.tokens,
-                from_draft=partial.flags,
-                pieces=self.backend.pieces(partial.tokens),
-                summary=partial.summary,
-                round_summaries=list(partial.summaries),
-                rounds=max(1, len(partial.summaries)),
-                mode=settings.get("mode", "plain"),
-                block_size=settings.get("block_size"),
-                rollback=settings.get("rollback", "tape"),
-            )
+            result = partial.result(settings, self.backend.pieces, failed=failed,
+                                    cancelled=self._cancel.is_set())
+        plain = self._replies.get("plain")
+        if tag == "dflash" and plain is not None and tag in self._replies \
+                and result.tokens != plain.all_tokens:
+            gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
+            try:
+                result.top2_gap = gap_of(plain, self._replies[tag]) if gap_of else None
+            except Exception:  # a figure for the header; never fails the reply
+                log.exception("top-two gap")
         batch.append(UiEvent(ReplyFinished(result), tag))
         flush()
 
