@@ -693,3 +693,73 @@ def test_figure_tooltips_start_in_plain_words(qtbot, qs):
             "right.")
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ item 4
+THINK_PIECES = ["Let", " me", " think", "</think>", "\n\n", "The", " sum", " is", " 5", ".",
+                ""]
+
+
+class ThinkingBackend(BenchBackend):
+    """Token texts like a real reply: reasoning, ``</think>``, then the answer."""
+
+    def _events(self, turn, mode, cancel):
+        from app.engine.events import Done, Summary, TokenEvent
+
+        yield ReasoningDelta("Let me think")
+        for i in range(len(THINK_PIECES)):
+            yield TokenEvent(200 + i, i, i in (1, 2, 6, 7))
+        yield ContentDelta("The sum is 5.")
+        yield Done(Summary(mode=mode, generated_tokens=len(THINK_PIECES), tok_per_s=50.0,
+                           stop_cause="end_token"))
+
+    def pieces(self, tokens):
+        return [THINK_PIECES[t - 200] if 200 <= t < 200 + len(THINK_PIECES) else "x"
+                for t in tokens]
+
+
+def test_colour_drafts_colours_only_the_answer_and_has_a_legend(qtbot, qs):
+    from app.ui import theme
+
+    win, backend = loaded_window(qtbot, qs, ThinkingBackend())
+    try:
+        send_and_wait(qtbot, win, "What is 2+3?", mode="dflash")
+        win.composer.colour_box.setChecked(True)
+        text = win.chat.toPlainText()
+        assert "</think>" not in text and "Let me think" not in text
+        assert "The sum is 5." in text
+        html = win.chat.toHtml()
+        assert theme.colours()["draft_bg"] in html  # " sum" and " is" came from the drafter
+        assert win.legend.isVisible()
+        assert "accepted draft token" in win.legend.text()
+        assert "target token" in win.legend.text()
+        win.composer.colour_box.setChecked(False)
+        assert not win.legend.isVisible()
+    finally:
+        win.shutdown()
+
+
+def test_compare_shows_reasoning_answer_and_tools_apart_with_the_divergence(qtbot, qs):
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import CompareView, verdict
+
+    plain = ReplyResult(mode="plain", tokens=list(range(11)), pieces=list(THINK_PIECES),
+                        content="The sum is 5.", reasoning="Let me think")
+    other = list(THINK_PIECES)
+    other[8] = " 6"
+    dflash = ReplyResult(mode="dflash", tokens=list(range(8)) + [99, 9, 10], pieces=other,
+                         content="The sum is 6.", reasoning="Let me think")
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = {"diff_bg": "#ffd7d5", "muted": "#667085"}
+    view.set_results(plain, dflash)
+    for key in ("plain", "dflash"):
+        text = view.texts[key].toPlainText()
+        assert "</think>" not in text
+        assert text.index("Reasoning") < text.index("Let me think") < text.index("Answer")
+        assert text.index("Answer") < text.index("The sum is")
+        assert "#ffd7d5" in view.texts[key].toHtml()  # the divergence, marked on both sides
+    assert " 6" in view.texts["dflash"].toPlainText()
+    header = verdict(plain, dflash)
+    assert header.startswith("differ from token 8")
+    assert "first divergence in the answer" in header

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.turns import ConversationView, Turn
-from app.ui.render import message_html, tokens_html
+from app.ui.render import answer_tokens_html, message_html
 from app.ui.text import plural
 
 STREAM_MARKDOWN_CHARS = 6000
@@ -190,8 +190,12 @@ class ChatView(QTextBrowser):
                      f'<a href="reasoning:{i}" style="color:{c.get("muted")};">'
                      f"Reasoning ({plural(len(r.all_reasoning().split()), 'word')}) — show "
                      "in pane</a></p>")
+        coloured = None
         if self.colour_drafts and r.pieces:
-            body = tokens_html(r.pieces, r.from_draft, c)
+            # only the answer is coloured (reasoning and tool calls have their own place)
+            coloured = answer_tokens_html(r.pieces, r.from_draft, c)
+        if coloured is not None:
+            body = coloured
         else:
             body = message_html(r.content, self.codes, c, readable_numbers=True) \
                 if r.content.strip() else ""

@@ -393,7 +393,11 @@ class ReplyFlow:
             self.show_message_details(msg)
 
     def _on_colour_toggled(self, on: bool) -> None:
+        from app.ui.render import draft_legend_html
+
         self.chat.colour_drafts = on
+        self.legend.setText(draft_legend_html(self.chat.palette_colours) if on else "")
+        self.legend.setVisible(on)
         if on:
             self._request_pieces()
         self.chat.render(self.conv, streaming=self.busy)
