@@ -83,7 +83,9 @@ class BenchBackend(ScriptedBackend):
 
             raise EngineError("max_tokens must be at least 1")
         self.bench_calls.append(max_tokens)
-        return {"modes": {"plain": {"tok_per_s": 10.0, "identical_tokens": True},
+        return {"max_tokens": max_tokens,
+                "prompt_tokens": getattr(self, "bench_prompt_tokens", 40),
+                "modes": {"plain": {"tok_per_s": 10.0, "identical_tokens": True},
                           "dflash+tape@4": {"tok_per_s": 19.0, "ratio_to_plain": 1.9,
                                             "identical_tokens": True}},
                 "accepted": [1, 2, 3], "prompts": 3, "block_size": 4}
@@ -763,3 +765,108 @@ def test_compare_shows_reasoning_answer_and_tools_apart_with_the_divergence(qtbo
     header = verdict(plain, dflash)
     assert header.startswith("differ from token 8")
     assert "first divergence in the answer" in header
+
+
+# ------------------------------------------------------------------ speed-up against plain
+def test_baseline_match_needs_same_pair_dtype_max_tokens_and_close_context():
+    from app.chat.baseline import Baselines, PlainSample, SlowStreak
+
+    b = Baselines()
+    b.add(PlainSample("t|d", "bfloat16", 512, 100, 20.0, "plain reply"))
+    assert b.match("t|d", "bfloat16", 512, 150).tok_per_s == 20.0  # +50%: still comparable
+    assert b.match("t|d", "bfloat16", 512, 67) is not None
+    assert b.match("t|d", "bfloat16", 512, 201) is None  # 100 is more than 50% off 201
+    assert b.match("t|d", "float32", 512, 100) is None
+    assert b.match("t|d", "bfloat16", 256, 100) is None
+    assert b.match("other|d", "bfloat16", 512, 100) is None
+    sp = b.speedup(38.0, "t|d", "bfloat16", 512, 110)
+    assert sp.label() == "~1.9x plain"
+    assert "20.0 tok/s plain" in sp.tooltip() and "plain reply" in sp.tooltip()
+    streak = SlowStreak()
+    for r in (0.5, 0.9):
+        streak.add(r)
+    assert not streak.slow
+    streak.add(0.8)
+    assert streak.slow
+    streak.add(None)
+    assert not streak.slow
+
+
+def _speed(backend, tok_per_s, prompt_tokens=42):
+    backend.figures = dict(backend.figures, tok_per_s=tok_per_s, prompt_tokens=prompt_tokens)
+
+
+def test_dflash_footer_shows_speedup_only_against_a_comparable_plain_reply(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        _speed(backend, 40.0)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")  # no plain measured yet
+        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        assert "same pair, dtype and Max tokens" in win.chat.tooltip_of("no plain baseline")
+        _speed(backend, 20.0)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        win.new_chat()
+        _speed(backend, 38.0)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        text = win.chat.toPlainText()
+        assert "~1.9x plain" in text
+        tip = win.chat.tooltip_of("~1.9x plain")
+        assert "Baseline: 20.0 tok/s plain, measured by a plain reply" in tip
+        # another Max tokens: not comparable
+        win.new_chat()
+        win.defaults["max_tokens"] = 99
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        # a prompt more than 50% longer: not comparable either
+        win.defaults["max_tokens"] = 12
+        win.new_chat()
+        _speed(backend, 38.0, prompt_tokens=200)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        # a plain reply's footer has no speed-up
+        win.new_chat()
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        assert "x plain" not in win.chat.toPlainText()
+        assert "baseline" not in win.chat.toPlainText()
+    finally:
+        win.shutdown()
+
+
+def test_compare_and_benchmark_give_baselines(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        _speed(backend, 25.0)
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        win.new_chat()
+        _speed(backend, 50.0)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "~2.0x plain" in win.chat.toPlainText()
+        assert "measured by a Compare" in win.chat.tooltip_of("~2.0x plain")
+        with qtbot.waitSignal(win.benchFinished, timeout=10_000):
+            win.bench_action.trigger()
+        win.new_chat()
+        win.defaults["max_tokens"] = 48
+        _speed(backend, 19.0, prompt_tokens=30)
+        backend.bench_prompt_tokens = 30
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "~1.9x plain" in win.chat.toPlainText()
+        assert "short benchmark" in win.chat.tooltip_of("~1.9x plain")
+    finally:
+        win.shutdown()
+
+
+def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        _speed(backend, 30.0)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        for i in range(3):
+            assert win.banner_kind != "note" or "slower than plain" not in win.banner.text()
+            win.new_chat()
+            _speed(backend, 20.0 + i)
+            send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert win.banner_kind == "note"
+        assert "slower than plain for the last 3 replies" in win.banner.text()
+        assert "smaller block size" in win.banner.text()
+    finally:
+        win.shutdown()

@@ -96,6 +96,8 @@ class ModelInfo:
     memory_before_bytes: int = 0
     blas: str = ""
     spec: PairSpec | None = None
+    dtype: str = ""
+    """The target's weight dtype as loaded (e.g. "bfloat16", "float32"; "" unknown)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,21 @@ def finish_fields(reply: Any) -> dict:
         "finish_reason": reply.finish_reason,
         "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
     }
+
+
+def _weights_dtype(target: Any) -> str:
+    """The dtype of a loaded target's first weight ("" when unknown); quantized weights give
+    their scales' dtype."""
+    try:
+        from mlx.utils import tree_flatten
+
+        params = tree_flatten(target.model.parameters())
+        for name, value in params:
+            if name.endswith("scales"):
+                return str(value.dtype).replace("mlx.core.", "")
+        return str(params[0][1].dtype).replace("mlx.core.", "") if params else ""
+    except Exception:
+        return ""
 
 
 class ChatSession:
@@ -252,6 +269,7 @@ class ChatSession:
             memory_before_bytes=before,
             blas=_blas(),
             spec=spec,
+            dtype=_weights_dtype(new_target),
         )
 
     def unload(self) -> None:
@@ -412,7 +430,10 @@ class ChatSession:
         accepted = [a for r in records if r.mode.name == tape
                     for a in r.summary.accepted_lengths]
         return {"modes": bench.aggregate(records, modes), "accepted": accepted,
-                "prompts": len(rendered), "block_size": self.drafter.config.block_size}
+                "prompts": len(rendered), "block_size": self.drafter.config.block_size,
+                "prompt_tokens": (sum(len(ids) for _, ids in rendered) // len(rendered)
+                                  if rendered else 0),
+                "max_tokens": int(max_tokens)}
 
     def pieces(self, tokens: list[int]) -> list[str]:
         """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens));

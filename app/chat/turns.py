@@ -108,6 +108,11 @@ class ReplyResult:
     messages: list[dict] = field(default_factory=list)
     top2_gap: float | None = None
     round_summaries: list = field(default_factory=list)
+    speedup: Any = None
+    """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (DFlash replies
+    of this run of the app; None without a baseline)."""
+    speed_checked: bool = False
+    """True once a baseline was looked for (the footer then says what it found)."""
 
     def all_reasoning(self) -> str:
         """The reasoning of every round, in order, one blank line between rounds (a tool

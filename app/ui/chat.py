@@ -28,13 +28,19 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QStackedWidget,
     QTextBrowser,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
+from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
 from app.ui.render import answer_tokens_html, message_html
 from app.ui.text import plural
+
+NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
+                   "reply, Compare or the short benchmark on the same pair, dtype and Max "
+                   "tokens, with a prompt within ±50% of this one's length.")
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
@@ -139,6 +145,31 @@ class ChatView(QTextBrowser):
             return
         self.linkActivated.emit(link)
 
+    # ---- tooltips of footer figures (``title`` in the HTML)
+    def viewportEvent(self, event) -> bool:  # noqa: N802 (Qt override)
+        if event.type() == QEvent.ToolTip:
+            tip = self.cursorForPosition(event.pos()).charFormat().toolTip()
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, self.viewport())
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(event)
+
+    def tooltip_of(self, text: str) -> str:
+        """The tooltip on the first piece of the shown text containing ``text`` ("" if
+        none)."""
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                if frag.isValid() and text in frag.text() and frag.charFormat().toolTip():
+                    return frag.charFormat().toolTip()
+                it += 1
+            block = block.next()
+        return ""
+
     # ---- rendering
     def render(self, conv: ConversationView | None, streaming: bool = False) -> None:
         """Render the whole conversation (``streaming``: the last turn is being generated
@@ -206,6 +237,13 @@ class ChatView(QTextBrowser):
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
+        if r.mode == "dflash" and r.speed_checked and not v.stopped and not v.error:
+            if r.speedup is not None:
+                foot += (f' · <span title="{html.escape(r.speedup.tooltip())}">'
+                         f"{html.escape(r.speedup.label())}</span>")
+            else:
+                foot += (f' · <span title="{html.escape(NO_BASELINE_TIP)}">'
+                         f"{NO_BASELINE}</span>")
         if m.is_compare:
             other = "plain" if m.chosen == "dflash" else "dflash"
             label = "Plain" if other == "plain" else "DFlash"

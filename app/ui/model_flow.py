@@ -89,6 +89,14 @@ class ModelFlow:
         from app.ui.bench_dialog import BenchDialog
 
         self.statusBar().clearMessage()
+        plain = result.get("modes", {}).get("plain") or {}
+        if self.model is not None and plain.get("tok_per_s"):
+            from app.chat.baseline import PlainSample
+
+            self.baselines.add(PlainSample(
+                self._pair_key(), self.model.dtype, int(result.get("max_tokens", 48)),
+                int(result.get("prompt_tokens", 0)), float(plain["tok_per_s"]),
+                "short benchmark"))
         self._bench_dialog = BenchDialog(self, result)
         self._bench_dialog.show()
         self.benchFinished.emit(result)

@@ -14,6 +14,7 @@ import logging
 
 from PySide6.QtWidgets import QInputDialog
 
+from app.chat.baseline import PlainSample, SlowStreak
 from app.chat.events import (
     ContentDelta,
     PipelineWarning,
@@ -331,6 +332,7 @@ class ReplyFlow:
             msg.chosen = "dflash" if "dflash" in done else (done[0] if done else "dflash")
             self.compare_view.set_results(run.sides["plain"].result,
                                           run.sides["dflash"].result, msg.chosen)
+        self._measure_speed(run)
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
@@ -344,6 +346,34 @@ class ReplyFlow:
                 self.live.show_stats(last.stats, self._block_for(run.current or run.mode,
                                                                  run.settings))
         self.replyFinished.emit(msg)
+
+    def _pair_key(self) -> str:
+        """The loaded pair, as baselines compare it."""
+        m = self.model
+        return f"{m.target_path}|{m.drafter_path or ''}" if m else ""
+
+    def _measure_speed(self, run: ReplyRun) -> None:
+        """Plain sides become baselines; DFlash sides get their speed-up against one (in
+        run order, so a Compare's DFlash side is measured against its own plain side)."""
+        if self.model is None:
+            return
+        for side in run.sides.values():
+            r = side.result
+            if r is None or r.summary is None or side.error or run.stopped or \
+                    r.finish_reason == "cancelled":
+                continue
+            s = r.summary
+            key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
+                   int(s.prompt_tokens))
+            if r.mode == "plain":
+                self.baselines.add(PlainSample(*key, s.tok_per_s,
+                                               "Compare" if run.compare else "plain reply"))
+            elif r.mode == "dflash":
+                r.speedup = self.baselines.speedup(s.tok_per_s, *key)
+                r.speed_checked = True
+                self.slow_streak.add(r.speedup.ratio if r.speedup else None)
+                if self.slow_streak.slow:
+                    self.show_note(SlowStreak.NOTE)
 
     def _save(self, conv: ConversationView) -> None:
         try:

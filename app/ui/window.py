@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
+from app.chat.baseline import Baselines, SlowStreak
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
@@ -107,6 +108,8 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.memory_bytes = 0
         self.conv: ConversationView | None = None
         self.busy = False
+        self.baselines = Baselines()  # plain speeds measured since the app started
+        self.slow_streak = SlowStreak()
         self._loading = None  # the PairSpec being loaded, None when no load runs
         self._req = 0
         self._run: ReplyRun | None = None
