@@ -870,3 +870,70 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
         assert "smaller block size" in win.banner.text()
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ the first screen
+def test_empty_chat_shows_the_model_and_its_examples_and_a_click_sends(qtbot, qs, tiny_dirs,
+                                                                       tmp_path):
+    import json
+    import shutil
+
+    from PySide6.QtCore import QUrl
+
+    from app.chat.session import ChatSession
+
+    target = tmp_path / "target-with-examples"
+    shutil.copytree(tiny_dirs[0], target)
+    (target / "examples.json").write_text(json.dumps([
+        {"prompt": "What is the capital of Peru?", "needs_tools": True},
+        {"prompt": "What is 17 times 23?", "needs_tools": False},
+        {"prompt": "", "needs_tools": False},  # skipped: no prompt
+    ]), encoding="utf-8")
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        assert "No model loaded" in win.chat.toPlainText()
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(str(target), str(tiny_dirs[1]))
+        text = win.chat.toPlainText()
+        assert "is ready" in text and "Try one of these" in text
+        assert "What is the capital of Peru?" in text and "uses a tool" in text
+        assert "What is 17 times 23?" in text
+        assert [e.prompt for e in win.model.examples] == ["What is the capital of Peru?",
+                                                          "What is 17 times 23?"]
+        assert 'href="example:1"' in win.chat.toHtml()
+        assert win.current_settings()["use_tools"] is False  # the qs fixture turns them off
+        with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
+            win.chat.anchorClicked.emit(QUrl("example:0"))
+        msg = blocker.args[0]
+        assert win.conv.messages[0].content == "What is the capital of Peru?"
+        assert msg.version is not None
+        assert win.current_settings()["use_tools"] is True  # on for this chat, and said so
+        assert "Tools are on for this chat" in win.banner.text()
+        assert "Try one of these" not in win.chat.toPlainText()
+        # a new chat shows them again; a folder without examples.json shows none
+        win.new_chat()
+        assert "Try one of these" in win.chat.toPlainText()
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(str(tiny_dirs[0]), str(tiny_dirs[1]))
+        assert win.model.examples == []
+        assert "is ready" in win.chat.toPlainText()
+        assert "Try one of these" not in win.chat.toPlainText()
+    finally:
+        win.shutdown()
+
+
+def test_demo_pair_folder_says_what_the_demo_knows(tmp_path):
+    import json
+
+    from app.chat.examples import DEMO_ABOUT, read_examples
+    from app.chat.session import _about
+    from app.paths import demo_pair_dirs
+
+    assert _about(demo_pair_dirs()[0]) == DEMO_ABOUT
+    for word in ("countries", "arithmetic", "unit", "time"):
+        assert word in DEMO_ABOUT
+    assert _about(tmp_path) == ""
+    (tmp_path / "examples.json").write_text("not json", encoding="utf-8")
+    assert read_examples(tmp_path) == []
+    (tmp_path / "examples.json").write_text(json.dumps([{"prompt": "Hi"}]), encoding="utf-8")
+    assert [(e.prompt, e.needs_tools) for e in read_examples(tmp_path)] == [("Hi", False)]

@@ -25,10 +25,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import reply_settings
 from app.chat.storage import ReplyRecorder, Store
 from app.engine.errors import EngineError, GenerationError
@@ -98,6 +99,10 @@ class ModelInfo:
     spec: PairSpec | None = None
     dtype: str = ""
     """The target's weight dtype as loaded (e.g. "bfloat16", "float32"; "" unknown)."""
+    examples: list = field(default_factory=list)
+    """The target folder's example prompts (:class:`app.chat.examples.Example`)."""
+    about: str = ""
+    """A sentence or two on what the model is (the bundled demo pair's; "" otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,23 @@ def finish_fields(reply: Any) -> dict:
         "finish_reason": reply.finish_reason,
         "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
     }
+
+
+def _about(folder: Path) -> str:
+    """What the first screen says about the model in ``folder`` (the bundled demo pair's
+    description; "" for others)."""
+    from app.paths import demo_pair_dirs
+
+    try:
+        if folder.resolve() == demo_pair_dirs()[0].resolve():
+            return DEMO_ABOUT
+        readme = folder / "README.md"  # a copy of the demo pair says what it is
+        if readme.is_file() and "DFlash Chat's bundled demo" in \
+                readme.read_text(encoding="utf-8", errors="replace")[:300]:
+            return DEMO_ABOUT
+    except OSError:
+        pass
+    return ""
 
 
 def _weights_dtype(target: Any) -> str:
@@ -270,6 +292,8 @@ class ChatSession:
             blas=_blas(),
             spec=spec,
             dtype=_weights_dtype(new_target),
+            examples=read_examples(new_target.path),
+            about=_about(Path(str(new_target.path))),
         )
 
     def unload(self) -> None:

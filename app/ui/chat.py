@@ -106,6 +106,9 @@ class ChatView(QTextBrowser):
         self._editing = False
         self._stream_text = ""
         self._stream_pos: int | None = None
+        self.intro_title = ""
+        self.intro_about = ""
+        self.intro_examples: list = []
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
 
@@ -171,6 +174,31 @@ class ChatView(QTextBrowser):
         return ""
 
     # ---- rendering
+    def set_intro(self, title: str, about: str, examples: list) -> None:
+        """What an empty chat shows: ``title`` (the model, or why there is none), ``about``
+        (what the model is) and ``examples`` (:class:`app.chat.examples.Example`, each a
+        link ``example:N`` that sends it)."""
+        self.intro_title, self.intro_about = title, about
+        self.intro_examples = list(examples)
+
+    def _intro_html(self) -> str:
+        c = self.palette_colours
+        muted = c.get("muted", "#667085")
+        out = [f'<div><p style="margin-top:24px; font-size:large;"><b>'
+               f"{html.escape(self.intro_title)}</b></p>"]
+        if self.intro_about:
+            out.append(f'<p style="color:{muted};">{html.escape(self.intro_about)}</p>')
+        if self.intro_examples:
+            out.append('<p style="margin-top:14px;"><b>Try one of these</b></p>')
+            for i, ex in enumerate(self.intro_examples):
+                tag = (f' <span style="color:{muted}; font-size:small;">· uses a tool</span>'
+                       if ex.needs_tools else "")
+                out.append(f'<p style="margin-left:12px;"><a href="example:{i}" '
+                           f'style="color:{c.get("accent")}; text-decoration:none;">'
+                           f"› {html.escape(ex.prompt)}</a>{tag}</p>")
+        out.append("</div>")
+        return "".join(out)
+
     def render(self, conv: ConversationView | None, streaming: bool = False) -> None:
         """Render the whole conversation (``streaming``: the last turn is being generated
         and is streamed by :meth:`append_stream`)."""
@@ -178,6 +206,8 @@ class ChatView(QTextBrowser):
         self.codes = []
         out = [f'<div style="color:{c.get("text", "#000")};">']
         msgs = conv.messages if conv else []
+        if not msgs and self.intro_title:
+            out.append(self._intro_html())
         last_assistant = max((i for i, m in enumerate(msgs) if m.role == "assistant"),
                              default=-1)
         for i, m in enumerate(msgs):

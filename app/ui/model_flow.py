@@ -65,6 +65,8 @@ class ModelFlow:
         else:
             spec = PairSpec(str(target), drafter or None)
         self._loading = spec
+        if self.model is None:
+            self._set_intro()
         self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:
@@ -73,6 +75,7 @@ class ModelFlow:
             self.stop()
         self.model = None
         self.model_label.setText("No model loaded")
+        self._set_intro()
         self.worker.unloadRequested.emit()
 
     def run_benchmark(self, max_tokens: int = 48) -> None:
@@ -145,6 +148,7 @@ class ModelFlow:
         self.qs.setValue("model/repo_id", spec.repo_id or "")
         self._loading = None
         self._show_model_line(info)
+        self._set_intro()
         if self.banner_kind == "error":  # an earlier failure is over now
             self.clear_banner()
         self.composer.set_dflash_available(bool(info.drafter_name),
@@ -169,8 +173,44 @@ class ModelFlow:
         else:
             self.model = None
             self.model_label.setText("No model loaded")
+            self._set_intro()
             self.show_banner(f"Could not load the model: {sentence(message)}")
         self.loadFailed.emit(message)
+
+    def _set_intro(self) -> None:
+        """The empty chat's note on the loaded model and its example prompts."""
+        m = self.model
+        if m is None:
+            title = ("Loading the model…" if self._loading is not None else
+                     "No model loaded: pick one with File › Models…")
+            self.chat.set_intro(title, "", [])
+        else:
+            about = m.about or (
+                f"{m.target_name}"
+                + (f", with the DFlash drafter {m.drafter_name}." if m.drafter_name
+                   else ", plain decoding only (no DFlash drafter).")
+                + " Type a message below.")
+            self.chat.set_intro(f"{m.target_name} is ready", about, m.examples)
+        if self.conv is None or not self.conv.messages:
+            self.chat.render(self.conv)
+
+    def send_example(self, index: int) -> bool:
+        """Send the loaded model's example ``index`` (tools turned on for this chat when the
+        example needs them and they are off, saying so)."""
+        m = self.model
+        if m is None or not 0 <= index < len(m.examples):
+            return False
+        ex = m.examples[index]
+        turned_on = ex.needs_tools and not self.current_settings().get("use_tools", True)
+        if turned_on:
+            if self.conv is None:
+                self.new_chat()
+            self.conv.settings = dict(self.conv.settings, use_tools=True)
+            self._save(self.conv)
+        sent = self.send(ex.prompt)
+        if turned_on:  # after the reply started (starting clears the banner)
+            self.show_note("Tools are on for this chat: this example needs them.")
+        return sent
 
     def _show_model_line(self, info: ModelInfo) -> None:
         """The status bar's line naming the loaded pair."""

@@ -392,7 +392,12 @@ class ReplyFlow:
                 return
 
     def _on_chat_link(self, link: str) -> None:
-        if link.startswith("continue:"):
+        if link.startswith("example:"):
+            try:
+                self.send_example(int(link.split(":", 1)[1]))
+            except ValueError:
+                return
+        elif link.startswith("continue:"):
             self.send("Continue from where you stopped.")
         elif link.startswith("edit:"):
             try:

@@ -139,6 +139,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.timer.setInterval(RENDER_MS)
         self.timer.timeout.connect(self.render_pending)
         self.timer.start()
+        self._set_intro()
         self._restore()
         if auto_load:
             QTimer.singleShot(0, self.load_last_or_default)
