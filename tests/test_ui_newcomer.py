@@ -405,7 +405,8 @@ def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         assert win.live.shown["tokens"] > 0
         win.new_chat()
-        assert win.live.shown["tokens"] == 0
+        assert win.live.shown["tokens"] is None  # nothing measured: a dash, not 0
+        assert win.live.labels["tokens"].text() == "–"
         assert win.live.labels["tok_per_s"].text() == "–"
         assert win.live.chart.values == []
         assert win.reasoning.toPlainText() == ""

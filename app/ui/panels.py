@@ -262,8 +262,10 @@ class LivePanel(QWidget):
         grid = QGridLayout()
         grid.setSpacing(6)
         self.labels: dict[str, QLabel] = {}
-        for i, (key, name, tip) in enumerate(FIGURES):
-            tile = QFrame()
+        self.tiles: dict[str, QFrame] = {}
+        for key, name, tip in FIGURES:
+            tile = QFrame(self)
+            self.tiles[key] = tile
             tile.setObjectName("figure")
             tile.setToolTip(tip)
             lay = QVBoxLayout(tile)
@@ -280,9 +282,8 @@ class LivePanel(QWidget):
             caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
             lay.addWidget(value)
             lay.addWidget(caption)
-            grid.addWidget(tile, i // 3, i % 3)
             self.labels[key] = value
-        self.tiles = {key: self.labels[key].parentWidget() for key in self.labels}
+        self.grid = grid
         self.scope_label = QLabel("")
         self.scope_label.setObjectName("figureName")
         self.scope_label.setAccessibleName("Which figures are shown")
@@ -310,6 +311,7 @@ class LivePanel(QWidget):
         self.mode = "dflash"
         self._stats: LiveStats | None = None
         self._block: int | None = None
+        self._layout_tiles(plain=False)
 
     def show_stats(self, stats: LiveStats, block_size: int | None = None,
                    mode: str | None = None) -> None:
@@ -340,12 +342,33 @@ class LivePanel(QWidget):
             self.scope_label.setText("This reply")
         self._show(stats)
 
+    WIDE = ("context", "prompt")
+    """Figures whose values are long: two to a row, the others three to a row."""
+
+    def _layout_tiles(self, plain: bool) -> None:
+        """Place the visible tiles without holes: short figures three to a row, then the
+        wide ones two to a row (a six-column grid)."""
+        for tile in self.tiles.values():
+            self.grid.removeWidget(tile)
+        keys = [k for k in self.labels if not (plain and k in DFLASH_ONLY)]
+        small = [k for k in keys if k not in self.WIDE]
+        wide = [k for k in keys if k in self.WIDE]
+        for i, k in enumerate(small):
+            self.grid.addWidget(self.tiles[k], i // 3, (i % 3) * 2, 1, 2)
+        row = (len(small) + 2) // 3
+        for i, k in enumerate(wide):
+            self.grid.addWidget(self.tiles[k], row + i // 2, (i % 2) * 3, 1, 3)
+        for k, tile in self.tiles.items():
+            tile.setVisible(k in keys)
+        self._plain_layout = plain
+
     def _show(self, stats: LiveStats) -> None:
         self.shown = stats.values()
         plain = self.mode == "plain"
+        if plain != getattr(self, "_plain_layout", None):
+            self._layout_tiles(plain)
         for key, label in self.labels.items():
             label.setText(format_figure(key, self.shown.get(key)))
-            self.tiles[key].setVisible(not (plain and key in DFLASH_ONLY))
         self.chart.setVisible(not plain)
         self.mode_label.setText(
             "Plain decoding: one token per step, no drafts, so acceptance, τ, replays and "
@@ -368,8 +391,12 @@ class LivePanel(QWidget):
         self._show(one)
 
     def clear(self) -> None:
-        """Back to dashes and an empty chart."""
+        """Back to dashes (nothing measured: not zeros) and an empty chart."""
         self.show_stats(LiveStats())
+        self.shown = {key: None for key in self.labels}
+        for label in self.labels.values():
+            label.setText(format_figure("", None))
+        self.scope_label.setText("")
 
 
 class Collapsible(QWidget):
