@@ -938,3 +938,26 @@ def test_demo_pair_folder_says_what_the_demo_knows(tmp_path):
     assert read_examples(tmp_path) == []
     (tmp_path / "examples.json").write_text(json.dumps([{"prompt": "Hi"}]), encoding="utf-8")
     assert [(e.prompt, e.needs_tools) for e in read_examples(tmp_path)] == [("Hi", False)]
+
+
+def test_benchmark_headers_and_chart_explain_in_plain_words(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        with qtbot.waitSignal(win.benchFinished, timeout=10_000):
+            win.bench_action.trigger()
+        table = win._bench_dialog.table
+        for col in range(table.columnCount()):
+            tip = table.horizontalHeaderItem(col).toolTip()
+            assert tip.startswith(("How", "Times", "Whether")), tip
+        assert win.live.chart.toolTip().startswith("How many of the drafter's guesses")
+    finally:
+        win.shutdown()
+
+
+def test_compare_of_a_tool_reply_says_it_compares_the_last_round():
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import verdict
+
+    a = ReplyResult(mode="plain", tokens=[1, 2, 3], rounds=2)
+    b = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2)
+    assert verdict(a, b).startswith("identical, 3 tokens in the last round")

@@ -36,8 +36,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def verdict(plain, dflash) -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects."""
     diff = first_difference(plain.tokens, dflash.tokens)
+    rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     if diff is None:
         text = f"identical, {len(plain.tokens)} tokens"
+        if rounds > 1:
+            text += " in the last round (the answer after the tool calls)"
     else:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"

@@ -215,7 +215,9 @@ class AcceptChart(QWidget):
         self.setMinimumHeight(90)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setAccessibleName("Accepted drafts per cycle chart")
-        self.setToolTip("Accepted draft tokens per DFlash cycle (newest on the right).")
+        self.setToolTip("How many of the drafter's guesses the model kept at each step (taller "
+                        "is better). Accepted draft tokens per DFlash cycle, newest on the "
+                        "right; a dark bar: the whole block was accepted.")
 
     def set_values(self, values: list[int], max_value: int | None = None) -> None:
         """Replace the bars; ``max_value`` is the top of the scale (block size - 1)."""
