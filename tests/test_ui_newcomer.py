@@ -961,3 +961,22 @@ def test_compare_of_a_tool_reply_says_it_compares_the_last_round():
     a = ReplyResult(mode="plain", tokens=[1, 2, 3], rounds=2)
     b = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2)
     assert verdict(a, b).startswith("identical, 3 tokens in the last round")
+
+
+def test_bubble_reasoning_folds_open_and_the_pane_shows_it(qtbot, qs):
+    from PySide6.QtCore import QUrl
+
+    win, backend = loaded_window(qtbot, qs, ThinkingBackend())
+    try:
+        send_and_wait(qtbot, win, "What is 2+3?", mode="dflash")
+        text = win.chat.toPlainText()
+        assert "▸ Reasoning (3 words)" in text and "Let me think" not in text
+        win.chat.anchorClicked.emit(QUrl("reasoning:1"))
+        text = win.chat.toPlainText()
+        assert "▾ Reasoning (3 words)" in text
+        assert text.index("Let me think") < text.index("The sum is 5.")
+        assert win.reasoning.toPlainText() == "Let me think"
+        win.chat.anchorClicked.emit(QUrl("reasoning:1"))
+        assert "Let me think" not in win.chat.toPlainText()
+    finally:
+        win.shutdown()

@@ -106,6 +106,8 @@ class ChatView(QTextBrowser):
         self._editing = False
         self._stream_text = ""
         self._stream_pos: int | None = None
+        self.expanded: set[int] = set()
+        """Indices of the messages whose reasoning is unfolded in the bubble."""
         self.intro_title = ""
         self.intro_about = ""
         self.intro_examples: list = []
@@ -246,11 +248,18 @@ class ChatView(QTextBrowser):
             return head + ("" if streaming else " <i>(no reply)</i>") + "</p>"
         r = v.result
         head += "</p>"
-        if r.reasoning:
+        reasoning = r.all_reasoning() if r.reasoning else ""
+        if reasoning:
+            open_ = i in self.expanded
             head += (f'<p style="color:{c.get("muted")}; font-size:small;">'
                      f'<a href="reasoning:{i}" style="color:{c.get("muted")};">'
-                     f"Reasoning ({plural(len(r.all_reasoning().split()), 'word')}) — show "
-                     "in pane</a></p>")
+                     f"{'▾' if open_ else '▸'} Reasoning "
+                     f"({plural(len(reasoning.split()), 'word')})</a>"
+                     f"{'' if open_ else ' — click to show it here and in the pane'}</p>")
+            if open_:
+                body_r = html.escape(reasoning).replace("\n", "<br>")
+                head += (f'<p style="color:{c.get("muted")}; font-size:small; '
+                         f'margin-left:12px;">{body_r}</p>')
         coloured = None
         if self.colour_drafts and r.pieces:
             # only the answer is coloured (reasoning and tool calls have their own place)

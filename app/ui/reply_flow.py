@@ -421,11 +421,16 @@ class ReplyFlow:
             self._on_compare_choice(key)
         elif link.startswith("reasoning:") and self.conv is not None:
             try:
-                msg = self.conv.messages[int(link.split(":", 1)[1])]
+                index = int(link.split(":", 1)[1])
+                msg = self.conv.messages[index]
             except (ValueError, IndexError):
                 return
+            # the bubble's reasoning folds open or shut; the pane shows it either way
+            self.chat.expanded ^= {index}
             self.reasoning_section.button.setChecked(True)
             self.show_message_details(msg)
+            if not self.busy:
+                self.chat.render(self.conv)
 
     def _on_colour_toggled(self, on: bool) -> None:
         from app.ui.render import draft_legend_html

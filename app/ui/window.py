@@ -347,6 +347,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         """Show ``conv`` (None: empty view)."""
         self.conv = conv
         self._refresh_list()
+        self.chat.expanded = set()
         self.chat.follow = True
         self.chat.render(conv)
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
