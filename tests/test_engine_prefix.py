@@ -133,3 +133,30 @@ def test_drafter_context_covers_exactly_the_target_cache(tiny_hybrid, block_size
     _gen(target, ids, drafter, session, mode="dflash", block_size=block_size, max_tokens=13)
     assert session.drafter_len == len(session.ids)
     assert all(c.offset == len(session.ids) for c in session.drafter_cache)
+
+
+@pytest.mark.parametrize("mode", ["plain", "dflash"])
+def test_sliding_window_cache_is_trimmed_only_where_exact(tmp_path, mode):
+    """A ``RotatingKVCache`` that has rotated cannot be cut back (its oldest rows are gone):
+    prefix reuse then prefills cold instead of trimming offsets over stale rows. Before it has
+    rotated, the trim is exact and the prefix is reused."""
+    from app.engine.loader import load_drafter, load_target
+    from app.engine.tiny import build_tiny_pair
+
+    t_dir, d_dir = build_tiny_pair(tmp_path, "llama", seed=2, block_size=8)
+    target, drafter = load_target(t_dir), load_drafter(d_dir)
+    window = 24
+    short = _render(target, [{"role": "user", "content": "Hi"}])[: window - 10]
+    for turn1, n in ((short, 4), (_render(target, [{"role": "user", "content": "x " * 30}]), 20)):
+        session = PromptCache()
+        first = _gen(target, turn1, drafter, session, mode=mode, max_tokens=n)
+        # turn 2 shares turn 1's prompt but not its reply: the cache must be cut back
+        turn2 = turn1 + [turn1[-1]] * 6
+        warm = _gen(target, turn2, drafter, session, mode=mode, max_tokens=8)
+        cold = _gen(target, turn2, mode="plain", max_tokens=8)
+        assert warm.tokens == cold.tokens
+        held = turn1 + first.tokens[:-1]
+        rotated = len(held) > window
+        assert rotated is (n == 20)
+        expected = 0 if rotated else common_prefix(held, turn2)
+        assert warm.summary.reused_tokens == expected and (rotated or expected > 0)

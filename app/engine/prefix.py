@@ -76,7 +76,8 @@ class PromptCache:
 
         The caches then cover exactly ``prompt[:returned]``; the caller prefills the rest. At
         least the last prompt token is always prefilled (its logits give the first token).
-        With nothing reusable the caches are dropped (the caller makes fresh ones).
+        With nothing reusable the caches are dropped (the caller makes fresh ones), as when a
+        sliding-window (rotating) cache would have to be cut back after it has rotated.
         """
         if self.target_cache is None:
             return 0
@@ -98,6 +99,11 @@ class PromptCache:
                         c.cache = list(arrays)
             else:
                 start = 0
+        if start and any(not lin and c.offset > start and not c.is_trimmable()
+                         for c, lin in zip(self.target_cache, linear)):
+            # A sliding-window cache that has rotated no longer holds the rows before its
+            # window: cutting it back would leave stale rows (mlx-lm's trim only moves offsets).
+            start = 0
         if start == 0:
             self.clear()
             return 0

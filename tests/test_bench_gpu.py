@@ -1,0 +1,40 @@
+"""tools/bench_gpu.py: the host-sync counter counts what waits for the device, and the forward
+costs are measured on real passes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import mlx.core as mx
+
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_gpu", Path(__file__).resolve().parent.parent / "tools" / "bench_gpu.py")
+bench_gpu = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench_gpu)
+
+
+def test_host_sync_counter_counts_eval_item_tolist_not_async_eval():
+    a = mx.ones((3,))
+    eval_ = mx.eval
+    with bench_gpu.count_host_syncs() as counter:
+        mx.eval(a)
+        a.tolist()
+        a.sum().item()
+        mx.async_eval(a)
+    assert counter["syncs"] == 3
+    assert mx.eval is eval_  # restored
+    a.tolist()
+    assert counter["syncs"] == 3
+
+
+def test_forward_costs_and_pair_figures_on_the_tiny_pair(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    costs = bench_gpu.forward_costs(target.model, target.model_type, [1, 3], prefix=16,
+                                    repeats=2)
+    assert costs["step_ms"] > 0 and costs["verify16_ms"] > 0
+    assert costs["verify16_over_step"] == costs["verify16_ms"] / costs["step_ms"]
+    assert costs["verify16_fast_ms"] > 0  # a hybrid target has the opt-in fast verify
+    figs = bench_gpu.pair_figures(target, drafter, max_tokens=24)
+    assert figs["identical"] is True and figs["cycles"] > 0
+    assert figs["host_syncs_per_cycle"] >= 1  # today's cycle reads the device several times
