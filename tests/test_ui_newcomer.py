@@ -980,3 +980,18 @@ def test_bubble_reasoning_folds_open_and_the_pane_shows_it(qtbot, qs):
         assert "Let me think" not in win.chat.toPlainText()
     finally:
         win.shutdown()
+
+
+def test_a_new_chat_does_not_show_the_previous_chats_compare(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        assert win.compare_view.isVisible()
+        compare_conv = win.conv
+        win.new_chat()
+        assert not win.compare_view.isVisible()
+        win.select_conversation(compare_conv)
+        assert win.compare_view.results["plain"] is not None
+        assert win.compare_view.header.text().startswith("identical")
+    finally:
+        win.shutdown()

@@ -353,6 +353,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
             if conv else None
         self.show_message_details(last)
+        self._show_compare_of(last)
         self.update_settings_note()
         if self.chat.colour_drafts:
             self._request_pieces()
@@ -367,6 +368,17 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
             new = "DFlash" if mode == "dflash" else "Plain"
             self.composer.mode_note.setText(
                 "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
+
+    def _show_compare_of(self, last: Turn | None) -> None:
+        """The Compare view belongs to the shown chat: its last turn's comparison, or
+        hidden."""
+        if last is not None and last.is_compare and \
+                {"plain", "dflash"} <= set(last.versions):
+            self.compare_view.set_results(last.versions["plain"].result,
+                                          last.versions["dflash"].result,
+                                          last.chosen or "dflash")
+        else:
+            self.compare_view.hide()
 
     def update_settings_note(self) -> None:
         """The composer's one-line summary of the settings a reply will use."""
