@@ -22,13 +22,10 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
-    QMenu,
     QMessageBox,
     QProgressBar,
     QScrollArea,
@@ -47,6 +44,7 @@ from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
+from app.ui.conversation_flow import ConversationFlow
 from app.ui.conversation_list import ConversationList
 from app.ui.details import DetailsPanel
 from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
@@ -68,7 +66,7 @@ RENDER_MS = 40
 
 
 
-class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
+class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     """The DFlash Chat window.
 
     Args:
@@ -403,102 +401,6 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         conv = self.store.get(conv_id)
         if conv is not None and conv is not self.conv:
             self.select_conversation(conv)
-
-    def delete_chat(self) -> None:
-        """Delete the shown conversation after confirmation; while a reply is written, the
-        question says so and Yes stops the reply first."""
-        if self.conv is None:
-            return
-        if self.busy:
-            ok = QMessageBox.question(
-                self, "Delete chat",
-                f"A reply is still being written in “{self.conv.title}”. Stop it and delete "
-                "the chat?")
-            if ok != QMessageBox.Yes or not self.wait_until_idle():
-                return
-        else:
-            ok = QMessageBox.question(self, "Delete chat", f"Delete “{self.conv.title}”?")
-        if ok == QMessageBox.Yes:
-            self.store.delete(self.conv.id)
-            convs = self.store.list()
-            self.select_conversation(self.store.get(convs[0].id) if convs else None)
-
-    def wait_until_idle(self, timeout_ms: int = 15000) -> bool:
-        """Stop the running reply and wait (events keep flowing) until it has ended and is
-        stored; True when it did within ``timeout_ms``."""
-        self.stop()
-        loop = QEventLoop()
-        clock = QElapsedTimer()
-        clock.start()
-        while self.busy and clock.elapsed() < timeout_ms:
-            loop.processEvents(QEventLoop.AllEvents, 50)
-            time.sleep(0.005)
-        return not self.busy
-
-    def _conv_menu(self, conv_id: int, where) -> None:
-        if self.busy:
-            return
-        conv = self.store.get(conv_id)
-        if conv is None:
-            return
-        if conv is not self.conv:
-            self.select_conversation(conv)
-        menu = QMenu(self)
-        menu.addAction("Rename…", self.rename_chat)
-        menu.addAction("Export…", self.export_chat)
-        menu.addSeparator()
-        menu.addAction("Delete…", self.delete_chat)
-        menu.exec(where)
-
-    def rename_chat(self) -> None:
-        """Ask for a new title for the shown conversation."""
-        if self.conv is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.conv.title)
-        if ok and title.strip():
-            self.rename_conversation(title)
-
-    def rename_conversation(self, title: str) -> None:
-        """Set the shown conversation's title (stored at once)."""
-        try:
-            self.store.rename(self.conv.id, title)
-            self.conv.title = " ".join(title.split())
-        except Exception as exc:
-            self.show_banner(f"Could not rename: {exc}")
-        self._refresh_list()
-
-    def export_chat(self, path: str | None = None) -> bool:
-        """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
-        if self.conv is None:
-            self.show_banner("Export needs a saved conversation.")
-            return False
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(
-                self, "Export chat", f"{self.conv.title[:40] or 'chat'}.md",
-                "Markdown (*.md);;JSON (*.json)")
-            if not path:
-                return False
-        try:
-            self.store.export(self.conv.id, Path(path))
-        except Exception as exc:
-            self.show_banner(f"Could not export: {exc}")
-            return False
-        self.flash(f"Exported to {path}", 5000)
-        return True
-
-    def import_chat(self, path: str | None = None) -> bool:
-        """Import a conversation exported as JSON and show it."""
-        if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
-            if not path:
-                return False
-        try:
-            conv = self.store.import_file(Path(path))
-        except Exception as exc:
-            self.show_banner(f"Could not import {Path(path).name}: {exc}")
-            return False
-        self.select_conversation(conv)
-        return True
 
     def show_message_details(self, msg: Turn | None) -> None:
         """Reasoning, tool calls and figures of ``msg`` in the right-hand panes."""
