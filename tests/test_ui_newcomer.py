@@ -995,3 +995,24 @@ def test_a_new_chat_does_not_show_the_previous_chats_compare(qtbot, qs):
         assert win.compare_view.header.text().startswith("identical")
     finally:
         win.shutdown()
+
+
+def test_real_short_benchmark_from_the_menu_gives_a_plain_baseline(qtbot, qs, tiny_dirs):
+    from app.chat.session import ChatSession
+
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(str(tiny_dirs[0]), str(tiny_dirs[1]))
+        with qtbot.waitSignal(win.benchFinished, timeout=300_000) as blocker:
+            win.bench_action.trigger()
+        result = blocker.args[0]
+        assert result is not None and result["max_tokens"] == 48
+        assert result["prompt_tokens"] > 0
+        [sample] = win.baselines.samples
+        assert sample.source == "short benchmark" and sample.max_tokens == 48
+        assert sample.context_tokens == result["prompt_tokens"]
+        assert sample.tok_per_s == result["modes"]["plain"]["tok_per_s"]
+        assert sample.dtype == win.model.dtype != ""
+    finally:
+        win.shutdown()

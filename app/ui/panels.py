@@ -158,9 +158,12 @@ class LiveStats:
                 "prompt": (s.reused_tokens, s.prompt_tokens - s.reused_tokens),
             }
         r = self.running
-        # tokens committed by cycles = tokens shown minus each round's first (the prefill's),
-        # so tau agrees with the Tokens card
-        r.set_rates(max(0, self.tokens - self.rounds) if r.cycles else self.committed)
+        # tau never claims more tokens than the Tokens card shows: the cycles' committed
+        # tokens, at most the tokens seen minus each round's first (the prefill's)
+        committed = self.committed
+        if self.tokens:
+            committed = min(committed, max(0, self.tokens - self.rounds))
+        r.set_rates(committed)
         rate = None
         if self.first_token_at is not None and self.last_token_at is not None \
                 and self.tokens > 1 and self.last_token_at > self.first_token_at:
