@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pair instead (use --gui to force the window)."
             )
         print(f"Prompt: {DEFAULT_PROMPT}")
-        args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT])
+        args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT, "--run-tools"])
     try:
         return args.func(args)
     except KeyboardInterrupt:

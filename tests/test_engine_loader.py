@@ -267,3 +267,22 @@ def test_unrestorable_cache_type_refuses_dflash_naming_it(tiny_hybrid, monkeypat
                         lambda self: [QuantizedKVCache() for _ in self.layers])
     with pytest.raises(UnsupportedArchitectureError, match="QuantizedKVCache"):
         TargetRunner(target.model, target.model_type)
+
+
+def test_model_type_that_does_not_fit_the_weights_is_one_line(tiny_root):
+    """mlx-lm lists every unexpected tensor; the message names the model_type and one
+    example, in one line."""
+    from app.engine.tiny import build_tiny_pair
+
+    t_dir, _ = build_tiny_pair(tiny_root / "misfit", "qwen3", seed=4)
+    bad = tiny_root / "misfit-llama"
+    if not bad.exists():
+        shutil.copytree(t_dir, bad)
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["model_type"] = "llama"  # qwen3 weights have q_norm/k_norm that llama lacks
+        (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError) as info:
+        load_target(bad)
+    msg = str(info.value)
+    assert "\n" not in msg and "model_type 'llama'" in msg
+    assert "12 tensors the checkpoint has" in msg and ("q_norm" in msg or "k_norm" in msg)

@@ -91,7 +91,8 @@ def test_plain_turn_then_dflash_turn_stays_exact(tiny_hybrid):
     turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Bye"}])
     warm = _gen(target, turn2, drafter, session, mode="dflash")
     assert warm.tokens == _gen(target, turn2).tokens
-    assert warm.summary.reused_tokens == 0  # the drafter had not seen the prefix: cold
+    # the plain turn kept the drafter's tap states: the DFlash turn reuses all of it
+    assert warm.summary.reused_tokens == len(turn1) + len(first.tokens) - 1
 
 
 def test_snapshot_memory_is_bounded(tiny_hybrid):
@@ -160,3 +161,32 @@ def test_sliding_window_cache_is_trimmed_only_where_exact(tmp_path, mode):
         assert rotated is (n == 20)
         expected = 0 if rotated else common_prefix(held, turn2)
         assert warm.summary.reused_tokens == expected and (rotated or expected > 0)
+
+
+@pytest.mark.parametrize("pair", ["tiny_hybrid", "tiny_dense"])
+@pytest.mark.parametrize("temp", [0.0, 0.7])
+def test_plain_then_dflash_reuses_the_plain_turn(request, pair, temp):
+    """With the drafter loaded, a plain turn records the drafter's tap states, so the DFlash
+    turn after it reuses the whole plain turn (the prefix cache covers it for both models)
+    and still gives the tokens of a cold run."""
+    target, drafter = request.getfixturevalue(pair)
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    first = _gen(target, turn1, drafter, session, mode="plain", temperature=temp, seed=3)
+    covered = len(turn1) + len(first.tokens) - 1
+    assert session.drafter_len == covered == len(session.ids)
+    turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Another?"}])
+    warm = _gen(target, turn2, drafter, session, mode="dflash", temperature=temp, seed=5)
+    cold = _gen(target, turn2, drafter, mode="dflash", temperature=temp, seed=5)
+    assert warm.summary.reused_tokens == covered
+    assert warm.tokens == cold.tokens
+    if temp == 0.0:
+        assert warm.tokens == _gen(target, turn2).tokens
+
+
+def test_plain_without_a_session_or_drafter_keeps_no_taps(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    _gen(target, turn1, None, session, mode="plain")
+    assert session.drafter_cache is None and session.drafter_len == 0

@@ -184,8 +184,11 @@ def run_reply(
         if session is not None:
             boundaries = _history_boundary(target, convo, settings, list(rendered.ids))
             extra = {"session": session, "boundaries": boundaries}
+        # With a kept session, plain decoding also gets the drafter: it records the drafter's
+        # tap states, so a DFlash turn after a plain one reuses the whole prefix.
         gen = _engine_generate(
-            target, rendered.ids, config, drafter=drafter if mode == "dflash" else None, **extra
+            target, rendered.ids, config,
+            drafter=drafter if mode == "dflash" or session is not None else None, **extra
         )
         from_draft: list[bool] = []
         summary: Summary | None = None

@@ -337,7 +337,7 @@ class ChatSession:
         if self.target is None:
             raise EngineError("no model is loaded")
         mode = settings.get("mode")
-        drafter = self.drafter if mode == "dflash" else None
+        drafter = self.drafter  # plain too: it keeps the drafter's context for a DFlash turn
         if mode == "dflash" and drafter is None:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
         from app.chat import reply as reply_mod

@@ -110,15 +110,17 @@ def known_pair_for(repo_id: str | None) -> KnownPair | None:
 
 
 def read_config(folder: Path) -> dict:
-    """``folder/config.json`` as a dict.
+    """``folder/config.json`` as a dict (the one reader: the loader and the catalog use it).
 
     Raises:
-        ModelNotFoundError: the folder or its ``config.json`` does not exist.
-        ModelLoadError: ``config.json`` is not a JSON object.
+        ModelNotFoundError: the folder does not exist.
+        ModelLoadError: it has no ``config.json``, or that is not a readable JSON object.
     """
     path = Path(folder) / "config.json"
+    if not Path(folder).is_dir():
+        raise ModelNotFoundError(f"{folder} does not exist")
     if not path.is_file():
-        raise ModelNotFoundError(f"no config.json in {folder}")
+        raise ModelLoadError(f"{folder} has no config.json")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -231,8 +233,9 @@ def check_pair_configs(target_config: dict, drafter_config: dict) -> None:
                 "target_layer_ids",
                 n_layers,
                 taps,
-                f"drafter does not fit the target: target_layer_ids {taps} include {bad}, "
-                f"outside the target's {n_layers} layers (0..{n_layers - 1})",
+                f"drafter does not fit the target: it taps target layer {bad[0]} "
+                f"(target_layer_ids {taps}), outside the target's {n_layers} layers "
+                f"(0..{n_layers - 1})",
             )
     vocab = tc.get("vocab_size")
     mask = d["mask_token_id"]

@@ -242,7 +242,9 @@ def generate(
     if config.mode == "plain":
         return Generation(
             lambda cancel: _clear_on_error(
-                _plain_body(target, list(prompt_ids), config, cancel, session, boundaries), session
+                _plain_body(target, list(prompt_ids), config, cancel, session, boundaries,
+                            drafter),
+                session,
             )
         )
     if config.mode != "dflash":
@@ -292,16 +294,47 @@ def _begin(config: GenerationConfig, mode: str, prompt: list[int]):
     return Summary(mode=mode, prompt_tokens=len(prompt)), choose, time.perf_counter()
 
 
-def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator:
+def _tap_keeper(target, drafter, session: PromptCache | None, start: int):
+    """For a plain generation with a drafter loaded and a kept session: ``(runner, taps)`` when
+    plain decoding should record the drafter's tap states, so that a later DFlash turn reuses
+    the prefix (its drafter context covers the plain turn too); else None.
+
+    Only when the drafter's kept context covers exactly the reused prefix (or nothing is
+    reused), since the taps of reused positions are not kept anywhere."""
+    if drafter is None or session is None or not hasattr(drafter.model, "extend_context"):
+        return None
+    if start and session.drafter_cache is None:
+        return None
+    try:
+        runner = TargetRunner(target.model, target.model_type)
+    except Exception:  # a family without tap capture: plain as usual
+        return None
+    return runner, list(drafter.config.target_layer_ids)
+
+
+def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=None) -> Iterator:
     model = target.model
     eos = target.eos_token_ids
     s, choose, t_start = _begin(config, "plain", prompt)
     s.reused_tokens = start = _start(session, prompt, False)
     cache = session.target_cache if start else make_prompt_cache(model)
     snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
+    keeper = _tap_keeper(target, drafter, session, start)
+    kept: list[mx.array] = []  # tap states of every position fed to the target, in order
+
+    def step(ids: mx.array) -> mx.array:
+        """Logits ``(1, S, V)`` of feeding ``ids`` ``(1, S)``; records their taps if kept."""
+        if keeper is None:
+            return model(ids, cache=cache)
+        logits, taps = keeper[0].forward(ids, cache, taps=keeper[1])
+        kept.append(taps)
+        return logits
 
     def fwd(chunk, last):
-        return model(chunk, cache=cache), None
+        logits = step(chunk)
+        if kept:
+            mx.eval(kept[-1])
+        return logits, None
 
     logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries)
     history = list(prompt)
@@ -315,8 +348,8 @@ def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator
             ahead = s.generated_tokens + 1 < config.max_tokens and not cancel.is_set()
             current = pending
             if ahead:
-                pending = mx.argmax(model(current.reshape(1, 1), cache=cache)[0, -1])
-                mx.async_eval(pending)
+                pending = mx.argmax(step(current.reshape(1, 1))[0, -1])
+                mx.async_eval(pending, *kept[-1:])
             y = int(current.item())
             if ahead:
                 cache_ids.append(y)
@@ -337,11 +370,18 @@ def _plain_body(target, prompt, config, cancel, session, boundaries) -> Iterator
             s.stop_cause = "cancelled"
             break
         if choose is not None:
-            logits = model(mx.array([[y]], dtype=mx.int32), cache=cache)[0, -1]
+            logits = step(mx.array([[y]], dtype=mx.int32))[0, -1]
             cache_ids.append(y)
+    t_end = time.perf_counter()
     if session is not None:
-        session.store(cache_ids, cache, None, 0)
-    _summary_common(s, t_start, t_first, time.perf_counter())
+        if keeper is not None and kept:
+            # the drafter's context over this turn: what a DFlash turn after it reuses
+            dcache = session.drafter_cache if start else drafter.model.make_cache()
+            drafter.model.extend_context(mx.concatenate(kept, axis=1), dcache)
+            session.store(cache_ids, cache, dcache, int(dcache[0].offset))
+        else:
+            session.store(cache_ids, cache, None, 0)
+    _summary_common(s, t_start, t_first, t_end)
     yield Done(s)
 
 
@@ -460,18 +500,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.generated_tokens += 1
             history.extend(committed)
             pending = committed[-1]
-            s.cycles += 1
-            s.drafted += len(drafts)
-            s.accepted += accepted
-            s.replays += int(replayed)
-            s.draft_s += t1 - t0
-            s.verify_s += t2 - t1
-            s.rollback_s += t3 - t2
-            s.accepted_lengths.append(accepted)
-            yield CycleEvent(
-                s.cycles - 1, len(drafts), accepted, len(committed), replayed,
-                t1 - t0, t2 - t1, t3 - t2,
-            )
+            cycle = CycleEvent(s.cycles, len(drafts), accepted, len(committed), replayed,
+                               t1 - t0, t2 - t1, t3 - t2)
+            s.add_cycle(cycle)
+            yield cycle
             if stop:
                 s.stop_cause = stop
                 break
@@ -485,11 +517,6 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             session.store(cache_ids, cache, dcache, int(dcache[0].offset))
         else:
             session.store(cache_ids, cache, None, 0)
-    if s.cycles:
-        committed_total = s.generated_tokens - 1
-        s.tau = committed_total / s.cycles
-    s.acceptance_rate = s.accepted / s.drafted if s.drafted else None
-    busy = s.draft_s + s.verify_s + s.rollback_s
-    s.rollback_share = s.rollback_s / busy if busy > 0 else None
+    s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)

@@ -7,19 +7,21 @@ on Apple GPUs the checkpoint's dtype is kept.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.engine.catalog import check_pair_configs, text_config  # noqa: F401 (re-exported)
+from app.engine.catalog import (  # noqa: F401 (re-exported for callers of the loader)
+    check_pair_configs,
+    read_config,
+    text_config,
+)
 from app.engine.errors import (
     EngineError,
     ModelLoadError,
     ModelNotFoundError,
-    PairMismatchError,
     UnsupportedArchitectureError,
 )
 from app.engine.threads import check_engine_thread
@@ -53,24 +55,6 @@ def resolve_model_path(path_or_repo: str | Path) -> Path:
                 f"(Models window, or `hf download {text}`) or give a local folder"
             ) from exc
     raise ModelNotFoundError(f"no model folder at {p}")
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    """``config.json`` of a model folder as a dict.
-
-    Raises:
-        ModelLoadError: missing or not valid JSON.
-    """
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ModelLoadError(f"{folder} has no config.json")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{cfg_path} is not a JSON object")
-    return cfg
 
 
 def _on_cpu() -> bool:
@@ -174,6 +158,16 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Loa
         raise
     except ValueError as exc:
         msg = str(exc)
+        misfit = re.match(r"(Received|Missing) (\d+) parameters? (not in model|in the model)?",
+                          msg.strip())
+        if misfit:
+            names = [n.strip(" ,.\n") for n in msg.split(":", 1)[-1].split(",") if n.strip(" ,.\n")]
+            extra = "the checkpoint has" if misfit.group(1) == "Received" else "the model lacks"
+            raise ModelLoadError(
+                f"{folder.name}: the weights do not fit model_type "
+                f"{cfg.get('model_type')!r} ({misfit.group(2)} tensors {extra}, e.g. "
+                f"{names[0] if names else '?'}); check config.json's model_type"
+            ) from exc
         if "not supported" in msg.lower() or "model type" in msg.lower():
             raise UnsupportedArchitectureError(
                 f"model type {cfg.get('model_type')!r} is not supported by mlx-lm: {msg}"
@@ -254,20 +248,6 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     return LoadedDrafter(model=model, config=cfg, path=folder, name=folder.name)
 
 
-def _check_layers(n_layers: int, d) -> None:
-    if d.num_target_layers is not None and d.num_target_layers != n_layers:
-        raise PairMismatchError("num_target_layers", n_layers, d.num_target_layers)
-    bad = [i for i in d.target_layer_ids if not 0 <= i < n_layers]
-    if bad:
-        raise PairMismatchError(
-            "target_layer_ids",
-            f"0..{n_layers - 1}",
-            d.target_layer_ids,
-            f"drafter taps target layer {bad[0]}, but the target has {n_layers} layers "
-            f"(0..{n_layers - 1})",
-        )
-
-
 def check_pair(target: LoadedTarget, drafter: LoadedDrafter) -> None:
     """Check a loaded pair fits before generating (the loaded tensors, not only configs).
 
@@ -279,18 +259,15 @@ def check_pair(target: LoadedTarget, drafter: LoadedDrafter) -> None:
     from app.engine.target import TAP_FAMILIES
 
     d = drafter.config
-    if d.vocab_size != target.vocab_size:
-        raise PairMismatchError("vocab_size", target.vocab_size, d.vocab_size)
-    if d.hidden_size != target.hidden_size:
-        raise PairMismatchError("hidden_size", target.hidden_size, d.hidden_size)
-    _check_layers(target.num_layers, d)
-    if not 0 <= d.mask_token_id < target.vocab_size:
-        raise PairMismatchError(
-            "mask_token_id",
-            f"0..{target.vocab_size - 1}",
-            d.mask_token_id,
-            f"drafter mask_token_id {d.mask_token_id} is outside the target's vocabulary",
-        )
+    # the loaded tensors' sizes, checked by the one pair rule (catalog.check_pair_configs)
+    check_pair_configs(
+        {"vocab_size": target.vocab_size, "hidden_size": target.hidden_size,
+         "num_hidden_layers": target.num_layers},
+        {"vocab_size": d.vocab_size, "hidden_size": d.hidden_size,
+         "num_target_layers": d.num_target_layers,
+         "dflash_config": {"target_layer_ids": list(d.target_layer_ids),
+                           "mask_token_id": d.mask_token_id}},
+    )
     if target.model_type not in TAP_FAMILIES:
         raise UnsupportedArchitectureError(
             f"DFlash is not available for {target.model_type!r} targets; plain decoding works"

@@ -142,7 +142,7 @@ class PromptCache:
     def store(self, ids: list[int], cache: list, drafter_cache: list | None,
               drafter_len: int) -> None:
         """Keep the caches after a reply; ``ids`` are the tokens the target cache holds."""
-        mx.eval(cache_arrays(cache))
+        mx.eval(cache_arrays(cache) + (cache_arrays(drafter_cache) if drafter_cache else []))
         self.ids = list(ids)
         self.target_cache = cache
         if drafter_cache is not None:  # else the kept one still covers a prefix (prepare)

@@ -90,12 +90,42 @@ def prepare(build: Path, seed: int, n_chats: int) -> None:
           f"held-out scripts", flush=True)
 
 
+SHAPE = "h384-l6-a3"
+"""The shipped target shape (``modeling.SHAPES``)."""
+RECIPE: list[list[str]] = [
+    # 1: target from scratch (290 s), continuations, drafter (120 s)
+    ["--time-target", "290", "--target-lr", "2e-3", "--time-gen", "60", "--time-drafter", "120"],
+    # 2: the target trained on (300 s), new continuations, drafter trained on (110 s)
+    ["--init", "--time-target", "300", "--target-lr", "1.5e-3", "--time-gen", "60",
+     "--time-drafter", "110"],
+    # 3: target kept, new continuations, drafter trained on (235 s)
+    ["--init", "--target-steps", "0", "--time-target", "0", "--time-gen", "60",
+     "--time-drafter", "235", "--drafter-lr", "8e-4"],
+]
+"""The shipped build's training stages (each one device command of under 10 minutes): each
+stage after the first starts from the previous stage's exported pair (``--init``)."""
+
+
 def train(build: Path, device: str, python: str, extra: list[str]) -> None:
-    """Run ``train.py`` (a subprocess, so that the main venv needs no torch)."""
-    cmd = [python, str(HERE / "train.py"), "--data", str(build), "--out", str(build / "out"),
-           "--device", device, *extra]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO)
+    """Run the :data:`RECIPE` stages of ``train.py`` (subprocesses, so that the main venv
+    needs no torch); stage ``k`` writes ``BUILD/stage{k}``, the last one is copied to
+    ``BUILD/out``."""
+    prev = None
+    for k, stage in enumerate(RECIPE, 1):
+        out = build / f"stage{k}"
+        args = [a for a in stage if a != "--init"]
+        if "--init" in stage:
+            args += ["--init-target", str(prev / "demo-target"),
+                     "--init-drafter", str(prev / "demo-dflash")]
+        cmd = [python, str(HERE / "train.py"), "--data", str(build), "--out", str(out),
+               "--device", device, "--shape", SHAPE, "--target-steps", "100000",
+               "--drafter-steps", "100000", *args, *extra]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, cwd=REPO)
+        prev = out
+    if (build / "out").exists():
+        shutil.rmtree(build / "out")
+    shutil.copytree(prev, build / "out")
 
 
 def install(build: Path, trained: Path) -> None:

@@ -10,7 +10,7 @@ Every reply goes through the app's reply runner (:func:`app.chat.reply.collect_r
 the built-in tools run for real (``current_time`` is frozen at one instant per item, so plain
 and DFlash see the same tool results), the history of a script is built as the window builds
 it (the reply's messages appended, then :func:`app.chat.history.fit_for_tokenizer`), and every
-engine pass runs the exact step-loop verify (``chunked_verify=False``, see
+engine pass runs the exact step-loop verify (``fast_verify=False``, see
 :func:`exact_verify`).
 
 Checks of one reply against its ``expect`` (see :class:`tools.demo_pair.corpus.Turn`):
@@ -49,15 +49,15 @@ MAX_TOKENS = 200
 
 def exact_verify() -> None:
     """Make every engine pass in this process use the exact step-loop verify
-    (``TargetRunner(chunked_verify=False)``), whatever the caller's ``GenerationConfig``."""
+    (``TargetRunner(fast_verify=False)``, the engine's default), whatever a caller asks."""
     from app.engine import target as tmod
 
     if getattr(tmod.TargetRunner, "_demo_exact", False):
         return
     orig = tmod.TargetRunner.__init__
 
-    def init(self, model, model_type, chunked_verify=None):
-        orig(self, model, model_type, False)
+    def init(self, model, model_type, *args, **kwargs):
+        orig(self, model, model_type, fast_verify=False)
 
     tmod.TargetRunner.__init__ = init
     tmod.TargetRunner._demo_exact = True
@@ -162,6 +162,10 @@ def check_answer(reply, expect: dict) -> tuple[bool, str]:
 
         ok = not calls and SCOPE_MARK in content
         return ok, "" if ok else f"not the scope answer: {content[:100]!r}"
+    from tools.demo_pair.corpus import SCOPE_MARK
+
+    if SCOPE_MARK in content:  # the scope answer where a real answer was due
+        return False, "scope answer instead of an answer"
     want = list(expect.get("contains", []))
     for zone in expect.get("time_of", []):
         runs = [t for r in reply.rounds for t in r.tool_runs
@@ -177,6 +181,8 @@ def check_answer(reply, expect: dict) -> tuple[bool, str]:
         bad = [i for i in items if not any(a in i for a in expect["list_items"])]
         if len(items) < expect["count"] or bad:
             return False, f"{len(items)} items, not allowed: {bad}"
+        if len(set(items)) < len(items):
+            return False, f"repeated items: {items}"
     return True, ""
 
 
@@ -303,13 +309,14 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
     return out
 
 
-def load_pair():
-    """(target, drafter) of the bundled pair, with the exact verify on."""
+def load_pair(tdir: Path | None = None, ddir: Path | None = None):
+    """(target, drafter): the bundled pair unless folders are given; exact verify on."""
     from app.engine.loader import check_pair, load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     exact_verify()
-    tdir, ddir = demo_pair_dirs()
+    if tdir is None or ddir is None:
+        tdir, ddir = demo_pair_dirs()
     target, drafter = load_target(str(tdir)), load_drafter(str(ddir))
     check_pair(target, drafter)
     return target, drafter
@@ -340,11 +347,12 @@ def bench_set(singles: list[dict], scripts: list[dict], n_scripts: int = 4) -> l
 
 
 def bench(target, drafter, entries: list[dict], repeats: int = 3,
-          max_tokens: int = MAX_TOKENS) -> dict:
+          max_tokens: int = MAX_TOKENS, out: Path | None = None) -> dict:
     """Plain vs DFlash on ``entries``, ``repeats`` times (order alternating), every round of
     every turn counted: per run, tok/s = tokens / generation seconds summed over rounds; the
     ratio is the median of the paired per-run ratios (same entry, same repeat). One untimed
-    warm-up run of each mode first."""
+    warm-up run of each mode first. With ``out``, the figures so far are written there after
+    every run."""
     runs = []
     for mode in ("plain", "dflash"):
         _bench_run(target, drafter, entries[0], mode, max_tokens)
@@ -355,11 +363,22 @@ def bench(target, drafter, entries: list[dict], repeats: int = 3,
             runs.append({"id": e["id"], "repeat": rep, **got,
                          "ratio": got["dflash"]["tok_s"] / max(got["plain"]["tok_s"], 1e-9),
                          "identical": got["dflash"]["tokens_ids"] == got["plain"]["tokens_ids"]})
-    per_entry = {}
+            if out is not None:
+                out.write_text(json.dumps(_bench_figures(entries, repeats, runs), indent=1)
+                               + "\n")
+    return _bench_figures(entries, repeats, runs)
+
+
+def _bench_figures(entries: list[dict], repeats: int, runs: list[dict]) -> dict:
+    per_entry: dict[str, list[float]] = {}
     for r in runs:
         per_entry.setdefault(r["id"], []).append(r["ratio"])
     return {
         "entries": len(entries), "repeats": repeats, "runs": len(runs),
+        "plain_tok_s_pooled": round(sum(r["plain"]["tokens"] for r in runs)
+                                    / max(1e-9, sum(r["plain"]["gen_s"] for r in runs)), 1),
+        "dflash_tok_s_pooled": round(sum(r["dflash"]["tokens"] for r in runs)
+                                     / max(1e-9, sum(r["dflash"]["gen_s"] for r in runs)), 1),
         "plain_tok_s_median": _median([r["plain"]["tok_s"] for r in runs]),
         "dflash_tok_s_median": _median([r["dflash"]["tok_s"] for r in runs]),
         "ratio_median": _median([r["ratio"] for r in runs]),
@@ -404,32 +423,66 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dflash", action="store_true", help="also run DFlash and compare")
     p.add_argument("--limit", type=int, default=0, help="single-turn prompts at most")
     p.add_argument("--scripts-limit", type=int, default=-1, help="scripts at most (-1: all)")
+    p.add_argument("--stride", type=int, default=1, help="every STRIDE-th prompt and script")
+    p.add_argument("--only", choices=["singles", "scripts"], help="evaluate one set only")
+    p.add_argument("--merge", type=Path, nargs="+", help="report over --out files of earlier "
+                   "runs (e.g. one --only singles and one --only scripts) instead of running")
     p.add_argument("--repeats", type=int, default=3, help="bench repeats")
     p.add_argument("--out", type=Path, help="write the full rows and report here (JSON)")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--target", type=Path, help="target folder (default: the bundled one)")
+    p.add_argument("--drafter", type=Path, help="drafter folder (default: the bundled one)")
     args = p.parse_args(argv)
-    target, drafter = load_pair()
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        rows = [r for x in parts for r in x["singles"]]
+        srows = [r for x in parts for r in x["scripts"]]
+        dfl = all("dflash" in r for r in rows) and all(
+            "dflash" in t for x in srows for t in x["turns"])
+        rep = report(rows, srows, dfl)
+        rep["seconds"] = sum(x["report"]["seconds"] for x in parts)
+        print(json.dumps(rep, indent=1))
+        return 0
+    target, drafter = load_pair(args.target, args.drafter)
     singles, scripts = load_heldout(), load_scripts()
+    if args.only == "singles":
+        scripts = []
+    elif args.only == "scripts":
+        singles = []
     if args.what == "bench":
-        res = bench(target, drafter, bench_set(singles, scripts), args.repeats)
+        res = bench(target, drafter, bench_set(singles, scripts), args.repeats, out=args.out)
         print(json.dumps(res, indent=1))
         if args.out:
             args.out.write_text(json.dumps(res, indent=1) + "\n")
         return 0
+    singles, scripts = singles[:: args.stride], scripts[:: args.stride]
     if args.limit:
         singles = singles[: args.limit]
     if args.scripts_limit >= 0:
         scripts = scripts[: args.scripts_limit]
     t0 = time.time()
-    rows = []
+    # Interleaved order (every 8th item first): a run stopped early still covers every
+    # category; --out is rewritten after each item.
+    singles = [singles[i] for i in sorted(range(len(singles)), key=lambda i: (i % 8, i))]
+    scripts = [scripts[i] for i in sorted(range(len(scripts)), key=lambda i: (i % 4, i))]
+    rows, srows = [], []
+
+    def save():
+        if args.out:
+            rep = report(rows, srows, args.dflash)
+            rep["seconds"] = round(time.time() - t0, 1)
+            args.out.write_text(json.dumps({"report": rep, "singles": rows, "scripts": srows},
+                                           indent=1) + "\n")
+
     for it in singles:
         rows.append(run_single(target, drafter, it, args.dflash))
+        save()
         if args.verbose:
             r = rows[-1]
             print(json.dumps({k: r[k] for k in ("id", "ok", "why", "content")}), flush=True)
-    srows = []
     for s in scripts:
         srows.append(run_script(target, drafter, s, args.dflash))
+        save()
         if args.verbose:
             print(json.dumps({"id": s["id"], "turns": [{k: t[k] for k in ("why", "content")}
                                                       for t in srows[-1]["turns"]]}), flush=True)

@@ -356,6 +356,20 @@ def estimate_tau(drafter, target, seqs, plens, dspec, dev, n: int = 256) -> dict
             "accepted_mean": round(float(a.mean()), 3), "blocks": int(len(a))}
 
 
+def load_exported(model, folder: Path, tied: bool = False) -> None:
+    """Load an exported float16 ``model.safetensors`` into ``model`` (float32); every tensor
+    must match, the tied LM head aside."""
+    from safetensors.torch import load_file
+
+    sd = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if tied:
+        model.tie_weights()
+
+
 def main(argv=None) -> int:
     """Entry point (see the module docstring)."""
     p = argparse.ArgumentParser(description="train the demo pair")
@@ -366,6 +380,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="h320-l8-a4",
                    help="target shape (modeling.SHAPES)")
     p.add_argument("--drafter-layers", type=int, default=2)
+    p.add_argument("--init-target", type=Path, help="start from this exported target folder")
+    p.add_argument("--init-drafter", type=Path, help="start from this exported drafter folder")
     p.add_argument("--target-steps", type=int, default=2200)
     p.add_argument("--target-lr", type=float, default=3e-3)
     p.add_argument("--target-batch-tokens", type=int, default=64_000)
@@ -395,7 +411,11 @@ def main(argv=None) -> int:
     log(f"{len(data)} examples, {sum(len(t) for t, _ in data)} tokens, device {dev}")
     logd: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "shape": args.shape}
 
-    target = build_target(tspec).to(dev)
+    target = build_target(tspec)
+    if args.init_target:
+        load_exported(target, args.init_target, tied=True)
+        log(f"target initialised from {args.init_target}")
+    target = target.to(dev)
     logd["target_params"] = sum(p.numel() for p in target.parameters())
     train_target(target, data, args, dev, tspec, logd)
     for prm in target.parameters():
@@ -425,7 +445,11 @@ def main(argv=None) -> int:
     seqs = [np.concatenate([pr, c]) for pr, c in zip(prompts, conts)]
     plens = [len(pr) for pr in prompts]
     n_eval = min(256, len(seqs) // 10)
-    drafter = Drafter(dspec).to(dev)
+    drafter = Drafter(dspec)
+    if args.init_drafter:
+        load_exported(drafter, args.init_drafter)
+        log(f"drafter initialised from {args.init_drafter}")
+    drafter = drafter.to(dev)
     logd["drafter_params"] = sum(p.numel() for p in drafter.parameters())
     train_drafter(drafter, target, seqs[n_eval:], plens[n_eval:], dspec, args, dev, logd)
     logd["tau_eval"] = estimate_tau(drafter, target, seqs[:n_eval], plens[:n_eval], dspec, dev)
