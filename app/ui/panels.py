@@ -285,6 +285,7 @@ class LivePanel(QWidget):
             caption = QLabel(name)
             caption.setObjectName("figureName")
             caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+            caption.setWordWrap(True)  # a narrow column wraps the name rather than cut it
             lay.addWidget(value)
             lay.addWidget(caption)
             self.labels[key] = value
