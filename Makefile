@@ -19,7 +19,9 @@ EXTRAS := test
 # when present (see README, "Performance"). macOS is untouched.
 ifeq ($(UNAME),Linux)
 BLAS_LIB = $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
-RUN_ENV = $(if $(BLAS_LIB),LD_PRELOAD=$(BLAS_LIB) DFLASH_BLAS_PRELOADED=$(BLAS_LIB))
+# One OpenBLAS thread unless OPENBLAS_NUM_THREADS is set (app/engine/blas.py says why).
+RUN_ENV = $(if $(BLAS_LIB),LD_PRELOAD=$(BLAS_LIB) DFLASH_BLAS_PRELOADED=$(BLAS_LIB) \
+	OPENBLAS_NUM_THREADS=$(or $(OPENBLAS_NUM_THREADS),1))
 else
 RUN_ENV =
 endif

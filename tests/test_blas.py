@@ -116,12 +116,17 @@ def test_warning_is_silent_on_macos(monkeypatch):
 @pytest.mark.skipif(blas.find_openblas() is None, reason="Debian's OpenBLAS is not installed")
 def test_python_m_app_reexecs_once_with_openblas(tmp_path):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", blas.REEXEC_GUARD, blas.NO_REEXEC, blas.PRELOADED)}
+           if k not in ("LD_PRELOAD", blas.REEXEC_GUARD, blas.NO_REEXEC, blas.PRELOADED,
+                        "OPENBLAS_NUM_THREADS")}
     res = subprocess.run([sys.executable, "-m", "app", "--version"], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "BLAS: OpenBLAS (optimized)" in res.stdout
+    assert "BLAS: OpenBLAS (optimized, 1 thread)" in res.stdout  # one thread unless asked
     assert "warning:" not in res.stderr
+    res = subprocess.run([sys.executable, "-m", "app", "--version"], capture_output=True,
+                         text=True, env={**env, "OPENBLAS_NUM_THREADS": "2"}, cwd=REPO,
+                         timeout=120)
+    assert "BLAS: OpenBLAS (optimized, 2 threads)" in res.stdout
     env[blas.NO_REEXEC] = "1"
     res = subprocess.run([sys.executable, "-m", "app", "--version"], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)

@@ -317,3 +317,53 @@ def test_plain_mode_warns_about_an_unusable_draft_model(capsys, pair_paths, tmp_
                            str(tmp_path / "nope"), "--mode", "plain", "--prompt", "Hi",
                            "--max-tokens", "2", "--tools", "none", "--json")
     assert code == 0 and "could not be used with this target anyway" in err
+
+
+def test_compare_runs_the_tools_on_one_frozen_clock(capsys, pair_paths, monkeypatch):
+    """compare --run-tools: plain and DFlash see the same tool results, so a ticking clock
+    between the two runs cannot make them differ (the headless ``make run`` shows this)."""
+    import datetime as real
+
+    from app.chat.tools import clock
+    from app.engine.loader import load_target
+
+    class TickingDatetime(real.datetime):  # the clock moves one second at every read
+        reads = 0
+
+        @classmethod
+        def now(cls, tz=None):
+            cls.reads += 1
+            return real.datetime(2026, 1, 1, 12, 0, cls.reads, tzinfo=real.UTC)
+
+    class Ticking:
+        UTC, timedelta, datetime = real.UTC, real.timedelta, TickingDatetime
+
+    monkeypatch.setattr(clock, "_dt", Ticking)
+    assert clock.current_time("UTC")["time"] != clock.current_time("UTC")["time"]
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ("<tool_call>\n<function=current_time>\n<parameter=timezone>\nAsia/Tokyo\n"
+            "</parameter>\n</function>\n</tool_call>")
+    turn = [tok.encode(call, add_special_tokens=False) + [eos],
+            tok.encode("Here it is.", add_special_tokens=False) + [eos]]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(turn + turn))
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "Time?",
+                             "--no-think", "--run-tools", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    results = [obj[m]["rounds"][0]["results"][0] for m in ("plain", "dflash")]
+    assert results[0]["ok"] and results[0]["result"]["timezone"] == "Asia/Tokyo"
+    assert results[0]["result"] == results[1]["result"]
+
+
+def test_builtin_tools_with_a_frozen_clock():
+    import datetime
+
+    from app.chat.tools import BUILTIN_TOOLS, builtin_tools, run_tool
+
+    now = datetime.datetime(2026, 12, 1, 15, 26, 35, tzinfo=datetime.UTC)
+    tools = builtin_tools(now)
+    assert [t.name for t in tools] == [t.name for t in BUILTIN_TOOLS]
+    got = run_tool("current_time", {"timezone": "Asia/Tokyo"}, tools=tools)
+    assert got.ok and got.result["time"] == "00:26:35" and got.result["date"] == "2026-12-02"
+    assert builtin_tools() == BUILTIN_TOOLS

@@ -144,7 +144,7 @@ def run_reply(
     from app.engine.errors import GenerationError
 
     mode = settings.mode
-    if mode == "dflash" and drafter is None:
+    if mode in ("dflash", "dflash2") and drafter is None:
         raise GenerationError("DFlash decoding needs a drafter model")
     if settings.max_tool_rounds < 0:
         raise GenerationError("max_tool_rounds must be >= 0")
@@ -188,7 +188,8 @@ def run_reply(
         # tap states, so a DFlash turn after a plain one reuses the whole prefix.
         gen = _engine_generate(
             target, rendered.ids, config,
-            drafter=drafter if mode == "dflash" or session is not None else None, **extra
+            drafter=drafter if mode in ("dflash", "dflash2") or session is not None else None,
+            **extra
         )
         from_draft: list[bool] = []
         summary: Summary | None = None

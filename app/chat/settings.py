@@ -168,7 +168,8 @@ class ReplySettings:
     """How to produce one reply.
 
     Attributes:
-        mode: ``"plain"`` or ``"dflash"``.
+        mode: ``"plain"``, ``"dflash"`` or ``"dflash2"`` (a DFlash2 drafter; see
+            :class:`app.engine.generate.GenerationConfig`).
         max_tokens: generated-token limit per generation round (int > 0).
         block_size: DFlash block size (None: the drafter's).
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).

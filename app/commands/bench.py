@@ -3,7 +3,9 @@
 Every prompt goes through the target's chat template (:func:`app.chat.templates.render_prompt`)
 and then through each mode: ``plain``, and for every block size B ``dflash+tape@B`` and
 ``dflash+replay@B`` (greedy; with ``--fast-verify`` also ``dflash+tape@B+fast``, the near-exact
-chunked verify). Modes are interleaved (the order rotates from one prompt and
+chunked verify; with ``--dflash2-model`` also ``dflash2+tape@B`` and ``dflash2+tape@B+nosel``,
+a DFlash2 drafter with its candidate selector on and off, and ``dflash2_vs_dflash`` in the
+result; a DFlash2 ``--draft-model`` alone gives plain and the DFlash2 modes). Modes are interleaved (the order rotates from one prompt and
 repeat to the next) and repeated, after one untimed warm-up run per mode. Per mode the report
 gives the median tok/s (generation only, prefill excluded, as :class:`~app.engine.events.Summary`
 counts it), the median time to first token, the acceptance rate and tau (definitions in
@@ -46,6 +48,7 @@ from app.engine.bench import (
     add_top2_gaps,
     aggregate,
     default_prompts,
+    dflash2_vs_dflash,
     goals,
     header,
     load_prompts,
@@ -85,6 +88,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="target folder or cached repo id (default: the bundled "
                    "demo pair, else a tiny random pair)")
     p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
+    p.add_argument("--dflash2-model", default=None,
+                   help="a DFlash2 drafter: adds dflash2+tape@B and dflash2+tape@B+nosel "
+                   "(selector off) beside the DFlash modes")
     p.add_argument("--prompts", type=Path, help="JSON file: a list of strings or of "
                    "{id, messages, tools, enable_thinking} objects; or a text file, one "
                    "prompt per line (default: the demo pair's held-out prompts + long ones)")
@@ -142,6 +148,11 @@ def text_report(result: dict) -> str:
         lines.append("")
         lines.append("tape/replay rollback cost per replay: " + ", ".join(
             f"B={b}: {_fmt(v)}" for b, v in tvr.items()) + " (goal <= 0.20)")
+    for b, v in (result.get("dflash2_vs_dflash") or {}).items():
+        lines.append(f"DFlash2 vs DFlash at B={b}: tau {_fmt(v['dflash2_tau'])} vs "
+                     f"{_fmt(v['dflash_tau'])} ({_fmt(v['tau_ratio'])}x, goal >= 1.10), selector "
+                     f"off {_fmt(v['dflash2_nosel_tau'])}; tok/s {_fmt(v['dflash2_tok_per_s'], '.1f')}"
+                     f" vs {_fmt(v['dflash_tok_per_s'], '.1f')}")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
     for name, f in result["modes"].items():
         for pid, p in (f.get("prompts") or {}).items():
@@ -177,7 +188,7 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
         s = r.summary
         rows.append({
             "mode": r.mode.name, "block_size": r.mode.block, "rollback": r.mode.rollback
-            if r.mode.mode == "dflash" else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
+            if r.mode.mode in ("dflash", "dflash2") else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
             "prompt_tokens": r.prompt_tokens, "generated_tokens": s.generated_tokens,
             "tok_per_s": s.tok_per_s, "ttft_s": s.ttft_s, "cycles": s.cycles,
             "drafted": s.drafted, "accepted": s.accepted, "tau": s.tau, "replays": s.replays,
@@ -381,6 +392,13 @@ def run_bench(args) -> int:
         target = load_target(tpath)
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
+        drafter2 = None
+        if getattr(args, "dflash2_model", None):
+            drafter2 = load_drafter(args.dflash2_model)
+            if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+                raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 "
+                                   "drafter")
+            check_pair(target, drafter2)
         if args.prompts:
             prompts, source = load_prompts(args.prompts), str(args.prompts)
         else:
@@ -390,18 +408,22 @@ def run_bench(args) -> int:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)
-    limit = drafter.config.block_size
+    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    limit = min(d.config.block_size for d in (drafter, drafter2) if d is not None)
     blocks = [b for b in args.block_sizes if b <= limit]
     if len(blocks) < len(args.block_sizes):
         _err(f"note: block sizes above the drafter's {limit} dropped "
              f"({', '.join(str(b) for b in args.block_sizes if b > limit)})")
     if not blocks:
         blocks = [limit]
-    modes = make_modes(blocks, fast=args.fast_verify)
+    modes = make_modes(blocks, fast=args.fast_verify and not only_v2,
+                       dflash2=only_v2 or drafter2 is not None, dflash=not only_v2)
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
                 "modes_order": "interleaved, rotating", "greedy": True,
                 "fast_verify_modes": bool(args.fast_verify)}
+    if drafter2 is not None:
+        settings["dflash2_drafter"] = str(args.dflash2_model)
     head = header(target, drafter, tpath, dpath, settings)
 
     def progress(i, n, rec):
@@ -411,7 +433,7 @@ def run_bench(args) -> int:
 
     t0 = time.perf_counter()
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
-                         progress)
+                         progress, drafter2=drafter2)
     figures = aggregate(records, modes)
     add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {
@@ -421,6 +443,8 @@ def run_bench(args) -> int:
         "identical_tokens": all(f["identical_tokens"] for f in figures.values()),
         "scaling": None,
     }
+    if any(f.get("mode") == "dflash2" for f in figures.values()):
+        result["dflash2_vs_dflash"] = dflash2_vs_dflash(figures)
     if args.scaling:
         if not args.json:
             _err("scaling: cost per token against prompt and generated length ...")

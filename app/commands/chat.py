@@ -31,8 +31,8 @@ def register(subparsers) -> None:
         description="Generate one reply to --prompt and print it with its figures.",
     )
     _add_common(chat)
-    chat.add_argument("--mode", choices=["plain", "dflash"], default="dflash",
-                      help="decoding mode (default dflash)")
+    chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
+                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter)")
     chat.set_defaults(func=run_chat)
 
 
@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
     """The ``chat --json`` object for ``reply``."""
     block = None
-    if reply.mode == "dflash":
+    if reply.mode in ("dflash", "dflash2"):
         block = settings.block_size or (drafter.config.block_size if drafter else None)
     out: dict[str, Any] = {
         "mode": reply.mode,
@@ -68,7 +68,7 @@ def figures_line(reply: Reply, block: int | None = None) -> str:
     parts.append(f"{len(reply.tokens)} tokens")
     parts.append(f"{s.tok_per_s:.1f} tok/s")
     parts.append(f"TTFT {s.ttft_s:.2f} s")
-    if reply.mode == "dflash":
+    if reply.mode in ("dflash", "dflash2"):
         acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
         tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
         parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
@@ -105,7 +105,7 @@ def run_chat(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode == "dflash")
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
     if args.json:

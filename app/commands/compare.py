@@ -1,15 +1,23 @@
 """``python -m app compare``: plain then DFlash on the same prompt.
 
 Prints ``{"plain", "dflash", "identical", "first_divergence", "near_tie"}`` with ``--json``
-(each side as ``chat --json`` prints it), else both replies and a verdict. A divergence is
+(each side as ``chat --json`` prints it), else both replies and a verdict. When a DFlash2
+drafter takes part (``--draft-model`` is one, or ``--dflash2-model`` gives one beside a DFlash
+drafter) the object adds ``"dflash2", "dflash2_identical", "dflash2_first_divergence"``
+(DFlash2 vs plain). With only a DFlash2 drafter, ``"dflash"`` is that drafter's run too (mode
+``dflash`` runs the drafter's own draft), so today's fields keep their meaning: speculative vs
+plain. A divergence is
 reported, not an error (exit code 0); 2 for bad arguments or unusable model files.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from dataclasses import replace
 
 from app.chat.reply import collect_reply, divergence_near_tie
+from app.chat.tools import builtin_tools
 from app.commands.chat import _print_reply, chat_object
 from app.commands.generation import (
     _add_common,
@@ -32,6 +40,8 @@ def register(subparsers) -> None:
         "logits are there.",
     )
     _add_common(compare)
+    compare.add_argument("--dflash2-model", default=None,
+                         help="a DFlash2 drafter to compare too, beside --draft-model's run")
     compare.set_defaults(func=run_compare)
 
 
@@ -44,12 +54,31 @@ def _compare(args) -> int:
     tools = load_tools(args.tools)
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
     think = args.think if args.think is not None else default_thinking(tpath, dpath)
+    drafter2 = None
+    if getattr(args, "dflash2_model", None):
+        from app.commands.generation import CommandError
+        from app.engine.loader import check_pair, load_drafter
+
+        drafter2 = load_drafter(args.dflash2_model)
+        if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+            raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 drafter")
+        check_pair(target, drafter2)
+    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
     results = {}
-    for mode in ("plain", "dflash"):
+    runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
+    if drafter2 is not None and not only_v2:
+        runs.append(("dflash2", drafter2))
+    # both runs see the same tool results: the built-in clock frozen at one instant
+    frozen = builtin_tools(dt.datetime.now(dt.UTC)) if args.tools == "builtin" else None
+    for mode, d in runs:
         settings = settings_from_args(args, mode, tools, think)
-        reply = collect_reply(target, drafter, _messages(args), settings)
-        results[mode] = (reply, settings)
-    (plain, ps), (dflash, ds) = results["plain"], results["dflash"]
+        if frozen is not None:
+            settings = replace(settings, runnable_tools=frozen)
+        reply = collect_reply(target, d, _messages(args), settings)
+        results[mode] = (reply, settings, d)
+    if only_v2:
+        results["dflash"] = results["dflash2"]
+    (plain, ps, _), (dflash, ds, _) = results["plain"], results["dflash"]
     div = first_divergence(plain.all_tokens, dflash.all_tokens)
     tie = divergence_near_tie(target, plain, dflash) if div is not None else None
     obj = {
@@ -59,12 +88,23 @@ def _compare(args) -> int:
         "first_divergence": div,
         "near_tie": tie,
     }
+    if "dflash2" in results:
+        v2, s2, d2 = results["dflash2"]
+        div2 = first_divergence(plain.all_tokens, v2.all_tokens)
+        obj["dflash2"] = chat_object(v2, s2, d2, args.run_tools)
+        obj["dflash2_identical"] = div2 is None
+        obj["dflash2_first_divergence"] = div2
     if args.json:
         print(json.dumps(obj, ensure_ascii=False))
         return 0
-    for name, (reply, _) in results.items():
+    for name, (reply, _, _) in results.items():
+        if only_v2 and name == "dflash":
+            continue  # the same run as dflash2
         print(f"== {name} ==")
         _print_reply(reply, obj[name]["block_size"])
+    if "dflash2" in results and not only_v2:
+        d2 = obj["dflash2_first_divergence"]
+        print("dflash2 identical: " + ("yes" if d2 is None else f"no (first divergence at {d2})"))
     if div is None:
         print("identical: yes")
     else:

@@ -210,7 +210,8 @@ def drafter_problem(target, draft_model: str) -> str | None:
 
     try:
         config = read_config(resolve_model_path(draft_model))
-        if not is_drafter_config(config):
+        if not is_drafter_config(config) and "DFlash2DraftModel" not in (
+                config.get("architectures") or []):
             return "it is not a DFlash drafter (its config does not name DFlashDraftModel)"
         check_pair_configs(dict(target.config), config)
     except EngineError as exc:

@@ -78,6 +78,7 @@ class Mode:
     rollback: str = "tape"
     block: int | None = None
     fast: bool = False
+    selector: bool = True  # DFlash2 modes: False = the candidate selector's bigram term off
 
 
 @dataclass
@@ -179,21 +180,29 @@ def default_prompts(target_dir: Path | None) -> tuple[list[BenchPrompt], str]:
 
 
 # ------------------------------------------------------------------------------ running
-def make_modes(block_sizes: list[int], fast: bool = False) -> list[Mode]:
+def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False,
+               dflash: bool = True) -> list[Mode]:
     """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
-    ``fast``, ``dflash+tape@B+fast``)."""
+    ``fast``, ``dflash+tape@B+fast``); with ``dflash2`` also ``dflash2+tape@B`` and
+    ``dflash2+tape@B+nosel`` (the DFlash2 drafter with its selector's bigram term off);
+    ``dflash=False`` leaves the DFlash modes out (only a DFlash2 drafter is given)."""
     modes = [Mode("plain", "plain")]
     for b in block_sizes:
-        modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
-        modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
-        if fast:
-            modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
+        if dflash:
+            modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
+            modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
+            if fast:
+                modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
+        if dflash2:
+            modes.append(Mode(f"dflash2+tape@{b}", "dflash2", "tape", b))
+            modes.append(Mode(f"dflash2+tape@{b}+nosel", "dflash2", "tape", b, selector=False))
     return modes
 
 
 def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
-            prompt_id: str = "", repeat: int = 0) -> RunRecord:
-    """One greedy generation in ``mode``; returns its :class:`RunRecord`.
+            prompt_id: str = "", repeat: int = 0, drafter2=None) -> RunRecord:
+    """One greedy generation in ``mode``; returns its :class:`RunRecord`. ``dflash2`` modes
+    run ``drafter2`` (a DFlash2 drafter), or ``drafter`` when that is one.
 
     Raises:
         RuntimeError: the generation ended with an error (its message).
@@ -202,8 +211,10 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     from app.engine.generate import GenerationConfig, generate
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
-                           rollback=mode.rollback, fast_verify=mode.fast)
-    gen = generate(target, ids, cfg, drafter if mode.mode == "dflash" else None)
+                           rollback=mode.rollback, fast_verify=mode.fast,
+                           selector=mode.selector)
+    chosen = {"dflash": drafter, "dflash2": drafter2 or drafter}.get(mode.mode)
+    gen = generate(target, ids, cfg, chosen)
     tokens, times, summary = [], [], None
     t0 = time.perf_counter()
     for ev in gen:
@@ -218,12 +229,14 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
 
 
 def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: list[Mode],
-               repeats: int, max_tokens: int, progress=None) -> list[RunRecord]:
+               repeats: int, max_tokens: int, progress=None, drafter2=None) -> list[RunRecord]:
     """Warm each mode up once (untimed), then run every (repeat, prompt, mode), the mode order
-    rotating by one at each step so that no mode always runs first or after the same one."""
+    rotating by one at each step so that no mode always runs first or after the same one.
+    ``drafter2``: the DFlash2 drafter of ``dflash2`` modes (see :func:`run_one`)."""
     warm_ids = prompts[0][1]
+    extra = {} if drafter2 is None else {"drafter2": drafter2}
     for m in modes:
-        run_one(target, drafter, warm_ids, m, min(8, max_tokens))
+        run_one(target, drafter, warm_ids, m, min(8, max_tokens), **extra)
     records = []
     step = 0
     total = repeats * len(prompts) * len(modes)
@@ -231,7 +244,7 @@ def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: lis
         for pid, ids in prompts:
             k = step % len(modes)
             for m in modes[k:] + modes[:k]:
-                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r))
+                records.append(run_one(target, drafter, ids, m, max_tokens, pid, r, **extra))
                 if progress:
                     progress(len(records), total, records[-1])
             step += 1
@@ -266,7 +279,7 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
         pooled = Summary.pool(ss, m.mode)
         cycles, replays, rollback_s = pooled.cycles, pooled.replays, pooled.rollback_s
         busy = pooled.draft_s + pooled.verify_s + pooled.rollback_s
-        dflash = m.mode == "dflash"
+        dflash = m.mode in ("dflash", "dflash2")
         out[m.name] = {
             "mode": m.mode,
             "rollback": m.rollback if dflash else None,
@@ -289,6 +302,30 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "identical_tokens": identical,
             "fast_verify": m.fast,
             "prompts": prompts,
+        }
+        if m.mode == "dflash2":
+            out[m.name]["selector"] = m.selector
+    return out
+
+
+def dflash2_vs_dflash(modes: dict[str, dict]) -> dict[str, dict]:
+    """Per block size with DFlash2 modes: tau and tok/s of ``dflash+tape@B``,
+    ``dflash2+tape@B`` and ``dflash2+tape@B+nosel`` (selector off), the DFlash2/DFlash tau
+    ratio (issue 22's goal: >= 1.1) and whether DFlash2's tokens equal plain's."""
+    out = {}
+    for name, fig in modes.items():
+        if fig.get("mode") != "dflash2" or not fig.get("selector", True):
+            continue
+        b = fig["block_size"]
+        base = modes.get(f"dflash+tape@{b}", {})
+        nosel = modes.get(f"{name}+nosel", {})
+        t1, t2 = base.get("tau"), fig["tau"]
+        out[str(b)] = {
+            "dflash_tau": t1, "dflash2_tau": t2, "dflash2_nosel_tau": nosel.get("tau"),
+            "tau_ratio": (t2 / t1) if t1 and t2 else None,
+            "dflash_tok_per_s": base.get("tok_per_s"), "dflash2_tok_per_s": fig["tok_per_s"],
+            "dflash2_nosel_tok_per_s": nosel.get("tok_per_s"),
+            "dflash2_identical_tokens": fig["identical_tokens"],
         }
     return out
 
@@ -316,7 +353,7 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape" or fig.get("fast_verify"):
+        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig.get("mode") == "dflash2":
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]
@@ -331,7 +368,8 @@ def goals(result: dict) -> dict:
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""
     tapes = {k: v for k, v in result["modes"].items()
-             if v["rollback"] == "tape" and not v.get("fast_verify")}
+             if v["rollback"] == "tape" and not v.get("fast_verify")
+             and v.get("mode") != "dflash2"}
     ratios = [v["ratio_to_plain"] for v in tapes.values() if v["ratio_to_plain"] is not None]
     best = max(ratios) if ratios else None
     tvr = [v for v in result["tape_vs_replay_rollback"].values() if v is not None]

@@ -194,7 +194,20 @@ def blas_description(load_mlx: bool = True) -> str:
     info = blas_in_use(load_mlx=load_mlx)
     state = "optimized" if info.optimized else "slow"
     pending = "" if info.loaded else ", expected once MLX loads"
-    return f"{info.name} ({state}{pending})" + (f" {info.path}" if info.path else "")
+    threads = openblas_threads(info.path) if info.loaded and info.name == "OpenBLAS" else None
+    threads = "" if threads is None else f", {threads} thread{'s' if threads != 1 else ''}"
+    return f"{info.name} ({state}{pending}{threads})" + (f" {info.path}" if info.path else "")
+
+
+def openblas_threads(path: str) -> int | None:
+    """The thread count the OpenBLAS at ``path`` (already mapped in this process) runs with,
+    from its own ``openblas_get_num_threads``; None when it cannot be asked."""
+    import ctypes
+
+    try:
+        return int(ctypes.CDLL(path).openblas_get_num_threads())
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 def slow_blas_message(info: BlasInfo) -> str:
@@ -223,6 +236,12 @@ def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False) -> b
     return True
 
 
+#: OpenBLAS threads the app asks for unless ``OPENBLAS_NUM_THREADS`` is set: one. The matrices
+#: of the models this CPU path runs are small, and a second thread made DFlash cycles ~3x
+#: slower on the 2-core machine this project measures on (docs/performance.md, "Threads").
+OPENBLAS_THREADS = "1"
+
+
 def find_openblas() -> str | None:
     """Path of Debian's OpenBLAS ``libblas.so.3`` (``/usr/lib/*/openblas-pthread/``), or None."""
     found = sorted(glob.glob(OPENBLAS_GLOB))
@@ -232,6 +251,7 @@ def find_openblas() -> str | None:
 def maybe_reexec_with_optimized_blas(argv: list[str] | None = None) -> None:
     """On Linux, exec this process again with Debian's OpenBLAS in ``LD_PRELOAD`` (once).
 
+    OpenBLAS gets :data:`OPENBLAS_THREADS` threads unless ``OPENBLAS_NUM_THREADS`` is set.
     Does nothing (returns) when: not Linux; frozen (PyInstaller); ``DFLASH_NO_BLAS_REEXEC=1``;
     already re-executed (``DFLASH_BLAS_REEXECED``); no ``openblas-pthread/libblas.so.3``
     exists; an OpenBLAS is already preloaded or mapped; or the process was not started as
@@ -265,6 +285,7 @@ def maybe_reexec_with_optimized_blas(argv: list[str] | None = None) -> None:
     env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
     env[PRELOADED] = lib
     env[REEXEC_GUARD] = "1"
+    env.setdefault("OPENBLAS_NUM_THREADS", OPENBLAS_THREADS)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -28,7 +28,7 @@ a later query can still see (plus a small trim margin), so its memory is bounded
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -90,89 +90,104 @@ class DrafterConfig:
     rope_scaling: dict[str, Any] | None = None
     is_causal: bool = False
 
+    #: Which draft the engine runs for this config (``"dflash"``; ``"dflash2"`` for
+    #: :class:`app.engine.dflash2.DFlash2Config`).
+    kind: ClassVar[str] = "dflash"
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> DrafterConfig:
         """Parse a checkpoint config dict.
 
         Raises:
             UnsupportedArchitectureError: ``architectures`` names another model (e.g.
-                ``DFlash2DraftModel``).
+                ``DFlash2DraftModel``: :class:`app.engine.dflash2.DFlash2Config` parses those).
             ModelLoadError: a required field is missing or has the wrong type.
         """
         archs = cfg.get("architectures") or []
         if archs and SUPPORTED_ARCHITECTURE not in archs:
             raise UnsupportedArchitectureError(
                 f"drafter architecture {archs[0]!r} is not supported; this app runs "
-                f"{SUPPORTED_ARCHITECTURE} checkpoints (z-lab DFlash)"
+                f"{SUPPORTED_ARCHITECTURE} checkpoints (z-lab DFlash) and DFlash2DraftModel "
+                "checkpoints (z-lab DFlash2)"
             )
-        dflash = cfg.get("dflash_config") or {}
+        return cls(**common_fields(cfg))
 
-        def pick(name, default=None):
-            if name in dflash:
-                return dflash[name]
-            return cfg.get(name, default)
 
-        try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            n_layers = int(cfg["num_hidden_layers"])
-            head_dim = int(cfg.get("head_dim") or hidden // heads)
-            rope_params = cfg.get("rope_parameters") or {}
-            rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 1_000_000.0))
-            num_target_layers = pick("num_target_layers")
-            taps = pick("target_layer_ids")
-            if taps is None:
-                if num_target_layers is None:
-                    raise KeyError("target_layer_ids (and num_target_layers to default it)")
-                taps = default_target_layer_ids(int(num_target_layers), n_layers)
-            mask_id = pick("mask_token_id")
-            if mask_id is None:
-                raise KeyError("mask_token_id")
-            if int(pick("block_size", 16)) < 1:
-                raise ValueError(f"block_size is {pick('block_size')}, it must be at least 1")
-            layer_types = list(cfg.get("layer_types") or ["full_attention"] * n_layers)
-            if len(layer_types) != n_layers:
-                raise ValueError(
-                    f"layer_types has {len(layer_types)} entries for {n_layers} layers"
-                )
-            sliding = cfg.get("sliding_window")
-            if cfg.get("use_sliding_window") is False or sliding is None:
-                sliding = None
-            elif int(sliding) < 1:
-                raise ValueError(f"sliding_window is {sliding}, it must be at least 1")
-            rope_scaling = cfg.get("rope_scaling")
-            if rope_scaling is None and rope_params:
-                rope_scaling = dict(rope_params)
-            if rope_scaling is not None and not isinstance(rope_scaling, dict):
-                raise TypeError(f"rope_scaling is {rope_scaling!r}, not an object")
-            max_pos = int(cfg.get("max_position_embeddings", 40960))
-            _make_rope(head_dim, float(rope_theta), rope_scaling, max_pos)  # refuse unknown types
-            return cls(
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=n_layers,
-                num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=head_dim,
-                vocab_size=int(cfg["vocab_size"]),
-                block_size=int(pick("block_size", 16)),
-                mask_token_id=int(mask_id),
-                target_layer_ids=[int(t) for t in taps],
-                num_target_layers=None if num_target_layers is None else int(num_target_layers),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta),
-                attention_bias=bool(cfg.get("attention_bias", False)),
-                layer_types=layer_types,
-                sliding_window=None if sliding is None else int(sliding),
-                max_position_embeddings=max_pos,
-                model_type=str(cfg.get("model_type", "qwen3")),
-                rope_scaling=rope_scaling,
-                is_causal=bool(cfg.get("is_causal") or False),
+def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`DrafterConfig` fields of a DFlash or DFlash2 ``config.json`` dict (the
+    backbone both share), as keyword arguments.
+
+    Raises:
+        ModelLoadError: a required field is missing or has the wrong type.
+    """
+    dflash = cfg.get("dflash_config") or {}
+
+    def pick(name, default=None):
+        if name in dflash:
+            return dflash[name]
+        return cfg.get(name, default)
+
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        n_layers = int(cfg["num_hidden_layers"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        rope_params = cfg.get("rope_parameters") or {}
+        rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 1_000_000.0))
+        num_target_layers = pick("num_target_layers")
+        taps = pick("target_layer_ids")
+        if taps is None:
+            if num_target_layers is None:
+                raise KeyError("target_layer_ids (and num_target_layers to default it)")
+            taps = default_target_layer_ids(int(num_target_layers), n_layers)
+        mask_id = pick("mask_token_id")
+        if mask_id is None:
+            raise KeyError("mask_token_id")
+        if int(pick("block_size", 16)) < 1:
+            raise ValueError(f"block_size is {pick('block_size')}, it must be at least 1")
+        layer_types = list(cfg.get("layer_types") or ["full_attention"] * n_layers)
+        if len(layer_types) != n_layers:
+            raise ValueError(
+                f"layer_types has {len(layer_types)} entries for {n_layers} layers"
             )
-        except KeyError as exc:
-            raise ModelLoadError(f"drafter config.json lacks the field {exc.args[0]}") from exc
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"drafter config.json has an unreadable field: {exc}") from exc
+        sliding = cfg.get("sliding_window")
+        if cfg.get("use_sliding_window") is False or sliding is None:
+            sliding = None
+        elif int(sliding) < 1:
+            raise ValueError(f"sliding_window is {sliding}, it must be at least 1")
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rope_params:
+            rope_scaling = dict(rope_params)
+        if rope_scaling is not None and not isinstance(rope_scaling, dict):
+            raise TypeError(f"rope_scaling is {rope_scaling!r}, not an object")
+        max_pos = int(cfg.get("max_position_embeddings", 40960))
+        _make_rope(head_dim, float(rope_theta), rope_scaling, max_pos)  # refuse unknown types
+        return dict(
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            vocab_size=int(cfg["vocab_size"]),
+            block_size=int(pick("block_size", 16)),
+            mask_token_id=int(mask_id),
+            target_layer_ids=[int(t) for t in taps],
+            num_target_layers=None if num_target_layers is None else int(num_target_layers),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            layer_types=layer_types,
+            sliding_window=None if sliding is None else int(sliding),
+            max_position_embeddings=max_pos,
+            model_type=str(cfg.get("model_type", "qwen3")),
+            rope_scaling=rope_scaling,
+            is_causal=bool(cfg.get("is_causal") or False),
+        )
+    except KeyError as exc:
+        raise ModelLoadError(f"drafter config.json lacks the field {exc.args[0]}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"drafter config.json has an unreadable field: {exc}") from exc
 
 
 def _make_rope(head_dim: int, theta: float, scaling: dict | None, max_pos: int) -> nn.Module:
@@ -471,7 +486,13 @@ class DraftLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """The drafter network; parameter names match z-lab's ``model.safetensors``."""
+    """The drafter network; parameter names match z-lab's ``model.safetensors``.
+
+    ``layer_class`` builds each decoder layer (:class:`DraftLayer` here; DFlash2's drafter
+    swaps in its convolved layer and keeps everything else).
+    """
+
+    layer_class: ClassVar[type] = None  # set below (DraftLayer)
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -479,7 +500,7 @@ class DFlashDrafter(nn.Module):
         n_taps = len(cfg.target_layer_ids)
         self.fc = nn.Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.layers = [DraftLayer(cfg, t) for t in cfg.layer_types]
+        self.layers = [self.layer_class(cfg, t) for t in cfg.layer_types]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def make_cache(self) -> list[DraftContextCache]:
@@ -535,9 +556,14 @@ class DFlashDrafter(nn.Module):
         return mx.argmax(runner.lm_head(hidden[:, 1:]), axis=-1)[0]
 
 
-def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape for a checkpoint of this config (for load-time validation)."""
-    model = DFlashDrafter(cfg)
+DFlashDrafter.layer_class = DraftLayer
+
+
+def expected_shapes(cfg: DrafterConfig, model_class: type | None = None
+                    ) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape for a checkpoint of this config (for load-time validation);
+    ``model_class`` defaults to :class:`DFlashDrafter`."""
+    model = (model_class or DFlashDrafter)(cfg)
     from mlx.utils import tree_flatten
 
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}

@@ -80,9 +80,10 @@ class Summary:
     time only (prefill excluded: from the first token to the last). ``peak_memory_bytes``
     is ``mx.get_peak_memory()`` during the generation. ``fast_verify`` is True when the
     near-exact chunked verify ran (``GenerationConfig.fast_verify`` on a hybrid target).
+    ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     """
 
-    mode: Literal["plain", "dflash"] = "plain"
+    mode: Literal["plain", "dflash", "dflash2"] = "plain"
     prompt_tokens: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0

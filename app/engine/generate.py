@@ -19,6 +19,14 @@ The DFlash cycle (Chen et al. 2026; ``shared/DFLASH_NOTES.md``, "The algorithm, 
    ``replay``, the committed tokens go through the whole target again (the seed fix).
 6. The next draft is conditioned on the verify taps of the committed positions.
 
+DFlash2 drafters (:mod:`app.engine.dflash2`, ``drafter.config.kind == "dflash2"``) run the same
+cycle; their draft is the candidate selector's walk. Greedy, acceptance is the rule of step 4
+(exact in the same sense). With temperature > 0 the walk samples its proposal and keeps its
+probabilities ``q``; a draft ``x`` is then accepted with probability ``min(1, p(x) / q(x))``
+and a rejected slot draws from ``max(p - q, 0)`` over the whole vocabulary
+(:func:`app.engine.dflash2.accept_sampled`; standard speculative sampling, exact in
+distribution). The DFlash rule above is unchanged for DFlash drafters.
+
 The bonus token is never in the target cache at the end of a cycle; an end token inside a
 committed block ends generation there; no token is dropped because its id is ``mask_token_id``.
 """
@@ -34,6 +42,7 @@ from typing import Literal
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from app.engine import dflash2 as _d2
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.prefix import PromptCache
@@ -46,7 +55,9 @@ class GenerationConfig:
     """Settings for one generation (both paths take the same ones).
 
     Attributes:
-        mode: ``plain`` or ``dflash``.
+        mode: ``plain``, ``dflash`` or ``dflash2``. ``dflash`` runs whichever draft the
+            drafter has (a DFlash2 drafter gives a DFlash2 run, reported as ``dflash2``);
+            ``dflash2`` requires a DFlash2 drafter.
         max_tokens: generated tokens at most (the end token counts).
         block_size: DFlash block size (1..the drafter's ``block_size``; None = the drafter's).
         rollback: ``tape`` (re-run the recurrence only) or ``replay`` (re-run the target).
@@ -63,9 +74,11 @@ class GenerationConfig:
             within 40 tokens in about 1 run in 3; float32 caches differ by up to 5e-5). Off
             (the default) the verify pass runs the same per-position arithmetic as one-token
             steps. Only hybrid targets are affected.
+        selector: DFlash2 only: False scores the selector's candidates by their logits alone
+            (no bigram term: "selector off", for comparisons). Exactness does not depend on it.
     """
 
-    mode: Literal["plain", "dflash"] = "plain"
+    mode: Literal["plain", "dflash", "dflash2"] = "plain"
     max_tokens: int = 256
     block_size: int | None = None
     rollback: Literal["tape", "replay"] = "tape"
@@ -78,6 +91,7 @@ class GenerationConfig:
     seed: int | None = None
     prefill_step: int = 512
     fast_verify: bool = False
+    selector: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -229,7 +243,8 @@ def generate(
             prompt) where the recurrent state is snapshotted for later reuse.
 
     Raises:
-        GenerationError: empty prompt, no drafter for DFlash, a block size outside
+        GenerationError: empty prompt, no drafter for DFlash, ``dflash2`` without a DFlash2
+            drafter, a block size outside
             1..drafter block size, an unknown mode or rollback strategy.
         UnsupportedArchitectureError: DFlash on a target family without tap capture.
     """
@@ -247,10 +262,15 @@ def generate(
                 session,
             )
         )
-    if config.mode != "dflash":
-        raise GenerationError(f"unknown mode {config.mode!r} (plain or dflash)")
+    if config.mode not in ("dflash", "dflash2"):
+        raise GenerationError(f"unknown mode {config.mode!r} (plain, dflash or dflash2)")
     if drafter is None:
         raise GenerationError("DFlash needs a drafter; load one or use plain mode")
+    if config.mode == "dflash2" and getattr(drafter.config, "kind", "dflash") != "dflash2":
+        raise GenerationError(
+            "DFlash2 mode needs a DFlash2 drafter (DFlash2DraftModel); this one is DFlash: "
+            "use mode dflash"
+        )
     if config.rollback not in ("tape", "replay"):
         raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
     block = config.block_size or drafter.config.block_size
@@ -390,7 +410,11 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids
-    s, choose, t_start = _begin(config, "dflash", prompt)
+    v2 = getattr(dcfg, "kind", "dflash") == "dflash2"
+    # DFlash2 at temperature > 0: sampled walk + min(1, p/q) acceptance (module docstring)
+    speculative = v2 and config.temperature > 0
+    probs = _d2.make_target_probs(config) if speculative else None
+    s, choose, t_start = _begin(config, "dflash2" if v2 else "dflash", prompt)
     s.fast_verify = runner.fast_verify
     s.reused_tokens = start = _start(session, prompt, True)
     if start:
@@ -429,8 +453,17 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             # Draft
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
-            proposed = None
-            if L > 1:
+            proposed = cand = q = None
+            if L > 1 and v2:
+                proposed, cand, q = dmodel.propose(
+                    runner, pending, L, ctx_taps, dcache,
+                    temperature=config.temperature if speculative else 0.0,
+                    selector=config.selector,
+                )
+                mx.async_eval(proposed, cand, *([] if q is None else [q]))
+                block_ids = mx.concatenate([block_ids, proposed.astype(mx.int32)])
+                ctx_taps = None
+            elif L > 1:
                 proposed = mx.array(dmodel.draft(runner, pending, L, ctx_taps, dcache))
                 mx.async_eval(proposed)  # computes while the verify graph is built below
                 block_ids = mx.concatenate([block_ids, proposed.astype(mx.int32)])
@@ -448,6 +481,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
                     accepted += 1
                 bonus = choice[accepted]
+            elif speculative:
+                accepted, bonus = _d2.accept_sampled(
+                    probs, vlogits[0], drafts, cand, q, history, choose
+                ) if drafts else (0, choose(vlogits[0, 0], history))
             else:
                 accepted, bonus = 0, None
                 for i in range(L):

@@ -114,13 +114,21 @@ class LoadedTarget:
 
 @dataclass
 class LoadedDrafter:
-    """A DFlash drafter: ``model`` (:class:`~app.engine.drafter.DFlashDrafter`), its
-    ``config`` (:class:`~app.engine.drafter.DrafterConfig`), ``path`` and display ``name``."""
+    """A DFlash or DFlash2 drafter: ``model`` (:class:`~app.engine.drafter.DFlashDrafter` or
+    :class:`~app.engine.dflash2.DFlash2Drafter`), its ``config``
+    (:class:`~app.engine.drafter.DrafterConfig` or :class:`~app.engine.dflash2.DFlash2Config`;
+    ``config.kind`` is ``"dflash"`` or ``"dflash2"`` and decides which draft the engine runs),
+    ``path`` and display ``name``."""
 
     model: Any
     config: Any
     path: Path
     name: str
+
+    @property
+    def kind(self) -> str:
+        """``"dflash"`` or ``"dflash2"`` (``config.kind``)."""
+        return getattr(self.config, "kind", "dflash")
 
 
 def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedTarget:
@@ -138,7 +146,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Loa
     check_engine_thread()
     folder = resolve_model_path(path_or_repo)
     cfg = read_config(folder)
-    if "DFlashDraftModel" in (cfg.get("architectures") or []):
+    if {"DFlashDraftModel", "DFlash2DraftModel"} & set(cfg.get("architectures") or []):
         raise ModelLoadError(
             f"{folder.name} is a DFlash drafter, not a target model: give it as the drafter "
             "(--draft-model) and a target model as --model"
@@ -194,7 +202,12 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Loa
 
 
 def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedDrafter:
-    """Load a z-lab DFlash drafter (``config.json`` + ``model.safetensors``).
+    """Load a z-lab DFlash or DFlash2 drafter (``config.json`` + ``model.safetensors``).
+
+    ``architectures: ["DFlash2DraftModel"]`` loads :class:`~app.engine.dflash2.DFlash2Drafter`
+    (config checked by :meth:`~app.engine.dflash2.DFlash2Config.from_dict`; its tensors include
+    the per-layer ``attention_conv``/``mlp_conv`` and the ``candidate_selector``); anything else
+    goes through :class:`~app.engine.drafter.DrafterConfig` exactly as before.
 
     Weights are float32 on the CPU and keep the checkpoint dtype on a GPU backend;
     ``keep_dtype`` overrides that as for :func:`load_target`.
@@ -203,16 +216,24 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     ignored; every other tensor must be present with the shape the config implies.
 
     Raises:
-        ModelNotFoundError, UnsupportedArchitectureError (e.g. ``DFlash2DraftModel``),
+        ModelNotFoundError, UnsupportedArchitectureError (another drafter architecture, or a
+            DFlash2 variant this engine does not run),
         ModelLoadError (missing file or field, corrupt safetensors, wrong tensor shape).
     """
     check_engine_thread()
     import mlx.core as mx
 
+    from app.engine import dflash2
     from app.engine.drafter import DFlashDrafter, DrafterConfig, expected_shapes
 
     folder = resolve_model_path(path_or_repo)
-    cfg = DrafterConfig.from_dict(read_config(folder))
+    raw = read_config(folder)
+    if dflash2.ARCHITECTURE in (raw.get("architectures") or []):
+        cfg = dflash2.DFlash2Config.from_dict(raw)
+        model_class, shapes = dflash2.DFlash2Drafter, dflash2.expected_shapes(cfg)
+    else:
+        cfg = DrafterConfig.from_dict(raw)
+        model_class, shapes = DFlashDrafter, expected_shapes(cfg)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no model.safetensors")
@@ -227,7 +248,6 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
         for k, v in weights.items()
         if not k.endswith(("embed_tokens.weight", "lm_head.weight"))
     }
-    shapes = expected_shapes(cfg)
     for name, shape in shapes.items():
         if name not in weights:
             raise ModelLoadError(f"drafter weights lack the tensor {name}")
@@ -239,7 +259,7 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     extra = sorted(set(weights) - set(shapes))
     if extra:
         log.warning("ignoring %d unexpected drafter tensors (e.g. %s)", len(extra), extra[0])
-    model = DFlashDrafter(cfg)
+    model = model_class(cfg)
     if keep_dtype is None:
         keep_dtype = not _on_cpu()
     dtype = next(iter(weights.values())).dtype if keep_dtype else mx.float32

@@ -17,6 +17,7 @@ there.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
@@ -239,11 +240,19 @@ class Worker(QObject):
         if req_id in self._cancelled:
             self._cancel.set()
         self._replies: dict[str, Any] = {}
+        frozen = None
+        if len(tags) > 1 and settings.get("use_tools"):
+            # a Compare: both sides see the same tool results (one frozen clock)
+            from app.chat.tools import builtin_tools
+
+            frozen = builtin_tools(datetime.datetime.now(datetime.UTC))
         try:
             for tag in tags:
                 s = dict(settings)
                 if tag:
                     s["mode"] = tag
+                if frozen is not None:
+                    s["runnable_tools"] = frozen
                 self._run_one(req_id, messages, s, tag)
                 if self._cancel.is_set():
                     break

@@ -32,7 +32,6 @@ the exact verify.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import re
@@ -82,17 +81,9 @@ def load_scripts(path: Path | None = None) -> list[dict]:
 
 def frozen_tools(now: dt.datetime | None = None) -> list:
     """The built-in tools, ``current_time`` reading one fixed instant (default: now)."""
-    from app.chat.tools import BUILTIN_TOOLS, clock
+    from app.chat.tools import builtin_tools
 
-    now = now or dt.datetime.now(dt.UTC)
-    out = []
-    for t in BUILTIN_TOOLS:
-        if t.name == "current_time":
-            t = dataclasses.replace(t, func=lambda timezone, _n=now: clock.current_time(
-                timezone, now=_n))
-        out.append(t)
-    return out
-
+    return builtin_tools(now or dt.datetime.now(dt.UTC))
 
 def settings_for(mode: str, tools: bool, runnable, max_tokens: int = MAX_TOKENS):
     """:class:`app.chat.reply.ReplySettings` for one evaluated reply."""

@@ -4,6 +4,7 @@ Public API::
 
     Tool(name, description, parameters, func=None, builtin=True)   # frozen dataclass
     BUILTIN_TOOLS: list[Tool]       # calculator, current_time, convert_units, country_info
+    builtin_tools(now=None) -> list[Tool]             # the same, current_time frozen at now
     tool_schemas(tools=BUILTIN_TOOLS) -> list[dict]   # OpenAI style function definitions
     load_tool_file(path) -> list[Tool]                # func None, builtin False; ToolFileError
     ToolResult(ok, result=None, error=None, duration_s=0.0)  # .to_payload(), .content()
@@ -15,6 +16,9 @@ trained to call exactly these. See docs/tools.md.
 """
 
 from __future__ import annotations
+
+import dataclasses as _dc
+import datetime as _dt
 
 from app.chat.tools import base as _base
 from app.chat.tools import calculator as _calculator
@@ -62,11 +66,26 @@ BUILTIN_TOOLS: list[Tool] = [
 """The tools that ship with the app, in the order they are shown to the model."""
 
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in BUILTIN_TOOLS)
+
+
+def builtin_tools(now: _dt.datetime | None = None) -> list[Tool]:
+    """The built-in tools, with ``current_time`` reporting the aware datetime ``now`` instead
+    of the clock (None: the clock, i.e. :data:`BUILTIN_TOOLS`). Two runs that must see the same
+    tool results (plain and DFlash in a Compare) share one frozen instant."""
+    if now is None:
+        return list(BUILTIN_TOOLS)
+
+    def frozen(timezone: str) -> dict:
+        return _clock.current_time(timezone, now=now)
+
+    return [_dc.replace(t, func=frozen) if t.name == "current_time" else t
+            for t in BUILTIN_TOOLS]
 _base.BUILTIN[:] = BUILTIN_TOOLS
 
 __all__ = [
     "BUILTIN_TOOLS",
     "BUILTIN_TOOL_NAMES",
+    "builtin_tools",
     "Tool",
     "ToolError",
     "ToolFileError",
