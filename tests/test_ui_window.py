@@ -419,10 +419,10 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
         assert reloaded.tokens == first.tokens and reloaded.from_draft == first.from_draft
         assert reloaded.summary.tau == first.summary.tau
         last = conv.messages[3]
-        assert last.version.stopped
+        assert last.version.stopped and last.version.interrupted  # quit: "interrupted"
         assert len(last.version.result.tokens) == partial_tokens
         assert last.version.result.content.startswith("The capital is **Paris**.")
-        assert "stopped" in win2.chat.toPlainText()
+        assert "interrupted" in win2.chat.toPlainText()
     finally:
         win2.shutdown()
 
@@ -658,7 +658,7 @@ def test_generation_error_keeps_window_and_partial_text(qtbot, qs):
         win.load_model("t", "d")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert "block size 99" in win.banner.text()
+        assert "Block size 99" in win.banner.text()  # a message starts with a capital
         assert msg.version.error and "block size 99" in msg.version.error
         assert msg.version.result.content == "Half an ans"
         assert win.composer.send_btn.isEnabled()

@@ -22,17 +22,21 @@ cache holds (prefix reuse).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import reply_settings
 from app.chat.storage import ReplyRecorder, Store
 from app.engine.errors import EngineError, GenerationError
 from app.engine.events import TokenEvent
 from app.engine.threads import check_engine_thread
+
+log = logging.getLogger(__name__)
 
 TINY_PAIR = "tiny:"
 """A target path standing for ``PairSpec(tiny=True)`` (kept for QSettings values and the
@@ -93,6 +97,12 @@ class ModelInfo:
     memory_before_bytes: int = 0
     blas: str = ""
     spec: PairSpec | None = None
+    dtype: str = ""
+    """The target's weight dtype as loaded (e.g. "bfloat16", "float32"; "" unknown)."""
+    examples: list = field(default_factory=list)
+    """The target folder's example prompts (:class:`app.chat.examples.Example`)."""
+    about: str = ""
+    """A sentence or two on what the model is (the bundled demo pair's; "" otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,38 @@ def finish_fields(reply: Any) -> dict:
     }
 
 
+def _about(folder: Path) -> str:
+    """What the first screen says about the model in ``folder`` (the bundled demo pair's
+    description; "" for others)."""
+    from app.paths import demo_pair_dirs
+
+    try:
+        if folder.resolve() == demo_pair_dirs()[0].resolve():
+            return DEMO_ABOUT
+        readme = folder / "README.md"  # a copy of the demo pair says what it is
+        if readme.is_file() and "DFlash Chat's bundled demo" in \
+                readme.read_text(encoding="utf-8", errors="replace")[:300]:
+            return DEMO_ABOUT
+    except OSError:
+        pass
+    return ""
+
+
+def _weights_dtype(target: Any) -> str:
+    """The dtype of a loaded target's first weight ("" when unknown); quantized weights give
+    their scales' dtype."""
+    try:
+        from mlx.utils import tree_flatten
+
+        params = tree_flatten(target.model.parameters())
+        for name, value in params:
+            if name.endswith("scales"):
+                return str(value.dtype).replace("mlx.core.", "")
+        return str(params[0][1].dtype).replace("mlx.core.", "") if params else ""
+    except Exception:
+        return ""
+
+
 class ChatSession:
     """The loaded pair and its prefix cache; runs replies (call everything on one thread,
     the one that owns MLX; the GUI thread is refused with ``WrongThreadError``).
@@ -178,10 +220,29 @@ class ChatSession:
         if not isinstance(spec, PairSpec):
             spec = (PairSpec(tiny=True) if str(spec) == TINY_PAIR
                     else PairSpec(target=str(spec), drafter=drafter or None))
-        from app.engine import loader
 
         before = self.memory_bytes()
+        previous = self.spec
         self.unload()
+        try:
+            return self._load_spec(spec, before)
+        except Exception:
+            if previous is not None:  # a failed load leaves the working pair loaded
+                try:
+                    self._load_spec(previous, before)
+                except Exception:
+                    log.exception("reloading the previous pair after a failed load")
+                    self.unload()
+            raise
+
+    def has_model(self) -> bool:
+        """True while a target is loaded (after a failed :meth:`load`, the previous one)."""
+        return self.target is not None
+
+    def _load_spec(self, spec: PairSpec, before: int) -> ModelInfo:
+        """Load ``spec`` into this session (nothing loaded before); see :meth:`load`."""
+        from app.engine import loader
+
         note = ""
         target, drafter_path = spec.target, spec.drafter
         if spec.tiny:
@@ -230,6 +291,9 @@ class ChatSession:
             memory_before_bytes=before,
             blas=_blas(),
             spec=spec,
+            dtype=_weights_dtype(new_target),
+            examples=read_examples(new_target.path),
+            about=_about(Path(str(new_target.path))),
         )
 
     def unload(self) -> None:
@@ -354,12 +418,15 @@ class ChatSession:
         kwargs = {}
         if rs.enable_thinking is not None:
             kwargs["enable_thinking"] = rs.enable_thinking
+        reserve = min(int(rs.max_tokens), limit // 2)
         try:
             fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
-                                       reserve=min(int(rs.max_tokens), limit // 2),
-                                       tools=rs.tools, **kwargs)
+                                       reserve=reserve, tools=rs.tools, **kwargs)
         except ContextOverflowError as exc:
-            raise GenerationError(str(exc)) from exc
+            raise GenerationError(
+                f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "
+                "reply: Max tokens reserves up to half the context). Shorten the message, or "
+                "lower Max tokens in File › Settings….") from exc
         return fitted.messages, fitted.notice()
 
     # ------------------------------------------------------------------ extras
@@ -387,7 +454,10 @@ class ChatSession:
         accepted = [a for r in records if r.mode.name == tape
                     for a in r.summary.accepted_lengths]
         return {"modes": bench.aggregate(records, modes), "accepted": accepted,
-                "prompts": len(rendered), "block_size": self.drafter.config.block_size}
+                "prompts": len(rendered), "block_size": self.drafter.config.block_size,
+                "prompt_tokens": (sum(len(ids) for _, ids in rendered) // len(rendered)
+                                  if rendered else 0),
+                "max_tokens": int(max_tokens)}
 
     def pieces(self, tokens: list[int]) -> list[str]:
         """Per-token text through mlx-lm's streaming detokenizer (list[str], len(tokens));

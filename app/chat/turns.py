@@ -31,6 +31,7 @@ from app.chat.events import (
     ContentDelta,
     ReasoningDelta,
     Reply,
+    RoundStarted,
     ToolCallDelta,
     ToolResultEvent,
     tool_call_dict,
@@ -78,7 +79,10 @@ class ReplyResult:
         tokens: generated token ids (list[int]); from_draft: one bool per token.
         pieces: the text of each token from mlx-lm's streaming detokenizer (list[str], same
             length as ``tokens``; "" for a token that only completes a later character).
-        summary: the engine :class:`Summary` of the last round (None when no round ran).
+        summary: the engine :class:`Summary` of the whole reply (``Summary.reply_total`` over
+            its rounds; None when no round ran).
+        round_summaries: each round's :class:`Summary` (known while the app runs; a reply
+            read back from storage has only the total).
         rounds: generation rounds (tool calls make more than one).
         mode, block_size, rollback: how the reply was generated.
         messages: the chat-template messages of every round when tools ran (stored as the
@@ -103,16 +107,34 @@ class ReplyResult:
     note: str = ""
     messages: list[dict] = field(default_factory=list)
     top2_gap: float | None = None
+    round_summaries: list = field(default_factory=list)
+    speedup: Any = None
+    """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (DFlash replies
+    of this run of the app; None without a baseline)."""
+    speed_checked: bool = False
+    """True once a baseline was looked for (the footer then says what it found)."""
+
+    def all_reasoning(self) -> str:
+        """The reasoning of every round, in order, one blank line between rounds (a tool
+        reply thinks before its call and again before its answer)."""
+        parts = [str(m.get("reasoning_content") or "").strip() for m in self.messages
+                 if m.get("role") == "assistant"]
+        parts = [p for p in parts if p]
+        last = self.reasoning.strip()
+        if last and (not parts or parts[-1] != last):
+            parts.append(last)
+        return "\n\n".join(parts) if parts else self.reasoning
 
     @classmethod
     def from_reply(cls, reply: Reply, settings: dict,
                    pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
         """The result of a finished ``app.chat.events.Reply``: the last round's text and
-        tokens, every round's tool calls with their results (``finish_fields``), the warnings
+        tokens, the figures over every round (``Summary.reply_total``), every round's tool calls with their results (``finish_fields``), the warnings
         joined as the note, the token texts from ``pieces_fn``; ``settings`` is the reply's
         values dict (``mode``, ``block_size``, ``rollback``)."""
         fields = finish_fields(reply)
         tokens = fields["token_ids"]
+        round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
         flags = fields["from_draft"]
         note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
                          for w in reply.warnings)
@@ -124,7 +146,9 @@ class ReplyResult:
             tokens=tokens,
             from_draft=flags + [False] * (len(tokens) - len(flags)),
             pieces=pieces_fn(tokens),
-            summary=reply.summary,
+            summary=(Summary.reply_total(round_summaries) if round_summaries
+                     else reply.summary),
+            round_summaries=round_summaries,
             rounds=max(1, len(reply.rounds)),
             mode=reply.mode or settings.get("mode", "plain"),
             block_size=settings.get("block_size"),
@@ -166,11 +190,20 @@ class PartialReply:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[str, dict] = {}
-        self.summary: Summary | None = None
+        self.summaries: list[Summary] = []
+
+    @property
+    def summary(self) -> Summary | None:
+        """The figures over every round seen (None before the first ``Done``)."""
+        return Summary.reply_total(self.summaries) if self.summaries else None
 
     def add(self, ev: Any) -> None:
-        """Take one event (others than tokens, text, tool calls and ``Done`` are ignored)."""
-        if isinstance(ev, TokenEvent):
+        """Take one event (others than round starts, tokens, text, tool calls and ``Done``
+        are ignored)."""
+        if isinstance(ev, RoundStarted):
+            if ev.index > 0 and self.reasoning:
+                self.reasoning.append("\n\n")  # each round's reasoning its own paragraph
+        elif isinstance(ev, TokenEvent):
             self.tokens.append(ev.token_id)
             self.flags.append(ev.from_draft)
         elif isinstance(ev, ContentDelta):
@@ -182,7 +215,7 @@ class PartialReply:
             merged = self.calls.setdefault(d["id"] or f"{d['name']}#{len(self.calls)}", {})
             merged.update({k: v for k, v in d.items() if v is not None})
         elif isinstance(ev, Done):
-            self.summary = ev.summary
+            self.summaries.append(ev.summary)
 
     def result(self, settings: dict, pieces_fn: Callable[[list[int]], list[str]], *,
                failed: bool = False, cancelled: bool = False) -> ReplyResult:
@@ -205,6 +238,8 @@ class PartialReply:
             from_draft=self.flags,
             pieces=pieces_fn(self.tokens),
             summary=self.summary,
+            round_summaries=list(self.summaries),
+            rounds=max(1, len(self.summaries)),
             mode=settings.get("mode", "plain"),
             block_size=settings.get("block_size"),
             rollback=settings.get("rollback", "tape"),
@@ -363,7 +398,8 @@ class TurnStore:
 
     def _finish(self, row_id: int, v: Version) -> None:
         r = v.result
-        status = "error" if v.error else ("stopped" if v.stopped else "complete")
+        status = "error" if v.error else ("interrupted" if v.interrupted else
+                                           ("stopped" if v.stopped else "complete"))
         self.db.finish_reply(
             row_id, status=status, content=r.content, reasoning=r.reasoning,
             tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",

@@ -150,6 +150,34 @@ class Summary:
         out.set_rates(sum(s.generated_tokens - 1 for s in summaries))
         return out
 
+    @classmethod
+    def reply_total(cls, rounds: list[Summary]) -> Summary:
+        """The figures of one reply over its rounds (a tool reply runs one generation per
+        round): counts, seconds and accepted lengths summed or joined (:meth:`pool`); time
+        to first token of the first round; tok/s = generated tokens / generation seconds
+        summed over rounds (each round's seconds being its tokens / its tok/s); the prompt of
+        the last round (it holds the earlier rounds), the reuse of the first; the last
+        round's stop cause. One round: that round's summary itself."""
+        if len(rounds) == 1:
+            return rounds[0]
+        if not rounds:
+            return cls()
+        mode = "dflash" if any(r.mode == "dflash" for r in rounds) else "plain"
+        out = cls.pool(rounds, mode)
+        first, last = rounds[0], rounds[-1]
+        out.ttft_s = first.ttft_s
+        gen_s = sum(r.generated_tokens / r.tok_per_s for r in rounds if r.tok_per_s > 0)
+        out.tok_per_s = out.generated_tokens / gen_s if gen_s > 0 else 0.0
+        out.prompt_tokens = last.prompt_tokens
+        out.reused_tokens = first.reused_tokens
+        out.prefill_s = sum(r.prefill_s for r in rounds)
+        out.total_s = sum(r.total_s for r in rounds)
+        out.peak_memory_bytes = max(r.peak_memory_bytes for r in rounds)
+        out.stop_cause = last.stop_cause
+        out.error = last.error
+        out.accepted_lengths = [a for r in rounds for a in r.accepted_lengths]
+        return out
+
 
 @dataclass(frozen=True)
 class Done:

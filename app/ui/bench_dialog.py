@@ -28,6 +28,27 @@ COLUMNS = [
 ]
 
 
+HEADER_TIPS = {
+    "mode": "How the tokens were made: plain (one at a time) or DFlash with a rollback "
+            "method and block size.",
+    "tok_per_s": "How fast the reply was written. Median generated tokens per second "
+                 "(reading the prompt not counted).",
+    "ratio_to_plain": "How many times as fast as plain on the same prompts. Median of the "
+                      "per-prompt ratios tok/s / plain tok/s.",
+    "tau": "How many tokens each check by the big model gave on average. Tokens committed "
+           "per verify cycle.",
+    "acceptance_rate": "How often the drafter's guesses were right. Accepted draft tokens / "
+                       "drafted tokens.",
+    "replays": "Times the model's memory had to be rewound because the draft was only partly "
+               "right. Cycles rolled back and re-run.",
+    "rollback_share": "How much of the time went into rewinding. Rollback seconds / (draft + "
+                      "verify + rollback seconds).",
+    "identical_tokens": "Whether DFlash wrote exactly the same tokens as plain (it should, "
+                        "with greedy sampling).",
+}
+"""Header tooltips: a plain sentence first, then the definition."""
+
+
 def cell_text(key: str, value) -> str:
     """Display text of one benchmark figure ("–" when not applicable)."""
     if value is None:
@@ -65,6 +86,10 @@ class BenchDialog(QDialog):
             "For the full benchmark run <code>python -m app bench</code>."))
         self.table = QTableWidget(len(modes), len(COLUMNS))
         self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])
+        for col, (key, _) in enumerate(COLUMNS):
+            tip = HEADER_TIPS.get(key)
+            if tip:
+                self.table.horizontalHeaderItem(col).setToolTip(tip)
         for row, (name, fig) in enumerate(modes.items()):
             for col, (key, _) in enumerate(COLUMNS):
                 text = name if key == "mode" else cell_text(key, fig.get(key))

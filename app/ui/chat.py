@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QEvent, Qt, QUrl, Signal
+from PySide6.QtCore import QElapsedTimer, QEvent, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QGuiApplication,
     QKeyEvent,
@@ -26,13 +26,21 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
+    QStackedWidget,
     QTextBrowser,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
+from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
-from app.ui.render import message_html, tokens_html
+from app.ui.render import answer_tokens_html, message_html
+from app.ui.text import plural
+
+NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
+                   "reply, Compare or the short benchmark on the same pair, dtype and Max "
+                   "tokens, with a prompt within ±50% of this one's length.")
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
@@ -50,14 +58,18 @@ def figures_line(msg: Turn) -> str:
         parts.append(f"{s.tok_per_s:.1f} tok/s")
         if r.mode == "dflash" and s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")
-            parts.append(f"{s.replays} replay{'s' if s.replays != 1 else ''}")
+            parts.append(plural(s.replays, "replay"))
     if v.stopped:
+        # the engine's counts when it reported them (every round of a tool reply), so the
+        # footer agrees with the panel
         cycles = s.cycles if s is not None else 0
-        parts.append(f"{len(r.tokens)} tokens")
+        parts.append(plural(s.generated_tokens if s is not None else len(r.tokens), "token"))
         if r.mode == "dflash":
-            parts.append(f"{cycles} cycles")
+            parts.append(plural(cycles, "cycle"))
     elif s is not None:
-        parts.append(f"{s.generated_tokens} tokens")
+        parts.append(plural(s.generated_tokens, "token"))
+    if r.rounds > 1:
+        parts.append(f"{r.rounds} rounds")
     if r.mode == "dflash":
         parts.append(f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
@@ -94,6 +106,11 @@ class ChatView(QTextBrowser):
         self._editing = False
         self._stream_text = ""
         self._stream_pos: int | None = None
+        self.expanded: set[int] = set()
+        """Indices of the messages whose reasoning is unfolded in the bubble."""
+        self.intro_title = ""
+        self.intro_about = ""
+        self.intro_examples: list = []
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
 
@@ -133,7 +150,57 @@ class ChatView(QTextBrowser):
             return
         self.linkActivated.emit(link)
 
+    # ---- tooltips of footer figures (``title`` in the HTML)
+    def viewportEvent(self, event) -> bool:  # noqa: N802 (Qt override)
+        if event.type() == QEvent.ToolTip:
+            tip = self.cursorForPosition(event.pos()).charFormat().toolTip()
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, self.viewport())
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(event)
+
+    def tooltip_of(self, text: str) -> str:
+        """The tooltip on the first piece of the shown text containing ``text`` ("" if
+        none)."""
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                if frag.isValid() and text in frag.text() and frag.charFormat().toolTip():
+                    return frag.charFormat().toolTip()
+                it += 1
+            block = block.next()
+        return ""
+
     # ---- rendering
+    def set_intro(self, title: str, about: str, examples: list) -> None:
+        """What an empty chat shows: ``title`` (the model, or why there is none), ``about``
+        (what the model is) and ``examples`` (:class:`app.chat.examples.Example`, each a
+        link ``example:N`` that sends it)."""
+        self.intro_title, self.intro_about = title, about
+        self.intro_examples = list(examples)
+
+    def _intro_html(self) -> str:
+        c = self.palette_colours
+        muted = c.get("muted", "#667085")
+        out = [f'<div><p style="margin-top:24px; font-size:large;"><b>'
+               f"{html.escape(self.intro_title)}</b></p>"]
+        if self.intro_about:
+            out.append(f'<p style="color:{muted};">{html.escape(self.intro_about)}</p>')
+        if self.intro_examples:
+            out.append('<p style="margin-top:14px;"><b>Try one of these</b></p>')
+            for i, ex in enumerate(self.intro_examples):
+                tag = (f' <span style="color:{muted}; font-size:small;">· uses a tool</span>'
+                       if ex.needs_tools else "")
+                out.append(f'<p style="margin-left:12px;"><a href="example:{i}" '
+                           f'style="color:{c.get("accent")}; text-decoration:none;">'
+                           f"› {html.escape(ex.prompt)}</a>{tag}</p>")
+        out.append("</div>")
+        return "".join(out)
+
     def render(self, conv: ConversationView | None, streaming: bool = False) -> None:
         """Render the whole conversation (``streaming``: the last turn is being generated
         and is streamed by :meth:`append_stream`)."""
@@ -141,6 +208,8 @@ class ChatView(QTextBrowser):
         self.codes = []
         out = [f'<div style="color:{c.get("text", "#000")};">']
         msgs = conv.messages if conv else []
+        if not msgs and self.intro_title:
+            out.append(self._intro_html())
         last_assistant = max((i for i, m in enumerate(msgs) if m.role == "assistant"),
                              default=-1)
         for i, m in enumerate(msgs):
@@ -179,14 +248,27 @@ class ChatView(QTextBrowser):
             return head + ("" if streaming else " <i>(no reply)</i>") + "</p>"
         r = v.result
         head += "</p>"
-        if r.reasoning:
+        reasoning = r.all_reasoning() if r.reasoning else ""
+        if reasoning:
+            open_ = i in self.expanded
             head += (f'<p style="color:{c.get("muted")}; font-size:small;">'
                      f'<a href="reasoning:{i}" style="color:{c.get("muted")};">'
-                     f"Reasoning ({len(r.reasoning.split())} words) — show in pane</a></p>")
+                     f"{'▾' if open_ else '▸'} Reasoning "
+                     f"({plural(len(reasoning.split()), 'word')})</a>"
+                     f"{'' if open_ else ' — click to show it here and in the pane'}</p>")
+            if open_:
+                body_r = html.escape(reasoning).replace("\n", "<br>")
+                head += (f'<p style="color:{c.get("muted")}; font-size:small; '
+                         f'margin-left:12px;">{body_r}</p>')
+        coloured = None
         if self.colour_drafts and r.pieces:
-            body = tokens_html(r.pieces, r.from_draft, c)
+            # only the answer is coloured (reasoning and tool calls have their own place)
+            coloured = answer_tokens_html(r.pieces, r.from_draft, c)
+        if coloured is not None:
+            body = coloured
         else:
-            body = message_html(r.content, self.codes, c) if r.content.strip() else ""
+            body = message_html(r.content, self.codes, c, readable_numbers=True) \
+                if r.content.strip() else ""
         if r.tool_calls:
             names = ", ".join(html.escape(str(t.get("name"))) for t in r.tool_calls)
             body += (f'<p style="color:{c.get("muted")}; font-size:small;">'
@@ -194,6 +276,13 @@ class ChatView(QTextBrowser):
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
+        if r.mode == "dflash" and r.speed_checked and not v.stopped and not v.error:
+            if r.speedup is not None:
+                foot += (f' · <span title="{html.escape(r.speedup.tooltip())}">'
+                         f"{html.escape(r.speedup.label())}</span>")
+            else:
+                foot += (f' · <span title="{html.escape(NO_BASELINE_TIP)}">'
+                         f"{NO_BASELINE}</span>")
         if m.is_compare:
             other = "plain" if m.chosen == "dflash" else "dflash"
             label = "Plain" if other == "plain" else "DFlash"
@@ -229,7 +318,8 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
             cur.removeSelectedText()
             codes = list(self._base_codes)
-            cur.insertHtml(message_html(text, codes, self.palette_colours))
+            cur.insertHtml(message_html(text, codes, self.palette_colours,
+                                        readable_numbers=True))
             self.codes = codes
         else:
             if not self._stream_plain:  # switch to plain appends from here on
@@ -242,14 +332,20 @@ class ChatView(QTextBrowser):
 
 
 class Composer(QWidget):
-    """Input box with the Plain | DFlash switch, Send, Stop and Compare.
+    """Input box with the Plain | DFlash switch, Colour drafts, Compare and one Send button
+    that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
+    do); the settings line for the next reply sits on its own line, never cut.
 
-    Enter sends, Shift+Enter inserts a new line. Signals: ``send(str)``, ``stop()``,
-    ``compare(str)``; ``mode()`` returns "plain" or "dflash"."""
+    Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
+    double-click interval after Send started the reply is ignored (the second click of a
+    double-click on Send does not stop the reply it started). Signals: ``send(str)``,
+    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain" or
+    "dflash"."""
 
     send = Signal(str)
     stop = Signal()
     compare = Signal(str)
+    modeChanged = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -263,9 +359,12 @@ class Composer(QWidget):
         self.plain_btn.setObjectName("segLeft")
         self.dflash_btn = QPushButton("DFlash")
         self.dflash_btn.setObjectName("segRight")
-        for b, tip in ((self.plain_btn, "Decode one token per target forward."),
-                       (self.dflash_btn, "DFlash block-diffusion speculative decoding "
-                                         "(exact: greedy output equals plain).")):
+        for b, tip in ((self.plain_btn, "Plain: the model writes one token at a time. Each "
+                                        "token is one forward pass of the target model."),
+                       (self.dflash_btn, "DFlash: a small drafter guesses several tokens at "
+                                         "once and the model checks them in one pass. "
+                                         "Block-diffusion speculative decoding; exact: with "
+                                         "greedy sampling the text equals plain's.")):
             b.setCheckable(True)
             b.setToolTip(tip)
             b.setAccessibleName(f"{b.text()} decoding")
@@ -274,24 +373,41 @@ class Composer(QWidget):
         self.mode_group.addButton(self.plain_btn)
         self.mode_group.addButton(self.dflash_btn)
         self.dflash_btn.setChecked(True)
+        self.mode_group.buttonToggled.connect(
+            lambda _b, on: on and self.modeChanged.emit(self.mode()))
         self.colour_box = QCheckBox("Colour drafts")
-        self.colour_box.setToolTip("Tint tokens the drafter proposed and the target accepted.")
+        self.colour_box.setToolTip("Colour drafts: tint the answer's words the drafter guessed "
+                                   "right. Tinted: a draft token the target accepted; plain: "
+                                   "a token the target produced itself.")
         self.colour_box.setAccessibleName("Colour drafter tokens")
         self.send_btn = QPushButton("Send")
         self.send_btn.setObjectName("send")
         self.send_btn.setToolTip("Send (Enter / Ctrl+Return)")
         self.send_btn.setAccessibleName("Send")
         self.stop_btn = QPushButton("Stop")
-        self.stop_btn.setToolTip("Stop generating (Esc)")
+        self.stop_btn.setObjectName("send")
+        self.stop_btn.setToolTip("Stop generating (Esc); what was written so far is kept")
         self.stop_btn.setAccessibleName("Stop")
         self.stop_btn.setEnabled(False)
+        self.stop_btn.installEventFilter(self)
+        self.action_stack = QStackedWidget()
+        self.action_stack.addWidget(self.send_btn)
+        self.action_stack.addWidget(self.stop_btn)
+        width = max(self.send_btn.sizeHint().width(), self.stop_btn.sizeHint().width(), 72)
+        self.action_stack.setFixedWidth(width)
+        self.action_stack.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        self._busy_clock = QElapsedTimer()
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setToolTip("Run the prompt plain, then with DFlash, side by side "
                                     "(Ctrl+Shift+C)")
         self.compare_btn.setAccessibleName("Compare plain and DFlash")
         self.note = QLabel("")
         self.note.setObjectName("figureName")
-        self.note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.note.setAccessibleName("Settings for the next reply")
+        self.mode_note = QLabel("")
+        self.mode_note.setObjectName("figureName")
+        self.mode_note.setAccessibleName("Mode note")
+        self.mode_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         row.setSpacing(6)
         seg = QHBoxLayout()
@@ -299,17 +415,21 @@ class Composer(QWidget):
         seg.addWidget(self.plain_btn)
         seg.addWidget(self.dflash_btn)
         row.addLayout(seg)
-        row.addSpacing(10)
+        row.addSpacing(6)
         row.addWidget(self.colour_box)
-        row.addWidget(self.note, 1)
+        row.addStretch(1)
         row.addWidget(self.compare_btn)
-        row.addWidget(self.stop_btn)
-        row.addWidget(self.send_btn)
+        row.addWidget(self.action_stack)
+        info = QHBoxLayout()
+        info.setSpacing(12)
+        info.addWidget(self.note)
+        info.addWidget(self.mode_note, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 10)
         lay.setSpacing(6)
         lay.addWidget(self.edit)
         lay.addLayout(row)
+        lay.addLayout(info)
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(self.stop.emit)
         self.compare_btn.clicked.connect(self._compare)
@@ -323,10 +443,15 @@ class Composer(QWidget):
         (self.dflash_btn if mode == "dflash" else self.plain_btn).setChecked(True)
 
     def set_busy(self, busy: bool) -> None:
-        """Generating: Send/Compare off, Stop on (and the reverse)."""
+        """Generating: Send turns into Stop (same place, same size), Compare off; and back."""
         self.send_btn.setEnabled(not busy)
         self.compare_btn.setEnabled(not busy and self.dflash_btn.isEnabled())
         self.stop_btn.setEnabled(busy)
+        self.action_stack.setCurrentWidget(self.stop_btn if busy else self.send_btn)
+        if busy:
+            self._busy_clock.start()
+        else:
+            self.mode_note.setText("")
 
     def set_dflash_available(self, ok: bool, reason: str = "") -> None:
         """Enable DFlash (and Compare) only with a drafter; ``reason`` is shown otherwise."""
@@ -353,7 +478,17 @@ class Composer(QWidget):
         if text:
             self.compare.emit(text)
 
+    def _too_soon_to_stop(self) -> bool:
+        """True within the double-click interval after Send turned into Stop."""
+        return self._busy_clock.isValid() and \
+            self._busy_clock.elapsed() < QGuiApplication.styleHints().mouseDoubleClickInterval()
+
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt override)
+        if obj is self.stop_btn and event.type() in (QEvent.MouseButtonPress,
+                                                     QEvent.MouseButtonDblClick,
+                                                     QEvent.MouseButtonRelease) \
+                and self._too_soon_to_stop():
+            return True  # the second click of a double-click on Send
         if obj is self.edit and event.type() == QEvent.KeyPress:
             ke: QKeyEvent = event
             if ke.key() in (Qt.Key_Return, Qt.Key_Enter) and \

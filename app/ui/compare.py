@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.compare import first_divergence
+from app.ui.render import SECTION_TITLES, mark_section, sections_html
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -35,13 +36,19 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def verdict(plain, dflash) -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects."""
     diff = first_difference(plain.tokens, dflash.tokens)
+    rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     if diff is None:
         text = f"identical, {len(plain.tokens)} tokens"
+        if rounds > 1:
+            text += " in the last round (the answer after the tool calls)"
     else:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
         text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
                f"{len(dflash.tokens)} DFlash{gap})"
+    where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
+    if where:
+        text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0:
         text += f" · DFlash {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
@@ -61,6 +68,22 @@ def pieces_html(pieces: list[str], mark: int | None, colours: dict) -> str:
         out.append(f'<span style="background-color:{colours.get("diff_bg", "#fdd")};">'
                    "[ended]</span>")
     return "<p>" + "".join(out) + "</p>"
+
+
+def text_sections_html(result, colours: dict) -> str:
+    """A side without token texts: its reasoning, answer and tool calls as sections."""
+    muted = colours.get("muted", "#667085")
+    out = []
+    for title, body in (("Reasoning", result.reasoning), ("Answer", result.content),
+                        ("Tool calls", "<br>".join(
+                            html.escape(f"{c.get('name')}({c.get('arguments')})")
+                            for c in result.tool_calls or []))):
+        if body.strip():
+            text = body if title == "Tool calls" else html.escape(body.strip()).replace(
+                "\n", "<br>")
+            out.append(f'<p style="color:{muted}; font-size:small;"><b>{title}</b></p>'
+                       f"<p>{text}</p>")
+    return "".join(out) or "<p></p>"
 
 
 def side_figures(result) -> str:
@@ -160,9 +183,11 @@ class CompareView(QFrame):
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
-            pieces = r.pieces if r.pieces else [r.content]
-            self.texts[key].setHtml(pieces_html(pieces, mark if r.pieces else None,
-                                                self.colours))
+            if r.pieces:
+                self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours,
+                                                      r.tool_calls))
+            else:  # no token texts: the stored text, sections from the reply's fields
+                self.texts[key].setHtml(text_sections_html(r, self.colours))
             self.figs[key].setText(side_figures(r))
         self.set_choice(chosen)
 

@@ -94,6 +94,15 @@ class ConversationList(QFrame):
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
 
+    BUSY_TIP = ("Chats can be switched when this reply is finished (or press Stop). The "
+                "reply keeps writing in the chat it belongs to.")
+
+    def set_busy(self, busy: bool) -> None:
+        """While a reply is written the list is disabled (the view stays on that chat) and
+        its tooltip says why."""
+        self.list.setEnabled(not busy)
+        self.list.setToolTip(self.BUSY_TIP if busy else "")
+
     def _on_current(self, item: QListWidgetItem | None, _prev=None) -> None:
         if item is not None:
             self.selected.emit(int(item.data(Qt.UserRole)))

@@ -53,9 +53,13 @@ class DetailsPanel(QFrame):
         user message). ``context_length`` in tokens; ``block_size`` for the chart's scale
         (None for plain)."""
         v = msg.version if msg else None
-        self.reasoning.setPlainText(v.result.reasoning if v else "")
+        self.reasoning.setPlainText(v.result.all_reasoning() if v else "")
         self.tools.set_calls(v.result.tool_calls if v else [])
         if v is not None and v.result.summary is not None:
             st = LiveStats(context_limit=context_length)
-            st.apply_summary(v.result.summary)
-            self.live.show_stats(st, block_size)
+            st.apply_summary(v.result.summary, v.result.round_summaries)
+            self.live.show_stats(st, block_size, v.result.mode)
+        else:  # nothing to show: not the previous reply's figures
+            self.live.clear()
+            if v is not None:
+                self.live.scope_label.setText("No figures for this reply")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
+from app.ui.text import sentence
 from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 
 log = logging.getLogger("app.ui.window")
@@ -64,6 +65,8 @@ class ModelFlow:
         else:
             spec = PairSpec(str(target), drafter or None)
         self._loading = spec
+        if self.model is None:
+            self._set_intro()
         self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:
@@ -72,10 +75,16 @@ class ModelFlow:
             self.stop()
         self.model = None
         self.model_label.setText("No model loaded")
+        self._set_intro()
         self.worker.unloadRequested.emit()
 
     def run_benchmark(self, max_tokens: int = 48) -> None:
-        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results."""
+        """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results.
+
+        ``max_tokens`` must be a positive int (a bool, e.g. a QAction's ``checked``, is not
+        a token count and falls back to the default 48)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            max_tokens = 48
         self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
         self.worker.benchRequested.emit(max_tokens)
 
@@ -83,6 +92,14 @@ class ModelFlow:
         from app.ui.bench_dialog import BenchDialog
 
         self.statusBar().clearMessage()
+        plain = result.get("modes", {}).get("plain") or {}
+        if self.model is not None and plain.get("tok_per_s"):
+            from app.chat.baseline import PlainSample
+
+            self.baselines.add(PlainSample(
+                self._pair_key(), self.model.dtype, int(result.get("max_tokens", 48)),
+                int(result.get("prompt_tokens", 0)), float(plain["tok_per_s"]),
+                "short benchmark"))
         self._bench_dialog = BenchDialog(self, result)
         self._bench_dialog.show()
         self.benchFinished.emit(result)
@@ -129,16 +146,15 @@ class ModelFlow:
         self.qs.setValue("model/drafter", spec.drafter or "")
         self.qs.setValue("model/name", spec.display_name)
         self.qs.setValue("model/repo_id", spec.repo_id or "")
-        text = f"Target: {info.target_name}"
-        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
-            "   ·   no drafter (plain only)"
-        if info.context_length:
-            text += f"   ·   context {info.context_length:,}"
-        self.model_label.setText(text)
+        self._loading = None
+        self._show_model_line(info)
+        self._set_intro()
+        if self.banner_kind == "error":  # an earlier failure is over now
+            self.clear_banner()
         self.composer.set_dflash_available(bool(info.drafter_name),
                                            "DFlash needs a drafter for this target.")
         if info.note:
-            self.show_banner(info.note)
+            self.show_note(info.note)
         self._on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
             self.flash(
@@ -147,12 +163,63 @@ class ModelFlow:
         self.update_settings_note()
         self.modelLoaded.emit(info)
 
-    def _on_load_failed(self, message: str) -> None:
+    def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:
         self.progress.hide()
-        self.model = None  # the worker dropped the previous pair before loading
-        self.model_label.setText("No model loaded")
-        self.show_banner(f"Could not load the model: {message}")
+        self._loading = None
+        if still_loaded and self.model is not None:
+            self._show_model_line(self.model)  # the working pair stays in use
+            self.show_banner(f"Could not load the model: {sentence(message)} "
+                             f"{self.model.target_name} is still loaded.")
+        else:
+            self.model = None
+            self.model_label.setText("No model loaded")
+            self._set_intro()
+            self.show_banner(f"Could not load the model: {sentence(message)}")
         self.loadFailed.emit(message)
+
+    def _set_intro(self) -> None:
+        """The empty chat's note on the loaded model and its example prompts."""
+        m = self.model
+        if m is None:
+            title = ("Loading the model…" if self._loading is not None else
+                     "No model loaded: pick one with File › Models…")
+            self.chat.set_intro(title, "", [])
+        else:
+            about = m.about or (
+                f"{m.target_name}"
+                + (f", with the DFlash drafter {m.drafter_name}." if m.drafter_name
+                   else ", plain decoding only (no DFlash drafter).")
+                + " Type a message below.")
+            self.chat.set_intro(f"{m.target_name} is ready", about, m.examples)
+        if self.conv is None or not self.conv.messages:
+            self.chat.render(self.conv)
+
+    def send_example(self, index: int) -> bool:
+        """Send the loaded model's example ``index`` (tools turned on for this chat when the
+        example needs them and they are off, saying so)."""
+        m = self.model
+        if m is None or not 0 <= index < len(m.examples):
+            return False
+        ex = m.examples[index]
+        turned_on = ex.needs_tools and not self.current_settings().get("use_tools", True)
+        if turned_on:
+            if self.conv is None:
+                self.new_chat()
+            self.conv.settings = dict(self.conv.settings, use_tools=True)
+            self._save(self.conv)
+        sent = self.send(ex.prompt)
+        if turned_on:  # after the reply started (starting clears the banner)
+            self.show_note("Tools are on for this chat: this example needs them.")
+        return sent
+
+    def _show_model_line(self, info: ModelInfo) -> None:
+        """The status bar's line naming the loaded pair."""
+        text = f"Target: {info.target_name}"
+        text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
+            "   ·   no drafter (plain only)"
+        if info.context_length:
+            text += f"   ·   context {info.context_length:,}"
+        self.model_label.setText(text)
 
     def _on_memory(self, n: int) -> None:
         self.memory_bytes = int(n or 0)

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
+    QComboBox,
     QFrame,
     QGridLayout,
+    QHBoxLayout,
     QLabel,
     QSizePolicy,
     QToolButton,
@@ -31,27 +33,42 @@ from app.engine.events import CycleEvent, Summary
 
 FIGURES: list[tuple[str, str, str]] = [
     ("acceptance", "Acceptance",
-     "Acceptance rate = accepted draft tokens / drafted tokens (DFlash only). Not the share of "
-     "output tokens that came from the drafter."),
+     "How often the drafter's guesses were right. Acceptance rate = accepted draft tokens / "
+     "drafted tokens (DFlash only); not the share of output tokens that came from the "
+     "drafter."),
     ("tau", "τ (tokens/cycle)",
-     "Tau = mean tokens committed per verify cycle (accepted + 1, at most the block size); the "
+     "How many tokens each check by the big model gave on average (higher is faster). Tau = "
+     "tokens committed per verify cycle (accepted drafts + 1, at most the block size); the "
      "prefill's first token is not a cycle."),
     ("replays", "Replays",
+     "Times the model's memory had to be rewound because the draft was only partly right. "
      "Cycles whose recurrent state was rolled back and the committed tokens run again "
      "(through the recurrence only under 'tape', through the whole target under 'replay')."),
     ("rollback_share", "Rollback share",
-     "Rollback seconds / (draft + verify + rollback seconds)."),
+     "How much of the time went into rewinding after wrong guesses. Rollback seconds / "
+     "(draft + verify + rollback seconds)."),
     ("tok_per_s", "tok/s",
-     "Generated tokens per second, from the first token to the last (prefill excluded)."),
+     "How fast the reply was written. Generated tokens per second, from the first token to "
+     "the last (reading the prompt is not counted)."),
     ("ttft", "First token",
-     "Time to first token: from the request to the first generated token (prefill included)."),
-    ("cycles", "Cycles", "DFlash draft-verify cycles run."),
-    ("tokens", "Tokens", "Tokens generated (the end token included when generated)."),
-    ("context", "Context", "Prompt + generated tokens / the target's context limit."),
+     "How long you waited before the reply began. Time to first token: from the request to "
+     "the first generated token (reading the prompt included)."),
+    ("cycles", "Cycles",
+     "How many guess-and-check steps DFlash ran. DFlash draft-verify cycles."),
+    ("tokens", "Tokens",
+     "How long the reply is, in the model's word pieces. Tokens generated (the end token "
+     "included when generated)."),
+    ("context", "Context",
+     "How full the model's memory of this chat is. Prompt + generated tokens / the target's "
+     "context limit."),
     ("prompt", "Prompt",
-     "Prompt tokens reused from the kept cache of earlier turns (prefix reuse, recurrent "
-     "state included) + prompt tokens prefilled for this reply."),
+     "How much of the chat the model could skip re-reading. Prompt tokens reused from the "
+     "kept cache of earlier turns (prefix reuse, recurrent state included) + prompt tokens "
+     "read for this reply."),
 ]
+
+DFLASH_ONLY = ("acceptance", "tau", "replays", "rollback_share", "cycles")
+"""Figures that only DFlash has (hidden for a plain reply)."""
 
 
 @dataclass
@@ -72,6 +89,11 @@ class LiveStats:
     summary: Summary | None = None
     running: Summary = field(default_factory=lambda: Summary(mode="dflash"))
     """The cycle figures so far, counted by :meth:`Summary.add_cycle` (as the engine does)."""
+    mode: str = "dflash"
+    rounds: int = 1
+    """Generation rounds started so far (a tool reply runs several)."""
+    round_summaries: list[Summary] = field(default_factory=list)
+    """The engine's figures of each finished round."""
 
     @property
     def cycles(self) -> int:
@@ -98,10 +120,23 @@ class LiveStats:
         self.running.add_cycle(ev)
         self.committed += ev.committed
 
-    def apply_summary(self, s: Summary) -> None:
-        """Take the engine's final figures (the panel then shows exactly these)."""
+    def on_round(self, index: int, prompt_tokens: int) -> None:
+        """A generation round started (``index`` 0-based)."""
+        self.rounds = max(self.rounds, index + 1)
+        self.prompt_tokens = prompt_tokens
+
+    def on_done(self, s: Summary) -> None:
+        """A round finished with the engine's figures ``s`` (the reply may go on)."""
+        self.round_summaries.append(s)
+
+    def apply_summary(self, s: Summary, rounds: list[Summary] | None = None) -> None:
+        """Take the engine's final figures of the whole reply (the panel then shows exactly
+        these); ``rounds``: each round's figures when known."""
         self.summary = s
+        self.mode = s.mode
         self.prompt_tokens = s.prompt_tokens
+        if rounds is not None:
+            self.round_summaries = list(rounds)
 
     def values(self) -> dict:
         """The numbers the panel shows, keyed as in :data:`FIGURES` (None: not applicable).
@@ -123,7 +158,12 @@ class LiveStats:
                 "prompt": (s.reused_tokens, s.prompt_tokens - s.reused_tokens),
             }
         r = self.running
-        r.set_rates(self.committed)
+        # tau never claims more tokens than the Tokens card shows: the cycles' committed
+        # tokens, at most the tokens seen minus each round's first (the prefill's)
+        committed = self.committed
+        if self.tokens:
+            committed = min(committed, max(0, self.tokens - self.rounds))
+        r.set_rates(committed)
         rate = None
         if self.first_token_at is not None and self.last_token_at is not None \
                 and self.tokens > 1 and self.last_token_at > self.first_token_at:
@@ -178,7 +218,9 @@ class AcceptChart(QWidget):
         self.setMinimumHeight(90)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setAccessibleName("Accepted drafts per cycle chart")
-        self.setToolTip("Accepted draft tokens per DFlash cycle (newest on the right).")
+        self.setToolTip("How many of the drafter's guesses the model kept at each step (taller "
+                        "is better). Accepted draft tokens per DFlash cycle, newest on the "
+                        "right; a dark bar: the whole block was accepted.")
 
     def set_values(self, values: list[int], max_value: int | None = None) -> None:
         """Replace the bars; ``max_value`` is the top of the scale (block size - 1)."""
@@ -225,8 +267,10 @@ class LivePanel(QWidget):
         grid = QGridLayout()
         grid.setSpacing(6)
         self.labels: dict[str, QLabel] = {}
-        for i, (key, name, tip) in enumerate(FIGURES):
-            tile = QFrame()
+        self.tiles: dict[str, QFrame] = {}
+        for key, name, tip in FIGURES:
+            tile = QFrame(self)
+            self.tiles[key] = tile
             tile.setObjectName("figure")
             tile.setToolTip(tip)
             lay = QVBoxLayout(tile)
@@ -234,36 +278,131 @@ class LivePanel(QWidget):
             lay.setSpacing(0)
             value = QLabel("–")
             value.setObjectName("figureValue")
+            value.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
             value.setToolTip(tip)
             value.setAccessibleName(name)
             value.setAccessibleDescription(tip)
             caption = QLabel(name)
             caption.setObjectName("figureName")
+            caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+            caption.setWordWrap(True)  # a narrow column wraps the name rather than cut it
             lay.addWidget(value)
             lay.addWidget(caption)
-            grid.addWidget(tile, i // 3, i % 3)
             self.labels[key] = value
+        self.grid = grid
+        self.scope_label = QLabel("")
+        self.scope_label.setObjectName("figureName")
+        self.scope_label.setAccessibleName("Which figures are shown")
+        self.scope_label.setWordWrap(True)
+        self.round_box = QComboBox()
+        self.round_box.setAccessibleName("Show figures of")
+        self.round_box.setToolTip("A reply that used tools ran the model once per round: "
+                                  "pick the whole reply or one round.")
+        self.round_box.hide()
+        self.round_box.activated.connect(self._on_round_picked)
+        scope = QHBoxLayout()
+        scope.addWidget(self.scope_label, 1)
+        scope.addWidget(self.round_box)
         self.mode_label = QLabel("")
         self.mode_label.setObjectName("figureName")
+        self.mode_label.setWordWrap(True)
         self.chart = AcceptChart()
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
+        outer.addLayout(scope)
         outer.addLayout(grid)
         outer.addWidget(self.chart)
         outer.addWidget(self.mode_label)
         self.shown: dict = {}
+        self.mode = "dflash"
+        self._stats: LiveStats | None = None
+        self._block: int | None = None
+        self._layout_tiles(plain=False)
 
-    def show_stats(self, stats: LiveStats, block_size: int | None = None) -> None:
-        """Show the figures of ``stats`` (the summary's when the reply finished)."""
+    def show_stats(self, stats: LiveStats, block_size: int | None = None,
+                   mode: str | None = None) -> None:
+        """Show the figures of ``stats`` (the summary's when the reply finished). ``mode``
+        "plain" hides the figures only DFlash has; default: the stats' own mode. The line
+        above the figures says which they are (this reply so far, the reply total over its
+        rounds, or one round); a finished reply of several rounds gets a round picker."""
+        self._stats, self._block = stats, block_size
+        self.mode = mode or (stats.summary.mode if stats.summary is not None else stats.mode)
+        rounds = stats.round_summaries
+        if stats.summary is None:
+            self.round_box.hide()
+            self.scope_label.setText(
+                "This reply so far" + (f" (round {stats.rounds}, after a tool call)"
+                                       if stats.rounds > 1 else "") if stats.tokens else "")
+        elif len(rounds) > 1:
+            self.round_box.blockSignals(True)
+            self.round_box.clear()
+            self.round_box.addItem("Reply total")
+            for i in range(len(rounds)):
+                self.round_box.addItem(f"Round {i + 1}")
+            self.round_box.setCurrentIndex(0)
+            self.round_box.blockSignals(False)
+            self.round_box.show()
+            self.scope_label.setText(f"Reply total over {len(rounds)} rounds (tool calls)")
+        else:
+            self.round_box.hide()
+            self.scope_label.setText("This reply")
+        self._show(stats)
+
+    WIDE = ("context", "prompt")
+    """Figures whose values are long: two to a row, the others three to a row."""
+
+    def _layout_tiles(self, plain: bool) -> None:
+        """Place the visible tiles without holes: short figures three to a row, then the
+        wide ones two to a row (a six-column grid)."""
+        for tile in self.tiles.values():
+            self.grid.removeWidget(tile)
+        keys = [k for k in self.labels if not (plain and k in DFLASH_ONLY)]
+        small = [k for k in keys if k not in self.WIDE]
+        wide = [k for k in keys if k in self.WIDE]
+        for i, k in enumerate(small):
+            self.grid.addWidget(self.tiles[k], i // 3, (i % 3) * 2, 1, 2)
+        row = (len(small) + 2) // 3
+        for i, k in enumerate(wide):
+            self.grid.addWidget(self.tiles[k], row + i // 2, (i % 2) * 3, 1, 3)
+        for k, tile in self.tiles.items():
+            tile.setVisible(k in keys)
+        self._plain_layout = plain
+
+    def _show(self, stats: LiveStats) -> None:
         self.shown = stats.values()
+        plain = self.mode == "plain"
+        if plain != getattr(self, "_plain_layout", None):
+            self._layout_tiles(plain)
         for key, label in self.labels.items():
             label.setText(format_figure(key, self.shown.get(key)))
+        self.chart.setVisible(not plain)
+        self.mode_label.setText(
+            "Plain decoding: one token per step, no drafts, so acceptance, τ, replays and "
+            "cycles do not apply." if plain else "")
         self.chart.set_values(stats.accepted_lengths,
-                              (block_size - 1) if block_size else None)
+                              (self._block - 1) if self._block else None)
+
+    def _on_round_picked(self, index: int) -> None:
+        st = self._stats
+        if st is None or st.summary is None or not st.round_summaries:
+            return
+        if index <= 0:
+            self.scope_label.setText(
+                f"Reply total over {len(st.round_summaries)} rounds (tool calls)")
+            self._show(st)
+            return
+        one = LiveStats(context_limit=st.context_limit)
+        one.apply_summary(st.round_summaries[index - 1])
+        self.scope_label.setText(f"Round {index} of {len(st.round_summaries)} only")
+        self._show(one)
 
     def clear(self) -> None:
-        """Back to dashes and an empty chart."""
+        """Back to dashes (nothing measured: not zeros) and an empty chart."""
         self.show_stats(LiveStats())
+        self.shown = {key: None for key in self.labels}
+        for label in self.labels.values():
+            label.setText(format_figure("", None))
+        self.scope_label.setText("")
 
 
 class Collapsible(QWidget):

@@ -13,6 +13,8 @@ import re
 
 from PySide6.QtGui import QTextDocument
 
+from app.ui.text import group_digits
+
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)(?:^```[ \t]*$|\Z)", re.S | re.M)
 _BODY = re.compile(r"<body[^>]*>(.*)</body>", re.S)
 
@@ -52,16 +54,19 @@ def code_block_html(code: str, lang: str, index: int, palette: dict) -> str:
     )
 
 
-def message_html(text: str, codes: list[str], palette: dict) -> str:
+def message_html(text: str, codes: list[str], palette: dict,
+                 readable_numbers: bool = False) -> str:
     """HTML for one message's Markdown ``text``; appends each code block's text to ``codes``
-    (the index in the copy anchor is its position there)."""
+    (the index in the copy anchor is its position there). ``readable_numbers``: whole
+    numbers of five or more digits in the prose (not in code) get thousands separators
+    (``19600000 people`` -> ``19,600,000 people``), for the model's answers."""
     out = []
     for kind, lang, body in split_fences(text):
         if kind == "code":
             codes.append(body)
             out.append(code_block_html(body, lang, len(codes) - 1, palette))
         elif body.strip():
-            out.append(markdown_html(body))
+            out.append(markdown_html(group_digits(body) if readable_numbers else body))
     return "".join(out)
 
 
@@ -89,3 +94,128 @@ def tokens_html(pieces: list[str], from_draft: list[bool], palette: dict) -> str
         run.append(piece)
     close()
     return "<p>" + "".join(out) + "</p>"
+
+
+_MARKER = re.compile(r"</?think>|</?tool_call>")
+_AFTER = {"<think>": "reasoning", "</think>": "answer", "<tool_call>": "tools",
+          "</tool_call>": "answer"}
+
+SECTION_TITLES = {"reasoning": "Reasoning", "answer": "Answer", "tools": "Tool calls"}
+"""The sections a reply's tokens fall into, in display order."""
+
+
+def split_sections(pieces: list[str]) -> list[tuple[str, int, str]]:
+    """Where each token's text belongs: ``(section, token index, text)`` in order, section
+    "reasoning", "answer" or "tools"; the markers themselves (``<think>``, ``</think>``,
+    ``<tool_call>``, ``</tool_call>``) are left out. A reply whose first marker is
+    ``</think>`` started inside the reasoning (the chat template opened it). A token whose
+    text spans a marker gives one entry per side of it."""
+    joined = "".join(pieces)
+    marks = list(_MARKER.finditer(joined))
+    state = "reasoning" if marks and marks[0].group() == "</think>" else "answer"
+    out: list[tuple[str, int, str]] = []
+    pos = 0
+    mi = 0
+    for i, p in enumerate(pieces):
+        start, end = pos, pos + len(p)
+        pos = end
+        cur = start
+        while cur < end:
+            while mi < len(marks) and marks[mi].end() <= cur:
+                mi += 1
+            m = marks[mi] if mi < len(marks) else None
+            if m is None or m.start() >= end:
+                out.append((state, i, joined[cur:end]))
+                break
+            if m.start() > cur:
+                out.append((state, i, joined[cur:m.start()]))
+            state = _AFTER[m.group()]
+            cur = min(end, m.end())
+            if m.end() <= end:
+                mi += 1
+    return out
+
+
+def _section_runs(entries: list[tuple[str, int, str]], section: str):
+    """The entries of one section with the section's outer blank lines trimmed."""
+    runs = [(i, t) for s, i, t in entries if s == section]
+    while runs and not runs[0][1].strip():
+        runs.pop(0)
+    while runs and not runs[-1][1].strip():
+        runs.pop()
+    if runs:
+        runs[0] = (runs[0][0], runs[0][1].lstrip())
+        runs[-1] = (runs[-1][0], runs[-1][1].rstrip())
+    return runs
+
+
+def answer_tokens_html(pieces: list[str], from_draft: list[bool], palette: dict) -> str | None:
+    """The answer part of a reply's tokens, drafter-accepted ones tinted (:func:`tokens_html`);
+    reasoning and tool-call markup are left out. None when there is no answer text."""
+    entries = split_sections(pieces)
+    runs = _section_runs(entries, "answer")
+    if not runs:
+        return None
+    flags = list(from_draft) + [False] * (len(pieces) - len(from_draft))
+    return tokens_html([t for _, t in runs], [flags[i] for i, _ in runs], palette)
+
+
+def answer_text(pieces: list[str]) -> str:
+    """The answer part of a reply's token texts (what :func:`answer_tokens_html` shows)."""
+    return "".join(t for _, t in _section_runs(split_sections(pieces), "answer"))
+
+
+def draft_legend_html(palette: dict) -> str:
+    """The legend of Colour drafts: a tinted sample for a draft token the target accepted,
+    an untinted one for a token the target produced itself."""
+    return (f'<p style="color:{palette.get("muted", "#667085")}; font-size:small;">'
+            f'Colour drafts: <span style="background-color:{palette.get("draft_bg", "#d6f0dd")};'
+            f' color:{palette.get("text", "#000")};">&nbsp;accepted draft token&nbsp;</span>'
+            f'&nbsp; <span style="color:{palette.get("text", "#000")};">target token</span>'
+            " (only the answer is coloured; reasoning is in its pane)</p>")
+
+
+def sections_html(pieces: list[str], mark: int | None, palette: dict,
+                  tool_calls: list[dict] | None = None) -> str:
+    """A reply's tokens as separate sections (Reasoning, Answer, Tool calls; empty ones left
+    out), the token at index ``mark`` (the first divergence) on the highlight colour in
+    whichever section it falls; a mark past the end shows "[ended]". ``tool_calls`` (dicts
+    with name and arguments) are listed when the tokens hold no tool-call text."""
+    entries = split_sections(pieces)
+    hi = palette.get("diff_bg", "#fdd")
+    muted = palette.get("muted", "#667085")
+    visible = {i for _, i, t in entries if t}
+    if mark is not None and mark < len(pieces) and mark not in visible:
+        mark = min((i for i in visible if i > mark), default=len(pieces))
+    out = []
+    for section, title in SECTION_TITLES.items():
+        runs = _section_runs(entries, section)
+        body = []
+        for i, t in runs:
+            text = html.escape(t).replace("\n", "<br>")
+            if i == mark:
+                text = f'<span style="background-color:{hi};">{text or "∅"}</span>'
+            body.append(text)
+        if section == "tools" and not runs and tool_calls:
+            for c in tool_calls:
+                body.append(html.escape(f"{c.get('name')}({c.get('arguments')})") + "<br>")
+        if not body:
+            continue
+        style = f' style="color:{muted};"' if section == "reasoning" else ""
+        mono = ' style="font-family:monospace;"' if section == "tools" else style
+        out.append(f'<p style="color:{muted}; font-size:small; margin-bottom:2px;">'
+                   f"<b>{title}</b></p><p{mono}>{''.join(body)}</p>")
+    if mark is not None and mark >= len(pieces):
+        out.append(f'<p><span style="background-color:{hi};">[ended]</span></p>')
+    return "".join(out) or "<p></p>"
+
+
+def mark_section(pieces: list[str], mark: int | None) -> str | None:
+    """The section ("reasoning", "answer", "tools") of the token at ``mark`` (None when
+    there is no such token)."""
+    if mark is None:
+        return None
+    for section, i, t in split_sections(pieces):
+        if i >= mark and t:
+            return section
+    return None

@@ -14,6 +14,7 @@ import logging
 
 from PySide6.QtWidgets import QInputDialog
 
+from app.chat.baseline import PlainSample, SlowStreak
 from app.chat.events import (
     ContentDelta,
     PipelineWarning,
@@ -77,8 +78,7 @@ class ReplyFlow:
         if not text.strip():
             return False
         if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
+            self._say_no_model()
             return False
         new = Turn("user", text)
         try:
@@ -90,13 +90,20 @@ class ReplyFlow:
         conv.messages = conv.messages[:index] + [new]
         return self._start(text, [""], edited=new)
 
+    def _say_no_model(self) -> None:
+        """Why nothing can be sent: a load is running, or nothing is loaded at all."""
+        if getattr(self, "_loading", None) is not None:
+            self.show_note("No model is loaded yet: wait for loading to finish.")
+        else:
+            self.show_banner("No model is loaded: pick one with File › Models…, or File › Use "
+                             "default model for the bundled demo.")
+
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
                edited: Turn | None = None) -> bool:
         if self.busy:
             return False
         if self.model is None:
-            self.show_banner("No model is loaded yet: wait for loading to finish, or open a "
-                             "model (File › Open model folder…).")
+            self._say_no_model()
             if again is None:
                 self.composer.edit.setPlainText(text)
             return False
@@ -145,9 +152,12 @@ class ReplyFlow:
         self._req += 1
         self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
                                    self.model.context_length)
+        for side in self._run.sides.values():
+            side.stats.mode = side.tag or mode
         self._pending = []
         self.busy = True
         self.composer.set_busy(True)
+        self.conv_side.set_busy(True)
         self.clear_banner()
         self.details.clear()
         self.shown_message = reply
@@ -239,17 +249,20 @@ class ReplyFlow:
         self._details_changed = True
 
     def _on_engine_done(self, side: SideRun, ev: Done) -> None:
-        side.stats.apply_summary(ev.summary)
+        side.stats.on_done(ev.summary)  # one round; the reply's total comes at its end
 
     def _on_round(self, side: SideRun, ev: RoundStarted) -> None:
-        side.stats.prompt_tokens = ev.prompt_tokens
+        side.stats.on_round(ev.index, ev.prompt_tokens)
+        if ev.index > 0 and side.reasoning and not side.reasoning.endswith("\n\n"):
+            side.reasoning += "\n\n"  # the next round thinks anew: its own paragraph
+            self.details.append_reasoning("\n\n")
 
     def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
         if ev.message:
             self.flash(ev.message, 8000)
 
     def _on_notice(self, side: SideRun, ev: Notice) -> None:
-        self.show_banner(ev.message)
+        self.show_note(ev.message)
 
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
         side.error = ev.message
@@ -285,9 +298,10 @@ class ReplyFlow:
             result.block_size = self.model.drafter_block_size
         side.result = result
         if result.summary is not None:
-            side.stats.apply_summary(result.summary)
+            side.stats.apply_summary(result.summary, result.round_summaries or
+                                     side.stats.round_summaries)
         if result.note:
-            self.show_banner(result.note)
+            self.show_note(result.note)
         if result.tool_calls:
             self.tools.set_calls(result.tool_calls)
         elif side.calls:
@@ -303,8 +317,9 @@ class ReplyFlow:
             if side.result is None:
                 continue
             stopped = run.stopped or side.result.finish_reason == "cancelled"
-            msg.versions[run.version_key(side.tag)] = Version(side.result, stopped=stopped,
-                                                              error=side.error)
+            msg.versions[run.version_key(side.tag)] = Version(
+                side.result, stopped=stopped or run.interrupted, error=side.error,
+                interrupted=run.interrupted)
         if not run.compare:
             msg.chosen = run.key if run.key in msg.versions else next(iter(msg.versions), "")
         else:
@@ -317,9 +332,11 @@ class ReplyFlow:
             msg.chosen = "dflash" if "dflash" in done else (done[0] if done else "dflash")
             self.compare_view.set_results(run.sides["plain"].result,
                                           run.sides["dflash"].result, msg.chosen)
+        self._measure_speed(run)
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
+        self.conv_side.set_busy(False)
         self._save(run.conv)
         if run.conv is self.conv:
             self.chat.render(self.conv)
@@ -329,6 +346,34 @@ class ReplyFlow:
                 self.live.show_stats(last.stats, self._block_for(run.current or run.mode,
                                                                  run.settings))
         self.replyFinished.emit(msg)
+
+    def _pair_key(self) -> str:
+        """The loaded pair, as baselines compare it."""
+        m = self.model
+        return f"{m.target_path}|{m.drafter_path or ''}" if m else ""
+
+    def _measure_speed(self, run: ReplyRun) -> None:
+        """Plain sides become baselines; DFlash sides get their speed-up against one (in
+        run order, so a Compare's DFlash side is measured against its own plain side)."""
+        if self.model is None:
+            return
+        for side in run.sides.values():
+            r = side.result
+            if r is None or r.summary is None or side.error or run.stopped or \
+                    r.finish_reason == "cancelled":
+                continue
+            s = r.summary
+            key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
+                   int(s.prompt_tokens))
+            if r.mode == "plain":
+                self.baselines.add(PlainSample(*key, s.tok_per_s,
+                                               "Compare" if run.compare else "plain reply"))
+            elif r.mode == "dflash":
+                r.speedup = self.baselines.speedup(s.tok_per_s, *key)
+                r.speed_checked = True
+                self.slow_streak.add(r.speedup.ratio if r.speedup else None)
+                if self.slow_streak.slow:
+                    self.show_note(SlowStreak.NOTE)
 
     def _save(self, conv: ConversationView) -> None:
         try:
@@ -347,7 +392,12 @@ class ReplyFlow:
                 return
 
     def _on_chat_link(self, link: str) -> None:
-        if link.startswith("continue:"):
+        if link.startswith("example:"):
+            try:
+                self.send_example(int(link.split(":", 1)[1]))
+            except ValueError:
+                return
+        elif link.startswith("continue:"):
             self.send("Continue from where you stopped.")
         elif link.startswith("edit:"):
             try:
@@ -371,14 +421,23 @@ class ReplyFlow:
             self._on_compare_choice(key)
         elif link.startswith("reasoning:") and self.conv is not None:
             try:
-                msg = self.conv.messages[int(link.split(":", 1)[1])]
+                index = int(link.split(":", 1)[1])
+                msg = self.conv.messages[index]
             except (ValueError, IndexError):
                 return
+            # the bubble's reasoning folds open or shut; the pane shows it either way
+            self.chat.expanded ^= {index}
             self.reasoning_section.button.setChecked(True)
             self.show_message_details(msg)
+            if not self.busy:
+                self.chat.render(self.conv)
 
     def _on_colour_toggled(self, on: bool) -> None:
+        from app.ui.render import draft_legend_html
+
         self.chat.colour_drafts = on
+        self.legend.setText(draft_legend_html(self.chat.palette_colours) if on else "")
+        self.legend.setVisible(on)
         if on:
             self._request_pieces()
         self.chat.render(self.conv, streaming=self.busy)

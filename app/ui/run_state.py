@@ -63,6 +63,8 @@ class ReplyRun:
     sides: dict[str, SideRun]
     current: str = ""
     stopped: bool = False
+    interrupted: bool = False
+    """Set when the app quits while this reply is written (stored as ``interrupted``)."""
 
     @classmethod
     def start(cls, req_id: int, conv: ConversationView, msg: Turn, tags: list[str], mode: str,

@@ -112,9 +112,10 @@ def stylesheet(c: dict) -> str:
     QPushButton:checked {{ background: {c['accent']}; color: {c['accent_text']};
         border-color: {c['accent']}; font-weight: 600; }}
     QPushButton#segLeft {{ border-top-right-radius: 0; border-bottom-right-radius: 0;
-        margin-right: 0; min-width: 56px; }}
+        margin-right: 0; min-width: 44px; padding: 5px 8px; }}
     QPushButton#segRight {{ border-top-left-radius: 0; border-bottom-left-radius: 0;
-        margin-left: 0; border-left: none; min-width: 56px; }}
+        margin-left: 0; border-left: none; min-width: 44px; padding: 5px 8px; }}
+    QPushButton#segLeft:checked, QPushButton#segRight:checked {{ font-weight: normal; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}
@@ -123,6 +124,7 @@ def stylesheet(c: dict) -> str:
         border-radius: 8px; }}
     QLabel#banner {{ background: {c['diff_bg']}; color: {c['text']}; padding: 6px 10px;
         border-radius: 6px; }}
+    QLabel#banner[kind="note"] {{ background: {c['user_bg']}; color: {c['text']}; }}
     QTreeWidget, QPlainTextEdit {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 6px; }}
     QToolButton#collapse {{ border: none; font-weight: 600; }}

@@ -22,14 +22,13 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
+    QFrame,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
-    QMenu,
     QMessageBox,
     QProgressBar,
+    QScrollArea,
     QSizePolicy,
     QSplitter,
     QStyle,
@@ -39,16 +38,19 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
+from app.chat.baseline import Baselines, SlowStreak
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
+from app.ui.conversation_flow import ConversationFlow
 from app.ui.conversation_list import ConversationList
 from app.ui.details import DetailsPanel
 from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
 from app.ui.reply_flow import ReplyFlow
 from app.ui.run_state import ReplyRun
+from app.ui.text import sentence
 from app.ui.theme import colours, make_palette, stylesheet
 from app.ui.worker import (
     Backend,
@@ -64,7 +66,7 @@ RENDER_MS = 40
 
 
 
-class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
+class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     """The DFlash Chat window.
 
     Args:
@@ -104,6 +106,9 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.memory_bytes = 0
         self.conv: ConversationView | None = None
         self.busy = False
+        self.baselines = Baselines()  # plain speeds measured since the app started
+        self.slow_streak = SlowStreak()
+        self._loading = None  # the PairSpec being loaded, None when no load runs
         self._req = 0
         self._run: ReplyRun | None = None
         self._pending: list[UiEvent] = []
@@ -132,6 +137,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.timer.setInterval(RENDER_MS)
         self.timer.timeout.connect(self.render_pending)
         self.timer.start()
+        self._set_intro()
         self._restore()
         if auto_load:
             QTimer.singleShot(0, self.load_last_or_default)
@@ -152,6 +158,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.banner.setAccessibleName("Message")
+        self.banner_kind = ""
         self.banner_close = QToolButton()
         self.banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
         self.banner_close.setAccessibleName("Dismiss message")
@@ -164,6 +171,11 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.banner_row.hide()
         self.chat = ChatView()
         self.chat.linkActivated.connect(self._on_chat_link)
+        self.legend = QLabel("")
+        self.legend.setObjectName("legend")
+        self.legend.setAccessibleName("Colour drafts legend")
+        self.legend.setContentsMargins(12, 4, 12, 0)
+        self.legend.hide()
         self.compare_view = CompareView()
         self.compare_view.chosen.connect(self._on_compare_choice)
         self.compare_view.hide()
@@ -172,6 +184,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.composer.compare.connect(self.compare)
         self.composer.stop.connect(self.stop)
         self.composer.colour_box.toggled.connect(self._on_colour_toggled)
+        self.composer.modeChanged.connect(self._on_mode_changed)
         self.centre_split = QSplitter(Qt.Vertical)
         self.centre_split.addWidget(self.chat)
         self.centre_split.addWidget(self.compare_view)
@@ -181,15 +194,25 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         cl.setContentsMargins(0, 0, 0, 0)
         cl.setSpacing(0)
         cl.addWidget(self.banner_row)
+        cl.addWidget(self.legend)
         cl.addWidget(self.centre_split, 1)
         cl.addWidget(self.composer)
 
-        # right: live panel, reasoning, tools
-        self.details = right = DetailsPanel()
-        self.live, self.reasoning, self.tools = right.live, right.reasoning, right.tools
-        self.live_section = right.live_section
-        self.reasoning_section = right.reasoning_section
-        self.tools_section = right.tools_section
+        # right: live panel, reasoning, tools (scrolls when the window is small)
+        self.details = DetailsPanel()
+        right = QScrollArea()
+        right.setObjectName("sideScroll")
+        right.setWidgetResizable(True)
+        right.setFrameShape(QFrame.NoFrame)
+        right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        right.setWidget(self.details)
+        right.setMinimumWidth(300)  # three figure tiles side by side
+        self.details_scroll = right
+        d = self.details
+        self.live, self.reasoning, self.tools = d.live, d.reasoning, d.tools
+        self.live_section = d.live_section
+        self.reasoning_section = d.reasoning_section
+        self.tools_section = d.tools_section
 
         self.split = QSplitter(Qt.Horizontal)
         self.split.addWidget(left)
@@ -255,7 +278,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.compare_action = act(c, "Compare plain and DFlash",
                                   lambda: self.composer._compare(), "Ctrl+Shift+C")
         self.regen_action = act(c, "Regenerate last reply", self.regenerate, "Ctrl+R")
-        act(c, "Run short benchmark", self.run_benchmark)
+        self.bench_action = act(c, "Run short benchmark", lambda: self.run_benchmark())
         act(c, "Rename chat…", self.rename_chat, "F2")
         act(c, "Delete chat", self.delete_chat)
         h = mb.addMenu("&Help")
@@ -280,16 +303,27 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.flash_label.setText(f"   ·   {text}" if text else "")
         self._flash_timer.start(ms)
 
-    def show_banner(self, text: str) -> None:
-        """Show a dismissable message above the chat (errors, notes)."""
-        log.info("banner: %s", text)
-        self.banner.setText(text)
+    def show_banner(self, text: str, kind: str = "error") -> None:
+        """Show a dismissable message above the chat. ``kind`` "error" (something failed:
+        the red banner) or "note" (routine information: a quiet one)."""
+        log.info("banner (%s): %s", kind, text)
+        self.banner_kind = kind
+        self.banner.setText(sentence(text))
+        self.banner.setProperty("kind", kind)
+        self.banner.setAccessibleName("Error" if kind == "error" else "Note")
+        self.banner.style().unpolish(self.banner)
+        self.banner.style().polish(self.banner)
         self.banner_row.show()
-        self.flash(text, 8000)
+        self.flash(sentence(text), 8000)
+
+    def show_note(self, text: str) -> None:
+        """Routine information (not an error) in the quiet banner."""
+        self.show_banner(text, kind="note")
 
     def clear_banner(self) -> None:
         """Hide the message."""
         self.banner.setText("")
+        self.banner_kind = ""
         self.banner_row.hide()
 
     # ------------------------------------------------------------------ conversations
@@ -302,6 +336,7 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
             self.stop()
         conv = self.store.new()
         self._save(conv)
+        self.clear_banner()  # a message about the previous chat does not belong here
         self.select_conversation(conv)
         self.composer.edit.setFocus()
         return conv
@@ -310,29 +345,53 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         """Show ``conv`` (None: empty view)."""
         self.conv = conv
         self._refresh_list()
+        self.chat.expanded = set()
         self.chat.follow = True
         self.chat.render(conv)
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
             if conv else None
         self.show_message_details(last)
+        self._show_compare_of(last)
         self.update_settings_note()
         if self.chat.colour_drafts:
             self._request_pieces()
         if conv is not None:
             self.qs.setValue("last_conversation", conv.id)
 
+    def _on_mode_changed(self, mode: str) -> None:
+        """The switch moved: the settings line follows; mid-reply, say it is for the next."""
+        self.update_settings_note()
+        if self.busy and self._run is not None and not self._run.compare:
+            now = "DFlash" if self._run.mode == "dflash" else "Plain"
+            new = "DFlash" if mode == "dflash" else "Plain"
+            self.composer.mode_note.setText(
+                "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
+
+    def _show_compare_of(self, last: Turn | None) -> None:
+        """The Compare view belongs to the shown chat: its last turn's comparison, or
+        hidden."""
+        if last is not None and last.is_compare and \
+                {"plain", "dflash"} <= set(last.versions):
+            self.compare_view.set_results(last.versions["plain"].result,
+                                          last.versions["dflash"].result,
+                                          last.chosen or "dflash")
+        else:
+            self.compare_view.hide()
+
     def update_settings_note(self) -> None:
         """The composer's one-line summary of the settings a reply will use."""
         v = self.current_settings()
         block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
         temp = v.get("temperature", 0.0)
-        parts = [f"block {block}" if block else "block: drafter's", v.get("rollback", "tape"),
-                 "greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
-        if v.get("fast_verify"):
-            parts.append("fast verify")
+        parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
+        if self.composer.mode() == "dflash":
+            parts[:0] = [f"block {block}" if block else "block: drafter's",
+                         v.get("rollback", "tape")]
+            if v.get("fast_verify"):
+                parts.append("fast verify")
         if not v.get("thinking", True):
             parts.append("no thinking")
-        self.composer.note.setText(" · ".join(parts))
+        self.composer.note.setText("Next reply: " + " · ".join(parts))
         self.composer.note.setToolTip("Settings for the next reply: " + ", ".join(parts)
                                       + " (File › Settings…)")
 
@@ -342,81 +401,6 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         conv = self.store.get(conv_id)
         if conv is not None and conv is not self.conv:
             self.select_conversation(conv)
-
-    def delete_chat(self) -> None:
-        """Delete the shown conversation after confirmation."""
-        if self.conv is None or self.busy:
-            return
-        ok = QMessageBox.question(self, "Delete chat", f"Delete “{self.conv.title}”?")
-        if ok == QMessageBox.Yes:
-            self.store.delete(self.conv.id)
-            convs = self.store.list()
-            self.select_conversation(self.store.get(convs[0].id) if convs else None)
-
-    def _conv_menu(self, conv_id: int, where) -> None:
-        if self.busy:
-            return
-        conv = self.store.get(conv_id)
-        if conv is None:
-            return
-        if conv is not self.conv:
-            self.select_conversation(conv)
-        menu = QMenu(self)
-        menu.addAction("Rename…", self.rename_chat)
-        menu.addAction("Export…", self.export_chat)
-        menu.addSeparator()
-        menu.addAction("Delete…", self.delete_chat)
-        menu.exec(where)
-
-    def rename_chat(self) -> None:
-        """Ask for a new title for the shown conversation."""
-        if self.conv is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.conv.title)
-        if ok and title.strip():
-            self.rename_conversation(title)
-
-    def rename_conversation(self, title: str) -> None:
-        """Set the shown conversation's title (stored at once)."""
-        try:
-            self.store.rename(self.conv.id, title)
-            self.conv.title = " ".join(title.split())
-        except Exception as exc:
-            self.show_banner(f"Could not rename: {exc}")
-        self._refresh_list()
-
-    def export_chat(self, path: str | None = None) -> bool:
-        """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
-        if self.conv is None:
-            self.show_banner("Export needs a saved conversation.")
-            return False
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(
-                self, "Export chat", f"{self.conv.title[:40] or 'chat'}.md",
-                "Markdown (*.md);;JSON (*.json)")
-            if not path:
-                return False
-        try:
-            self.store.export(self.conv.id, Path(path))
-        except Exception as exc:
-            self.show_banner(f"Could not export: {exc}")
-            return False
-        self.flash(f"Exported to {path}", 5000)
-        return True
-
-    def import_chat(self, path: str | None = None) -> bool:
-        """Import a conversation exported as JSON and show it."""
-        if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
-            if not path:
-                return False
-        try:
-            conv = self.store.import_file(Path(path))
-        except Exception as exc:
-            self.show_banner(f"Could not import {Path(path).name}: {exc}")
-            return False
-        self.select_conversation(conv)
-        return True
 
     def show_message_details(self, msg: Turn | None) -> None:
         """Reasoning, tool calls and figures of ``msg`` in the right-hand panes."""
@@ -445,12 +429,16 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         if where == "defaults":
             self.defaults = values
             settings_mod.save_defaults(self.qs, values)
+            self.show_note("Saved as the defaults: every chat without its own settings uses "
+                           "them from the next reply.")
         else:
             if self.conv is None:
                 self.new_chat()
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
+            self.show_note(f"Saved for “{self.conv.title or 'this chat'}”: its next reply "
+                           "uses them.")
         self.update_settings_note()
 
     # ------------------------------------------------------------------ help
@@ -509,12 +497,15 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         self.qs.sync()
 
     def shutdown(self, timeout_ms: int = 15000) -> None:
-        """Cancel a running reply, keep its partial text, stop the worker thread, close the
-        store (a second call does nothing)."""
+        """Cancel a running reply, keep its partial text (stored as ``interrupted``: the app
+        closed while it was written), stop the worker thread, close the store (a second call
+        does nothing)."""
         if getattr(self, "_shut", False):
             return
         self._shut = True
         if self.busy:
+            if self._run is not None:
+                self._run.interrupted = True
             self.stop()
             loop = QEventLoop()
             clock = QElapsedTimer()
@@ -530,6 +521,25 @@ class MainWindow(ModelFlow, ReplyFlow, QMainWindow):
         except Exception:
             log.exception("closing the store")
 
+    def confirm_quit_while_busy(self) -> bool:
+        """Ask whether to quit while a reply is being written (True: quit)."""
+        answer = QMessageBox.question(
+            self, "Quit while a reply is written?",
+            "A reply is still being written. Quit anyway? What it has written so far is kept "
+            "and marked “interrupted”.",
+            QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+        return answer == QMessageBox.Yes
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        if not getattr(self, "_shown_once", False):
+            self._shown_once = True
+            self.composer.edit.setFocus(Qt.OtherFocusReason)  # typing goes to the message
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
+        if self.busy and not getattr(self, "_shut", False) and \
+                not self.confirm_quit_while_busy():
+            event.ignore()
+            return
         self.shutdown()
         super().closeEvent(event)

@@ -130,7 +130,8 @@ class Worker(QObject):
         loading(str): a load started (the message to show).
         loaded(object): :class:`ModelInfo` after a successful load.
         piecesReady(object): ``{key: list[str]}`` answering ``piecesRequested``.
-        loadFailed(str): a user-facing message; the previous pair (if any) stays loaded.
+        loadFailed(str, bool): a user-facing message, and whether the previous pair is still
+            loaded (``backend.has_model()``; backends without it keep what they had).
         (requests) loadRequested(PairSpec): load this pair (``backend.load(spec)``).
         events(int, list): request id and a batch of :class:`UiEvent`.
         finished(int): the request id; no more events follow for it.
@@ -141,7 +142,7 @@ class Worker(QObject):
 
     loading = Signal(str)
     loaded = Signal(object)
-    loadFailed = Signal(str)
+    loadFailed = Signal(str, bool)
     events = Signal(int, list)
     finished = Signal(int)
     memory = Signal(object)
@@ -181,14 +182,22 @@ class Worker(QObject):
         try:
             info = self.backend.load(spec)
         except EngineError as exc:
-            self.loadFailed.emit(str(exc))
+            self.loadFailed.emit(str(exc), self._still_loaded())
             return
         except Exception as exc:  # a bug or an unexpected file problem: still a message
             log.exception("load failed")
-            self.loadFailed.emit(f"{type(exc).__name__}: {exc}")
+            self.loadFailed.emit(f"{type(exc).__name__}: {exc}", self._still_loaded())
             return
         self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
+
+    def _still_loaded(self) -> bool:
+        """After a failed load: does the backend still hold a working pair?"""
+        has = getattr(self.backend, "has_model", None)
+        try:
+            return bool(has()) if callable(has) else True
+        except Exception:
+            return False
 
     @Slot(object)
     def _on_pieces(self, jobs: object) -> None:

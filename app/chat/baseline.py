@@ -1,0 +1,113 @@
+"""Is DFlash faster here? Plain decoding speeds measured since the app started, and the
+speed-up of a DFlash reply against a comparable one.
+
+A :class:`PlainSample` is one plain measurement (a plain reply, the plain side of a Compare,
+the short benchmark's plain run) with what makes speeds comparable: the pair, the weights'
+dtype, Max tokens and the prompt's length. :meth:`Baselines.match` finds one for a DFlash
+reply only with the same pair, dtype and Max tokens, at a prompt length within ±50% (the
+speed of both paths depends on all four). :class:`SlowStreak` watches the last three DFlash
+replies for the note that DFlash is slower than plain here. Qt-free and MLX-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CONTEXT_TOLERANCE = 0.5
+"""A baseline's prompt length may differ by this fraction of the reply's (±50%)."""
+
+
+@dataclass(frozen=True)
+class PlainSample:
+    """One plain decoding speed: ``tok_per_s`` over a prompt of ``context_tokens`` with
+    ``max_tokens``, on ``pair`` (target and drafter paths) in ``dtype``; ``source`` says
+    where it was measured ("plain reply", "Compare", "short benchmark")."""
+
+    pair: str
+    dtype: str
+    max_tokens: int
+    context_tokens: int
+    tok_per_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """A DFlash reply's tok/s over its baseline's (``ratio``), and the baseline."""
+
+    ratio: float
+    baseline: PlainSample
+
+    def label(self) -> str:
+        """The footer's text, e.g. "~1.9x plain"."""
+        return f"~{self.ratio:.1f}x plain"
+
+    def tooltip(self) -> str:
+        """What the ratio is against, in words."""
+        b = self.baseline
+        return (f"DFlash ran about {self.ratio:.2f} times as fast as plain decoding did here. "
+                f"Baseline: {b.tok_per_s:.1f} tok/s plain, measured by a {b.source} on the "
+                f"same pair ({b.dtype or 'dtype unknown'}, Max tokens {b.max_tokens}) with a "
+                f"{b.context_tokens:,}-token prompt.")
+
+
+NO_BASELINE = "no plain baseline yet: Compare"
+"""The footer's text when no comparable plain speed was measured."""
+
+
+@dataclass
+class Baselines:
+    """Plain speeds measured since the app started (newest last)."""
+
+    samples: list[PlainSample] = field(default_factory=list)
+
+    def add(self, sample: PlainSample) -> None:
+        """Keep one measurement (a zero speed is not a measurement and is dropped)."""
+        if sample.tok_per_s > 0:
+            self.samples.append(sample)
+
+    def match(self, pair: str, dtype: str, max_tokens: int,
+              context_tokens: int) -> PlainSample | None:
+        """The comparable baseline for a reply (see the module doc): among samples with the
+        same pair, dtype and Max tokens whose prompt length is within ±50% of
+        ``context_tokens``, the closest in length (the newest of equals); None if none."""
+        best = None
+        for s in self.samples:
+            if (s.pair, s.dtype, s.max_tokens) != (pair, dtype, max_tokens):
+                continue
+            if abs(s.context_tokens - context_tokens) > CONTEXT_TOLERANCE * context_tokens:
+                continue
+            if best is None or abs(s.context_tokens - context_tokens) <= \
+                    abs(best.context_tokens - context_tokens):
+                best = s
+        return best
+
+    def speedup(self, tok_per_s: float, pair: str, dtype: str, max_tokens: int,
+                context_tokens: int) -> SpeedUp | None:
+        """A DFlash reply's :class:`SpeedUp` (None without a comparable baseline)."""
+        base = self.match(pair, dtype, max_tokens, context_tokens)
+        if base is None or tok_per_s <= 0:
+            return None
+        return SpeedUp(tok_per_s / base.tok_per_s, base)
+
+
+@dataclass
+class SlowStreak:
+    """The speed-ups of the last DFlash replies; :attr:`slow` when the last ``n`` were each
+    below 1.0x (a reply without a baseline breaks the streak)."""
+
+    n: int = 3
+    ratios: list[float | None] = field(default_factory=list)
+
+    def add(self, ratio: float | None) -> None:
+        """One DFlash reply's ratio (None: no baseline)."""
+        self.ratios = (self.ratios + [ratio])[-self.n:]
+
+    @property
+    def slow(self) -> bool:
+        """True when the last ``n`` DFlash replies were all slower than plain."""
+        return len(self.ratios) == self.n and all(r is not None and r < 1.0
+                                                  for r in self.ratios)
+
+    NOTE = ("DFlash was slower than plain for the last 3 replies on this pair. Try Plain, or a "
+            "smaller block size in File › Settings….")

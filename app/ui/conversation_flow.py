@@ -1,0 +1,114 @@
+"""The window's conversation actions: delete (stopping a running reply first, after asking),
+rename, export and import, and the list's context menu. :class:`ConversationFlow` is mixed
+into :class:`app.ui.window.MainWindow` (it uses the window's store, list and banner).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QElapsedTimer, QEventLoop
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QMessageBox
+
+
+class ConversationFlow:
+    """Delete, rename, export, import (see the module doc). Needs the attributes
+    :class:`~app.ui.window.MainWindow` sets up."""
+
+    def delete_chat(self) -> None:
+        """Delete the shown conversation after confirmation; while a reply is written, the
+        question says so and Yes stops the reply first."""
+        if self.conv is None:
+            return
+        if self.busy:
+            ok = QMessageBox.question(
+                self, "Delete chat",
+                f"A reply is still being written in “{self.conv.title}”. Stop it and delete "
+                "the chat?")
+            if ok != QMessageBox.Yes or not self.wait_until_idle():
+                return
+        else:
+            ok = QMessageBox.question(self, "Delete chat", f"Delete “{self.conv.title}”?")
+        if ok == QMessageBox.Yes:
+            self.store.delete(self.conv.id)
+            convs = self.store.list()
+            self.select_conversation(self.store.get(convs[0].id) if convs else None)
+
+    def wait_until_idle(self, timeout_ms: int = 15000) -> bool:
+        """Stop the running reply and wait (events keep flowing) until it has ended and is
+        stored; True when it did within ``timeout_ms``."""
+        self.stop()
+        loop = QEventLoop()
+        clock = QElapsedTimer()
+        clock.start()
+        while self.busy and clock.elapsed() < timeout_ms:
+            loop.processEvents(QEventLoop.AllEvents, 50)
+            time.sleep(0.005)
+        return not self.busy
+
+    def _conv_menu(self, conv_id: int, where) -> None:
+        if self.busy:
+            return
+        conv = self.store.get(conv_id)
+        if conv is None:
+            return
+        if conv is not self.conv:
+            self.select_conversation(conv)
+        menu = QMenu(self)
+        menu.addAction("Rename…", self.rename_chat)
+        menu.addAction("Export…", self.export_chat)
+        menu.addSeparator()
+        menu.addAction("Delete…", self.delete_chat)
+        menu.exec(where)
+
+    def rename_chat(self) -> None:
+        """Ask for a new title for the shown conversation."""
+        if self.conv is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.conv.title)
+        if ok and title.strip():
+            self.rename_conversation(title)
+
+    def rename_conversation(self, title: str) -> None:
+        """Set the shown conversation's title (stored at once)."""
+        try:
+            self.store.rename(self.conv.id, title)
+            self.conv.title = " ".join(title.split())
+        except Exception as exc:
+            self.show_banner(f"Could not rename: {exc}")
+        self._refresh_list()
+
+    def export_chat(self, path: str | None = None) -> bool:
+        """Export the shown conversation as Markdown (``.md``) or JSON (``.json``)."""
+        if self.conv is None:
+            self.show_banner("Export needs a saved conversation.")
+            return False
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(
+                self, "Export chat", f"{self.conv.title[:40] or 'chat'}.md",
+                "Markdown (*.md);;JSON (*.json)")
+            if not path:
+                return False
+        try:
+            self.store.export(self.conv.id, Path(path))
+        except Exception as exc:
+            self.show_banner(f"Could not export: {exc}")
+            return False
+        self.flash(f"Exported to {path}", 5000)
+        return True
+
+    def import_chat(self, path: str | None = None) -> bool:
+        """Import a conversation exported as JSON and show it."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
+            if not path:
+                return False
+        try:
+            conv = self.store.import_file(Path(path))
+        except Exception as exc:
+            self.show_banner(f"Could not import {Path(path).name}: {exc}")
+            return False
+        self.select_conversation(conv)
+        return True
+

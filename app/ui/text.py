@@ -1,0 +1,35 @@
+"""Small wording helpers for what the window shows: counts with the right plural, messages
+that start with a capital letter and end with a full stop, numbers with thousands separators.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``"1 token"``, ``"2 tokens"`` (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence: first letter upper case, a full stop at the end (unless it
+    already ends with punctuation). Paths or names at the start are left alone when they
+    begin with ``/`` or a digit."""
+    text = str(text).strip()
+    if not text:
+        return text
+    if text[0].isalpha() and text[0].islower():
+        text = text[0].upper() + text[1:]
+    if text[-1] not in ".!?…:)\"”'":
+        text += "."
+    return text
+
+
+_BIG_INT = re.compile(r"(?<![\w.,])([1-9]\d{4,})(?![\w.,])")
+
+
+def group_digits(text: str) -> str:
+    """Whole numbers of five or more digits in ``text`` with thousands separators
+    (``"19600000 people"`` -> ``"19,600,000 people"``); years, decimals and ids stay."""
+    return _BIG_INT.sub(lambda m: f"{int(m.group(1)):,}", text)
