@@ -9,10 +9,9 @@ requests and renders the :class:`~app.ui.worker.UiEvent` batches it sends back, 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QElapsedTimer, QEventLoop, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -506,13 +505,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         if self.busy:
             if self._run is not None:
                 self._run.interrupted = True
-            self.stop()
-            loop = QEventLoop()
-            clock = QElapsedTimer()
-            clock.start()
-            while self.busy and clock.elapsed() < timeout_ms:
-                loop.processEvents(QEventLoop.AllEvents, 50)
-                time.sleep(0.005)
+            self.wait_until_idle(timeout_ms)
         self.timer.stop()
         self.save_layout()
         self.workers.stop(timeout_ms)
