@@ -65,6 +65,21 @@ def close_window(win):
     win.shutdown()
 
 
+class _ScriptedTokens:
+    """A stand-in engine generation that emits ``ids`` as plain tokens, then ends."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def cancel(self):
+        pass
+
+    def __iter__(self):
+        for i, t in enumerate(self.ids):
+            yield TokenEvent(t, i, False)
+        yield Done(Summary(mode="plain", generated_tokens=len(self.ids), stop_cause="end_token"))
+
+
 def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
     if mode:
         win.composer.set_mode(mode)
@@ -292,23 +307,10 @@ def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, m
         "The sum is 5.",
     ]
 
-    class Scripted:
-        def __init__(self, ids):
-            self.ids = ids
-
-        def cancel(self):
-            pass
-
-        def __iter__(self):
-            for i, t in enumerate(self.ids):
-                yield TokenEvent(t, i, False)
-            yield Done(Summary(mode="plain", generated_tokens=len(self.ids),
-                               stop_cause="end_token"))
-
     script = iter(rounds)
 
     def fake_generate(target, prompt_ids, config, drafter=None, **kwargs):
-        return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
+        return _ScriptedTokens(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
 
     monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)
     win = engine_window
@@ -346,22 +348,9 @@ def test_next_turn_prompt_keeps_the_tool_call_and_result(qtbot, engine_window, t
     ])
     prompts: list[str] = []
 
-    class Scripted:
-        def __init__(self, ids):
-            self.ids = ids
-
-        def cancel(self):
-            pass
-
-        def __iter__(self):
-            for i, t in enumerate(self.ids):
-                yield TokenEvent(t, i, False)
-            yield Done(Summary(mode="plain", generated_tokens=len(self.ids),
-                               stop_cause="end_token"))
-
     def fake_generate(target, prompt_ids, config, drafter=None, **kwargs):
         prompts.append(tok.decode(list(prompt_ids)))
-        return Scripted(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
+        return _ScriptedTokens(list(tok.encode(next(script), add_special_tokens=False)) + [eos])
 
     monkeypatch.setattr(reply_mod, "_engine_generate", fake_generate)
     win = engine_window
