@@ -53,8 +53,11 @@ def heldout_sets(seed: int) -> tuple[list[dict], list[dict]]:
     return prompts, scripts
 
 
-def prepare(build: Path, seed: int, n_chats: int) -> None:
-    """Held-out sets -> corpus -> tokenizer -> ``dataset.npz`` + ``specs.json``."""
+def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None) -> None:
+    """Held-out sets -> corpus -> tokenizer -> ``dataset.npz`` + ``specs.json``.
+
+    ``tokenizer``: a folder holding an existing tokenizer (e.g. the shipped target's) to reuse
+    instead of training a new one, so that a pair can be trained on from its checkpoints."""
     import numpy as np
     from tokenizers import Tokenizer
 
@@ -68,7 +71,13 @@ def prepare(build: Path, seed: int, n_chats: int) -> None:
     # The tokenizer is trained on a sample (the texts repeat the same system prompt).
     rng = np.random.default_rng(seed)
     sample = rng.choice(len(pairs), size=min(len(pairs), 20_000), replace=False)
-    data.train_tokenizer([pairs[i][0] + pairs[i][1] for i in sample], build / "tokenizer")
+    if tokenizer is None:
+        data.train_tokenizer([pairs[i][0] + pairs[i][1] for i in sample], build / "tokenizer")
+    else:
+        (build / "tokenizer").mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).exists():
+                shutil.copyfile(tokenizer / name, build / "tokenizer" / name)
     arrays = data.tokenize_pairs(build / "tokenizer", pairs)
     arrays["tokens"] = arrays["tokens"].astype(np.uint16)
     np.savez_compressed(build / "dataset.npz", **arrays)
@@ -156,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", choices=["prepare", "train", "install", "all"], default="all")
     p.add_argument("--build", type=Path, default=DEFAULT_BUILD)
     p.add_argument("--chats", type=int, default=DEFAULT_CHATS)
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="reuse this folder's tokenizer (to train on from a shipped pair)")
     p.add_argument("--train-python", default=str(REPO / ".venv-train" / "bin" / "python"),
                    help="a Python with torch + transformers")
     p.add_argument("--trained", type=Path, default=None,
                    help="folder with demo-target/ and demo-dflash/ (default BUILD/out)")
     args, extra = p.parse_known_args(argv)
     if args.stage in ("prepare", "all"):
-        prepare(args.build, args.seed, args.chats)
+        prepare(args.build, args.seed, args.chats, args.tokenizer)
     if args.stage in ("train", "all"):
         py = args.train_python if Path(args.train_python).exists() else sys.executable
         train(args.build, args.device, py, ["--seed", str(args.seed), *extra])

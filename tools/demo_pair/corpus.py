@@ -305,6 +305,114 @@ T = {
     },
 }
 
+# Corpus v3: more training phrasings per intent, so that the small target keys on the content
+# words (capital, currency, population, a country or city name, an expression) rather than on
+# one sentence frame; written for this corpus, none of them a held-out frame.
+EXTRA_TRAIN = {
+    "capital": ["Capital of {c}, please.", "I'm curious: what is the capital of {c}?",
+                "Where is the capital of {c}?", "Which city is the seat of government of {c}?",
+                "In {c}, which city is the capital?", "What's {c}'s capital?",
+                "Can you look up the capital of {c}?", "Tell me {c}'s capital city.",
+                "The capital of {c} is what?", "What would be the capital of {c}?",
+                "Look up the capital city of {c}.", "Find the capital of {c}.",
+                "I want to know the capital of {c}.", "What is the main city, the capital, of {c}?",
+                "Quick: capital of {c}?", "Give me the capital of {c}."],
+    "continent": ["Where in the world is {c}?", "Which continent has {c}?",
+                  "Find the continent of {c}.", "{c}: which continent?",
+                  "Look up which continent {c} is on.", "Is {c} in Africa or Asia?",
+                  "What continent would {c} be on?", "I want to know which continent {c} is in.",
+                  "Can you tell me what continent {c} is in?", "Continent for {c}?"],
+    "currency": ["Which money is used in {c}?", "What's the currency in {c}?",
+                 "Look up the currency of {c}.", "{c}: what currency?",
+                 "What currency is used in {c}?", "I'm travelling to {c}. What currency do "
+                 "they use?", "Find the currency of {c}.", "What do they pay with in {c}?",
+                 "Can you tell me the currency of {c}?", "Which currency would I use in {c}?",
+                 "What is the money of {c}?", "Currency used in {c}?"],
+    "languages": ["What language do people use in {c}?", "Look up the languages of {c}.",
+                  "{c}: which languages?", "What are the official languages of {c}?",
+                  "Which language do they speak in {c}?", "Find the languages spoken in {c}.",
+                  "What languages are used in {c}?", "Can you tell me the languages of {c}?",
+                  "What is spoken in {c}?", "Official language of {c}?",
+                  "Which languages are official in {c}?", "Languages spoken in {c}?",
+                  "I want to know what language they speak in {c}."],
+    "population": ["Look up the population of {c}.", "How many people does {c} have?",
+                   "What is the number of people in {c}?", "{c} population?",
+                   "Find the population of {c}.", "How many residents live in {c}?",
+                   "Can you tell me the population of {c}?", "Population of {c}, please.",
+                   "How large is the population of {c}?", "Number of inhabitants of {c}?",
+                   "I want to know how many people live in {c}."],
+    "info": ["Can you give me an overview of {c}?", "What are the main facts about {c}?",
+             "Some facts on {c}, please.", "Tell me a little about {c}.",
+             "Key facts about {c}?", "Give me the facts on {c}.", "{c}: give me an overview.",
+             "Look up the country {c}.", "I want to know about {c}.",
+             "Summarize {c} for me.", "Tell me what you know about {c}.",
+             "Give a short overview of {c}.", "What is {c} like? Facts, please.",
+             "Info on {c}?", "Give me a quick summary of {c}."],
+    "time": ["What's the time in {city}?", "Can you tell me the time in {city}?",
+             "What time is it now in {city}?", "Look up the time in {city}.",
+             "{city} time?", "What is the current time in {city}?",
+             "Tell me the date and time in {city}.", "What hour is it in {city}?",
+             "I need the current time in {city}.", "What time do they have in {city} now?",
+             "Time in {city} right now, please.", "Is it late in {city} now?",
+             "What is the clock time in {city}?"],
+    "calc": ["Can you work out {e}?", "Calculate this: {e}", "What is the result of {e}?",
+             "Compute {e}, please.", "I need the value of {e}.", "What does {e} equal?",
+             "What is {e} equal to?", "Help me calculate {e}.", "Result of {e}?",
+             "Could you compute {e}?", "Work out {e} for me.", "How much do I get for {e}?"],
+    "convert": ["Can you convert {v} {frm} to {to}?", "I need {v} {frm} in {to}.",
+                "Please convert {v} {frm} to {to}.", "What are {v} {frm} in {to}?",
+                "{v} {frm} equals how many {to}?", "Give me {v} {frm} in {to}.",
+                "How much is {v} {frm} in {to}?", "Could you convert {v} {frm} into {to}?",
+                "Convert from {frm} to {to}: {v}", "What do {v} {frm} come to in {to}?"],
+    "arith": ["Can you work out {a} {op} {b}?", "What does {a} {op} {b} equal?",
+              "What is the result of {a} {op} {b}?", "{a} {op} {b}", "Result of {a} {op} {b}?",
+              "Help me with {a} {op} {b}.", "Could you compute {a} {op} {b}?",
+              "How much do I get for {a} {op} {b}?", "I need {a} {op} {b}."],
+    "easy_conv": ["How many {to} is {v} {frm}?", "Can you convert {v} {frm} to {to}?",
+                  "What are {v} {frm} in {to}?", "{v} {frm} equals how many {to}?",
+                  "Please convert {v} {frm} into {to}.", "I need {v} {frm} in {to}.",
+                  "How much is {v} {frm} in {to}?", "Turn {v} {frm} into {to}."],
+    "list_capital": ["What are {n} capitals in {cont}?", "Name {n} capital cities of {cont}.",
+                     "Could you name {n} capitals in {cont}?", "{n} capitals in {cont}, please.",
+                     "I need {n} capital cities from {cont}.", "List {n} capitals of {cont}."],
+    "list_country": ["What are {n} countries in {cont}?", "Name {n} countries of {cont}.",
+                     "Could you name {n} countries in {cont}?", "{n} countries in {cont}, please.",
+                     "I need {n} countries from {cont}.", "List {n} nations of {cont}.",
+                     "Give me {n} nations in {cont}."],
+    "explain": ["What is {t}, in short?", "Explain {t} to me.", "Can you tell me how {t} works?",
+                "I'd like to understand {t}.", "Could you explain {t} simply?",
+                "What is {t} and how does it work?", "Explain {t} briefly."],
+    "greeting": ["Hello there!", "Hi, how are you?", "Hey!", "Good morning", "Hello :)",
+                 "hi there", "Hey you!", "Hi hi", "Evening!", "Hello, assistant!", "heya",
+                 "Hi, good morning!", "Hello again!"],
+    "thanks": ["Thanks for the help!", "Thank you so much!", "Great, thank you!", "ty",
+               "Nice, thanks.", "I appreciate it.", "Appreciate the help!", "Thanks again!",
+               "Wonderful, thank you.", "OK, thanks!", "Thanks, great answer.", "Cool, thanks!",
+               "Thank you for that.", "Thanks a ton!", "Super, thank you!"],
+    "self": ["Who am I talking to?", "What is this model?", "Tell me what you are.",
+             "What kind of assistant are you?", "What are you good at?", "Are you an AI?",
+             "What model are you?", "Introduce yourself, please.", "Who are you exactly?",
+             "What can I ask you?", "Are you human?", "What are your abilities?",
+             "Please describe what you can do.", "What are you for?"],
+}
+for _k, _extra in EXTRA_TRAIN.items():
+    T[_k]["train"] = T[_k]["train"] + _extra
+
+# Light noise around a training phrasing (corpus v3: more of it, so a frame is not a cue).
+USER_OPENERS = ["Hi! ", "Hey, ", "Quick question: ", "Hello. ", "Please help: ", "Question: ",
+                "Hi there, ", "OK, ", "So, ", "Hmm, ", "One more thing: ", "I wonder: ",
+                "Help me out: ", "Hey there! ", "Good morning! ", "Excuse me, "]
+USER_CLOSERS = [" Thanks!", " Please.", " Thank you.", " Thanks in advance.", " Cheers.",
+                " :)", " Thx.", " Quickly, please.", " If you can."]
+
+# Syllables for made-up country names (tool errors): the name is copied into the call and the
+# error, so the model learns to copy an unknown name rather than to recall a fixed list.
+FAKE_SYLLABLES = ["ar", "bel", "cor", "dra", "el", "fen", "gal", "hor", "is", "kar", "lun", "mor",
+                  "nar", "ost", "pel", "quar", "ros", "sol", "tav", "ur", "val", "wen", "xan",
+                  "yor", "zel", "tri", "bor", "ith", "mar", "eth"]
+FAKE_ENDINGS = ["ia", "land", "stan", "ovia", "aria", "ania", "or", "a", "ica", "en"]
+
+
 # Follow-up phrasings.
 F = {
     "field": {
@@ -515,16 +623,28 @@ class Generator:
         """Training phrasings get light noise (prefix, suffix, case); held-out ones stay."""
         if self.split == "train":
             r = self.rng.random()
-            if r < 0.08:
-                text = self.rng.choice(["Hi! ", "Hey, ", "Quick question: ", "Hello. ",
-                                        "Please help: "]) + text
-            elif r < 0.14:
-                text = text + self.rng.choice([" Thanks!", " Please.", " Thank you."])
-            elif r < 0.2:
+            if r < 0.16:
+                text = self.rng.choice(USER_OPENERS) + text
+            elif r < 0.26:
+                text = text + self.rng.choice(USER_CLOSERS)
+            elif r < 0.32:
                 text = text.lower()
-            elif r < 0.24 and text.endswith(("?", ".")):
+            elif r < 0.38 and text.endswith(("?", ".")):
                 text = text[:-1]
         return text
+
+    def _fake_name(self) -> str:
+        """A made-up country name (two or three syllables and an ending) that is no country
+        of the data and no held-out name."""
+        known = {c["name"] for c in self.countries} | set(BAD_COUNTRIES_HELDOUT)
+        while True:
+            k = self.rng.choice([1, 2, 2, 3])
+            name = "".join(self.rng.choice(FAKE_SYLLABLES) for _ in range(k))
+            name = (name + self.rng.choice(FAKE_ENDINGS)).capitalize()
+            if self.rng.random() < 0.15:
+                name += self.rng.choice([" Republic", " Islands", " Kingdom"])
+            if name not in known:
+                return name
 
     def _country(self) -> dict:
         return self.rng.choice(self.countries)
@@ -656,7 +776,12 @@ class Generator:
 
     def bad_country(self, tools: bool) -> Turn:
         """country_info on a name not in the data: the error, answered gracefully."""
-        name = self.rng.choice(BAD_COUNTRIES if self.split == "train" else BAD_COUNTRIES_HELDOUT)
+        if self.split == "heldout":
+            name = self.rng.choice(BAD_COUNTRIES_HELDOUT)
+        elif self.rng.random() < 0.3:
+            name = self.rng.choice(BAD_COUNTRIES)
+        else:
+            name = self._fake_name()
         fld = self.rng.choice(["capital", "population", "info"])
         key = {"capital": "capital", "population": "population", "info": "info"}[fld]
         q = self._user(self._pick(T[key]).format(c=name))
@@ -877,7 +1002,12 @@ class Generator:
         kind = kind or self.rng.choice(["capital", "country"])
         cont = self.rng.choice([k for k, v in self.by_continent.items() if len(v) >= 5])
         n = self.rng.choice([3, 4, 5])
-        picks = self.rng.sample(self.by_continent[cont], n)
+        if self.split == "train":
+            # Corpus v3: always the continent's first countries in the data's order, so the
+            # list is one memorised sequence (random picks made the small model repeat items).
+            picks = self.by_continent[cont][:n]
+        else:
+            picks = self.rng.sample(self.by_continent[cont], n)
         w = NUMBER_WORDS[n]
         q = self._user(self._pick(T[f"list_{kind}"]).format(n=w, cont=cont))
         if kind == "capital":
@@ -1061,12 +1191,16 @@ class Generator:
         return Turn(q, [assistant(r, answer)], cat, {"calls": [], "contains": want})
 
     # ---- whole chats
-    PLAIN = ("fact", "fact", "arithmetic", "arithmetic", "easy_conversion", "listing", "explain",
-             "self_description", "scope", "scope")
+    PLAIN = ("fact", "fact", "arithmetic", "arithmetic", "arithmetic", "arithmetic",
+             "easy_conversion", "easy_conversion", "easy_conversion", "listing", "listing",
+             "explain", "self_description", "greeting", "thanks", "scope", "scope")
     TOOLED = ("fact", "fact", "fact", "population", "population", "info", "time", "time",
               "time", "calc", "calc", "calc", "calc", "convert", "convert", "convert",
               "listing", "explain", "self_description", "scope", "scope", "two_times",
-              "two_countries", "bad_country")
+              "two_countries", "bad_country",
+              # corpus v3: the categories the v2 pair failed most get more weight
+              "info", "bad_country", "two_times", "two_countries", "self_description",
+              "greeting", "thanks", "listing")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""

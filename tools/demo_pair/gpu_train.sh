@@ -2,7 +2,8 @@
 # One device command: train the demo pair for each shape given, in parallel on one GPU,
 # and pack each result (float16 weights, configs, logs) as <=15 MiB pieces under $OUT.
 # Usage: bash tools/demo_pair/gpu_train.sh "SHAPE1 SHAPE2" [extra train.py args...]
-# Per-shape extra args come from the environment: ARGS_<shape with - as _>.
+# Per-shape extra args come from the environment: ARGS_<shape with - as _>; DATA names the
+# prepared data folder (default build/demo_pair).
 set -u
 shapes=$1; shift
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -20,7 +21,7 @@ fi
 pids=()
 for s in $shapes; do
   v="ARGS_${s//-/_}"
-  python3 tools/demo_pair/train.py --data build/demo_pair --out /tmp/out/$s --device cuda \
+  python3 tools/demo_pair/train.py --data "${DATA:-build/demo_pair}" --out /tmp/out/$s --device cuda \
     --shape "$s" "$@" ${!v:-} > "$OUT/log-$s.txt" 2>&1 &
   pids+=($!)
 done
