@@ -43,7 +43,8 @@ class ReplyFlow:
 
     def send(self, text: str) -> bool:
         """Send ``text`` as a user message and generate a reply in the selected mode.
-        Returns False (with a message) when it cannot start."""
+        Returns False (with a message) when it cannot start; a turn the worker then cannot
+        store ends at once with a banner and the chat as it was (``TurnNotStarted``)."""
         return self._start(text, [""])
 
     def compare(self, text: str) -> bool:
