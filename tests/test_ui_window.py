@@ -16,7 +16,6 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
@@ -32,24 +31,7 @@ PROMPT = "What is the capital of France?"
 
 
 # ------------------------------------------------------------------ helpers
-@pytest.fixture(autouse=True)
-def _allow_engine_after():
-    """The window marks the GUI (main) thread as MLX-free; undo it for other test files."""
-    yield
-    from app.engine.threads import allow_engine_on_current_thread
-
-    allow_engine_on_current_thread()
-
-
-@pytest.fixture
-def qs(tmp_path):
-    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
-    s.beginGroup("generation")
-    s.setValue("use_tools", False)
-    s.setValue("max_tokens", 12)
-    s.setValue("system_prompt", "")
-    s.endGroup()
-    return s
+# ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
 
 
 def make_window(qtbot, qs, backend):
