@@ -262,7 +262,12 @@ class ReplyFlow:
         run.msg.ids.update(ev.reply_ids)
         if ev.user_id is not None and len(run.conv.messages) > 1:
             run.conv.messages[-2].ids[""] = ev.user_id
-        self._refresh_list()  # the title comes with the first message
+        try:  # the title comes with the first message
+            run.conv.title = self.store.db.get_conversation(ev.conversation_id).title or \
+                run.conv.title
+        except Exception:
+            log.exception("reading the conversation's title")
+        self._refresh_list()
 
     def _on_not_started(self, side: SideRun, ev: TurnNotStarted) -> None:
         self._run.not_started = ev.message
