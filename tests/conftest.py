@@ -89,3 +89,29 @@ def tiny_dense(tiny_root):
 
     t, d = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
     return load_target(t), load_drafter(d)
+
+
+# ------------------------------------------------------------------ the window (pytest-qt)
+@pytest.fixture(autouse=True)
+def _allow_engine_after():
+    """A window marks the GUI (main) thread as MLX-free; undo it after every test so the
+    next test (a window test or an engine test on the main thread) starts unmarked."""
+    yield
+    from app.engine.threads import allow_engine_on_current_thread
+
+    allow_engine_on_current_thread()
+
+
+@pytest.fixture
+def qs(tmp_path):
+    """The window's QSettings in a file of the test's own (tools off, short replies, no
+    system prompt), so tests never read or write the user's settings."""
+    from PySide6.QtCore import QSettings
+
+    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    s.beginGroup("generation")
+    s.setValue("use_tools", False)
+    s.setValue("max_tokens", 12)
+    s.setValue("system_prompt", "")
+    s.endGroup()
+    return s

@@ -11,8 +11,10 @@ import pytest
 
 from app.chat import reply as reply_mod
 from app.chat.reply import ReplyDone, ToolResultEvent
-from app.chat.session import ChatSession, PairSpec, finish_fields, prompt_for
+from app.chat.session import ChatSession, PairSpec
 from app.chat.storage import Store
+from app.chat.stored_turn import prompt_for
+from app.chat.turns import finish_fields
 from app.engine.events import Done, Summary, TokenEvent
 from app.engine.prefix import common_prefix
 from app.engine.threads import allow_engine_on_current_thread

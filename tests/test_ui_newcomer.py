@@ -27,27 +27,7 @@ from test_ui_window import (  # noqa: E402
 from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
 from app.engine.errors import ModelLoadError  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _allow_engine_after():
-    """The window marks the GUI (main) thread as MLX-free; undo it for other test files."""
-    yield
-    from app.engine.threads import allow_engine_on_current_thread
-
-    allow_engine_on_current_thread()
-
-
-@pytest.fixture
-def qs(tmp_path):
-    from PySide6.QtCore import QSettings
-
-    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
-    s.beginGroup("generation")
-    s.setValue("use_tools", False)
-    s.setValue("max_tokens", 12)
-    s.setValue("system_prompt", "")
-    s.endGroup()
-    return s
+# ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +77,42 @@ def loaded_window(qtbot, qs, backend=None):
     win.load_model("scripted-target", "scripted-drafter")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
     return win, backend
+
+
+def endless_backend():
+    """A scripted reply that goes on until it is stopped (a cycle every 2 ms)."""
+    return BenchBackend(cycles=100_000, block=4, delay_s=0.002)
+
+
+def _slow(qtbot, qs):
+    return loaded_window(qtbot, qs, endless_backend())
+
+
+def _wait_cycles(qtbot, win, n=3):
+    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= n,
+                    timeout=10_000)
+
+
+def send_and_stop(qtbot, win, text, cycles):
+    """Send ``text``, press Stop once the reply has run ``cycles`` cycles; the finished
+    turn."""
+    with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+        assert win.send(text)
+        _wait_cycles(qtbot, win, cycles)
+        win.stop()
+    return blocker.args[0]
+
+
+def answer_no_then_yes(monkeypatch):
+    """QMessageBox.question answers No, then Yes; returns the list of questions asked."""
+    asked = []
+
+    def answer(parent, title, text, *a, **k):
+        asked.append(text)
+        return QMessageBox.No if len(asked) == 1 else QMessageBox.Yes
+
+    monkeypatch.setattr(QMessageBox, "question", answer)
+    return asked
 
 
 # ------------------------------------------------------------------ item 1
@@ -203,8 +219,7 @@ def test_double_click_on_send_does_not_stop_the_reply(qtbot, qs):
 
 
 def test_a_deliberate_click_on_stop_still_stops(qtbot, qs):
-    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4,
-                                                         delay_s=0.002))
+    win, backend = _slow(qtbot, qs)
     try:
         c = win.composer
         interval = QApplication.styleHints().mouseDoubleClickInterval()
@@ -238,8 +253,7 @@ def test_layout_does_not_jump_and_the_window_goes_small(qtbot, qs):
         before = geometry()
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
             assert win.send(PROMPT)
-            qtbot.waitUntil(lambda: win._run is not None and
-                            win._run.sides[""].stats.cycles >= 3, timeout=10_000)
+            _wait_cycles(qtbot, win)
             during = geometry()
         qtbot.wait(100)
         after = geometry()
@@ -324,6 +338,13 @@ class ToolReplyBackend(BenchBackend):
                                                                   duration_s=0.001)))
 
 
+def endless_tool_backend():
+    """The tool reply, its second round going on until it is stopped."""
+    backend = ToolReplyBackend(delay_s=0.003)
+    backend.r2_cycles = 100_000
+    return backend
+
+
 def test_tool_reply_figures_are_the_reply_total_and_per_round(qtbot, qs):
     win, backend = loaded_window(qtbot, qs, ToolReplyBackend())
     try:
@@ -350,15 +371,9 @@ def test_tool_reply_figures_are_the_reply_total_and_per_round(qtbot, qs):
 
 
 def test_stop_keeps_figures_reasoning_and_chart_in_agreement(qtbot, qs):
-    win, backend = loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4,
-                                                         delay_s=0.002))
+    win, backend = _slow(qtbot, qs)
     try:
-        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
-            assert win.send(PROMPT)
-            qtbot.waitUntil(lambda: win._run is not None and
-                            win._run.sides[""].stats.cycles >= 5, timeout=10_000)
-            win.stop()
-        v = blocker.args[0].version
+        v = send_and_stop(qtbot, win, PROMPT, 5).version
         s = backend.summary
         assert v.stopped
         assert win.live.shown["cycles"] == s.cycles == len(win.live.chart.values) >= 5
@@ -415,16 +430,9 @@ def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
 
 
 def test_stop_in_the_second_round_of_a_tool_reply_keeps_both_rounds(qtbot, qs):
-    backend = ToolReplyBackend(delay_s=0.003)
-    backend.r2_cycles = 100_000
-    win, backend = loaded_window(qtbot, qs, backend)
+    win, backend = loaded_window(qtbot, qs, endless_tool_backend())
     try:
-        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
-            assert win.send("What is 2+3?")
-            qtbot.waitUntil(lambda: win._run is not None and
-                            win._run.sides[""].stats.cycles >= 8, timeout=10_000)
-            win.stop()
-        v = blocker.args[0].version
+        v = send_and_stop(qtbot, win, "What is 2+3?", 8).version
         r1, r2 = backend.round_summaries
         assert v.stopped
         cycles = r1.cycles + r2.cycles
@@ -437,25 +445,10 @@ def test_stop_in_the_second_round_of_a_tool_reply_keeps_both_rounds(qtbot, qs):
 
 
 # ------------------------------------------------------------------ item 7
-def _slow(qtbot, qs):
-    return loaded_window(qtbot, qs, BenchBackend(cycles=100_000, block=4, delay_s=0.002))
-
-
-def _wait_cycles(qtbot, win, n=3):
-    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= n,
-                    timeout=10_000)
-
-
 def test_delete_chat_during_a_reply_asks_then_stops_and_deletes(qtbot, qs, monkeypatch):
     win, backend = _slow(qtbot, qs)
     try:
-        asked = []
-
-        def answer(parent, title, text, *a, **k):
-            asked.append(text)
-            return QMessageBox.No if len(asked) == 1 else QMessageBox.Yes
-
-        monkeypatch.setattr(QMessageBox, "question", answer)
+        asked = answer_no_then_yes(monkeypatch)
         assert win.send(PROMPT)
         _wait_cycles(qtbot, win)
         conv_id = win.conv.id
@@ -513,20 +506,13 @@ def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeyp
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
-    backend = BenchBackend(cycles=100_000, block=4, delay_s=0.002)
+    backend = endless_backend()
     win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.show()
     win.load_model("t", "d")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
-    answers = [QMessageBox.No, QMessageBox.Yes]
-    asked = []
-
-    def answer(parent, title, text, *a, **k):
-        asked.append(text)
-        return answers[len(asked) - 1]
-
-    monkeypatch.setattr(QMessageBox, "question", answer)
+    asked = answer_no_then_yes(monkeypatch)
     assert win.send(PROMPT)
     _wait_cycles(qtbot, win)
     assert not win.close()  # No: the window stays and the reply goes on
@@ -574,17 +560,24 @@ def test_counts_read_as_english():
     assert "1 tokens" not in line and "1 cycles" not in line
 
 
-def test_reasoning_link_says_one_word(qtbot, qs):
-    class OneWord(BenchBackend):
+def replacing(delta_type, first_word, text):
+    """A :class:`BenchBackend` whose ``delta_type`` deltas (reasoning or content) are
+    replaced by one ``text``, sent where the delta starting with ``first_word`` was."""
+
+    class Replacing(BenchBackend):
         def _events(self, turn, mode, cancel):
             for ev in super()._events(turn, mode, cancel):
-                if isinstance(ev, ReasoningDelta):
-                    if ev.text.startswith("Paris"):
-                        yield ReasoningDelta("Paris.")
+                if isinstance(ev, delta_type):
+                    if ev.text.startswith(first_word):
+                        yield delta_type(text)
                     continue
                 yield ev
 
-    win, backend = loaded_window(qtbot, qs, OneWord())
+    return Replacing()
+
+
+def test_reasoning_link_says_one_word(qtbot, qs):
+    win, backend = loaded_window(qtbot, qs, replacing(ReasoningDelta, "Paris", "Paris."))
     try:
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         text = win.chat.toPlainText()
@@ -615,17 +608,9 @@ def test_big_numbers_in_answers_are_grouped_not_in_code(qtbot, qs):
     assert group_digits("about 19600000 people in 2024") == "about 19,600,000 people in 2024"
     assert group_digits("pi is 3.14159265, id 0012345") == "pi is 3.14159265, id 0012345"
 
-    class Numbers(BenchBackend):
-        def _events(self, turn, mode, cancel):
-            for ev in super()._events(turn, mode, cancel):
-                if isinstance(ev, ContentDelta):
-                    if ev.text.startswith("The capital"):
-                        yield ContentDelta("About 19600000 people live there.\n\n"
-                                           "```\nx = 19600000\n```\n")
-                    continue
-                yield ev
-
-    win, backend = loaded_window(qtbot, qs, Numbers())
+    numbers = replacing(ContentDelta, "The capital",
+                        "About 19600000 people live there.\n\n```\nx = 19600000\n```\n")
+    win, backend = loaded_window(qtbot, qs, numbers)
     try:
         msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
         text = win.chat.toPlainText()
@@ -637,9 +622,7 @@ def test_big_numbers_in_answers_are_grouped_not_in_code(qtbot, qs):
 
 
 def test_reasoning_of_two_rounds_is_two_paragraphs_live(qtbot, qs):
-    backend = ToolReplyBackend(delay_s=0.003)
-    backend.r2_cycles = 100_000
-    win, backend = loaded_window(qtbot, qs, backend)
+    win, backend = loaded_window(qtbot, qs, endless_tool_backend())
     try:
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
             assert win.send("What is 2+3?")

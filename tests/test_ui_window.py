@@ -16,7 +16,6 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
@@ -32,24 +31,7 @@ PROMPT = "What is the capital of France?"
 
 
 # ------------------------------------------------------------------ helpers
-@pytest.fixture(autouse=True)
-def _allow_engine_after():
-    """The window marks the GUI (main) thread as MLX-free; undo it for other test files."""
-    yield
-    from app.engine.threads import allow_engine_on_current_thread
-
-    allow_engine_on_current_thread()
-
-
-@pytest.fixture
-def qs(tmp_path):
-    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
-    s.beginGroup("generation")
-    s.setValue("use_tools", False)
-    s.setValue("max_tokens", 12)
-    s.setValue("system_prompt", "")
-    s.endGroup()
-    return s
+# ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
 
 
 def make_window(qtbot, qs, backend):
@@ -414,6 +396,87 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
         assert "interrupted" in win2.chat.toPlainText()
     finally:
         win2.shutdown()
+
+
+REPLY_WRITES = ("add_message", "begin_reply", "begin_compare", "regenerate", "edit_user_message",
+                "update_partial", "finish_reply")
+"""The store's methods that write a reply (its user message, rows, growth, final state)."""
+
+
+def test_replies_are_stored_off_the_gui_thread(qtbot, qs, tmp_path):
+    """The window never writes a reply itself: send, regenerate, Compare and edit are all
+    stored by the worker thread (``app.chat.stored_turn.run_turn``); the GUI thread only
+    reads the store back."""
+    from app.chat.turns import TurnStore
+    from app.ui.window import MainWindow
+
+    store = TurnStore(tmp_path / "c.db")
+    calls: list[tuple[str, bool]] = []
+    for name in REPLY_WRITES:
+        method = getattr(store.db, name)
+
+        def spy(*args, _name=name, _method=method, **kwargs):
+            calls.append((_name, threading.current_thread() is threading.main_thread()))
+            return _method(*args, **kwargs)
+
+        setattr(store.db, name, spy)
+    win = MainWindow(backend=ScriptedBackend(cycles=3), store=store, qsettings=qs,
+                     auto_load=False)
+    qtbot.addWidget(win)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        first = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        win.composer.set_mode("plain")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.edit_message(2, "Compare this, edited.")
+        names = {n for n, _ in calls}
+        assert {"add_message", "begin_reply", "begin_compare", "regenerate",
+                "edit_user_message", "finish_reply"} <= names
+        assert [n for n, on_gui in calls if on_gui] == []
+        # and the view holds what the store holds
+        assert first.ids == {"dflash": first.ids["dflash"], "plain": first.ids["plain"]}
+        assert store.db.get_message(first.ids["plain"]).status == "complete"
+        assert [m.content for m in win.conv.messages if m.role == "user"] == \
+            [PROMPT, "Compare this, edited."]
+        assert win.conv.messages[-1].ids[win.conv.messages[-1].chosen] == \
+            store.db.active_path(win.conv.id)[-1].id
+    finally:
+        win.shutdown()
+
+
+def test_a_turn_that_cannot_be_stored_leaves_the_chat_as_it_was(qtbot, qs, monkeypatch):
+    from app.chat.storage import StorageError
+
+    backend = ScriptedBackend(cycles=2)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        first = send_and_wait(qtbot, win, PROMPT, mode="plain")
+        stored = [(m.id, m.status) for m in win.store.db.messages(win.conv.id)]
+
+        def refuse(*args, **kwargs):
+            raise StorageError("the disk is full")
+
+        monkeypatch.setattr(win.store.db, "begin_reply", refuse)
+        assert win.send("Tell me more.")
+        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+        assert "Could not save this turn" in win.banner.text()
+        assert "the disk is full" in win.banner.text()
+        assert win.conv.messages == [win.conv.messages[0], first]
+        assert win.composer.edit.toPlainText() == "Tell me more."
+        assert [(m.id, m.status) for m in win.store.db.messages(win.conv.id)] == stored
+        assert backend.turn == 1  # no reply ran
+        monkeypatch.undo()
+        win.composer.edit.clear()
+        msg = send_and_wait(qtbot, win, "Tell me more.")
+        assert msg.version.result.content and len(win.conv.messages) == 4
+    finally:
+        close_window(win)
 
 
 # ------------------------------------------------------------------ settings, about

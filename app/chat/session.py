@@ -9,10 +9,11 @@ worker, or the CLI's main thread):
 * :meth:`ChatSession.reply` runs one reply (``app.chat.reply.run_reply``: prompt rendering,
   the engine, the text pipeline, tool rounds) on chat-template messages, after fitting them to
   the context; it yields the reply's typed events;
-* :meth:`ChatSession.send` does the whole turn on a :class:`~app.chat.storage.Store`: stores the
+* :meth:`ChatSession.send` does the whole turn on a :class:`~app.chat.storage.Store` through
+  ``app.chat.stored_turn.run_turn`` (the window's worker runs the same function): stores the
   user message, begins the reply row, builds the prompt from the stored messages
-  (:func:`prompt_for`), runs the reply, saves its growth and its final state (with the tool
-  rounds, :func:`finish_fields`).
+  (``stored_turn.prompt_for``), runs the reply, saves its growth and its final state (with
+  the tool rounds).
 
 Prompts are always built from stored messages (``Store.prompt_for_reply``), so an earlier
 turn's tool calls, tool results and reasoning reach the model as they were generated: a
@@ -31,9 +32,8 @@ from typing import Any
 
 from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import reply_settings
-from app.chat.storage import ReplyRecorder, Store
+from app.chat.storage import Store
 from app.engine.errors import EngineError, GenerationError
-from app.engine.events import TokenEvent
 from app.engine.threads import check_engine_thread
 
 log = logging.getLogger(__name__)
@@ -112,49 +112,6 @@ class Notice:
     message: str
 
 
-def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dict]:
-    """The chat-template messages the stored reply ``reply_id`` answers.
-
-    ``Store.prompt_for_reply`` (every earlier turn with its tool calls, tool results and
-    reasoning, see ``Message.to_prompt_dicts``), with ``system_prompt`` first when it is not
-    blank and the conversation holds no system message of its own.
-
-    Raises:
-        app.chat.storage.MessageNotFoundError: no such reply.
-    """
-    messages = store.prompt_for_reply(reply_id)
-    if system_prompt.strip() and not (messages and messages[0].get("role") == "system"):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return messages
-
-
-def finish_fields(reply: Any) -> dict:
-    """Keyword arguments for ``Store.finish_reply`` from an ``app.chat.reply.Reply``:
-    ``content``, ``reasoning`` (of the last round), ``tool_calls`` (every round's calls with
-    their ``result``/``error``/``duration_s``), ``token_ids``/``from_draft`` (last round),
-    ``summary`` (dict), ``finish_reason`` and ``rounds`` (the chat-template messages when the
-    reply ran more than one round, else ``[]``)."""
-    calls: list[dict] = []
-    for rnd in reply.rounds:
-        runs = {r.call.id: r.to_dict() for r in rnd.tool_runs}
-        for call in rnd.tool_calls:
-            d = {"id": call.id, "name": call.name, "arguments": call.arguments,
-                 "result": None, "error": None, "duration_s": None}
-            if call.id in runs:
-                d.update({k: runs[call.id][k] for k in ("result", "error", "duration_s")})
-            calls.append(d)
-    return {
-        "content": reply.content,
-        "reasoning": reply.reasoning,
-        "tool_calls": calls,
-        "token_ids": list(reply.tokens),
-        "from_draft": list(reply.from_draft),
-        "summary": reply.summary.to_dict() if reply.summary is not None else None,
-        "finish_reason": reply.finish_reason,
-        "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
-    }
-
-
 def _about(folder: Path) -> str:
     """What the first screen says about the model in ``folder`` (the bundled demo pair's
     description; "" for others)."""
@@ -193,7 +150,8 @@ class ChatSession:
 
     Args:
         store: where :meth:`send` keeps conversations (None: :meth:`send` is unavailable;
-            the window stores replies itself and calls :meth:`reply`).
+            the window's worker stores replies with ``app.chat.stored_turn.run_turn`` on the
+            store it was given, calling :meth:`reply`).
     """
 
     def __init__(self, store: Store | None = None) -> None:
@@ -352,50 +310,47 @@ class ChatSession:
 
     def send(self, conversation_id: int, text: str, settings: dict,
              cancel: threading.Event | None = None) -> Iterator:
-        """One whole turn on the store: the user message ``text``, a reply row, the prompt
-        from the stored messages, the reply (events yielded as :meth:`reply` does), its
-        growth saved through the store's throttle and its final state (tool rounds included)
-        stored. The stored reply row is ``self.last_reply_id`` afterwards.
+        """One whole turn on the store (``app.chat.stored_turn.run_turn``, as the window's
+        worker does it): the user message ``text`` and a reply row stored, the prompt read back
+        from the stored messages, the reply (its events yielded as :meth:`reply` does, ending
+        with ``ReplyDone``), its growth saved through the store's throttle and its final state
+        (tool rounds included) stored. The stored reply row is ``self.last_reply_id``.
 
         Raises:
-            RuntimeError: the session has no store. EngineError as :meth:`reply`.
+            RuntimeError: the session has no store.
+            app.chat.storage.StorageError: the turn could not be stored (nothing ran).
+            EngineError: as :meth:`reply`, once the failed reply is stored (status ``error``).
         """
         if self.store is None:
             raise RuntimeError("ChatSession.send needs a store")
-        from app.chat.pipeline import ContentDelta
-        from app.chat.reply import ReplyDone
+        from app.chat.storage import StorageError
+        from app.chat.stored_turn import (
+            ReplyFailed,
+            ReplyFinished,
+            TurnBegun,
+            TurnNotStarted,
+            TurnRequest,
+            TurnStored,
+            run_turn,
+        )
 
-        mode = settings.get("mode") or "plain"
-        self.store.add_message(conversation_id, "user", text)
-        row = self.store.begin_reply(conversation_id, mode=mode,
-                                     block_size=settings.get("block_size") if mode == "dflash"
-                                     else None,
-                                     rollback=settings.get("rollback") if mode == "dflash"
-                                     else None)
-        self.last_reply_id = row.id
-        messages = prompt_for(self.store, row.id, settings.get("system_prompt") or "")
-        recorder = ReplyRecorder(self.store, row.id)
-        content: list[str] = []
-        done = None
-        try:
-            for ev in self.reply(messages, settings, cancel):
-                if isinstance(ev, TokenEvent):
-                    recorder.token(ev)
-                elif isinstance(ev, ContentDelta):
-                    content.append(ev.text)
-                    recorder.text(content="".join(content))
-                elif isinstance(ev, ReplyDone):
-                    done = ev.reply
+        request = TurnRequest(conversation_id, text, dict(settings),
+                              system_prompt=settings.get("system_prompt") or "")
+        failed = None
+        for tagged in run_turn(self.store, self, request, cancel):
+            ev = tagged.event
+            if isinstance(ev, TurnNotStarted):
+                raise StorageError(ev.message)
+            if isinstance(ev, TurnBegun):
+                self.last_reply_id = ev.reply_ids[request.keys[0]]
+            elif isinstance(ev, ReplyFailed):
+                failed = ev.message
+            elif isinstance(ev, TurnStored) and ev.error:
+                raise StorageError(ev.error)
+            elif not isinstance(ev, (ReplyFinished, TurnStored)):
                 yield ev
-        except Exception as exc:
-            self.store.finish_reply(row.id, status="error", error=str(exc),
-                                    content="".join(content))
-            raise
-        if done is None:
-            self.store.finish_reply(row.id, status="error", error="the reply did not finish")
-            return
-        status = "stopped" if done.finish_reason == "cancelled" else "complete"
-        self.store.finish_reply(row.id, status=status, **finish_fields(done))
+        if failed is not None:
+            raise EngineError(failed)
 
     def top2_gap(self, plain: Any, dflash: Any) -> float | None:
         """The target's top-two logit gap where two replies (``app.chat.reply.Reply``) to the

@@ -16,8 +16,14 @@ id; :meth:`Store.update_partial` saves its growth at most every ``partial_interv
 (0.5 s by default). When a store is opened, ``generating`` rows whose writer process is gone
 become ``interrupted`` and keep the text they had.
 
-Thread safety: one :class:`Store` may be shared between threads (calls are serialised by a
-lock); other processes may open the same file at the same time.
+Thread safety: one :class:`Store` may be shared between threads, as the window does (the GUI
+thread reads conversations and writes titles, settings and version choices; the worker thread
+that owns MLX writes replies, ``app.chat.stored_turn``). Its one connection is opened with
+``check_same_thread=False`` (sqlite3 refuses a connection used from a second thread
+otherwise), and every call holds the store's re-entrant lock for as long as it uses the
+connection, a whole transaction included (:meth:`Store.transaction`), so two threads never
+interleave statements and a reader never sees half a transaction. Other processes may open the
+same file at the same time (WAL, ``busy_timeout``).
 """
 
 from __future__ import annotations
@@ -295,6 +301,13 @@ class Store:
                 raise
             self._depth = 0
             self._db.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """Group several calls into one transaction: all of them are stored, or (on an
+        exception, which is raised again) none. Other threads wait until it ends."""
+        with self._tx():
+            yield self
 
     def _q(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:

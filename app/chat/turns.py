@@ -2,8 +2,8 @@
 
 This is a view over :mod:`app.chat.storage` (the one conversation model), not a second model:
 every value comes from a stored ``app.chat.conversation.Message`` row and every change is
-written through :class:`TurnStore` to the :class:`~app.chat.storage.Store` at once or when a
-reply ends. In the view
+written to the :class:`~app.chat.storage.Store` (choices through :class:`TurnStore`, replies
+by ``app.chat.stored_turn``). In the view
 
 * a user message is one :class:`Turn` (``ids[""]`` is its row);
 * an assistant turn is one :class:`Turn` whose :attr:`Turn.versions` are sibling reply rows:
@@ -11,10 +11,13 @@ reply ends. In the view
   :func:`version_key`), or the two sides of a Compare turn (``"plain"``/``"dflash"`` sharing a
   ``compare_group``); ``chosen`` is the version on the active path.
 
-The prompt for a reply is never built from this view: :func:`app.chat.session.prompt_for` reads
+The prompt for a reply is never built from this view: ``app.chat.stored_turn.prompt_for`` reads
 the stored rows (tool calls, tool results and reasoning as generated). Titles come from the
 storage's one rule (``app.chat.storage.auto_title``). Qt-free; the window calls it from the GUI
-thread (sqlite only, no MLX). An in-memory store is ``TurnStore(":memory:")``.
+thread (sqlite only, no MLX) to read conversations and to write titles, settings and version
+choices; a reply is written by ``app.chat.stored_turn.run_turn`` on the worker thread, and the
+view catches up with :meth:`TurnStore.reload_turn`. An in-memory store is
+``TurnStore(":memory:")``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from app.chat.events import (
     ToolResultEvent,
     tool_call_dict,
 )
-from app.chat.session import finish_fields
 from app.chat.storage import (
     DB_FILENAME,
     ConversationNotFoundError,
@@ -58,6 +60,33 @@ def version_key(mode: str, taken) -> str:
         n += 1
         key = f"{mode}#{n}"
     return key
+
+
+def finish_fields(reply: Any) -> dict:
+    """The stored fields of a finished ``app.chat.events.Reply`` (as ``Store.finish_reply``
+    names them): ``content``, ``reasoning`` (of the last round), ``tool_calls`` (every round's calls with
+    their ``result``/``error``/``duration_s``), ``token_ids``/``from_draft`` (last round),
+    ``summary`` (dict), ``finish_reason`` and ``rounds`` (the chat-template messages when the
+    reply ran more than one round, else ``[]``)."""
+    calls: list[dict] = []
+    for rnd in reply.rounds:
+        runs = {r.call.id: r.to_dict() for r in rnd.tool_runs}
+        for call in rnd.tool_calls:
+            d = {"id": call.id, "name": call.name, "arguments": call.arguments,
+                 "result": None, "error": None, "duration_s": None}
+            if call.id in runs:
+                d.update({k: runs[call.id][k] for k in ("result", "error", "duration_s")})
+            calls.append(d)
+    return {
+        "content": reply.content,
+        "reasoning": reply.reasoning,
+        "tool_calls": calls,
+        "token_ids": list(reply.tokens),
+        "from_draft": list(reply.from_draft),
+        "summary": reply.summary.to_dict() if reply.summary is not None else None,
+        "finish_reason": reply.finish_reason,
+        "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
+    }
 
 
 def summary_from_dict(d: dict | None) -> Summary | None:
@@ -377,45 +406,41 @@ class TurnStore:
         return turn
 
     def save(self, conv: ConversationView) -> None:
-        """Write what changed: new user messages, finished reply versions, the version a
-        turn continues from, the per-conversation settings; the stored title comes back."""
+        """Write the choices the window makes: the per-conversation settings and the version
+        each turn continues from (replies themselves are stored by
+        ``app.chat.stored_turn.run_turn`` on the worker); the stored title comes back."""
         self.db.update_conversation(conv.id, settings=dict(conv.settings))
         for msg in conv.messages:
-            if msg.role == "user" and "" not in msg.ids:
-                row = self.db.add_message(conv.id, "user", msg.content)
-                msg.ids[""] = row.id
-            elif msg.role == "assistant":
-                for key, v in msg.versions.items():
-                    if v.saved or key not in msg.ids:
-                        continue
-                    self._finish(msg.ids[key], v)
-                    v.saved = True
-                if len(msg.ids) > 1 and msg.chosen in msg.ids:
-                    self.db.set_active(msg.ids[msg.chosen])
+            if msg.role == "assistant" and len(msg.ids) > 1 and msg.chosen in msg.ids:
+                self.db.set_active(msg.ids[msg.chosen])
         stored = self.db.get_conversation(conv.id)
         if stored.title:
             conv.title = stored.title
 
-    def _finish(self, row_id: int, v: Version) -> None:
-        r = v.result
-        status = "error" if v.error else ("interrupted" if v.interrupted else
-                                           ("stopped" if v.stopped else "complete"))
-        self.db.finish_reply(
-            row_id, status=status, content=r.content, reasoning=r.reasoning,
-            tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",
-                                                "duration_s")} for c in r.tool_calls],
-            token_ids=list(r.tokens), from_draft=list(r.from_draft),
-            summary=r.summary.to_dict() if r.summary is not None else None,
-            finish_reason=r.finish_reason, error=v.error,
-            rounds=r.messages if r.rounds > 1 else None)
-
-    def edit_user(self, old: Turn, new: Turn) -> None:
-        """Store ``new`` as an edited version of the user message ``old`` (a sibling made
-        active; the turns after ``old`` stay stored on the earlier branch)."""
-        if "" not in old.ids:
+    def reload_turn(self, conv: ConversationView, reply: Turn,
+                    live: dict[str, ReplyResult]) -> None:
+        """After a stored turn (``app.chat.stored_turn.TurnStored``): bring the view's last
+        two turns (the user message and ``reply``, which must be the last) up to date with the
+        store, in place: row ids, versions and their status (stopped, interrupted, error), the
+        chosen version, the title. ``live`` maps version keys to the results streamed in this
+        run of the app, which the view keeps (they hold what the store has, plus what only the
+        live run knows: token texts, per-round figures, the top-two gap)."""
+        fresh = self.get(conv.id)
+        if fresh is None:
             return
-        row = self.db.edit_user_message(old.ids[""], new.content)
-        new.ids[""] = row.id
+        conv.title, conv.updated = fresh.title, fresh.updated
+        if len(fresh.messages) != len(conv.messages) or not fresh.messages or \
+                conv.messages[-1] is not reply or fresh.messages[-1].role != "assistant":
+            conv.messages = fresh.messages  # the view went out of step: take the store's
+            return
+        stored = fresh.messages[-1]
+        for key, v in stored.versions.items():
+            if key in live:
+                v.result = live[key]
+        reply.versions, reply.ids = stored.versions, stored.ids
+        reply.chosen, reply.compare = stored.chosen, stored.compare
+        if len(conv.messages) > 1 and conv.messages[-2].role == "user":
+            conv.messages[-2].ids = dict(fresh.messages[-2].ids)
 
     def rename(self, conv_id: int, title: str) -> None:
         """Set a conversation's title (raises ValueError when empty)."""
@@ -450,39 +475,6 @@ class TurnStore:
             self.db.delete_conversation(conv_id)
         except ConversationNotFoundError:
             pass
-
-    # ---- a reply being generated
-    def begin_reply(self, conv: ConversationView, msg: Turn, keys: list[str],
-                    settings: dict) -> None:
-        """Store the reply rows as ``generating`` before generation starts (the user message
-        first). ``keys`` is ``[version key]`` or ``["plain", "dflash"]`` for Compare."""
-        self.save(conv)
-        block = settings.get("block_size")
-        rollback = settings.get("rollback") or "tape"
-        generation = {k: settings.get(k) for k in ("max_tokens", "temperature", "top_p",
-                                                    "top_k", "min_p", "seed",
-                                                    "enable_thinking")}
-        if keys == ["plain", "dflash"]:
-            plain, dflash = self.db.begin_compare(conv.id, block_size=block, rollback=rollback,
-                                                  generation=generation)
-            msg.ids.update(plain=plain.id, dflash=dflash.id)
-        else:
-            mode = settings.get("mode") or "plain"
-            kwargs = {"block_size": block if mode == "dflash" else None,
-                      "rollback": rollback if mode == "dflash" else None,
-                      "generation": generation}
-            if msg.ids:  # a new version of a stored reply: a sibling row
-                row = self.db.regenerate(next(iter(msg.ids.values())), mode=mode, **kwargs)
-            else:
-                row = self.db.begin_reply(conv.id, mode=mode, **kwargs)
-            msg.ids[keys[0]] = row.id
-
-    def progress(self, msg: Turn, key: str, content: str, reasoning: str,
-                 tokens: list[int], from_draft: list[bool]) -> None:
-        """Save the growing reply (the storage throttles writes to one per 0.5 s)."""
-        if key in msg.ids:
-            self.db.update_partial(msg.ids[key], content=content, reasoning=reasoning,
-                                   token_ids=list(tokens), from_draft=list(from_draft))
 
     def close(self) -> None:
         """Flush held-back writes and close the database."""

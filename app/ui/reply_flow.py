@@ -1,11 +1,13 @@
 """The window's reply flow: starting a reply (send, compare, regenerate, edit), stopping it,
-rendering the worker's event batches and storing the result.
+rendering the worker's event batches and showing the stored result.
 
 :class:`ReplyFlow` is the generation half of :class:`app.ui.window.MainWindow` (mixed into
 it; it uses the window's widgets, store and worker). Each event type has one handler, picked
 with ``isinstance`` (:attr:`ReplyFlow._HANDLERS`); the request's state is a typed
-:class:`~app.ui.run_state.ReplyRun`. The prompt is read back from the stored rows
-(:func:`app.chat.session.prompt_for`), never rebuilt from the view.
+:class:`~app.ui.run_state.ReplyRun`. The window writes nothing of a reply: it sends a
+:class:`~app.chat.stored_turn.TurnRequest` and the worker stores the turn and builds the prompt
+from the stored rows (``app.chat.stored_turn.run_turn``); when ``TurnStored`` arrives the
+view reads the turn back (``TurnStore.reload_turn``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from app.chat.events import (
     ToolResultEvent,
     tool_call_dict,
 )
-from app.chat.session import Notice, prompt_for
-from app.chat.turns import ConversationView, ReplyResult, Turn, Version, version_key
+from app.chat.session import Notice
+from app.chat.stored_turn import TurnBegun, TurnNotStarted, TurnRequest, TurnStored
+from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
@@ -40,7 +43,8 @@ class ReplyFlow:
 
     def send(self, text: str) -> bool:
         """Send ``text`` as a user message and generate a reply in the selected mode.
-        Returns False (with a message) when it cannot start."""
+        Returns False (with a message) when it cannot start; a turn the worker then cannot
+        store ends at once with a banner and the chat as it was (``TurnNotStarted``)."""
         return self._start(text, [""])
 
     def compare(self, text: str) -> bool:
@@ -80,15 +84,9 @@ class ReplyFlow:
         if self.model is None:
             self._say_no_model()
             return False
-        new = Turn("user", text)
-        try:
-            self.store.edit_user(old, new)
-        except Exception as exc:
-            log.exception("editing a message")
-            self.show_banner(f"Could not save the edit: {exc}")
+        if "" not in old.ids:
             return False
-        conv.messages = conv.messages[:index] + [new]
-        return self._start(text, [""], edited=new)
+        return self._start(text, [""], edited=(index, old))
 
     def _say_no_model(self) -> None:
         """Why nothing can be sent: a load is running, or nothing is loaded at all."""
@@ -99,7 +97,10 @@ class ReplyFlow:
                              "default model for the bundled demo.")
 
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
-               edited: Turn | None = None) -> bool:
+               edited: tuple[int, Turn] | None = None) -> bool:
+        """Show the new turn and ask the worker to store and generate it (a
+        :class:`~app.chat.stored_turn.TurnRequest`); the window writes nothing of it.
+        ``again``: the reply to regenerate; ``edited``: (index, user turn) being edited."""
         if self.busy:
             return False
         if self.model is None:
@@ -118,11 +119,12 @@ class ReplyFlow:
         conv = self.conv
         values = self.current_settings()
         key = mode
-        if edited is not None:  # the edited user message is already the last one
-            reply = Turn("assistant", compare=tags != [""])
-            conv.messages.append(reply)
-        elif again is None:
-            conv.messages.append(Turn("user", text))
+        previous = (list(conv.messages), again.chosen if again is not None else "")
+        if edited is not None:  # the turns after the edited message leave the view
+            conv.messages = conv.messages[:edited[0]] + [Turn("user", text)]
+        if again is None:
+            if edited is None:
+                conv.messages.append(Turn("user", text))
             reply = Turn("assistant", compare=tags != [""])
             conv.messages.append(reply)
         else:
@@ -130,28 +132,17 @@ class ReplyFlow:
             reply.chosen = ""  # the new version streams in place of the shown one
             key = version_key(mode, reply.versions)
         rs = settings_mod.reply_settings(values, mode)
-        try:
-            # the rows first: the prompt is read back from them (tool calls and results of
-            # earlier turns included, as they were generated)
-            self.store.begin_reply(conv, reply, tags if tags != [""] else [key], rs)
-            messages = prompt_for(self.store.db, reply.ids[key if tags == [""] else "plain"],
-                                  values["system_prompt"])
-        except Exception as exc:
-            log.exception("saving the new turn")
-            self.show_banner(f"Could not save this turn, so no reply was started: {exc}")
-            if reply.versions:
-                reply.chosen = next(iter(reply.versions))
-            else:
-                conv.messages.remove(reply)
-                if again is None and edited is None and "" not in conv.messages[-1].ids:
-                    conv.messages.pop()  # the user message was not stored either
-                    self.composer.edit.setPlainText(text)
-            self.chat.render(conv)
-            return False
+        request = TurnRequest(
+            conv.id, text, rs, tuple(tags), key if tags == [""] else "",
+            values["system_prompt"],
+            regenerate_of=next(iter(again.ids.values())) if again is not None else None,
+            edit_of=edited[1].ids[""] if edited is not None else None)
         self._refresh_list()
         self._req += 1
         self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
                                    self.model.context_length)
+        self._run.previous = previous
+        self._run.text = text if again is None else ""
         for side in self._run.sides.values():
             side.stats.mode = side.tag or mode
         self._pending = []
@@ -169,14 +160,14 @@ class ReplyFlow:
             self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
             self.compare_view.set_results(None, None)
             self.compare_view.show_running(tags[0])
-        self.worker.replyRequested.emit(self._req, messages, rs, tags)
+        self.worker.replyRequested.emit(self._req, request)
         return True
 
     def stop(self) -> None:
         """Stop the running reply (takes effect within one cycle or token)."""
         if self.busy and self._run is not None:
             self._run.stopped = True
-            self.worker.cancel(self._run.id)
+            self.worker.cancel(self._run.id, interrupted=self._run.interrupted)
             self.flash("Stopping…", 3000)
 
     def _on_events(self, req_id: int, batch: list) -> None:
@@ -204,7 +195,8 @@ class ReplyFlow:
         self._show_progress(run)
 
     def _show_progress(self, run: ReplyRun) -> None:
-        """Stream text, tool calls and figures of the side running now; save its growth."""
+        """Stream text, tool calls and figures of the side running now (the worker saves
+        its growth)."""
         if not run.compare:
             side = run.sides[""]
             shown = side.text
@@ -216,12 +208,6 @@ class ReplyFlow:
             self.compare_view.stream(cur.tag, cur.text)
         if self._details_changed:
             self.tools.set_calls(list(cur.calls.values()))
-        if cur.result is None:
-            try:
-                self.store.progress(run.msg, run.version_key(cur.tag), cur.text, cur.reasoning,
-                                    cur.tokens, cur.flags)
-            except Exception:  # the reply keeps streaming; the final save retries
-                log.exception("saving a partial reply")
         self.live.show_stats(cur.stats, self._block_for(cur.tag or run.mode, run.settings))
 
     # one handler per event type
@@ -271,6 +257,24 @@ class ReplyFlow:
     def _on_reply_finished(self, side: SideRun, ev: ReplyFinished) -> None:
         self._finish_side(side, ev.result)
 
+    def _on_begun(self, side: SideRun, ev: TurnBegun) -> None:
+        run = self._run
+        run.msg.ids.update(ev.reply_ids)
+        if ev.user_id is not None and len(run.conv.messages) > 1:
+            run.conv.messages[-2].ids[""] = ev.user_id
+        try:  # the title comes with the first message
+            run.conv.title = self.store.db.get_conversation(ev.conversation_id).title or \
+                run.conv.title
+        except Exception:
+            log.exception("reading the conversation's title")
+        self._refresh_list()
+
+    def _on_not_started(self, side: SideRun, ev: TurnNotStarted) -> None:
+        self._run.not_started = ev.message
+
+    def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
+        self._run.stored = ev
+
     _HANDLERS = (
         (TokenEvent, _on_token),
         (CycleEvent, _on_cycle),
@@ -284,6 +288,9 @@ class ReplyFlow:
         (Notice, _on_notice),
         (ReplyFailed, _on_failed),
         (ReplyFinished, _on_reply_finished),
+        (TurnBegun, _on_begun),
+        (TurnNotStarted, _on_not_started),
+        (TurnStored, _on_stored),
     )
     """(event type, handler) pairs: each event goes to the first type it is an instance of."""
 
@@ -308,36 +315,34 @@ class ReplyFlow:
             result.tool_calls = list(side.calls.values())
 
     def _on_finished(self, req_id: int) -> None:
+        """The worker is done with the request: the turn is stored (``TurnStored``), so the
+        view reads it back (``TurnStore.reload_turn``) keeping the results streamed live."""
         run = self._run
         if run is None or req_id != run.id:
             return
         self.render_pending()
         msg: Turn = run.msg
-        for side in run.sides.values():
-            if side.result is None:
-                continue
-            stopped = run.stopped or side.result.finish_reason == "cancelled"
-            msg.versions[run.version_key(side.tag)] = Version(
-                side.result, stopped=stopped or run.interrupted, error=side.error,
-                interrupted=run.interrupted)
-        if not run.compare:
-            msg.chosen = run.key if run.key in msg.versions else next(iter(msg.versions), "")
-        else:
-            for side in run.sides.values():  # a side stopped before it ran: empty, stopped
-                if side.tag not in msg.versions:
-                    msg.versions[side.tag] = Version(
-                        ReplyResult(mode=side.tag, finish_reason="cancelled"), stopped=True,
-                        error=side.error)
-            done = [t for t, sd in run.sides.items() if sd.result is not None]
-            msg.chosen = "dflash" if "dflash" in done else (done[0] if done else "dflash")
-            self.compare_view.set_results(run.sides["plain"].result,
-                                          run.sides["dflash"].result, msg.chosen)
-        self._measure_speed(run)
         self.busy = False
         self._run = None
         self.composer.set_busy(False)
         self.conv_side.set_busy(False)
-        self._save(run.conv)
+        if run.not_started is not None or run.stored is None:
+            self._not_started(run)
+            return
+        if run.stored.error:
+            self.show_banner(f"Could not save the conversation: {run.stored.error}")
+        live = {run.version_key(t): sd.result for t, sd in run.sides.items()
+                if sd.result is not None}
+        try:
+            self.store.reload_turn(run.conv, msg, live)
+        except Exception as exc:
+            log.exception("reading the stored turn back")
+            self.show_banner(f"Could not read the conversation back: {exc}")
+        if run.compare:
+            self.compare_view.set_results(run.sides["plain"].result,
+                                          run.sides["dflash"].result, msg.chosen)
+        self._measure_speed(run)
+        self._refresh_list()
         if run.conv is self.conv:
             self.chat.render(self.conv)
             self.show_message_details(msg)
@@ -346,6 +351,21 @@ class ReplyFlow:
                 self.live.show_stats(last.stats, self._block_for(run.current or run.mode,
                                                                  run.settings))
         self.replyFinished.emit(msg)
+
+    def _not_started(self, run: ReplyRun) -> None:
+        """The turn could not be stored: the view goes back to what it was, the message goes
+        back to the composer, and the banner says why."""
+        self.show_banner("Could not save this turn, so no reply was started: "
+                         f"{run.not_started or 'the worker stopped'}")
+        run.conv.messages, chosen = run.previous
+        if run.msg.versions:  # a regenerated reply shows its earlier version again
+            run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))
+        if run.text and not self.composer.edit.toPlainText().strip():
+            self.composer.edit.setPlainText(run.text)
+        if run.compare:
+            self.compare_view.hide()
+        if run.conv is self.conv:
+            self.chat.render(self.conv)
 
     def _pair_key(self) -> str:
         """The loaded pair, as baselines compare it."""

@@ -3,13 +3,15 @@
 A :class:`ReplyRun` is one request to the worker: an ordinary reply (one side, tag "") or a
 Compare turn (sides "plain" and "dflash", run one after the other). Each :class:`SideRun`
 collects what its events brought: live figures, text, reasoning, tool calls, tokens, and at the
-end its :class:`~app.chat.turns.ReplyResult` or error. Qt-free; the window owns one at a time.
+end its :class:`~app.chat.turns.ReplyResult` or error. Qt-free; the window owns one at a time
+(the worker stores the turn; the run only remembers what to show).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.chat.stored_turn import TurnStored
 from app.chat.turns import ConversationView, ReplyResult, Turn
 from app.ui.panels import LiveStats
 
@@ -65,6 +67,16 @@ class ReplyRun:
     stopped: bool = False
     interrupted: bool = False
     """Set when the app quits while this reply is written (stored as ``interrupted``)."""
+    text: str = ""
+    """The user message sent ("" for a regenerated reply): back to the composer when the
+    turn cannot be stored."""
+    previous: tuple = ((), "")
+    """The view's turns and the regenerated reply's chosen key before the request (restored
+    when the turn cannot be stored)."""
+    stored: TurnStored | None = None
+    """The worker's :class:`~app.chat.stored_turn.TurnStored` once every row is final."""
+    not_started: str | None = None
+    """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
 
     @classmethod
     def start(cls, req_id: int, conv: ConversationView, msg: Turn, tags: list[str], mode: str,

@@ -113,7 +113,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self._pending: list[UiEvent] = []
         self.shown_message: Turn | None = None
 
-        self.workers = WorkerThread(backend)
+        self.workers = WorkerThread(backend, self.store.db)  # the worker writes replies
         self.worker = self.workers.worker
         self.worker.loading.connect(self._on_loading)
         self.worker.loaded.connect(self._on_loaded)

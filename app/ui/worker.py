@@ -9,6 +9,9 @@ the end of a reply) so the GUI is not woken once per token; the window then rend
 The backend (Qt-free) does the actual work: :class:`app.chat.session.ChatSession` (loading,
 prompt fitting, ``app.chat.reply.run_reply``, the benchmark, token texts); tests swap in
 scripted backends that emit the engine's real event dataclasses (:mod:`app.engine.events`).
+A reply is stored here too, on this thread, by ``app.chat.stored_turn.run_turn`` (the user
+message, the reply rows, their growth, their final state with the tool rounds); the window
+never writes a reply, it reads the store back when ``TurnStored`` arrives.
 
 Thread checks: the window marks the GUI thread (``app.engine.threads``); the engine's entry
 points and :func:`assert_not_gui_thread` raise :class:`app.engine.errors.WrongThreadError`
@@ -17,29 +20,32 @@ there.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.chat.events import (
-    ReplyDone,
-    RoundFinished,
-    StopStringHit,
-)
+from app.chat.events import ReplyDone, RoundFinished, StopStringHit
 from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec
-from app.chat.turns import PartialReply, ReplyResult
+from app.chat.storage import Store
+from app.chat.stored_turn import (
+    ReplyFailed,
+    ReplyFinished,
+    TaggedEvent,
+    TurnRequest,
+    TurnStored,
+    run_turn,
+)
+from app.chat.turns import ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult",
-           "UiEvent", "Worker", "WorkerThread"]
+           "TurnRequest", "UiEvent", "Worker", "WorkerThread"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
@@ -60,34 +66,16 @@ def assert_not_gui_thread(what: str) -> None:
 
 
 # --------------------------------------------------------------------------- UI events
-@dataclass(frozen=True)
-class UiEvent:
-    """One event handed to the GUI thread: a typed ``event`` and the ``tag`` of the side of a
-    Compare turn it belongs to ("plain" / "dflash"; "" for an ordinary reply).
+UiEvent = TaggedEvent
+"""One event handed to the GUI thread: a typed ``event`` and the ``tag`` of the side of a
+Compare turn it belongs to ("plain" / "dflash"; "" for an ordinary reply or the whole turn).
 
-    ``event`` is one of the engine's ``TokenEvent`` / ``CycleEvent`` / ``Done``, the reply's
-    ``ContentDelta`` / ``ReasoningDelta`` / ``ToolCallDelta`` / ``ToolResultEvent`` /
-    ``RoundStarted`` / ``PipelineWarning`` (:mod:`app.chat.events`), the session's
-    ``Notice``, or this module's :class:`ReplyFinished` / :class:`ReplyFailed`. The window
-    handles them with ``isinstance``.
-    """
-
-    event: Any
-    tag: str = ""
-
-
-@dataclass(frozen=True)
-class ReplyFinished:
-    """The last event of one reply (or one side of a Compare turn): its :class:`ReplyResult`."""
-
-    result: ReplyResult
-
-
-@dataclass(frozen=True)
-class ReplyFailed:
-    """Generation failed; ``message`` is for the user (the reply keeps what it had)."""
-
-    message: str
+``event`` is one of the engine's ``TokenEvent`` / ``CycleEvent`` / ``Done``, the reply's
+``ContentDelta`` / ``ReasoningDelta`` / ``ToolCallDelta`` / ``ToolResultEvent`` /
+``RoundStarted`` / ``PipelineWarning`` (:mod:`app.chat.events`), the session's ``Notice``, or
+the stored turn's ``TurnBegun`` / ``TurnNotStarted`` / ``ReplyFinished`` / ``ReplyFailed`` /
+``TurnStored`` (:mod:`app.chat.stored_turn`). The window handles them with ``isinstance``.
+"""
 
 
 # --------------------------------------------------------------------------- backends
@@ -117,8 +105,11 @@ class Backend(Protocol):
         same messages first differ; None when they do not or it cannot be computed."""
 
 
-_NOT_SHOWN = (RoundFinished, StopStringHit)
+_NOT_SHOWN = (RoundFinished, StopStringHit, ReplyDone)
 """Reply events the window does not show (their effect arrives with other events)."""
+
+_FLUSH_NOW = (ReplyFinished, TurnStored)
+"""Events sent at once rather than with the next batch."""
 
 
 # --------------------------------------------------------------------------- the worker
@@ -132,7 +123,9 @@ class Worker(QObject):
         piecesReady(object): ``{key: list[str]}`` answering ``piecesRequested``.
         loadFailed(str, bool): a user-facing message, and whether the previous pair is still
             loaded (``backend.has_model()``; backends without it keep what they had).
-        (requests) loadRequested(PairSpec): load this pair (``backend.load(spec)``).
+        (requests) loadRequested(PairSpec): load this pair (``backend.load(spec)``);
+            replyRequested(int, TurnRequest): store and generate one turn
+            (``app.chat.stored_turn.run_turn`` on the worker's store).
         events(int, list): request id and a batch of :class:`UiEvent`.
         finished(int): the request id; no more events follow for it.
         memory(int): MLX active memory in bytes.
@@ -154,14 +147,18 @@ class Worker(QObject):
     # requests (queued from the GUI thread)
     piecesRequested = Signal(object)
     loadRequested = Signal(object)
-    replyRequested = Signal(int, list, object, list)
+    replyRequested = Signal(int, object)
     unloadRequested = Signal()
     benchRequested = Signal(int)
 
-    def __init__(self, backend: Backend | None = None) -> None:
+    def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         super().__init__()
         self.backend: Backend = backend or ChatSession()
+        self.store = store if store is not None else Store(":memory:")
+        """Where replies are stored (the window's store; shared with the GUI thread, see
+        ``app.chat.storage`` on thread safety)."""
         self._cancel = threading.Event()
+        self._interrupted = threading.Event()
         self._cancelled: set[int] = set()
         self.loadRequested.connect(self._on_load)
         self.replyRequested.connect(self._on_reply)
@@ -169,9 +166,12 @@ class Worker(QObject):
         self.piecesRequested.connect(self._on_pieces)
         self.benchRequested.connect(self._on_bench)
 
-    def cancel(self, req_id: int | None = None) -> None:
+    def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
-        ``req_id`` a request still waiting in the queue is stopped too when it starts."""
+        ``req_id`` a request still waiting in the queue is stopped too when it starts;
+        ``interrupted`` (the app quits) stores the reply as ``interrupted``, not ``stopped``."""
+        if interrupted:
+            self._interrupted.set()
         if req_id is not None:
             self._cancelled.add(req_id)
         self._cancel.set()
@@ -233,39 +233,15 @@ class Worker(QObject):
         finally:
             self.memory.emit(self.backend.memory_bytes())
 
-    @Slot(int, list, object, list)
-    def _on_reply(self, req_id: int, messages: list, settings: object, tags: list) -> None:
-        """Run one reply per tag (["" ] normally, ["plain", "dflash"] for Compare)."""
+    @Slot(int, object)
+    def _on_reply(self, req_id: int, request: TurnRequest) -> None:
+        """Store and generate one turn (``run_turn``), forwarding its events in batches."""
         self._cancel = threading.Event()
+        self._interrupted = threading.Event()
         if req_id in self._cancelled:
             self._cancel.set()
-        self._replies: dict[str, Any] = {}
-        frozen = None
-        if len(tags) > 1 and settings.get("use_tools"):
-            # a Compare: both sides see the same tool results (one frozen clock)
-            from app.chat.tools import builtin_tools
-
-            frozen = builtin_tools(datetime.datetime.now(datetime.UTC))
-        try:
-            for tag in tags:
-                s = dict(settings)
-                if tag:
-                    s["mode"] = tag
-                if frozen is not None:
-                    s["runnable_tools"] = frozen
-                self._run_one(req_id, messages, s, tag)
-                if self._cancel.is_set():
-                    break
-        finally:
-            self.memory.emit(self.backend.memory_bytes())
-            self.finished.emit(req_id)
-
-    def _run_one(self, req_id: int, messages: list, settings: dict, tag: str) -> None:
         batch: list[UiEvent] = []
         last = time.monotonic()
-        result: ReplyResult | None = None
-        partial = PartialReply()
-        failed = False
 
         def flush() -> None:
             nonlocal batch, last
@@ -275,38 +251,17 @@ class Worker(QObject):
             last = time.monotonic()
 
         try:
-            for ev in self.backend.reply(messages, settings, self._cancel):
-                if isinstance(ev, _NOT_SHOWN):
+            for ui in run_turn(self.store, self.backend, request, self._cancel,
+                               self._interrupted):
+                if isinstance(ui.event, _NOT_SHOWN):
                     continue
-                if isinstance(ev, ReplyDone):
-                    result = ReplyResult.from_reply(ev.reply, settings, self.backend.pieces)
-                    self._replies[tag] = ev.reply
-                    continue
-                partial.add(ev)
-                batch.append(UiEvent(ev, tag))
-                if time.monotonic() - last >= FLUSH_S:
+                batch.append(ui)
+                if isinstance(ui.event, _FLUSH_NOW) or time.monotonic() - last >= FLUSH_S:
                     flush()
-        except EngineError as exc:
-            batch.append(UiEvent(ReplyFailed(str(exc)), tag))
-            failed = True
-        except Exception as exc:
-            log.exception("generation failed")
-            batch.append(UiEvent(ReplyFailed(f"Generation failed: {type(exc).__name__}: {exc}"),
-                                 tag))
-            failed = True
-        if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
-            result = partial.result(settings, self.backend.pieces, failed=failed,
-                                    cancelled=self._cancel.is_set())
-        plain = self._replies.get("plain")
-        if tag == "dflash" and plain is not None and tag in self._replies \
-                and result.tokens != plain.all_tokens:
-            gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
-            try:
-                result.top2_gap = gap_of(plain, self._replies[tag]) if gap_of else None
-            except Exception:  # a figure for the header; never fails the reply
-                log.exception("top-two gap")
-        batch.append(UiEvent(ReplyFinished(result), tag))
-        flush()
+        finally:
+            flush()
+            self.memory.emit(self.backend.memory_bytes())
+            self.finished.emit(req_id)
 
 
 class WorkerThread:
@@ -315,10 +270,10 @@ class WorkerThread:
     ``stop()`` cancels any reply, quits the thread's event loop and waits (never
     ``QThread.terminate()``)."""
 
-    def __init__(self, backend: Backend | None = None) -> None:
+    def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         self.thread = QThread()
         self.thread.setObjectName("mlx-worker")
-        self.worker = Worker(backend)
+        self.worker = Worker(backend, store)
         self.worker.moveToThread(self.thread)
         self.thread.start()
 

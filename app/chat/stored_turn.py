@@ -1,0 +1,355 @@
+"""One turn stored as it is generated: the rows, the prompt read back from them, the reply (or
+the two sides of a Compare turn), its growth and its final state.
+
+:func:`run_turn` is the one place a reply is written to the
+:class:`~app.chat.storage.Store`. It runs on the thread that owns MLX (the window's worker,
+``app.ui.worker``, or the caller of :meth:`app.chat.session.ChatSession.send`), so the GUI
+thread never writes a reply; the window only reads the store back when :class:`TurnStored`
+arrives. Qt-free.
+
+A turn, asked for by a :class:`TurnRequest`:
+
+1. in one transaction: the user message (new, or an edited sibling of a stored one) and the
+   reply rows (``generating``: one reply, a sibling version of a stored reply, or the two
+   rows of a Compare turn); :class:`TurnBegun` gives their ids. When this fails nothing is
+   stored and nothing runs (:class:`TurnNotStarted`): the conversation stays as it was;
+2. the prompt from the stored rows (:func:`prompt_for`: earlier turns' tool calls, tool
+   results and reasoning as they were generated);
+3. each side's reply (``backend.reply``), its events passed on as :class:`TaggedEvent`, its
+   growth saved through the store's throttle (``Store.update_partial``); a failure becomes
+   :class:`ReplyFailed` and the side keeps what it had; each side ends with
+   :class:`ReplyFinished`;
+4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
+   rounds included), the version the conversation continues from, then :class:`TurnStored`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.chat.events import ReplyDone
+from app.chat.storage import Store
+from app.chat.turns import PartialReply, ReplyResult
+from app.engine.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                   "enable_thinking")
+"""Reply settings stored with each reply row (``Message.generation``)."""
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """What one send, Compare, regenerate or edit asks for.
+
+    Attributes:
+        conversation_id: the stored conversation.
+        text: the user message (new, or the edited text with ``edit_of``); ignored with
+            ``regenerate_of``.
+        settings: the reply settings dict (``mode``, ``block_size``, ``rollback``, sampling,
+            ``use_tools``, ...; ``app.chat.settings.reply_values``).
+        tags: ``("",)`` for one reply, ``("plain", "dflash")`` for a Compare turn.
+        key: the version key of one reply ("" -> its mode; ``app.chat.turns.version_key``).
+        system_prompt: put first in the prompt when the conversation has none of its own.
+        regenerate_of: a stored reply row: the new reply is a sibling version of it.
+        edit_of: a stored user row: ``text`` is stored as its edited sibling first.
+    """
+
+    conversation_id: int
+    text: str = ""
+    settings: dict = field(default_factory=dict)
+    tags: tuple[str, ...] = ("",)
+    key: str = ""
+    system_prompt: str = ""
+    regenerate_of: int | None = None
+    edit_of: int | None = None
+
+    @property
+    def compare(self) -> bool:
+        """True for a Compare turn."""
+        return tuple(self.tags) != ("",)
+
+    @property
+    def keys(self) -> list[str]:
+        """The version key of each side, in ``tags`` order."""
+        mode = self.settings.get("mode") or "plain"
+        return [t or self.key or mode for t in self.tags]
+
+
+@dataclass(frozen=True)
+class TaggedEvent:
+    """One event of a turn and the ``tag`` of the Compare side it belongs to ("plain" /
+    "dflash"; "" for one reply or the turn as a whole)."""
+
+    event: Any
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class TurnBegun:
+    """The turn's rows are stored (status ``generating``); generation starts.
+
+    ``user_id`` is the user message's row (None for a regenerated reply); ``reply_ids`` maps
+    each version key to its reply row."""
+
+    conversation_id: int
+    user_id: int | None
+    reply_ids: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TurnNotStarted:
+    """The turn's rows could not be stored, so nothing was stored and no reply ran;
+    ``message`` says why."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The last event of one reply (or one side of a Compare turn): its
+    :class:`~app.chat.turns.ReplyResult`."""
+
+    result: ReplyResult
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """Generation failed; ``message`` is for the user (the reply keeps what it had)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnStored:
+    """The last event of a turn: every reply row holds its final state.
+
+    ``reply_ids`` maps each version key to its row; ``chosen`` is the key the conversation
+    continues from (made active); ``error`` says why the final write failed ("" when it did
+    not; the rows then keep their last saved growth and become ``interrupted`` on the next
+    start)."""
+
+    conversation_id: int
+    reply_ids: dict[str, int]
+    chosen: str
+    error: str = ""
+
+
+def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dict]:
+    """The chat-template messages the stored reply ``reply_id`` answers.
+
+    ``Store.prompt_for_reply`` (every earlier turn with its tool calls, tool results and
+    reasoning, see ``Message.to_prompt_dicts``), with ``system_prompt`` first when it is not
+    blank and the conversation holds no system message of its own.
+
+    Raises:
+        app.chat.storage.MessageNotFoundError: no such reply.
+    """
+    messages = store.prompt_for_reply(reply_id)
+    if system_prompt.strip() and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
+    """Store the user message and the reply rows of ``request`` in one transaction (all or
+    nothing; see the module doc).
+
+    Raises:
+        app.chat.storage.StorageError, ValueError: nothing was stored.
+    """
+    s = request.settings
+    mode = s.get("mode") or "plain"
+    block, rollback = s.get("block_size"), s.get("rollback") or "tape"
+    generation = {k: s.get(k) for k in GENERATION_KEYS}
+    keys = request.keys
+    with store.transaction():
+        user_id = None
+        if request.edit_of is not None:
+            user_id = store.edit_user_message(request.edit_of, request.text).id
+        elif request.regenerate_of is None:
+            user_id = store.add_message(request.conversation_id, "user", request.text).id
+        if request.compare:
+            plain, dflash = store.begin_compare(request.conversation_id, block_size=block,
+                                                rollback=rollback, generation=generation)
+            ids = {"plain": plain.id, "dflash": dflash.id}
+        else:
+            kwargs = {"block_size": block if mode == "dflash" else None,
+                      "rollback": rollback if mode == "dflash" else None,
+                      "generation": generation}
+            if request.regenerate_of is not None:
+                row = store.regenerate(request.regenerate_of, mode=mode, **kwargs)
+            else:
+                row = store.begin_reply(request.conversation_id, mode=mode, **kwargs)
+            ids = {keys[0]: row.id}
+    return TurnBegun(request.conversation_id, user_id, ids)
+
+
+def finish_row(store: Store, row_id: int, result: ReplyResult, status: str,
+               error: str | None = None) -> None:
+    """Write a reply row's final state from its :class:`ReplyResult`: text, every round's
+    tool calls with their results, tokens, the reply's figures, and its chat-template
+    ``messages`` as the row's ``rounds`` when it ran more than one round."""
+    r = result
+    store.finish_reply(
+        row_id, status=status, content=r.content, reasoning=r.reasoning,
+        tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",
+                                            "duration_s")} for c in r.tool_calls],
+        token_ids=list(r.tokens), from_draft=list(r.from_draft),
+        summary=r.summary.to_dict() if r.summary is not None else None,
+        finish_reason=r.finish_reason, error=error,
+        rounds=r.messages if r.rounds > 1 else None)
+
+
+def run_turn(store: Store, backend: Any, request: TurnRequest,
+             cancel: threading.Event | None = None,
+             interrupted: threading.Event | None = None) -> Iterator[TaggedEvent]:
+    """Store and generate one turn (see the module doc); yields its events.
+
+    ``backend`` has ``reply(messages, settings, cancel)`` (a
+    :class:`~app.chat.session.ChatSession` or ``app.chat.scripted.ScriptedSession``), and
+    optionally ``pieces(tokens)`` and ``top2_gap(plain, dflash)``. ``cancel`` stops the reply
+    (a Compare turn's later side does not start then); with ``interrupted`` set too (the app
+    quits) the replies are stored ``interrupted`` rather than ``stopped``.
+    """
+    return _Turn(store, backend, request, cancel or threading.Event(),
+                 interrupted or threading.Event()).run()
+
+
+class _Turn:
+    """The state of one :func:`run_turn`."""
+
+    def __init__(self, store: Store, backend: Any, request: TurnRequest,
+                 cancel: threading.Event, interrupted: threading.Event) -> None:
+        self.store, self.backend, self.request = store, backend, request
+        self.cancel, self.interrupted = cancel, interrupted
+        pieces = getattr(backend, "pieces", None)
+        self.pieces: Callable[[list[int]], list[str]] = pieces or (lambda tokens: [])
+        self.results: dict[str, ReplyResult] = {}  # tag -> the stored copy of its result
+        self.errors: dict[str, str] = {}
+        self.replies: dict[str, Any] = {}  # tag -> app.chat.events.Reply (top-two gap)
+        self.ran: list[str] = []  # the sides that ran, in order
+
+    def run(self) -> Iterator[TaggedEvent]:
+        req = self.request
+        try:
+            begun = begin_turn(self.store, req)
+            first = begun.reply_ids[req.keys[0]]
+            messages = prompt_for(self.store, first, req.system_prompt)
+        except Exception as exc:
+            log.exception("saving the new turn")
+            yield TaggedEvent(TurnNotStarted(str(exc)))
+            return
+        yield TaggedEvent(begun)
+        frozen = None
+        if req.compare and req.settings.get("use_tools"):
+            # a Compare: both sides see the same tool results (one frozen clock)
+            from app.chat.tools import builtin_tools
+
+            frozen = builtin_tools(datetime.datetime.now(datetime.UTC))
+        for tag, key in zip(req.tags, req.keys, strict=True):
+            settings = dict(req.settings)
+            if tag:
+                settings["mode"] = tag
+            if frozen is not None:
+                settings["runnable_tools"] = frozen
+            yield from self._side(tag, begun.reply_ids[key], messages, settings)
+            if self.cancel.is_set():
+                break
+        yield TaggedEvent(self._store_final(begun))
+
+    def _side(self, tag: str, row_id: int, messages: list[dict],
+              settings: dict) -> Iterator[TaggedEvent]:
+        """One reply: its events, its growth saved, then :class:`ReplyFinished`."""
+        partial = PartialReply()
+        result: ReplyResult | None = None
+        error: str | None = None
+        last_save = 0.0
+        try:
+            for ev in self.backend.reply(messages, settings, self.cancel):
+                if isinstance(ev, ReplyDone):
+                    result = ReplyResult.from_reply(ev.reply, settings, self.pieces)
+                    self.replies[tag] = ev.reply
+                else:
+                    partial.add(ev)
+                    now = time.monotonic()
+                    if now - last_save >= self.store.partial_interval_s:
+                        last_save = now
+                        self._save_growth(row_id, partial)
+                yield TaggedEvent(ev, tag)
+        except EngineError as exc:
+            error = str(exc)
+        except Exception as exc:
+            log.exception("generation failed")
+            error = f"Generation failed: {type(exc).__name__}: {exc}"
+        if error is not None:
+            self.errors[tag] = error
+            yield TaggedEvent(ReplyFailed(error), tag)
+        if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
+            result = partial.result(settings, self.pieces, failed=error is not None,
+                                    cancelled=self.cancel.is_set())
+        if not result.tool_calls and partial.calls:
+            result.tool_calls = list(partial.calls.values())
+        self._top2_gap(tag, result)
+        self.results[tag] = dataclasses.replace(result)  # the GUI may annotate the one sent
+        self.ran.append(tag)
+        yield TaggedEvent(ReplyFinished(result), tag)
+
+    def _save_growth(self, row_id: int, partial: PartialReply) -> None:
+        try:
+            self.store.update_partial(row_id, content="".join(partial.content),
+                                      reasoning="".join(partial.reasoning),
+                                      token_ids=list(partial.tokens),
+                                      from_draft=list(partial.flags))
+        except Exception:  # the reply keeps streaming; the final save retries
+            log.exception("saving a partial reply")
+
+    def _top2_gap(self, tag: str, result: ReplyResult) -> None:
+        """In a Compare, the DFlash side's top-two gap where it first differs from plain."""
+        plain = self.replies.get("plain")
+        gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
+        if tag != "dflash" or plain is None or tag not in self.replies or gap_of is None \
+                or result.tokens == plain.all_tokens:
+            return
+        try:
+            result.top2_gap = gap_of(plain, self.replies[tag])
+        except Exception:  # a figure for the header; never fails the reply
+            log.exception("top-two gap")
+
+    def _store_final(self, begun: TurnBegun) -> TurnStored:
+        """Every row's final state and the version the conversation continues from."""
+        req = self.request
+        stopped_all = self.cancel.is_set()
+        interrupted = self.interrupted.is_set()
+        for tag, key in zip(req.tags, req.keys, strict=True):
+            # a Compare side stopped before it ran: empty, stopped
+            result = self.results.get(tag) or ReplyResult(mode=tag, finish_reason="cancelled")
+            error = self.errors.get(tag)
+            stopped = stopped_all or result.finish_reason == "cancelled" or tag not in self.ran
+            status = ("error" if error else "interrupted" if interrupted else
+                      "stopped" if stopped else "complete")
+            try:
+                finish_row(self.store, begun.reply_ids[key], result, status, error)
+            except Exception as exc:
+                log.exception("saving the reply")
+                return TurnStored(begun.conversation_id, begun.reply_ids, "", str(exc))
+        if req.compare:
+            ran = [t for t in req.tags if t in self.ran]
+            chosen = "dflash" if "dflash" in ran else (ran[0] if ran else "dflash")
+        else:
+            chosen = req.keys[0]
+        try:
+            if len(begun.reply_ids) > 1 or req.regenerate_of is not None:
+                self.store.set_active(begun.reply_ids[chosen])
+        except Exception as exc:
+            log.exception("choosing the version to continue from")
+            return TurnStored(begun.conversation_id, begun.reply_ids, chosen, str(exc))
+        return TurnStored(begun.conversation_id, begun.reply_ids, chosen)

@@ -1,0 +1,197 @@
+"""app.chat.stored_turn: one turn stored as it is generated (Qt-free), and the store shared by
+two threads (the GUI thread reads while the worker writes a reply)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.chat.scripted import ScriptedSession, ScriptedTurn
+from app.chat.storage import StorageError, Store
+from app.chat.stored_turn import (
+    ReplyFailed,
+    ReplyFinished,
+    TurnBegun,
+    TurnNotStarted,
+    TurnRequest,
+    TurnStored,
+    run_turn,
+)
+from app.engine.errors import GenerationError
+from app.engine.events import TokenEvent
+
+SETTINGS = {"mode": "dflash", "block_size": 4, "rollback": "tape", "max_tokens": 64,
+            "temperature": 0.0}
+
+
+@pytest.fixture
+def store():
+    s = Store(":memory:")
+    yield s
+    s.close()
+
+
+def events_of(store, backend, request, cancel=None, interrupted=None):
+    return [t.event for t in run_turn(store, backend, request, cancel, interrupted)]
+
+
+def test_a_turn_stores_the_user_message_the_reply_and_its_final_state(store):
+    conv = store.new_conversation()
+    backend = ScriptedSession(cycles=3, block=4)
+    events = events_of(store, backend, TurnRequest(conv.id, "Capital of France?", SETTINGS,
+                                                   system_prompt="Be brief."))
+    begun = events[0]
+    assert isinstance(begun, TurnBegun) and set(begun.reply_ids) == {"dflash"}
+    assert isinstance(events[-1], TurnStored) and events[-1].chosen == "dflash"
+    assert not events[-1].error
+    finished = [e for e in events if isinstance(e, ReplyFinished)]
+    assert len(finished) == 1
+    # the prompt was read back from the stored rows, with the system prompt first
+    assert backend.last_messages == [{"role": "system", "content": "Be brief."},
+                                     {"role": "user", "content": "Capital of France?"}]
+    row = store.get_message(begun.reply_ids["dflash"])
+    assert row.status == "complete" and row.content == finished[0].result.content
+    assert row.token_ids == finished[0].result.tokens
+    assert row.block_size == 4 and row.generation["max_tokens"] == 64
+    assert store.get_message(begun.user_id).content == "Capital of France?"
+    assert store.get_conversation(conv.id).title == "Capital of France?"
+
+
+def test_a_turn_that_cannot_be_stored_stores_nothing_and_runs_nothing(store, monkeypatch):
+    conv = store.new_conversation()
+    backend = ScriptedSession(cycles=2)
+    events_of(store, backend, TurnRequest(conv.id, "first", SETTINGS))
+    before = [(m.id, m.content, m.status) for m in store.messages(conv.id)]
+    backend.turn = 0
+
+    def refuse(*args, **kwargs):
+        raise StorageError("disk full")
+
+    monkeypatch.setattr(store, "begin_reply", refuse)
+    events = events_of(store, backend, TurnRequest(conv.id, "second", SETTINGS))
+    assert len(events) == 1 and isinstance(events[0], TurnNotStarted)
+    assert "disk full" in events[0].message
+    assert backend.turn == 0  # no reply ran
+    # the user message was rolled back with the reply row: the conversation is as it was
+    assert [(m.id, m.content, m.status) for m in store.messages(conv.id)] == before
+    monkeypatch.undo()
+    events = events_of(store, backend, TurnRequest(conv.id, "second", SETTINGS))
+    assert isinstance(events[-1], TurnStored)
+    assert [m["content"] for m in store.messages_for_prompt(conv.id)][::2] == ["first",
+                                                                              "second"]
+
+
+class Failing(ScriptedSession):
+    def _events(self, turn, mode, cancel):
+        yield TokenEvent(5, 0, False)
+        from app.chat.events import ContentDelta
+
+        yield ContentDelta("Half an ans")
+        raise GenerationError("block size 99 is larger than the drafter's 8")
+
+
+def test_a_failed_reply_is_stored_with_its_error_and_the_earlier_turns_stay(store):
+    conv = store.new_conversation()
+    events_of(store, ScriptedSession(cycles=2), TurnRequest(conv.id, "first", SETTINGS))
+    events = events_of(store, Failing(), TurnRequest(conv.id, "second", SETTINGS))
+    (failed,) = [e for e in events if isinstance(e, ReplyFailed)]
+    assert "block size 99" in failed.message
+    row = store.get_message(events[0].reply_ids["dflash"])
+    assert row.status == "error" and "block size 99" in row.error
+    assert row.content == "Half an ans" and row.token_ids == [5]
+    # the failed reply is left out of the next prompt; the first turn is intact
+    prompt = store.messages_for_prompt(conv.id)
+    assert [m["role"] for m in prompt] == ["user", "assistant", "user"]
+    assert prompt[1]["content"]
+
+
+def test_regenerate_compare_and_edit_store_siblings(store):
+    conv = store.new_conversation()
+    backend = ScriptedSession(cycles=2)
+    first = events_of(store, backend, TurnRequest(conv.id, "q", SETTINGS))[0]
+    again = events_of(store, backend, TurnRequest(
+        conv.id, "", {**SETTINGS, "mode": "plain"}, key="plain",
+        regenerate_of=first.reply_ids["dflash"]))
+    assert again[0].user_id is None
+    new_id = again[0].reply_ids["plain"]
+    assert [v.id for v in store.versions(new_id)] == [first.reply_ids["dflash"], new_id]
+    assert store.active_path(conv.id)[-1].id == new_id
+    cmp = events_of(store, backend, TurnRequest(conv.id, "compare", SETTINGS,
+                                                tags=("plain", "dflash")))
+    assert set(cmp[0].reply_ids) == {"plain", "dflash"} and cmp[-1].chosen == "dflash"
+    assert backend.last_settings["mode"] == "dflash"
+    rows = [store.get_message(i) for i in cmp[0].reply_ids.values()]
+    assert {r.mode: r.status for r in rows} == {"plain": "complete", "dflash": "complete"}
+    assert store.active_path(conv.id)[-1].id == cmp[0].reply_ids["dflash"]
+    edited = events_of(store, backend, TurnRequest(conv.id, "q, edited", SETTINGS,
+                                                   edit_of=first.user_id))
+    assert [m.content for m in store.versions(edited[0].user_id)] == ["q", "q, edited"]
+    assert [m.role for m in store.active_path(conv.id)] == ["user", "assistant"]
+
+
+def test_stop_and_quit_mark_the_rows_stopped_and_interrupted(store):
+    conv = store.new_conversation()
+    cancel, interrupted = threading.Event(), threading.Event()
+    cancel.set()
+    events = events_of(store, ScriptedSession(cycles=100),
+                       TurnRequest(conv.id, "q", SETTINGS, tags=("plain", "dflash")), cancel)
+    stored = events[-1]
+    assert stored.chosen == "plain"  # the DFlash side never started
+    statuses = {k: store.get_message(i).status for k, i in stored.reply_ids.items()}
+    assert statuses == {"plain": "stopped", "dflash": "stopped"}
+    interrupted.set()
+    events = events_of(store, ScriptedSession(cycles=100), TurnRequest(conv.id, "q2", SETTINGS),
+                       cancel, interrupted)
+    assert store.get_message(events[-1].reply_ids["dflash"]).status == "interrupted"
+
+
+def test_tool_rounds_are_stored_with_the_reply(store):
+    conv = store.new_conversation()
+    backend = ScriptedSession(turns=[ScriptedTurn("look it up", "Santiago.",
+                                                  ("country_info", {"name": "Chile"},
+                                                   {"capital": "Santiago"}))], cycles=2)
+    events = events_of(store, backend, TurnRequest(conv.id, "Chile?", SETTINGS))
+    row = store.get_message(events[0].reply_ids["dflash"])
+    assert row.tool_calls[0]["name"] == "country_info"
+    assert row.tool_calls[0]["result"] == {"capital": "Santiago"}
+
+
+def test_one_store_is_safe_to_share_between_two_threads(tmp_path):
+    """The window's GUI thread reads while the worker writes replies on the same ``Store``
+    (one connection opened with ``check_same_thread=False``, every call under the store's
+    lock): no "SQLite objects created in a thread" error, no statement interleaved inside
+    another thread's transaction, and a reader never sees half a transaction."""
+    store = Store(tmp_path / "c.db", partial_interval_s=0.0)
+    conv = store.new_conversation()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            for i in range(60):
+                with store.transaction():
+                    store.add_message(conv.id, "user", f"q{i}")
+                    row = store.begin_reply(conv.id, mode="plain")
+                    store.update_partial(row.id, content=f"a{i}", force=True)
+                store.finish_reply(row.id, status="complete", content=f"a{i}")
+        except BaseException as exc:  # pragma: no cover - the failure being tested
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = 0
+    while not done.is_set() or reads == 0:
+        msgs = store.messages(conv.id)
+        # a transaction adds a user message and its reply together: never one alone
+        assert len(msgs) % 2 == 0
+        store.list_conversations()
+        reads += 1
+    thread.join()
+    assert not errors, errors
+    assert len(store.messages(conv.id)) == 120
+    assert all(m.status == "complete" for m in store.messages(conv.id)
+               if m.role == "assistant")
+    store.close()
