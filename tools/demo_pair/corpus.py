@@ -334,7 +334,10 @@ EXTRA_TRAIN = {
                   "What languages are used in {c}?", "Can you tell me the languages of {c}?",
                   "What is spoken in {c}?", "Official language of {c}?",
                   "Which languages are official in {c}?", "Languages spoken in {c}?",
-                  "I want to know what language they speak in {c}."],
+                  "I want to know what language they speak in {c}.",
+                  "Do they speak English in {c}?", "What language would I hear in {c}?",
+                  "Which language should I learn before visiting {c}?",
+                  "Look up the spoken languages of {c}."],
     "population": ["Look up the population of {c}.", "How many people does {c} have?",
                    "What is the number of people in {c}?", "{c} population?",
                    "Find the population of {c}.", "How many residents live in {c}?",
@@ -513,7 +516,14 @@ SCOPE_KIND_WORDS = {"poem": "a piece of creative writing", "code": "programming 
 
 # Fictional or misspelt names for tool errors.
 BAD_COUNTRIES = ["Atlantis", "Narnia", "Wakanda", "Oz", "Freedonia", "Genovia", "Elbonia",
-                 "Latveria", "Ruritania", "Zubrowka", "Gondor", "Mordor", "Westeros"]
+                 "Latveria", "Ruritania", "Zubrowka", "Gondor", "Mordor", "Westeros",
+                 # corpus v3: more of them, so that the name is copied, not recalled
+                 "Panem", "Florin", "Arendelle", "Zamunda", "Sokovia", "Krakozhia", "Qumar",
+                 "Bialya", "Kasnia", "Markovia", "Agrabah", "Borduria", "Syldavia", "Orsinia",
+                 "Grand Fenwick", "Molvania", "Vulgaria", "Tropico", "Costaguana", "San Lorenzo",
+                 "Pottsylvania", "Brigadoon", "Avalon", "El Dorado", "Lemuria", "Hyperborea",
+                 "Xanadu", "Camelot", "Erewhon", "Kamistan", "Petoria", "Moonland",
+                 "Cloud Kingdom", "North Pole Republic"]
 BAD_COUNTRIES_HELDOUT = ["Lilliput", "Utopia", "Shangri-La"]
 
 
@@ -778,7 +788,7 @@ class Generator:
         """country_info on a name not in the data: the error, answered gracefully."""
         if self.split == "heldout":
             name = self.rng.choice(BAD_COUNTRIES_HELDOUT)
-        elif self.rng.random() < 0.3:
+        elif self.rng.random() < 0.75:
             name = self.rng.choice(BAD_COUNTRIES)
         else:
             name = self._fake_name()
@@ -991,9 +1001,27 @@ class Generator:
         frm, to, f = self.rng.choice(EASY_CONVERSIONS)
         v = self.rng.randint(2, 12)
         q = self._user(self._pick(T["easy_conv"]).format(v=v, frm=frm, to=to))
-        r = self.rng.choice([f"One unit of {frm} is {f} {to}. So {v} {frm} is {v} * {f} = "
-                             f"{v * f} {to}.",
-                             f"There are {f} {to} in one of the {frm}. {v} * {f} = {v * f}."])
+        if self.split == "train":
+            # Corpus v3: the product in small steps the model can learn (times tables up to
+            # 12 x 9, then zeros), not one jump.
+            lead = self.rng.choice([f"One unit of {frm} is {f} {to}, so I multiply {v} by {f}.",
+                                    f"There are {f} {to} in one of the {frm}. I need {v} * {f}."])
+            if f in (10, 100, 1000):
+                zeros = len(str(f)) - 1
+                steps = f"Multiplying by {f} adds {zeros} zeros to {v}: {v * f}."
+            elif f == 60:
+                steps = f"{v} * 6 = {v * 6}, and times 10 that is {v * 60}."
+            elif f == 24:
+                steps = (f"{v} * 20 = {v * 20} and {v} * 4 = {v * 4}; {v * 20} + {v * 4} = "
+                         f"{v * 24}.")
+            else:
+                steps = f"{v} * {f} = {v * f}."
+            r = f"{lead} {steps} So {v} {frm} is {v * f} {to}."
+        else:
+            r = self.rng.choice([f"One unit of {frm} is {f} {to}. So {v} {frm} is {v} * {f} = "
+                                 f"{v * f} {to}.",
+                                 f"There are {f} {to} in one of the {frm}. {v} * {f} = "
+                                 f"{v * f}."])
         return Turn(q, [assistant(r, f"{v} {frm} is {v * f} {to}.")], "easy_conversion",
                     {"calls": [], "contains": [str(v * f)]})
 
