@@ -6,6 +6,7 @@ Two stages, one per venv (torch and MLX never share one here)::
     .venv/bin/python -m tools.demo_pair.check_parity mlx /tmp/parity
     .venv-train/bin/python tools/demo_pair/check_parity.py torch2 /tmp/parity2 [SHAPE]
     .venv/bin/python -m tools.demo_pair.check_parity mlx2 /tmp/parity2
+    .venv/bin/python -m tools.demo_pair.check_parity export2 DRAFTER_DIR [TARGET_DIR]
 
 ``torch``: builds a random target (norm weights perturbed so the zero-centred-norm shift
 matters) and drafter, exports both in float32, stores inputs and torch logits.
@@ -17,6 +18,10 @@ every convolution and the selector's codebooks perturbed away from their identit
 initialisation; compared are the block logits, the selector's pairwise scores over the
 top-k candidates (with the torch walk's tokens as predecessors) and the greedy walk's drafts,
 selector on and off.
+``export2``: a trained DFlash2 export (``train_dflash2.py``) with the demo target through the
+app's engine (``load_target``, ``load_drafter``, ``check_pair``, ``generate``): greedy
+``dflash2`` tokens (selector on and off) must equal ``plain``'s on a few held-out prompts;
+prints the mean accepted drafts per cycle.
 """
 
 from __future__ import annotations
@@ -196,10 +201,59 @@ def mlx2_stage(root: Path) -> dict:
     return res
 
 
+def export2_stage(drafter_dir: Path, target_dir: Path | None = None) -> dict:
+    """Greedy plain vs DFlash2 (selector on/off) through the app's API; raises on a
+    difference."""
+    from app.engine.events import CycleEvent, TokenEvent
+    from app.engine.generate import GenerationConfig, generate
+    from app.engine.loader import check_pair, load_drafter, load_target
+
+    repo = Path(__file__).resolve().parents[2]
+    target_dir = target_dir or repo / "resources" / "models" / "demo-target"
+    target = load_target(target_dir)
+    drafter = load_drafter(drafter_dir)
+    check_pair(target, drafter)
+    assert drafter.config.kind == "dflash2", drafter.config.kind
+    prompts = json.loads((Path(__file__).parent / "heldout_prompts.json").read_text())
+    res: dict = {"prompts": 0, "identical": True}
+    for item in prompts[:: max(1, len(prompts) // 3)][:3]:
+        from app.chat.tools import tool_schemas
+
+        ids = list(target.tokenizer.apply_chat_template(
+            item["messages"], tools=tool_schemas() if item.get("tools") else None,
+            add_generation_prompt=True, enable_thinking=item.get("enable_thinking", True)))
+        runs = {}
+        for mode, sel in (("plain", True), ("dflash2", True), ("dflash2", False)):
+            toks, cyc = [], []
+            cfg = GenerationConfig(mode=mode, max_tokens=48, block_size=16, selector=sel)
+            for ev in generate(target, ids, cfg, None if mode == "plain" else drafter):
+                if isinstance(ev, TokenEvent):
+                    toks.append(ev.token_id)
+                elif isinstance(ev, CycleEvent):
+                    cyc.append(ev.accepted)
+            runs[(mode, sel)] = (toks, cyc)
+        plain = runs[("plain", True)][0]
+        for key in (("dflash2", True), ("dflash2", False)):
+            toks, cyc = runs[key]
+            name = "selector" if key[1] else "no_selector"
+            res.setdefault(f"accepted_per_cycle_{name}", []).append(
+                round(float(np.mean(cyc)), 2) if cyc else None)
+            if toks != plain:
+                res["identical"] = False
+        res["prompts"] += 1
+    print(json.dumps(res))
+    if not res["identical"]:
+        raise SystemExit("DFlash2 tokens differ from plain")
+    return res
+
+
 SHAPE = "h320-l8-a4"
 
 if __name__ == "__main__":
     stage, folder = sys.argv[1], Path(sys.argv[2])
+    if stage == "export2":
+        export2_stage(folder, Path(sys.argv[3]) if len(sys.argv) > 3 else None)
+        raise SystemExit(0)
     if len(sys.argv) > 3:
         SHAPE = sys.argv[3]
     folder.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,8 @@ class CandidateSelector(nn.Module):
                  ) -> torch.Tensor:
         """``<A[prev] * (W h), B[cand]>``: hidden ``(..., H)``, prev ``(...)``, cand
         ``(..., k)`` -> ``(..., k)`` float32."""
-        ctx = self.predecessor_codebook[prev].float() * self.hidden_projection(hidden).float()
+        proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()
+        ctx = self.predecessor_codebook[prev].float() * proj
         return torch.einsum("...r,...kr->...k", ctx, self.successor_codebook[cand].float())
 
     def candidates(self, logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +160,7 @@ class CandidateSelector(nn.Module):
         cand, unary = self.candidates(logits, top_k)
         if not pairwise:
             return cand[..., 0]
-        proj = self.hidden_projection(hidden).float()
+        proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()
         succ = self.successor_codebook[cand].float()  # (N, n, k, r)
         prev, out = anchor, []
         for i in range(cand.shape[1]):
