@@ -11,6 +11,9 @@ drafter"): the target's own greedy continuations; random anchors inside the resp
 block slots k = 1..B-1 against the token at ``anchor + k``, weighted ``exp(-(k-1)/gamma)``;
 a block sees the context strictly before its anchor and itself (bidirectionally); target frozen.
 
+The DFlash2 drafter stage (target frozen, from an export) is ``train_dflash2.py``; it reuses
+this module's continuations, batches and optimiser step.
+
 Usage: ``python -m tools.demo_pair.train --data BUILD_DIR --out OUT_DIR [--device cuda]``
 """
 
