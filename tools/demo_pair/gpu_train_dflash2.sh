@@ -9,6 +9,8 @@
 #   l2r32        2 layers (the DFlash drafter's size), selector rank 32, backbone from demo-dflash
 #   l2r32frozen  the same with the backbone frozen (only convolutions + selector trained)
 #   l1r16        1 layer (layer 0 of demo-dflash), selector rank 16
+# GEN_TIMEOUT, VARIANT_TIMEOUT (env): seconds before the continuations step (default 120) or a
+# variant (default SECONDS + 120; worst case 8 minutes) is killed.
 # Unpack: cat dflash2.tar.part* | tar -x -C DIR  ->  DIR/VARIANT/demo-dflash2/
 set -u
 budget=${1:-240}
@@ -18,14 +20,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 declare -A VARGS=(
   [l2r32]="--layers 2 --selector-rank 32 --lr 8e-4"
-  [l2r32frozen]="--layers 2 --selector-rank 32 --freeze-backbone --lr 2e-3"
+  [l2r32frozen]="--layers 2 --selector-rank 32 --freeze-backbone --lr 1e-3"
   [l1r16]="--layers 1 --selector-rank 16 --lr 1e-3"
 )
 common=(--data build/demo_pair --device cuda --init-target resources/models/demo-target
         --init-dflash resources/models/demo-dflash --continuations /tmp/conts.npz)
 t0=$(date +%s)
+rm -f /tmp/conts.npz
 # 1. the target's greedy continuations, once for every variant (~80 s)
-timeout 150 python3 tools/demo_pair/train_dflash2.py "${common[@]}" --out /tmp/out/gen \
+timeout "${GEN_TIMEOUT:-120}" python3 tools/demo_pair/train_dflash2.py "${common[@]}" --out /tmp/out/gen \
   --gen-only --time-gen 60 "$@" > "$OUT/log-gen.txt" 2>&1
 rc=$?
 echo "continuations: rc $rc after $(( $(date +%s) - t0 ))s"
@@ -34,14 +37,15 @@ grep -v "falling back" "$OUT/log-gen.txt" | tail -5
 # 2. the variants in parallel
 pids=()
 for v in $variants; do
-  timeout $(( budget + 150 )) python3 tools/demo_pair/train_dflash2.py "${common[@]}" \
+  timeout "${VARIANT_TIMEOUT:-$(( budget + 120 ))}" python3 tools/demo_pair/train_dflash2.py "${common[@]}" \
     --out /tmp/out/$v --time-train "$budget" ${VARGS[$v]} "$@" > "$OUT/log-$v.txt" 2>&1 &
   pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p"; done
+for p in "${pids[@]}"; do wait "$p"; echo "variant pid $p: rc $?"; done
 echo "variants done after $(( $(date +%s) - t0 ))s"
 # 3. pack
 rm -rf /tmp/out/gen
+mkdir -p /tmp/out
 tar -C /tmp/out -cf /tmp/dflash2.tar .
 split -b 15M -d /tmp/dflash2.tar "$OUT/dflash2.tar.part"
 for v in $variants; do
