@@ -11,6 +11,9 @@ drafter"): the target's own greedy continuations; random anchors inside the resp
 block slots k = 1..B-1 against the token at ``anchor + k``, weighted ``exp(-(k-1)/gamma)``;
 a block sees the context strictly before its anchor and itself (bidirectionally); target frozen.
 
+The DFlash2 drafter stage (target frozen, from an export) is ``train_dflash2.py``; it reuses
+this module's continuations, batches and optimiser step.
+
 Usage: ``python -m tools.demo_pair.train --data BUILD_DIR --out OUT_DIR [--device cuda]``
 """
 
@@ -202,6 +205,35 @@ def greedy_continuations(model, prompts: list[np.ndarray], eos: int, pad: int, m
             hit = np.nonzero(row == eos)[0]
             outs[i] = row[: hit[0] + 1] if len(hit) else row
     return outs
+
+
+def target_continuations(target, data, args, tspec: TargetSpec, dev, logd: dict
+                         ) -> tuple[list[np.ndarray], list[int]]:
+    """The target's own greedy continuations of ``args.gen_prompts`` sampled training prompts
+    (the drafters' training data; ``args.seed``, ``max_new``, ``gen_batch``, ``time_gen``);
+    prompts not reached within ``time_gen`` keep the corpus text. Returns (prompt +
+    continuation, prompt length) per prompt; logs under ``continuations``,
+    ``continuation_tokens`` and ``target_matches_corpus``."""
+    rng = random.Random(args.seed + 2)
+    pick = rng.sample(range(len(data)), min(args.gen_prompts, len(data)))
+    prompts = [data[i][0][: data[i][1]] for i in pick]
+    t0 = time.time()
+    try:
+        conts = greedy_continuations(target, prompts, tspec.eos_token_id, tspec.pad_token_id,
+                                     args.max_new, dev, args.gen_batch, args.time_gen)
+        n_gen = sum(c is not None for c in conts)
+        logd["continuations"] = f"target greedy (generate) for {n_gen} of {len(conts)}"
+        conts = [c if c is not None else data[i][0][data[i][1]:] for c, i in zip(conts, pick)]
+    except Exception as exc:  # noqa: BLE001 - fall back to the corpus text, logged
+        log(f"generate failed ({exc!r}); using corpus completions")
+        conts = [data[i][0][data[i][1]:] for i in pick]
+        logd["continuations"] = f"corpus (generate failed: {exc!r})"
+    same = np.mean([np.array_equal(c, data[i][0][data[i][1]:]) for c, i in zip(conts, pick)])
+    logd["continuation_tokens"] = int(sum(len(c) for c in conts))
+    logd["target_matches_corpus"] = round(float(same), 4)
+    log(f"continuations in {time.time() - t0:.0f}s; exact match with corpus {same:.3f}")
+    seqs = [np.concatenate([pr, c]) for pr, c in zip(prompts, conts)]
+    return seqs, [len(pr) for pr in prompts]
 
 
 def drafter_batch(seqs, plens, dspec: DrafterSpec, n_anchor: int, rng: random.Random, pad: int):
@@ -423,27 +455,7 @@ def main(argv=None) -> int:
     export_target(target, tspec, args.out / "demo-target")
     log(f"target done ({time.time() - t_start:.0f}s)")
 
-    # The target's own continuations of a sample of prompts (the drafter's training data).
-    rng = random.Random(args.seed + 2)
-    pick = rng.sample(range(len(data)), min(args.gen_prompts, len(data)))
-    prompts = [data[i][0][: data[i][1]] for i in pick]
-    t0 = time.time()
-    try:
-        conts = greedy_continuations(target, prompts, tspec.eos_token_id, tspec.pad_token_id,
-                                     args.max_new, dev, args.gen_batch, args.time_gen)
-        n_gen = sum(c is not None for c in conts)
-        logd["continuations"] = f"target greedy (generate) for {n_gen} of {len(conts)}"
-        conts = [c if c is not None else data[i][0][data[i][1]:] for c, i in zip(conts, pick)]
-    except Exception as exc:  # noqa: BLE001 - fall back to the corpus text, logged
-        log(f"generate failed ({exc!r}); using corpus completions")
-        conts = [data[i][0][data[i][1]:] for i in pick]
-        logd["continuations"] = f"corpus (generate failed: {exc!r})"
-    same = np.mean([np.array_equal(c, data[i][0][data[i][1]:]) for c, i in zip(conts, pick)])
-    logd["continuation_tokens"] = int(sum(len(c) for c in conts))
-    logd["target_matches_corpus"] = round(float(same), 4)
-    log(f"continuations in {time.time() - t0:.0f}s; exact match with corpus {same:.3f}")
-    seqs = [np.concatenate([pr, c]) for pr, c in zip(prompts, conts)]
-    plens = [len(pr) for pr in prompts]
+    seqs, plens = target_continuations(target, data, args, tspec, dev, logd)
     n_eval = min(256, len(seqs) // 10)
     drafter = Drafter(dspec)
     if args.init_drafter:
