@@ -253,8 +253,9 @@ def main(argv=None) -> int:
 
     if args.continuations and args.continuations.exists():
         z = np.load(args.continuations)
-        offs = z["offsets"]
-        seqs = [z["tokens"][offs[i]:offs[i + 1]].astype(np.int64) for i in range(len(offs) - 1)]
+        # One read of each array: NpzFile.__getitem__ reads the file again on every access.
+        offs, tokens = z["offsets"], z["tokens"]
+        seqs = [tokens[offs[i]:offs[i + 1]].astype(np.int64) for i in range(len(offs) - 1)]
         plens = [int(x) for x in z["prompt_lens"]]
         logd["continuations"] = f"read from {args.continuations}"
         log(f"{len(seqs)} continuations read from {args.continuations}")
