@@ -36,7 +36,9 @@ def version_text() -> str:
     try:
         import mlx.core as mx
 
-        lines.append(f"mlx {mx.__version__} (device: {mx.default_device()})")
+        from app.engine.device import device_description
+
+        lines.append(f"mlx {mx.__version__} (device: {device_description(mx)})")
     except Exception as exc:  # pragma: no cover - shown, not raised
         lines.append(f"mlx unavailable: {exc}")
     try:

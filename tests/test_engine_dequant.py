@@ -114,3 +114,26 @@ def test_unquantized_targets_have_no_note(tiny_dense):
     target, _ = tiny_dense
     assert target.weights_note == "" and not target.dequantized
     assert dequantized_bytes(target.model) == (0, 0)
+
+
+@pytest.mark.parametrize("command", ["chat", "compare", "bench"])
+def test_keep_quantized_flag_reaches_the_loader(command):
+    from app.cli import build_parser
+    from app.commands.generation import keep_quantized_arg
+
+    parser = build_parser()
+    assert keep_quantized_arg(parser.parse_args([command])) is None  # the loader decides
+    assert keep_quantized_arg(parser.parse_args([command, "--keep-quantized"])) is True
+
+
+def test_chat_command_says_the_weights_were_dequantized(q4_dirs, capsys):
+    from app.cli import main
+
+    t_dir, d_dir = q4_dirs
+    assert main(["chat", "--model", str(t_dir), "--draft-model", str(d_dir), "--mode",
+                 "dflash", "--max-tokens", "4", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "note: 4-bit weights dequantized to float32 for the CPU" in err
+    assert main(["chat", "--model", str(t_dir), "--mode", "plain", "--max-tokens", "2",
+                 "--json", "--keep-quantized"]) == 0
+    assert "kept quantized (--keep-quantized)" in capsys.readouterr().err

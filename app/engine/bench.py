@@ -484,7 +484,9 @@ def run_scaling(target, drafter, block: int, lengths=SCALING_LENGTHS,
 
 # ------------------------------------------------------------------------------ report
 def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> dict:
-    """App, MLX and mlx-lm versions, device, BLAS in use, model paths and the settings."""
+    """App, MLX and mlx-lm versions, device (and its name: :mod:`app.engine.device`), BLAS
+    in use, model paths, how a quantized target's weights are used (``target_weights``:
+    ``LoadedTarget.weights_note``, None when unquantized) and the settings."""
     import os
     from importlib.metadata import version
 
@@ -492,6 +494,7 @@ def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> di
 
     from app import __version__
     from app.engine.blas import blas_description
+    from app.engine.device import device_description
 
     try:
         mlx_lm_version = version("mlx-lm")
@@ -504,8 +507,10 @@ def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> di
         "python": platform.python_version(),
         "device": f"{mx.default_device()} on {platform.system()} {platform.machine()}, "
                   f"{os.cpu_count()} CPUs",
+        "device_name": device_description(mx),
         "blas": blas_description(),
         "target": str(tpath),
+        "target_weights": getattr(target, "weights_note", "") or None,
         "drafter": str(dpath) if dpath else None,
         "drafter_block_size": drafter.config.block_size if drafter else None,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
