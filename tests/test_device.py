@@ -53,3 +53,26 @@ def test_version_text_names_the_device(monkeypatch):
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     line = [ln for ln in version_text().splitlines() if ln.startswith("mlx ")][0]
     assert line == f"mlx {mx.__version__} (device: Device(gpu, 0): NVIDIA H200 (CUDA))"
+
+
+def test_a_shadowed_cuda_wheel_is_named_with_its_fix():
+    cpu = fake_mx("cpu", {"device_name": "Xeon"})
+    both = {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"}.get
+    msg = device.backend_problem(cpu, installed=both)
+    assert msg.startswith("mlx-cuda-13 0.32.4 is installed but MLX runs on the CPU")
+    assert "pip uninstall -y mlx-cpu && pip install --force-reinstall --no-deps " \
+           "mlx-cuda-13==0.32.4" in msg
+    only_cuda = {"mlx-cuda-13": "0.32.4"}.get
+    assert "no CUDA device is visible" in device.backend_problem(cpu, installed=only_cuda)
+    gpu = fake_mx("gpu", {"device_name": "NVIDIA H200"}, cuda=True)
+    assert device.backend_problem(gpu, installed=both) is None  # the CUDA library won
+    assert device.backend_problem(cpu, installed={"mlx-cpu": "0.32.4"}.get) is None
+
+
+def test_version_text_warns_when_the_cpu_wheel_shadows_cuda(monkeypatch):
+    monkeypatch.setattr(device, "_installed_version",
+                        {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"}.get)
+    lines = version_text().splitlines()
+    assert any(ln.startswith("warning: mlx-cuda-13 0.32.4 is installed") for ln in lines)
+    monkeypatch.setattr(device, "_installed_version", {"mlx-cpu": "0.32.4"}.get)
+    assert not any(ln.startswith("warning:") for ln in version_text().splitlines())

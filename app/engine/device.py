@@ -53,3 +53,44 @@ def device_description(mx: Any = None) -> str:
     except Exception:  # pragma: no cover - shown, not raised
         kind = "unknown backend"
     return f"{dev}: {name} ({kind})" if name else f"{dev} ({kind})"
+
+
+#: MLX's CUDA backend wheels on Linux (``mlx[cuda12]`` / ``mlx[cuda13]``).
+CUDA_WHEELS = ("mlx-cuda-13", "mlx-cuda-12")
+
+
+def _installed_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def backend_problem(mx: Any = None, installed=None) -> str | None:
+    """Why MLX computes on the CPU although a CUDA backend wheel is installed, with the fix;
+    None when there is nothing to say (no CUDA wheel, or MLX runs on a GPU).
+
+    ``mlx-cpu`` and ``mlx-cuda-13`` both ship ``mlx/lib/libmlx.so``: installed together, the
+    one installed last wins, and ``pip install '.[cuda]'`` installs both (README, "Linux +
+    NVIDIA").
+
+    Args:
+        mx: as for :func:`backend`.
+        installed: ``dist name -> version or None`` (default: ``importlib.metadata``), for
+            tests.
+    """
+    if mx is None:
+        import mlx.core as mx
+    lookup = installed or _installed_version
+    cuda = next(((d, lookup(d)) for d in CUDA_WHEELS if lookup(d)), None)
+    if cuda is None or backend(mx) != "CPU":
+        return None
+    dist, ver = cuda
+    if lookup("mlx-cpu"):
+        return (f"{dist} {ver} is installed but MLX runs on the CPU: the mlx-cpu wheel's "
+                f"library shadows it. Fix: pip uninstall -y mlx-cpu && pip install "
+                f"--force-reinstall --no-deps {dist}=={ver}")
+    return (f"{dist} {ver} is installed but MLX runs on the CPU: no CUDA device is visible "
+            "(check nvidia-smi and the CUDA 13 libraries)")
