@@ -26,7 +26,8 @@ this CPU can be compared. A benchmark, not a test: nothing is asserted.
   attention heads of 256, linear attention 16 key / 32 value heads of 128, MLP 9216, vocabulary
   248320; every 4th layer full attention). ``--layers``, ``--hidden`` and ``--vocab`` shrink it
   for a quick run on a CPU. dtypes: ``float32``, ``bfloat16``, ``4bit`` (mlx-lm's affine
-  quantization, group 64, bf16 scales).
+  quantization, group 64, bf16 scales), ``4bit-dequantized`` (that model dequantized to
+  float32, as ``load_target`` does with a quantized target on the CPU).
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def random_target(config: dict, dtype: str):
-    """A random-weight mlx-lm model for ``config`` in ``dtype`` (``float32``, ``bfloat16`` or
-    ``4bit``: affine, group 64, bf16 scales)."""
+    """A random-weight mlx-lm model for ``config`` in ``dtype`` (``float32``, ``bfloat16``,
+    ``4bit``: affine, group 64, bf16 scales, or ``4bit-dequantized``: that 4-bit model
+    dequantized to float32 as the loader does on the CPU)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_map
@@ -113,10 +115,17 @@ def random_target(config: dict, dtype: str):
     cast = mx.float32 if dtype == "float32" else mx.bfloat16
     model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating)
                           else a, model.parameters()))
-    if dtype == "4bit":
+    if dtype.startswith("4bit"):
         nn.quantize(model, group_size=64, bits=4,
                     class_predicate=lambda _, m: hasattr(m, "to_quantized")
                     and m.weight.shape[-1] % 64 == 0)
+    if dtype == "4bit-dequantized":  # what the loader does with a 4-bit target on the CPU
+        from app.engine.loader import dequantize_model
+
+        dequantize_model(model)
+        model.update(tree_map(lambda a: a.astype(mx.float32)
+                              if mx.issubdtype(a.dtype, mx.floating) else a,
+                              model.parameters()))
     mx.eval(model.parameters())
     return model
 
@@ -233,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from app import __version__
     from app.engine.blas import blas_description
+    from app.engine.device import device_description
     from app.engine.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     result: dict = {"header": {"app": __version__, "mlx": mx.__version__,
                                "device": str(mx.default_device()),
+                               "device_name": device_description(mx),
                                "platform": f"{platform.system()} {platform.machine()}",
                                "blas": blas_description()}}
     t_dir, d_dir = demo_pair_dirs()

@@ -187,6 +187,11 @@ def dequantize_model(model, dtype=None) -> int:
     return replaced
 
 
+def _size_text(n: int) -> str:
+    """``n`` bytes as ``1.2 GiB`` or ``35 MiB``."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def _bits_text(model) -> str:
     bits = sorted({int(m.bits) for _, m in _quantized_modules(model)})
     return "/".join(str(b) for b in bits) + "-bit" if bits else "quantized"
@@ -199,19 +204,18 @@ def _dequantize_for_cpu(model, keep_quantized: bool | None) -> str:
     if not deq:
         return ""
     bits = _bits_text(model)
-    gib = deq / 2**30
     if keep_quantized:
         return f"{bits} weights kept quantized (--keep-quantized): verify passes are slow on the CPU"
     avail = available_memory_bytes()
     if keep_quantized is None and avail is not None and deq - quant > DEQUANTIZE_MEMORY_SHARE * avail:
-        note = (f"{bits} weights kept quantized: their float32 copy ({gib:.1f} GiB) does not fit "
-                f"in the {avail / 2**30:.1f} GiB available; DFlash verify passes are slow "
+        note = (f"{bits} weights kept quantized: their float32 copy ({_size_text(deq)}) does "
+                f"not fit in the {_size_text(avail)} available; DFlash verify passes are slow "
                 "on the CPU with quantized weights")
         log.warning(note)
         return note
     n = dequantize_model(model)
     where = " for the CPU" if _on_cpu() else ""
-    note = (f"{bits} weights dequantized to float32{where} ({n} layers, {gib:.1f} GiB; "
+    note = (f"{bits} weights dequantized to float32{where} ({n} layers, {_size_text(deq)}; "
             "--keep-quantized keeps them quantized)")
     log.info(note)
     return note
