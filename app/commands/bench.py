@@ -112,6 +112,10 @@ def register(subparsers) -> None:
     p.add_argument("--keep-quantized", action="store_true",
                    help="keep a quantized target's layers quantized on the CPU (by default "
                    "they are dequantized to float32 when that fits in memory)")
+    p.add_argument("--stage-timing", action="store_true",
+                   help="wait for the device after each DFlash stage, so that the draft / "
+                   "verify / rollback shares and rollback ms per replay are each stage's own "
+                   "compute (by default a cycle waits once: they are queueing time)")
     p.add_argument("--fast-verify", action="store_true", help="also run dflash+tape@B+fast: "
                    "the near-exact chunked verify (can change tokens; reported per prompt)")
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
@@ -430,7 +434,8 @@ def run_bench(args) -> int:
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
                 "modes_order": "interleaved, rotating", "greedy": True,
-                "fast_verify_modes": bool(args.fast_verify)}
+                "fast_verify_modes": bool(args.fast_verify),
+                "stage_timing": bool(getattr(args, "stage_timing", False))}
     if drafter2 is not None:
         settings["dflash2_drafter"] = str(args.dflash2_model)
     head = header(target, drafter, tpath, dpath, settings)
@@ -442,7 +447,8 @@ def run_bench(args) -> int:
 
     t0 = time.perf_counter()
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
-                         progress, drafter2=drafter2)
+                         progress, drafter2=drafter2,
+                         stage_timing=getattr(args, "stage_timing", False))
     figures = aggregate(records, modes)
     add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {
