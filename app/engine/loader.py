@@ -350,7 +350,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     quantized = bool(_quantized_modules(model))
     if not keep_dtype and not quantized:
         _upcast_for_cpu(model)
-    mx_eval_parameters(model)
+    _eval_parameters(model)
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     return LoadedTarget(
@@ -367,7 +367,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     )
 
 
-def mx_eval_parameters(model) -> None:
+def _eval_parameters(model) -> None:
     """Evaluate a model's parameters (after an upcast or dequantization)."""
     import mlx.core as mx
 
