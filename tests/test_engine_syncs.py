@@ -167,3 +167,21 @@ def test_the_cycle_modules_do_not_use_numpy():
                 assert all(a.name.split(".")[0] != "numpy" for a in node.names), name
             if isinstance(node, ast.ImportFrom):
                 assert (node.module or "").split(".")[0] != "numpy", name
+
+
+def test_one_host_read_per_cycle_with_a_dflash2_drafter(monkeypatch, tiny_hybrid,
+                                                        tmp_path):
+    from test_dflash2 import _mask_id, dflash2_config, write_checkpoint
+
+    from app.engine.loader import load_drafter
+
+    target, _ = tiny_hybrid
+    folder = write_checkpoint(tmp_path / "d2", dflash2_config(target.path, _mask_id(target)),
+                              seed=1)
+    drafter = load_drafter(folder)
+    ids = prompt_ids(target)
+    ref = run(target, ids, mode="plain", max_tokens=20).tokens
+    tokens, per_cycle, cycles = _syncs_per_cycle(
+        monkeypatch, target, ids, drafter, mode="dflash2", max_tokens=20, block_size=8)
+    assert tokens == ref and len(cycles) >= 2
+    assert all(_host_reads(names) == ["tolist"] for names in per_cycle), per_cycle
