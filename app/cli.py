@@ -36,7 +36,12 @@ def version_text() -> str:
     try:
         import mlx.core as mx
 
-        lines.append(f"mlx {mx.__version__} (device: {mx.default_device()})")
+        from app.engine.device import backend_problem, device_description
+
+        lines.append(f"mlx {mx.__version__} (device: {device_description(mx)})")
+        problem = backend_problem(mx)
+        if problem:
+            lines.append(f"warning: {problem}")
     except Exception as exc:  # pragma: no cover - shown, not raised
         lines.append(f"mlx unavailable: {exc}")
     try:

@@ -247,3 +247,15 @@ def test_fast_verify_modes_are_opt_in_and_left_out_of_the_goals():
         "tape_vs_replay_rollback": {}, "identical_tokens": True, "scaling": None,
     }
     assert bench.goals(result)["best_tape_ratio_to_plain"] == 1.5
+
+
+def test_stage_timing_is_opt_in_and_keeps_the_tokens(tiny_hybrid):
+    target, drafter = tiny_hybrid
+    ids = list(target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello"}], add_generation_prompt=True))
+    mode = bench.Mode("dflash+tape@8", "dflash", "tape", 8)
+    default = bench.run_one(target, drafter, ids, mode, 24)
+    staged = bench.run_one(target, drafter, ids, mode, 24, stage_timing=True)
+    assert default.tokens == staged.tokens and len(default.tokens) == 24
+    assert staged.summary.stage_timing and not default.summary.stage_timing
+    assert staged.summary.replays > 0 and staged.summary.rollback_s > 0

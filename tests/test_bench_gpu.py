@@ -37,4 +37,6 @@ def test_forward_costs_and_pair_figures_on_the_tiny_pair(tiny_hybrid):
     assert costs["verify16_fast_ms"] > 0  # a hybrid target has the opt-in fast verify
     figs = bench_gpu.pair_figures(target, drafter, max_tokens=24)
     assert figs["identical"] is True and figs["cycles"] > 0
-    assert figs["host_syncs_per_cycle"] >= 1  # today's cycle reads the device several times
+    assert figs["host_syncs_per_cycle"] >= 1  # the prefill's and clean-up's syncs included
+    assert figs["host_syncs_in_cycles"] == 1  # one host read per greedy cycle
+    assert figs["draft_ms_per_cycle"] > 0 and figs["cycle_ms"] > 0

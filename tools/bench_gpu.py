@@ -11,10 +11,13 @@ this CPU can be compared. A benchmark, not a test: nothing is asserted.
   DFlash reply (cold: kernels built for new shapes) against the same replies run again (warm).
 * ``pair``: on the bundled pair (demo prompt, greedy, exact defaults), plain tok/s, DFlash
   (tape, the drafter's block size) tok/s and their ratio, per-cycle draft / verify / rollback
-  ms (the engine's ``Summary`` totals over its cycles), ``tau``, whether the tokens are
-  identical, and the host synchronisations per cycle: calls of ``mx.eval``,
-  ``mx.array.item`` and ``mx.array.tolist`` during the run, over its cycles (``async_eval``
-  does not wait and is not counted).
+  ms (the engine's ``Summary`` totals over its cycles, from a second run with
+  ``stage_timing``, which waits after each stage), the default run's ms per cycle, ``tau``,
+  whether the tokens are identical, and the host synchronisations per cycle: calls of
+  ``mx.eval``, ``mx.array.item`` and ``mx.array.tolist``, over the whole run
+  (``host_syncs_per_cycle``, prefill included) and from the first token to the last cycle
+  (``host_syncs_in_cycles``), divided by the cycles (``async_eval`` does not wait and is not
+  counted).
 * ``forward``: per target shape and dtype, a 1-token step and a 16-token verify pass
   (``TargetRunner.forward`` with tap capture and Gated DeltaNet tapes, the pass a cycle runs;
   exact step loop and the opt-in ``fast_verify``) after ``--prefix`` cached tokens, median ms,
@@ -23,7 +26,8 @@ this CPU can be compared. A benchmark, not a test: nothing is asserted.
   attention heads of 256, linear attention 16 key / 32 value heads of 128, MLP 9216, vocabulary
   248320; every 4th layer full attention). ``--layers``, ``--hidden`` and ``--vocab`` shrink it
   for a quick run on a CPU. dtypes: ``float32``, ``bfloat16``, ``4bit`` (mlx-lm's affine
-  quantization, group 64, bf16 scales).
+  quantization, group 64, bf16 scales), ``4bit-dequantized`` (that model dequantized to
+  float32, as ``load_target`` does with a quantized target on the CPU).
 """
 
 from __future__ import annotations
@@ -98,8 +102,9 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def random_target(config: dict, dtype: str):
-    """A random-weight mlx-lm model for ``config`` in ``dtype`` (``float32``, ``bfloat16`` or
-    ``4bit``: affine, group 64, bf16 scales)."""
+    """A random-weight mlx-lm model for ``config`` in ``dtype`` (``float32``, ``bfloat16``,
+    ``4bit``: affine, group 64, bf16 scales, or ``4bit-dequantized``: that 4-bit model
+    dequantized to float32 as the loader does on the CPU)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_map
@@ -110,10 +115,17 @@ def random_target(config: dict, dtype: str):
     cast = mx.float32 if dtype == "float32" else mx.bfloat16
     model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating)
                           else a, model.parameters()))
-    if dtype == "4bit":
+    if dtype.startswith("4bit"):
         nn.quantize(model, group_size=64, bits=4,
                     class_predicate=lambda _, m: hasattr(m, "to_quantized")
                     and m.weight.shape[-1] % 64 == 0)
+    if dtype == "4bit-dequantized":  # what the loader does with a 4-bit target on the CPU
+        from app.engine.loader import dequantize_model
+
+        dequantize_model(model)
+        model.update(tree_map(lambda a: a.astype(mx.float32)
+                              if mx.issubdtype(a.dtype, mx.floating) else a,
+                              model.parameters()))
     mx.eval(model.parameters())
     return model
 
@@ -162,38 +174,53 @@ def forward_costs(model, model_type: str, taps: list[int], prefix: int, repeats:
 
 
 def pair_figures(target, drafter, max_tokens: int) -> dict:
-    """Plain vs DFlash on the demo prompt: tok/s, ratio, per-cycle ms and host syncs."""
+    """Plain vs DFlash on the demo prompt: tok/s, ratio, per-cycle ms and host syncs.
+
+    DFlash runs twice: as it runs by default (tok/s, cycle ms, host syncs) and with
+    ``stage_timing`` (waits after each stage: the per-stage draft / verify / rollback ms).
+    ``host_syncs_per_cycle`` is every sync of the run (prefill and clean-up included) over its
+    cycles, ``host_syncs_in_cycles`` only those from the first token to the last cycle."""
     from app.chat.templates import render_prompt
     from app.chat.tools import tool_schemas
     from app.commands.generation import DEFAULT_PROMPT
-    from app.engine.events import Done, TokenEvent
+    from app.engine.events import CycleEvent, Done, TokenEvent
     from app.engine.generate import GenerationConfig, generate
 
     ids = render_prompt(target.tokenizer, [{"role": "user", "content": DEFAULT_PROMPT}],
                         tools=tool_schemas()).ids
 
-    def run(mode):
-        tokens, summary = [], None
+    def run(mode, **kw):
+        tokens, summary, first, last = [], None, None, None
         with count_host_syncs() as counter:
-            for ev in generate(target, ids, GenerationConfig(mode=mode, max_tokens=max_tokens),
+            for ev in generate(target, ids,
+                               GenerationConfig(mode=mode, max_tokens=max_tokens, **kw),
                                drafter if mode == "dflash" else None):
                 if isinstance(ev, TokenEvent):
                     tokens.append(ev.token_id)
+                    first = counter["syncs"] if first is None else first
+                elif isinstance(ev, CycleEvent):
+                    last = counter["syncs"]
                 elif isinstance(ev, Done):
                     summary = ev.summary
-        return tokens, summary, counter["syncs"]
+        in_cycles = (last - first) if last is not None else 0
+        return tokens, summary, counter["syncs"], in_cycles
 
-    (pt, ps, _), (dt, ds, syncs) = run("plain"), run("dflash")
-    cycles = max(ds.cycles, 1)
+    (pt, ps, _, _), (dt, ds, syncs, in_cycles) = run("plain"), run("dflash")
+    st, ss, _, _ = run("dflash", stage_timing=True)
+    cycles, staged = max(ds.cycles, 1), max(ss.cycles, 1)
+    gen_s = (ds.generated_tokens - 1) / ds.tok_per_s if ds.tok_per_s else 0.0
     return {
         "prompt_tokens": len(ids), "plain_tok_per_s": ps.tok_per_s,
         "dflash_tok_per_s": ds.tok_per_s,
         "ratio": ds.tok_per_s / ps.tok_per_s if ps.tok_per_s else None,
-        "tau": ds.tau, "cycles": ds.cycles, "identical": pt == dt,
-        "draft_ms_per_cycle": 1000 * ds.draft_s / cycles,
-        "verify_ms_per_cycle": 1000 * ds.verify_s / cycles,
-        "rollback_ms_per_cycle": 1000 * ds.rollback_s / cycles,
+        "tau": ds.tau, "cycles": ds.cycles, "identical": pt == dt and st == dt,
+        "cycle_ms": 1000 * gen_s / cycles,
+        "draft_ms_per_cycle": 1000 * ss.draft_s / staged,
+        "verify_ms_per_cycle": 1000 * ss.verify_s / staged,
+        "rollback_ms_per_cycle": 1000 * ss.rollback_s / staged,
+        "staged_dflash_tok_per_s": ss.tok_per_s,
         "host_syncs_per_cycle": syncs / cycles,
+        "host_syncs_in_cycles": in_cycles / cycles,
         "plain_step_ms": 1000 / ps.tok_per_s if ps.tok_per_s else None,
     }
 
@@ -215,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from app import __version__
     from app.engine.blas import blas_description
+    from app.engine.device import device_description
     from app.engine.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     result: dict = {"header": {"app": __version__, "mlx": mx.__version__,
                                "device": str(mx.default_device()),
+                               "device_name": device_description(mx),
                                "platform": f"{platform.system()} {platform.machine()}",
                                "blas": blas_description()}}
     t_dir, d_dir = demo_pair_dirs()

@@ -222,6 +222,9 @@ class ChatSession:
         from app.engine.prefix import PromptCache
 
         self.cache = PromptCache()
+        weights_note = getattr(new_target, "weights_note", "")
+        if weights_note:  # a quantized target dequantized for the CPU, or why not
+            note = (note + " " if note else "") + weights_note[0].upper() + weights_note[1:] + "."
         if "vision_config" in (getattr(new_target, "config", None) or {}):
             note = (note + " " if note else "") + ("This is a multimodal checkpoint: it is "
                                                    "used for text; image input is not "
@@ -451,8 +454,8 @@ def _blas() -> str:
 
 def _mlx_device() -> str:
     try:
-        import mlx.core as mx
+        from app.engine.device import device_description
 
-        return str(mx.default_device())
+        return device_description()
     except Exception:  # pragma: no cover
         return "unknown"

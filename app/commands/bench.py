@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from app.chat.templates import bench_prompt_ids as render
-from app.commands.generation import CommandError, int_at_least, resolve_pair
+from app.commands.generation import (
+    CommandError,
+    int_at_least,
+    keep_quantized_arg,
+    resolve_pair,
+)
 from app.engine.bench import (
     DEFAULT_BLOCK_SIZES,
     DEFAULT_MAX_TOKENS,
@@ -104,6 +109,13 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, help="folder for bench.json, CSV files and PNG plots "
                    "(default: benchmarks/<UTC time> in the app-data folder, none with --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--keep-quantized", action="store_true",
+                   help="keep a quantized target's layers quantized on the CPU (by default "
+                   "they are dequantized to float32 when that fits in memory)")
+    p.add_argument("--stage-timing", action="store_true",
+                   help="wait for the device after each DFlash stage, so that the draft / "
+                   "verify / rollback shares and rollback ms per replay are each stage's own "
+                   "compute (by default a cycle waits once: they are queueing time)")
     p.add_argument("--fast-verify", action="store_true", help="also run dflash+tape@B+fast: "
                    "the near-exact chunked verify (can change tokens; reported per prompt)")
     p.add_argument("--scaling", action="store_true", help="also measure cost per token "
@@ -330,7 +342,8 @@ def run_multi_turn(args) -> int:
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)
-        target, drafter = load_target(tpath), load_drafter(dpath)
+        target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
+        drafter = load_drafter(dpath)
         check_pair(target, drafter)
     except (CommandError, EngineError) as exc:
         _err(f"error: {exc}")
@@ -389,7 +402,7 @@ def run_bench(args) -> int:
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)
-        target = load_target(tpath)
+        target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
         drafter2 = None
@@ -421,7 +434,8 @@ def run_bench(args) -> int:
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
                 "max_tokens": args.max_tokens, "block_sizes": blocks,
                 "modes_order": "interleaved, rotating", "greedy": True,
-                "fast_verify_modes": bool(args.fast_verify)}
+                "fast_verify_modes": bool(args.fast_verify),
+                "stage_timing": bool(getattr(args, "stage_timing", False))}
     if drafter2 is not None:
         settings["dflash2_drafter"] = str(args.dflash2_model)
     head = header(target, drafter, tpath, dpath, settings)
@@ -433,7 +447,8 @@ def run_bench(args) -> int:
 
     t0 = time.perf_counter()
     records = run_matrix(target, drafter, rendered, modes, args.repeats, args.max_tokens,
-                         progress, drafter2=drafter2)
+                         progress, drafter2=drafter2,
+                         stage_timing=getattr(args, "stage_timing", False))
     figures = aggregate(records, modes)
     add_top2_gaps(target, figures, records, dict(rendered))
     result: dict[str, Any] = {

@@ -67,6 +67,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast-verify", action="store_true",
                    help="near-exact: verify with the chunked Gated DeltaNet form (faster on "
                    "CPU for hybrid targets; can change tokens, see README); off by default")
+    p.add_argument("--keep-quantized", action="store_true",
+                   help="keep a quantized target's layers quantized on the CPU (by default "
+                   "they are dequantized to float32 when that fits in memory: faster verify)")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
                        help="thinking on in the chat template")
@@ -187,7 +190,9 @@ def _load(args, need_drafter: bool):
     from app.engine.loader import check_pair, load_drafter, load_target
 
     tpath, dpath = resolve_pair(args, need_drafter)
-    target = load_target(tpath)
+    target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
+    if target.weights_note:
+        _warn(f"note: {target.weights_note}")
     drafter = None
     if dpath and need_drafter:
         drafter = load_drafter(dpath)
@@ -200,6 +205,12 @@ def _load(args, need_drafter: bool):
             _warn(f"warning: --draft-model {args.draft_model} is not used in plain mode, and "
                   f"it could not be used with this target anyway: {problem}")
     return target, drafter, tpath, dpath
+
+
+def keep_quantized_arg(args) -> bool | None:
+    """``load_target``'s ``keep_quantized`` for parsed arguments: True with
+    ``--keep-quantized``, else None (the loader decides)."""
+    return True if getattr(args, "keep_quantized", False) else None
 
 
 def drafter_problem(target, draft_model: str) -> str | None:

@@ -200,9 +200,13 @@ def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False
 
 
 def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
-            prompt_id: str = "", repeat: int = 0, drafter2=None) -> RunRecord:
+            prompt_id: str = "", repeat: int = 0, drafter2=None,
+            stage_timing: bool = False) -> RunRecord:
     """One greedy generation in ``mode``; returns its :class:`RunRecord`. ``dflash2`` modes
-    run ``drafter2`` (a DFlash2 drafter), or ``drafter`` when that is one.
+    run ``drafter2`` (a DFlash2 drafter), or ``drafter`` when that is one. ``stage_timing``:
+    the engine's ``GenerationConfig.stage_timing`` (a wait after each stage, so that the
+    draft / verify / rollback seconds are each stage's own; off, a greedy cycle waits once
+    and its rollback seconds are only the time spent queueing the rollback).
 
     Raises:
         RuntimeError: the generation ended with an error (its message).
@@ -212,7 +216,7 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
                            rollback=mode.rollback, fast_verify=mode.fast,
-                           selector=mode.selector)
+                           selector=mode.selector, stage_timing=stage_timing)
     chosen = {"dflash": drafter, "dflash2": drafter2 or drafter}.get(mode.mode)
     gen = generate(target, ids, cfg, chosen)
     tokens, times, summary = [], [], None
@@ -229,12 +233,15 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
 
 
 def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: list[Mode],
-               repeats: int, max_tokens: int, progress=None, drafter2=None) -> list[RunRecord]:
+               repeats: int, max_tokens: int, progress=None, drafter2=None,
+               stage_timing: bool = False) -> list[RunRecord]:
     """Warm each mode up once (untimed), then run every (repeat, prompt, mode), the mode order
     rotating by one at each step so that no mode always runs first or after the same one.
     ``drafter2``: the DFlash2 drafter of ``dflash2`` modes (see :func:`run_one`)."""
     warm_ids = prompts[0][1]
     extra = {} if drafter2 is None else {"drafter2": drafter2}
+    if stage_timing:
+        extra["stage_timing"] = True
     for m in modes:
         run_one(target, drafter, warm_ids, m, min(8, max_tokens), **extra)
     records = []
@@ -484,7 +491,9 @@ def run_scaling(target, drafter, block: int, lengths=SCALING_LENGTHS,
 
 # ------------------------------------------------------------------------------ report
 def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> dict:
-    """App, MLX and mlx-lm versions, device, BLAS in use, model paths and the settings."""
+    """App, MLX and mlx-lm versions, device (and its name: :mod:`app.engine.device`), BLAS
+    in use, model paths, how a quantized target's weights are used (``target_weights``:
+    ``LoadedTarget.weights_note``, None when unquantized) and the settings."""
     import os
     from importlib.metadata import version
 
@@ -492,6 +501,7 @@ def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> di
 
     from app import __version__
     from app.engine.blas import blas_description
+    from app.engine.device import device_description
 
     try:
         mlx_lm_version = version("mlx-lm")
@@ -504,8 +514,10 @@ def header(target, drafter, tpath: str, dpath: str | None, settings: dict) -> di
         "python": platform.python_version(),
         "device": f"{mx.default_device()} on {platform.system()} {platform.machine()}, "
                   f"{os.cpu_count()} CPUs",
+        "device_name": device_description(mx),
         "blas": blas_description(),
         "target": str(tpath),
+        "target_weights": getattr(target, "weights_note", "") or None,
         "drafter": str(dpath) if dpath else None,
         "drafter_block_size": drafter.config.block_size if drafter else None,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

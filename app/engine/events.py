@@ -57,6 +57,10 @@ class CycleEvent:
             token limit cut the block).
         replayed: True when the recurrent state was rolled back and re-run this cycle.
         draft_s, verify_s, rollback_s: wall seconds spent drafting, verifying, rolling back.
+            A greedy cycle waits for the device once (``app.engine.generate``, "One host read
+            per cycle"): then ``draft_s`` and ``rollback_s`` are the seconds spent queueing
+            those stages and ``verify_s`` includes the wait for all the queued work; with
+            ``GenerationConfig.stage_timing`` each is that stage's compute time.
     """
 
     index: int
@@ -80,6 +84,10 @@ class Summary:
     time only (prefill excluded: from the first token to the last). ``peak_memory_bytes``
     is ``mx.get_peak_memory()`` during the generation. ``fast_verify`` is True when the
     near-exact chunked verify ran (``GenerationConfig.fast_verify`` on a hybrid target).
+    ``stage_timing`` is True when each cycle waited after every stage
+    (``GenerationConfig.stage_timing``): only then are ``draft_s``, ``verify_s`` and
+    ``rollback_s`` (and the shares derived from them) per-stage compute times; otherwise a
+    greedy cycle waits once and ``verify_s`` holds that wait (see :class:`CycleEvent`).
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     """
 
@@ -106,6 +114,7 @@ class Summary:
     error: str | None = None
     accepted_lengths: list[int] = field(default_factory=list)
     fast_verify: bool = False
+    stage_timing: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""

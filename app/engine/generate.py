@@ -29,6 +29,17 @@ distribution). The DFlash rule above is unchanged for DFlash drafters.
 
 The bonus token is never in the target cache at the end of a cycle; an end token inside a
 committed block ends generation there; no token is dropped because its id is ``mask_token_id``.
+
+One host read per cycle (greedy): the draft is queued (``mx.async_eval``), the verify pass is
+built on it, and acceptance is computed on the device (:func:`greedy_acceptance`: the
+cumulative product of ``drafts == argmax``, summed). The host then reads one small array,
+the accepted count and the target's choices (:func:`host_read`), which is all it needs to
+emit the committed tokens and size the rollback. The rollback is queued, not waited for; the
+next cycle's draft and verify are built on the rolled-back caches and their work is queued
+behind it, so the only wait of a cycle is that read. Sampled runs read the drafts and choose
+each position on the host as before (the logits processors need the token history).
+``GenerationConfig.stage_timing`` waits after each stage instead, to time draft, verify and
+rollback separately (more syncs, the same tokens).
 """
 
 from __future__ import annotations
@@ -76,6 +87,13 @@ class GenerationConfig:
             steps. Only hybrid targets are affected.
         selector: DFlash2 only: False scores the selector's candidates by their logits alone
             (no bigram term: "selector off", for comparisons). Exactness does not depend on it.
+        stage_timing: DFlash only, for measurements: wait for the device after the draft,
+            the verify and the rollback of every cycle so that ``CycleEvent.draft_s``,
+            ``verify_s`` and ``rollback_s`` are each stage's compute time. Off (the default)
+            a greedy cycle waits once, at its host read: ``draft_s`` and ``rollback_s`` are
+            then the seconds spent queueing those stages and ``verify_s`` holds the wait for
+            the device (the previous rollback, the draft, the verify). Tokens and caches do not
+            depend on it.
     """
 
     mode: Literal["plain", "dflash", "dflash2"] = "plain"
@@ -92,6 +110,7 @@ class GenerationConfig:
     prefill_step: int = 512
     fast_verify: bool = False
     selector: bool = True
+    stage_timing: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -154,6 +173,42 @@ def _make_choose(config: GenerationConfig):
         return int(sampler(logprobs).item())
 
     return choose
+
+
+def host_read(a: mx.array) -> list:
+    """Wait for ``a`` and copy it to the host: the DFlash cycle's one host synchronisation.
+
+    Args:
+        a: a small lazy array (here the ``(L + 1,)`` int32 of :func:`greedy_acceptance`).
+
+    Returns:
+        ``a.tolist()``: Python ints for an integer array.
+    """
+    return a.tolist()
+
+
+def greedy_acceptance(drafts: mx.array | None, logits: mx.array) -> mx.array:
+    """Greedy acceptance on the device, lazily: ``[accepted, *argmax(logits)]``.
+
+    Args:
+        drafts: ``(L-1,)`` int32 draft tokens, or None when nothing was drafted (L = 1).
+        logits: ``(L, V)`` the verify pass's logits at the block's positions (the pending
+            token and the drafts).
+
+    Returns:
+        ``(L + 1,)`` int32: element 0 is ``accepted``, the index of the first draft that
+        differs from the target's argmax (L-1 when none does), i.e. the sum of the cumulative
+        product of ``drafts == argmax[:L-1]``; elements 1..L are the target's argmax token at
+        each block position (the committed tokens are ``argmax[:accepted + 1]``). Argmax ties
+        go to the lowest id, as ``mx.argmax`` on one-token steps.
+    """
+    choice = mx.argmax(logits, axis=-1).astype(mx.int32)
+    if drafts is None or drafts.shape[0] == 0:
+        accepted = mx.zeros((1,), dtype=mx.int32)
+    else:
+        match = (drafts.astype(mx.int32) == choice[: drafts.shape[0]]).astype(mx.int32)
+        accepted = mx.cumprod(match).sum(keepdims=True).astype(mx.int32)
+    return mx.concatenate([accepted, choice])
 
 
 def _chunks(start: int, end: int, step: int, cuts: list[int]) -> list[tuple[int, int]]:
@@ -416,6 +471,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     probs = _d2.make_target_probs(config) if speculative else None
     s, choose, t_start = _begin(config, "dflash2" if v2 else "dflash", prompt)
     s.fast_verify = runner.fast_verify
+    s.stage_timing = config.stage_timing
     s.reused_tokens = start = _start(session, prompt, True)
     if start:
         cache, dcache = session.target_cache, session.drafter_cache
@@ -444,13 +500,18 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     elif s.generated_tokens >= config.max_tokens:
         s.stop_cause = "length"
     else:
+        # Greedy (DFlash or DFlash2): acceptance is computed on the device and the host reads
+        # one small array per cycle (module docstring, "One host read per cycle").
+        on_device = choose is None and not speculative
+        staged = config.stage_timing
+        queue = mx.eval if staged else mx.async_eval
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
                 break
             remaining = config.max_tokens - s.generated_tokens
             L = min(block, remaining)
-            # Draft
+            # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
             proposed = cand = q = None
@@ -460,40 +521,42 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     temperature=config.temperature if speculative else 0.0,
                     selector=config.selector,
                 )
-                mx.async_eval(proposed, cand, *([] if q is None else [q]))
-                block_ids = mx.concatenate([block_ids, proposed.astype(mx.int32)])
-                ctx_taps = None
+                queue(proposed, cand, *([] if q is None else [q]))
             elif L > 1:
                 proposed = mx.array(dmodel.draft(runner, pending, L, ctx_taps, dcache))
-                mx.async_eval(proposed)  # computes while the verify graph is built below
-                block_ids = mx.concatenate([block_ids, proposed.astype(mx.int32)])
+                queue(proposed)  # computes while the verify graph is built below
+            if proposed is not None:
+                proposed = proposed.astype(mx.int32)
+                block_ids = mx.concatenate([block_ids, proposed])
                 ctx_taps = None
+            n_drafts = L - 1 if proposed is not None else 0
             # Verify
             verify_ids = block_ids[None]
             tapes: list | None = [] if runner.hybrid else None
             vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps, tapes=tapes)
-            drafts: list[int] = proposed.tolist() if proposed is not None else []
             t1 = time.perf_counter()
-            mx.eval(vlogits, vtaps)
-            if choose is None:
-                choice = mx.argmax(vlogits[0], axis=-1).tolist()
-                accepted = 0
-                while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
-                    accepted += 1
+            if on_device:
+                packed = greedy_acceptance(proposed, vlogits[0])
+                queue(packed, vtaps)
+                accepted, *choice = host_read(packed)  # the cycle's one host synchronisation
                 bonus = choice[accepted]
-            elif speculative:
-                accepted, bonus = _d2.accept_sampled(
-                    probs, vlogits[0], drafts, cand, q, history, choose
-                ) if drafts else (0, choose(vlogits[0, 0], history))
+                drafts = choice[:accepted]  # the accepted drafts equal the target's choices
             else:
-                accepted, bonus = 0, None
-                for i in range(L):
-                    y = choose(vlogits[0, i], history + drafts[:i])
-                    if i < len(drafts) and drafts[i] == y:
-                        accepted += 1
-                        continue
-                    bonus = y
-                    break
+                drafts: list[int] = proposed.tolist() if proposed is not None else []
+                mx.eval(vlogits, vtaps)
+                if speculative:
+                    accepted, bonus = _d2.accept_sampled(
+                        probs, vlogits[0], drafts, cand, q, history, choose
+                    ) if drafts else (0, choose(vlogits[0, 0], history))
+                else:
+                    accepted, bonus = 0, None
+                    for i in range(L):
+                        y = choose(vlogits[0, i], history + drafts[:i])
+                        if i < len(drafts) and drafts[i] == y:
+                            accepted += 1
+                            continue
+                        bonus = y
+                        break
             t2 = time.perf_counter()
             committed = drafts[:accepted] + [bonus]
             flags = [True] * accepted + [False]
@@ -503,14 +566,16 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     committed, flags, stop = committed[: j + 1], flags[: j + 1], "end_token"
                     break
             # Keep prefix + len(committed) positions: the pending token and the committed ones
-            # but the last (an accepted end token leaves no later draft in the cache).
+            # but the last (an accepted end token leaves no later draft in the cache). The
+            # rollback is queued, not waited for: the next cycle's draft and verify are built
+            # on it and its work runs before theirs.
             n = len(committed)
             replayed = False
             if n == L and runner.fast_verify:
                 # the chunked verify's state is only near-exact: carry the step loop's one
                 for tape in tapes:
                     tape.rollback(n)
-                mx.eval(cache_arrays(cache))
+                queue(cache_arrays(cache))
             elif n < L:
                 if runner.hybrid:
                     replayed = True
@@ -523,7 +588,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                             tape.restore()
                         trim_attention(cache, runner.linear, L)
                         runner.forward(verify_ids[:, :n], cache, all_logits=False)
-                    mx.eval(cache_arrays(cache))
+                    queue(cache_arrays(cache))
                 else:
                     trim_attention(cache, runner.linear, L - n)
             del tapes
@@ -531,13 +596,14 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             # taps of the positions now in the target cache; kept until the drafter reads them
             kept = vtaps[:, :n]
             ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
-            cache_ids.extend(verify_ids[0, :n].tolist())
+            cache_ids.append(pending)
+            cache_ids.extend(committed[: n - 1])
             for tok, flag in zip(committed, flags):
                 yield TokenEvent(tok, s.generated_tokens, flag)
                 s.generated_tokens += 1
             history.extend(committed)
             pending = committed[-1]
-            cycle = CycleEvent(s.cycles, len(drafts), accepted, len(committed), replayed,
+            cycle = CycleEvent(s.cycles, n_drafts, accepted, len(committed), replayed,
                                t1 - t0, t2 - t1, t3 - t2)
             s.add_cycle(cycle)
             yield cycle

@@ -3,11 +3,20 @@
 Only safetensors are read and ``trust_remote_code`` is never turned on. On the CPU, weights
 stored as float16/bfloat16 are computed in float32 (MLX's fast CPU matmul path is float32);
 on Apple GPUs the checkpoint's dtype is kept.
+
+Quantized targets on the CPU: MLX's CPU quantized matmul does not batch (a 16-row 4-bit
+matmul costs ~16 one-row ones, against ~1.6 in float32 with OpenBLAS), so a verify pass of a
+block costs ~16 steps and DFlash cannot win. :func:`load_target` therefore dequantizes the
+quantized layers to float32 on the CPU when the float32 copy fits in memory
+(:func:`dequantize_model`), and says so in ``LoadedTarget.weights_note``; plain and DFlash
+decoding both run on those weights, so they stay token-for-token identical.
+``keep_quantized=True`` (CLI ``--keep-quantized``) keeps the quantized layers.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +83,144 @@ def _upcast_for_cpu(model) -> None:
         model.update(tree_unflatten(changed))
 
 
+#: Dequantize only when the float32 copy's extra bytes are at most this share of the memory
+#: available at load time (the rest is left for the caches, the drafter and everything else).
+DEQUANTIZE_MEMORY_SHARE = 0.6
+
+
+def _quantized_modules(model) -> list[tuple[str, Any]]:
+    """``(path, module)`` of every quantized leaf module (it has ``scales`` and ``bits``)."""
+    return [(name, m) for name, m in model.named_modules()
+            if hasattr(m, "scales") and hasattr(m, "bits") and hasattr(m, "group_size")]
+
+
+def _logical_size(m) -> int:
+    """Elements of a quantized module's weight once dequantized."""
+    shape = list(m.weight.shape)
+    shape[-1] = shape[-1] * 32 // m.bits
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def dequantized_bytes(model, dtype=None) -> tuple[int, int]:
+    """``(quantized_bytes, dequantized_bytes)`` of the model's quantized modules' weights
+    (packed weight + scales + biases, against the dequantized weight in ``dtype``, default
+    float32), without computing anything. ``(0, 0)`` for an unquantized model."""
+    import mlx.core as mx
+
+    size = (dtype or mx.float32).size
+    quant = deq = 0
+    for _, m in _quantized_modules(model):
+        quant += sum(a.nbytes for a in (m.weight, m.scales, getattr(m, "biases", None))
+                     if a is not None)
+        deq += _logical_size(m) * size
+    return quant, deq
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the system could give this process now (Linux ``MemAvailable``; elsewhere
+    free physical pages), in bytes; None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def dequantize_model(model, dtype=None) -> int:
+    """Replace every quantized ``Linear``, ``Embedding`` and mlx-lm ``SwitchLinear`` of
+    ``model`` by its unquantized form, in place, with weights
+    ``mx.dequantize(weight, scales, biases, group_size, bits, mode, dtype=dtype)`` (``dtype``
+    default float32; biases of a Linear cast to it). Each new weight is evaluated as it is
+    made. Other quantized module types are left as they are.
+
+    Returns:
+        the number of modules replaced.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_map_with_path
+
+    dtype = dtype or mx.float32
+    try:
+        from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+    except ImportError:  # pragma: no cover - mlx-lm is pinned
+        QuantizedSwitchLinear = SwitchLinear = None
+    replaced = 0
+
+    def weight_of(m):
+        extra = {}
+        if getattr(m, "global_scale", None) is not None:
+            extra["global_scale"] = m.global_scale
+        w = mx.dequantize(m.weight, m.scales, getattr(m, "biases", None), m.group_size,
+                          m.bits, mode=getattr(m, "mode", "affine"), dtype=dtype, **extra)
+        mx.eval(w)
+        return w
+
+    def swap(_path, m):
+        nonlocal replaced
+        bias = m["bias"].astype(dtype) if "bias" in m else None
+        if isinstance(m, nn.QuantizedLinear):
+            new = nn.Linear(1, 1, bias=bias is not None)
+        elif isinstance(m, nn.QuantizedEmbedding):
+            new = nn.Embedding(1, 1)
+        elif QuantizedSwitchLinear is not None and isinstance(m, QuantizedSwitchLinear):
+            new = SwitchLinear(1, 1, 1, bias=bias is not None)
+        else:
+            return m
+        new.weight = weight_of(m)
+        if bias is not None:
+            new.bias = bias
+        replaced += 1
+        return new
+
+    leaves = tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    model.update_modules(leaves)
+    return replaced
+
+
+def _size_text(n: int) -> str:
+    """``n`` bytes as ``1.2 GiB`` or ``35 MiB``."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _bits_text(model) -> str:
+    bits = sorted({int(m.bits) for _, m in _quantized_modules(model)})
+    return "/".join(str(b) for b in bits) + "-bit" if bits else "quantized"
+
+
+def _dequantize_for_cpu(model, keep_quantized: bool | None) -> str:
+    """Dequantize a quantized target when allowed and it fits (``keep_quantized`` as in
+    :func:`load_target`); the note to show (empty for an unquantized model)."""
+    quant, deq = dequantized_bytes(model)
+    if not deq:
+        return ""
+    bits = _bits_text(model)
+    if keep_quantized:
+        return f"{bits} weights kept quantized (--keep-quantized): verify passes are slow on the CPU"
+    avail = available_memory_bytes()
+    if keep_quantized is None and avail is not None and deq - quant > DEQUANTIZE_MEMORY_SHARE * avail:
+        note = (f"{bits} weights kept quantized: their float32 copy ({_size_text(deq)}) does "
+                f"not fit in the {_size_text(avail)} available; DFlash verify passes are slow "
+                "on the CPU with quantized weights")
+        log.warning(note)
+        return note
+    n = dequantize_model(model)
+    where = " for the CPU" if _on_cpu() else ""
+    note = (f"{bits} weights dequantized to float32{where} ({n} layers, {_size_text(deq)}; "
+            "--keep-quantized keeps them quantized)")
+    log.info(note)
+    return note
+
+
 @dataclass
 class LoadedTarget:
     """A target model ready to generate.
@@ -85,6 +232,9 @@ class LoadedTarget:
         path: the local folder; name: a display name (repo id or folder name).
         model_type: config ``model_type``; config: the full config dict.
         eos_token_ids: ids that end generation; context_length: ``max_position_embeddings``.
+        weights_note: how a quantized checkpoint's weights are used here (dequantized to
+            float32 for the CPU, or kept quantized and why); empty otherwise.
+        dequantized: True when the quantized layers were dequantized at load.
     """
 
     model: Any
@@ -95,6 +245,8 @@ class LoadedTarget:
     config: dict[str, Any]
     eos_token_ids: set[int] = field(default_factory=set)
     context_length: int = 4096
+    weights_note: str = ""
+    dequantized: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -131,13 +283,20 @@ class LoadedDrafter:
         return getattr(self.config, "kind", "dflash")
 
 
-def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedTarget:
+def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
+                keep_quantized: bool | None = None) -> LoadedTarget:
     """Load a target with mlx-lm's loader from a folder or a cached Hugging Face repo id.
 
     Float16/bfloat16 weights of an unquantized checkpoint are upcast to float32 on the CPU
     (MLX's CPU half-precision matmuls are slow); on a GPU backend (Metal, CUDA) the checkpoint
     dtype is kept. ``keep_dtype`` overrides that (True: never upcast; False: always).
-    Quantized checkpoints are never upcast.
+
+    A quantized checkpoint on the CPU (``keep_dtype`` not True) has its quantized layers
+    dequantized to float32 (:func:`dequantize_model`) and its other weights upcast, when the
+    float32 copy's extra bytes are at most :data:`DEQUANTIZE_MEMORY_SHARE` of the available
+    memory; otherwise it stays quantized with a logged warning. ``keep_quantized``: None
+    decides so; True never dequantizes; False dequantizes without the memory check (and on
+    any backend). ``LoadedTarget.weights_note`` says what happened.
 
     Raises:
         ModelNotFoundError, ModelLoadError (missing/corrupt files, wrong tensor shapes),
@@ -185,8 +344,13 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Loa
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
     if keep_dtype is None:
         keep_dtype = not _on_cpu()
-    if not keep_dtype and "quantization" not in cfg:
+    note = ""
+    if keep_quantized is False or not keep_dtype:
+        note = _dequantize_for_cpu(model, keep_quantized)
+    quantized = bool(_quantized_modules(model))
+    if not keep_dtype and not quantized:
         _upcast_for_cpu(model)
+    _eval_parameters(model)
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     return LoadedTarget(
@@ -198,7 +362,16 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Loa
         config=cfg,
         eos_token_ids=eos,
         context_length=int(tcfg.get("max_position_embeddings") or 4096),
+        weights_note=note,
+        dequantized=bool(note) and not quantized,
     )
+
+
+def _eval_parameters(model) -> None:
+    """Evaluate a model's parameters (after an upcast or dequantization)."""
+    import mlx.core as mx
+
+    mx.eval(model.parameters())
 
 
 def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> LoadedDrafter:

@@ -1,0 +1,96 @@
+"""Which device MLX computes on, in words: for ``--version``, the About box and bench headers.
+
+MLX reports Apple GPUs and NVIDIA GPUs alike as ``Device(gpu, 0)``; the backend is told apart
+by ``mx.metal.is_available()`` / ``mx.cuda.is_available()`` and the device's name comes from
+``mx.device_info()`` (``device_name``, or ``architecture`` where there is no name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def backend(mx: Any = None) -> str:
+    """``"Metal"``, ``"CUDA"`` or ``"CPU"``: what the default device runs on.
+
+    Args:
+        mx: the ``mlx.core`` module (or a stand-in with the same attributes, for tests);
+            imported when None.
+    """
+    if mx is None:
+        import mlx.core as mx
+    if mx.default_device() == mx.cpu:
+        return "CPU"
+    for name, label in (("metal", "Metal"), ("cuda", "CUDA")):
+        try:
+            if getattr(mx, name).is_available():
+                return label
+        except AttributeError:
+            continue
+    return "GPU"
+
+
+def device_description(mx: Any = None) -> str:
+    """The default device, its name and its backend, e.g.
+    ``"Device(gpu, 0): NVIDIA H200 (CUDA)"`` or ``"Device(cpu, 0): Intel(R) Xeon(R) (CPU)"``.
+
+    Never raises: without a name (an MLX without ``device_info``, or one that fails) it is
+    ``"Device(gpu, 0) (CUDA)"``.
+
+    Args:
+        mx: as for :func:`backend`.
+    """
+    if mx is None:
+        import mlx.core as mx
+    dev = str(mx.default_device())
+    try:
+        info = mx.device_info()
+        name = str(info.get("device_name") or info.get("architecture") or "").strip()
+    except Exception:  # older MLX, or a backend that cannot say
+        name = ""
+    try:
+        kind = backend(mx)
+    except Exception:  # pragma: no cover - shown, not raised
+        kind = "unknown backend"
+    return f"{dev}: {name} ({kind})" if name else f"{dev} ({kind})"
+
+
+#: MLX's CUDA backend wheels on Linux (``mlx[cuda12]`` / ``mlx[cuda13]``).
+CUDA_WHEELS = ("mlx-cuda-13", "mlx-cuda-12")
+
+
+def _installed_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def backend_problem(mx: Any = None, installed=None) -> str | None:
+    """Why MLX computes on the CPU although a CUDA backend wheel is installed, with the fix;
+    None when there is nothing to say (no CUDA wheel, or MLX runs on a GPU).
+
+    ``mlx-cpu`` and ``mlx-cuda-13`` both ship ``mlx/lib/libmlx.so``: installed together, the
+    one installed last wins, and ``pip install '.[cuda]'`` installs both (README, "Linux +
+    NVIDIA").
+
+    Args:
+        mx: as for :func:`backend`.
+        installed: ``dist name -> version or None`` (default: ``importlib.metadata``), for
+            tests.
+    """
+    if mx is None:
+        import mlx.core as mx
+    lookup = installed or _installed_version
+    cuda = next(((d, lookup(d)) for d in CUDA_WHEELS if lookup(d)), None)
+    if cuda is None or backend(mx) != "CPU":
+        return None
+    dist, ver = cuda
+    if lookup("mlx-cpu"):
+        return (f"{dist} {ver} is installed but MLX runs on the CPU: the mlx-cpu wheel's "
+                f"library shadows it. Fix: pip uninstall -y mlx-cpu && pip install "
+                f"--force-reinstall --no-deps {dist}=={ver}")
+    return (f"{dist} {ver} is installed but MLX runs on the CPU: no CUDA device is visible "
+            "(check nvidia-smi and the CUDA 13 libraries)")
