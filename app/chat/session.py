@@ -407,7 +407,10 @@ class ChatSession:
         prompts, _ = bench.default_prompts(Path(str(self.target.path)))
         rendered = [(p.id, bench_prompt_ids(self.target, p)) for p in prompts[:n_prompts]]
         modes = bench.make_modes([self.drafter.config.block_size])
-        records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens)
+        # stage timing: the table's draft/verify/rollback shares compare tape with replay, so
+        # each stage is waited for (the tokens are the same; see GenerationConfig)
+        records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens,
+                                   stage_timing=True)
         tape = modes[1].name
         accepted = [a for r in records if r.mode.name == tape
                     for a in r.summary.accepted_lengths]

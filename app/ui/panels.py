@@ -46,7 +46,9 @@ FIGURES: list[tuple[str, str, str]] = [
      "(through the recurrence only under 'tape', through the whole target under 'replay')."),
     ("rollback_share", "Rollback share",
      "How much of the time went into rewinding after wrong guesses. Rollback seconds / "
-     "(draft + verify + rollback seconds)."),
+     "(draft + verify + rollback seconds). A greedy reply waits for the device once per "
+     "cycle, in verify, so draft and rollback count the time to queue them; the benchmark "
+     "(Chat > Run short benchmark, or bench --stage-timing) times each stage."),
     ("tok_per_s", "tok/s",
      "How fast the reply was written. Generated tokens per second, from the first token to "
      "the last (reading the prompt is not counted)."),
