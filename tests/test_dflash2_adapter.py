@@ -183,3 +183,18 @@ def test_bundled_greedy_dflash2_equals_plain(demo2, question):
     assert len(plain.tokens) >= 20
     assert d2.tokens == plain.tokens and off.tokens == plain.tokens
     assert d2.summary.mode == "dflash2" and any(d2.from_draft)
+
+
+def test_bench_csv_takes_every_rows_fields(tmp_path):
+    """DFlash2 modes' figures carry ``selector``, which plain's lack: the summary CSV must
+    still be written (the first bench on the demo pair with DFlash2 failed there)."""
+    import csv
+
+    from app.commands.bench import _write_csv
+
+    path = tmp_path / "s.csv"
+    _write_csv(path, [{"name": "plain", "tau": None},
+                      {"name": "dflash2+tape@16", "tau": 9.5, "selector": True}])
+    rows = list(csv.DictReader(path.open()))
+    assert rows[0] == {"name": "plain", "tau": "", "selector": ""}
+    assert rows[1] == {"name": "dflash2+tape@16", "tau": "9.5", "selector": "True"}
