@@ -32,6 +32,12 @@ def demo_pair_dirs() -> tuple[Path, Path]:
     return resource_path("models", "demo-target"), resource_path("models", "demo-dflash")
 
 
+def demo_dflash2_dir() -> Path:
+    """The bundled demo target's DFlash2 drafter folder (an adapter on the DFlash drafter's
+    backbone: ``app.engine.adapter``); existence is not checked."""
+    return resource_path("models", "demo-dflash2")
+
+
 def default_data_dir() -> Path:
     """The platform's per-user app-data folder for DFlash Chat (not created here).
 

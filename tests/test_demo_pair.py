@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.paths import demo_pair_dirs
+from app.paths import demo_dflash2_dir, demo_pair_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tools/ is not an installed package
@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:  # tools/ is not an installed package
 from tools.demo_pair import evaluate as ev  # noqa: E402
 
 TARGET_DIR, DRAFTER_DIR = demo_pair_dirs()
+DFLASH2_DIR = demo_dflash2_dir()
 
 # Held-out items the shipped pair answers correctly (a fixed subset of the model card's run).
 SINGLE_IDS = ["fact_capital-0", "tool_time-110", "tool_convert-120", "greeting-80",
@@ -46,7 +47,9 @@ def test_files_are_float16_and_within_the_size_cap():
     from safetensors import safe_open
 
     total = 0
-    for folder in (TARGET_DIR, DRAFTER_DIR):
+    # all three folders count: the target, the DFlash drafter and the DFlash2 adapter
+    for folder in (TARGET_DIR, DRAFTER_DIR, DFLASH2_DIR):
+        assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
         f = folder / "model.safetensors"
         total += f.stat().st_size
         with safe_open(str(f), "np") as st:
@@ -54,6 +57,7 @@ def test_files_are_float16_and_within_the_size_cap():
         assert dtypes == {"float16"}
         assert (folder / "README.md").exists()
     assert total <= 30_000_000
+    assert (DFLASH2_DIR / "model.safetensors").stat().st_size < 1_000_000
 
 
 def test_configs_follow_the_published_layouts():

@@ -54,6 +54,8 @@ class PairSpec:
         repo_id: the Hugging Face repo id when the folder is a cached snapshot (None for a
             local folder), so the status bar never shows a snapshot's commit hash.
         tiny: build (or reuse) the random-weight tiny pair in the cache folder instead.
+        drafter2: a DFlash2 drafter's folder loaded beside ``drafter`` (a DFlash one), so that
+            the mode switch offers plain / DFlash / DFlash2; None for one drafter.
     """
 
     target: str = ""
@@ -61,6 +63,7 @@ class PairSpec:
     display_name: str = ""
     repo_id: str | None = None
     tiny: bool = False
+    drafter2: str | None = None
 
     @property
     def label(self) -> str:
@@ -103,6 +106,22 @@ class ModelInfo:
     """The target folder's example prompts (:class:`app.chat.examples.Example`)."""
     about: str = ""
     """A sentence or two on what the model is (the bundled demo pair's; "" otherwise)."""
+    drafter_kind: str = ""
+    """``"dflash"`` or ``"dflash2"``: the kind of ``drafter_name`` ("" without a drafter)."""
+    drafter2_name: str | None = None
+    """The DFlash2 drafter loaded beside a DFlash one (``PairSpec.drafter2``), else None."""
+    drafter2_path: str | None = None
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The decoding modes this pair offers: ``"plain"``, then ``"dflash"`` with a DFlash
+        drafter, ``"dflash2"`` with a DFlash2 one (either slot)."""
+        out = ["plain"]
+        if self.drafter_name and self.drafter_kind != "dflash2":
+            out.append("dflash")
+        if self.drafter2_name or (self.drafter_name and self.drafter_kind == "dflash2"):
+            out.append("dflash2")
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,8 @@ class ChatSession:
         self.store = store
         self.target = None
         self.drafter = None
+        self.drafter2 = None  # a DFlash2 drafter beside a DFlash one (PairSpec.drafter2)
+        self._cache_drafter = None  # the drafter whose context the prefix cache holds
         self.cache = None  # app.engine.prefix.PromptCache of the loaded target
         self.spec: PairSpec | None = None
 
@@ -218,7 +239,17 @@ class ChatSession:
             from app.engine.catalog import warn_drafter_defaults
 
             warn_drafter_defaults(new_drafter.path)
+        new_drafter2 = None
+        if spec.drafter2:
+            new_drafter2 = loader.load_drafter(spec.drafter2)
+            if new_drafter2.kind != "dflash2":
+                from app.engine.errors import ModelLoadError
+
+                raise ModelLoadError(f"{new_drafter2.name} is not a DFlash2 drafter "
+                                     "(DFlash2DraftModel); it cannot be the second drafter")
+            loader.check_pair(new_target, new_drafter2)
         self.target, self.drafter, self.spec = new_target, new_drafter, spec
+        self.drafter2, self._cache_drafter = new_drafter2, new_drafter
         from app.engine.prefix import PromptCache
 
         self.cache = PromptCache()
@@ -255,12 +286,16 @@ class ChatSession:
             dtype=_weights_dtype(new_target),
             examples=read_examples(new_target.path),
             about=_about(Path(str(new_target.path))),
+            drafter_kind=new_drafter.kind if new_drafter else "",
+            drafter2_name=str(new_drafter2.name) if new_drafter2 else None,
+            drafter2_path=str(new_drafter2.path) if new_drafter2 else None,
         )
 
     def unload(self) -> None:
         """Drop the loaded pair and clear MLX's buffer cache."""
         check_engine_thread()
         self.target = self.drafter = self.cache = self.spec = None
+        self.drafter2 = self._cache_drafter = None
         import gc
 
         gc.collect()
@@ -298,18 +333,38 @@ class ChatSession:
         if self.target is None:
             raise EngineError("no model is loaded")
         mode = settings.get("mode")
-        drafter = self.drafter  # plain too: it keeps the drafter's context for a DFlash turn
+        drafter = self.drafter_for(mode)  # plain too: it keeps the drafter's context
+        if mode == "dflash2" and drafter is None:
+            raise EngineError("DFlash2 needs a DFlash2 drafter; none is loaded for this target")
         if mode == "dflash" and drafter is None:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
         from app.chat import reply as reply_mod
 
         rs = reply_settings(settings)
         messages, notice = self._fit(messages, rs)
+        if drafter is not self._cache_drafter and self.cache is not None:
+            # the kept drafter context is the other drafter's: drop it (the next prefill of
+            # this drafter starts from scratch; never a wrong state)
+            self.cache.drafter_cache, self.cache.drafter_len = None, 0
+        self._cache_drafter = drafter
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache)
         if notice:
             return _prepend(Notice(notice), events)
         return iter(events)
+
+    def drafter_for(self, mode: str | None):
+        """The loaded drafter a reply in ``mode`` runs: ``"dflash2"`` the DFlash2 one
+        (``drafter2``, else ``drafter`` when that is DFlash2), ``"dflash"`` the first drafter,
+        ``"plain"`` the one whose context the prefix cache keeps (so a drafting turn after a
+        plain one reuses the prefix). None when there is none."""
+        if mode == "dflash2":
+            if self.drafter2 is not None:
+                return self.drafter2
+            return self.drafter if getattr(self.drafter, "kind", "") == "dflash2" else None
+        if mode == "dflash":
+            return self.drafter
+        return self._cache_drafter or self.drafter
 
     def send(self, conversation_id: int, text: str, settings: dict,
              cancel: threading.Event | None = None) -> Iterator:
@@ -390,8 +445,9 @@ class ChatSession:
     # ------------------------------------------------------------------ extras
     def benchmark(self, max_tokens: int = 48, n_prompts: int = 3) -> dict:
         """A short ``python -m app bench`` on the loaded pair: plain, DFlash + tape and
-        DFlash + replay at the drafter's block size, a few of the pair's held-out prompts,
-        one repeat (``app.engine.bench``). Returns ``{"modes": {name: figures}, "accepted":
+        DFlash + replay at the drafter's block size (with a DFlash2 drafter beside it also
+        DFlash2 with the selector on and off), a few of the pair's held-out prompts, one repeat
+        (``app.engine.bench``). Returns ``{"modes": {name: figures}, "accepted":
         [accepted drafts per cycle over the DFlash + tape runs], "prompts": n,
         "block_size": int}``.
 
@@ -406,11 +462,12 @@ class ChatSession:
             raise EngineError("the benchmark needs a target and a DFlash drafter loaded")
         prompts, _ = bench.default_prompts(Path(str(self.target.path)))
         rendered = [(p.id, bench_prompt_ids(self.target, p)) for p in prompts[:n_prompts]]
-        modes = bench.make_modes([self.drafter.config.block_size])
+        modes = bench.make_modes([self.drafter.config.block_size],
+                                 dflash2=self.drafter2 is not None)
         # stage timing: the table's draft/verify/rollback shares compare tape with replay, so
         # each stage is waited for (the tokens are the same; see GenerationConfig)
         records = bench.run_matrix(self.target, self.drafter, rendered, modes, 1, max_tokens,
-                                   stage_timing=True)
+                                   drafter2=self.drafter2, stage_timing=True)
         tape = modes[1].name
         accepted = [a for r in records if r.mode.name == tape
                     for a in r.summary.accepted_lengths]

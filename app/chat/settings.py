@@ -201,6 +201,11 @@ class ReplySettings:
     sampling: Sampling = field(default_factory=Sampling)
 
 
+DECODING_MODES: tuple[str, ...] = ("plain", "dflash", "dflash2")
+"""The values of a reply's ``mode`` (and of the window's stored ``composer/mode``): plain
+decoding, DFlash, DFlash2 (a DFlash2 drafter; issue 22). Additive: stored "plain"/"dflash"
+values keep their meaning."""
+
 REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "fast_verify",
                         "enable_thinking",
                         "stop", "stop_strings", "tools", "run_tools", "use_tools",
@@ -230,13 +235,16 @@ def reply_settings(values: dict):
     built-in tools and runs their calls; the sampling keys make its :class:`Sampling`.
 
     Raises:
-        SettingError: a key that is no setting (a typo is an error, never dropped), or a bad
-            sampling value.
+        SettingError: a key that is no setting (a typo is an error, never dropped), a
+            ``mode`` not in :data:`DECODING_MODES`, or a bad sampling value.
     """
     unknown = sorted(set(values) - REPLY_KEYS)
     if unknown:
         raise SettingError(f"unknown setting{'s' if len(unknown) > 1 else ''}: "
                            f"{', '.join(unknown)}")
+    if "mode" in values and values["mode"] not in DECODING_MODES:
+        raise SettingError(f"mode must be one of {', '.join(DECODING_MODES)}, "
+                           f"got {values['mode']!r}")
     kwargs = {k: values[k] for k in ("mode", "max_tokens", "block_size", "rollback",
                                      "fast_verify", "enable_thinking", "tools", "run_tools",
                                      "max_tool_rounds", "tool_parser", "runnable_tools",

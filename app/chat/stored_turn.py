@@ -182,8 +182,8 @@ def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
                                                 rollback=rollback, generation=generation)
             ids = {"plain": plain.id, "dflash": dflash.id}
         else:
-            kwargs = {"block_size": block if mode == "dflash" else None,
-                      "rollback": rollback if mode == "dflash" else None,
+            kwargs = {"block_size": block if mode in ("dflash", "dflash2") else None,
+                      "rollback": rollback if mode in ("dflash", "dflash2") else None,
                       "generation": generation}
             if request.regenerate_of is not None:
                 row = store.regenerate(request.regenerate_of, mode=mode, **kwargs)

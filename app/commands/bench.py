@@ -95,7 +95,8 @@ def register(subparsers) -> None:
     p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
     p.add_argument("--dflash2-model", default=None,
                    help="a DFlash2 drafter: adds dflash2+tape@B and dflash2+tape@B+nosel "
-                   "(selector off) beside the DFlash modes")
+                   "(selector off) beside the DFlash modes (default on the bundled demo pair: "
+                   "its DFlash2 drafter, resources/models/demo-dflash2; 'none' leaves it out)")
     p.add_argument("--prompts", type=Path, help="JSON file: a list of strings or of "
                    "{id, messages, tools, enable_thinking} objects; or a text file, one "
                    "prompt per line (default: the demo pair's held-out prompts + long ones)")
@@ -214,8 +215,9 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         path.write_text("")
         return
+    fields = list(dict.fromkeys(k for row in rows for k in row))  # every row's keys, in order
     with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
 
@@ -392,6 +394,24 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def default_dflash2(args) -> str | None:
+    """The DFlash2 drafter the bench adds: ``--dflash2-model`` (``none``: no DFlash2 modes),
+    else, on the bundled demo pair (no ``--model``) with its DFlash drafter, the bundled
+    DFlash2 drafter when it is there; else None."""
+    given = getattr(args, "dflash2_model", None)
+    if given is not None:
+        return None if str(given).lower() == "none" else str(given)
+    if getattr(args, "model", None) or getattr(args, "draft_model", None):
+        return None
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    target, drafter = demo_pair_dirs()
+    folder = demo_dflash2_dir()
+    if all((d / "config.json").is_file() for d in (target, drafter, folder)):
+        return str(folder)
+    return None
+
+
 def run_bench(args) -> int:
     """The ``bench`` command; returns the exit code (0 ok, 2 bad input or model files)."""
     if args.multi_turn:
@@ -406,11 +426,11 @@ def run_bench(args) -> int:
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
         drafter2 = None
-        if getattr(args, "dflash2_model", None):
-            drafter2 = load_drafter(args.dflash2_model)
+        d2path = default_dflash2(args)
+        if d2path:
+            drafter2 = load_drafter(d2path)
             if getattr(drafter2.config, "kind", "dflash") != "dflash2":
-                raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 "
-                                   "drafter")
+                raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
             check_pair(target, drafter2)
         if args.prompts:
             prompts, source = load_prompts(args.prompts), str(args.prompts)
@@ -437,7 +457,7 @@ def run_bench(args) -> int:
                 "fast_verify_modes": bool(args.fast_verify),
                 "stage_timing": bool(getattr(args, "stage_timing", False))}
     if drafter2 is not None:
-        settings["dflash2_drafter"] = str(args.dflash2_model)
+        settings["dflash2_drafter"] = str(d2path)
     head = header(target, drafter, tpath, dpath, settings)
 
     def progress(i, n, rec):

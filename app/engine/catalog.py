@@ -12,7 +12,8 @@ Models come from three sources:
   ``$HF_HOME/hub``, read at call time).
 
 A folder is a *drafter* when ``config.json`` has ``architectures`` containing
-``DFlashDraftModel``; it is a *target* when its ``model_type`` has a model module in the
+``DFlashDraftModel`` or ``DFlash2DraftModel`` (:func:`drafter_kind`: ``"dflash"`` /
+``"dflash2"``; a DFlash2 adapter whose ``dflash_backbone`` folder is missing is skipped); it is a *target* when its ``model_type`` has a model module in the
 installed mlx-lm (``mlx_lm/models/<type>.py``, after mlx-lm's ``MODEL_REMAPPING``). Both need at
 least one ``*.safetensors`` file. Anything else is reported in :attr:`CatalogScan.skipped`.
 
@@ -43,6 +44,9 @@ Kind = Literal["target", "drafter"]
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 """The ``architectures`` entry of z-lab DFlash drafters (``shared/DFLASH_NOTES.md``)."""
+
+DRAFTER2_ARCHITECTURE = "DFlash2DraftModel"
+"""The ``architectures`` entry of z-lab DFlash2 drafters (``app.engine.dflash2``)."""
 
 MEMORY_WARN_FRACTION = 0.75
 """Warn before loading when the estimate exceeds this share of the machine's memory (issue 9)."""
@@ -143,9 +147,19 @@ def text_config(config: dict) -> dict:
 
 
 def is_drafter_config(config: dict) -> bool:
-    """True when ``architectures`` names ``DFlashDraftModel``."""
+    """True when ``architectures`` names ``DFlashDraftModel`` or ``DFlash2DraftModel``."""
+    return drafter_kind(config) is not None
+
+
+def drafter_kind(config: dict) -> str | None:
+    """``"dflash2"`` when ``architectures`` names ``DFlash2DraftModel``, ``"dflash"`` when it
+    names ``DFlashDraftModel``, else None."""
     archs = config.get("architectures") or []
-    return isinstance(archs, list) and DRAFTER_ARCHITECTURE in archs
+    if not isinstance(archs, list):
+        return None
+    if DRAFTER2_ARCHITECTURE in archs:
+        return "dflash2"
+    return "dflash" if DRAFTER_ARCHITECTURE in archs else None
 
 
 def drafter_fields(config: dict) -> dict:
@@ -314,6 +328,12 @@ class ModelEntry:
     revision: str | None = None
 
     @property
+    def drafter_kind(self) -> str | None:
+        """``"dflash"`` or ``"dflash2"`` for a drafter (:func:`drafter_kind`), None for a
+        target."""
+        return drafter_kind(self.config) if self.kind == "drafter" else None
+
+    @property
     def key(self) -> str:
         """A stable identifier: the resolved path as a string."""
         return str(self.path)
@@ -334,6 +354,7 @@ class ModelEntry:
         if self.kind == "drafter":
             d = drafter_fields(self.config)
             out["block_size"] = d["block_size"]
+            out["drafter_kind"] = self.drafter_kind
         else:
             out["context_length"] = context_length(self.config)
         return out
@@ -412,6 +433,12 @@ def classify(folder: Path) -> tuple[Kind | None, dict | None, str | None]:
         return None, config, "no *.safetensors weights"
     archs = config.get("architectures") or []
     if is_drafter_config(config):
+        from app.engine.adapter import backbone_folder
+
+        try:
+            backbone_folder(Path(folder), config)
+        except ModelLoadError as exc:
+            return None, config, str(exc)
         return "drafter", config, None
     if any(isinstance(a, str) and "DFlash" in a for a in archs):
         return None, config, f"unsupported drafter architecture {archs}"
@@ -465,7 +492,8 @@ class Catalog:
     Args:
         data_dir: where ``model_folders.json`` lives (default :func:`app.paths.default_data_dir`).
         cache_dir: the HF hub cache (default :func:`hf_cache_dir`, read at each scan).
-        bundled: ``(target_dir, drafter_dir)`` (default :func:`app.paths.demo_pair_dirs`);
+        bundled: ``(target_dir, drafter_dir, ...)`` (default :func:`app.paths.demo_pair_dirs`
+            and :func:`app.paths.demo_dflash2_dir`);
             ``()`` for none.
 
     Not thread-safe; use from one thread (the GUI thread is fine: no MLX).
@@ -481,7 +509,8 @@ class Catalog:
 
         self.data_dir = Path(data_dir) if data_dir is not None else paths.default_data_dir()
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self._bundled = list(bundled) if bundled is not None else list(paths.demo_pair_dirs())
+        self._bundled = list(bundled) if bundled is not None else [
+            *paths.demo_pair_dirs(), paths.demo_dflash2_dir()]
         self._folders: list[Path] | None = None
         self.folders_error: str | None = None
         self._scan: CatalogScan | None = None
@@ -849,23 +878,40 @@ class MemoryEstimate:
         return out
 
 
+def drafter_weights_size(drafter: ModelEntry) -> int:
+    """Bytes of a drafter's weights as loaded: its safetensors plus, for a DFlash2 adapter
+    (``dflash_backbone``), its backbone folder's (the loaded drafter holds both)."""
+    from app.engine.adapter import backbone_folder
+
+    total = weights_size(drafter.path)
+    try:
+        backbone = backbone_folder(drafter.path, drafter.config)
+    except ModelLoadError:
+        backbone = None
+    return total + (weights_size(backbone) if backbone is not None else 0)
+
+
 def estimate_memory(
     target: ModelEntry,
     drafter: ModelEntry | None = None,
     context: int | None = None,
     machine_bytes: int | None = None,
+    drafter2: ModelEntry | None = None,
 ) -> MemoryEstimate:
-    """Estimate memory for ``target`` (+ ``drafter``) at ``context`` tokens.
+    """Estimate memory for ``target`` (+ ``drafter``, + a second drafter ``drafter2`` loaded
+    beside it, e.g. the DFlash2 one) at ``context`` tokens.
 
     ``context`` defaults to the target's ``max_position_embeddings`` (4096 when absent);
-    ``machine_bytes`` to :func:`machine_memory_bytes`. Weights are the safetensors sizes on disk.
+    ``machine_bytes`` to :func:`machine_memory_bytes`. Weights are the safetensors sizes on disk
+    (an adapter's backbone included: :func:`drafter_weights_size`).
     """
     ctx = int(context or context_length(target.config) or 4096)
     kv, state = cache_bytes(target.config, ctx)
     d_bytes = 0
-    if drafter is not None:
-        dkv, _ = cache_bytes(drafter.config, ctx)
-        d_bytes = weights_size(drafter.path) + dkv
+    for d in (drafter, drafter2):
+        if d is not None:
+            dkv, _ = cache_bytes(d.config, ctx)
+            d_bytes += drafter_weights_size(d) + dkv
     return MemoryEstimate(
         weights_bytes=weights_size(target.path),
         kv_bytes=kv,

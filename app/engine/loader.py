@@ -388,15 +388,20 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     Extra ``embed_tokens``/``lm_head`` tensors (one preview checkpoint shipped them) are
     ignored; every other tensor must be present with the shape the config implies.
 
+    A config with ``"dflash_backbone": FOLDER`` is an adapter (:mod:`app.engine.adapter`):
+    the tensors it lacks are read from that folder (relative to the drafter's).
+
     Raises:
         ModelNotFoundError, UnsupportedArchitectureError (another drafter architecture, or a
             DFlash2 variant this engine does not run),
-        ModelLoadError (missing file or field, corrupt safetensors, wrong tensor shape).
+        ModelLoadError (missing file or field, corrupt safetensors, wrong tensor shape; an
+            adapter's backbone folder missing or misfit, named with the tensor).
     """
     check_engine_thread()
     import mlx.core as mx
 
     from app.engine import dflash2
+    from app.engine.adapter import merge_backbone, read_tensors
     from app.engine.drafter import DFlashDrafter, DrafterConfig, expected_shapes
 
     folder = resolve_model_path(path_or_repo)
@@ -407,20 +412,12 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     else:
         cfg = DrafterConfig.from_dict(raw)
         model_class, shapes = DFlashDrafter, expected_shapes(cfg)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} has no model.safetensors")
-    weights: dict[str, Any] = {}
-    for f in files:
-        try:
-            weights.update(mx.load(str(f)))
-        except Exception as exc:
-            raise ModelLoadError(f"{f.name} is not a readable safetensors file: {exc}") from exc
     weights = {
         k.removeprefix("model."): v
-        for k, v in weights.items()
+        for k, v in read_tensors(folder).items()
         if not k.endswith(("embed_tokens.weight", "lm_head.weight"))
     }
+    weights = merge_backbone(folder, raw, weights, shapes)  # an adapter: + its backbone's
     for name, shape in shapes.items():
         if name not in weights:
             raise ModelLoadError(f"drafter weights lack the tensor {name}")

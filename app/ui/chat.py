@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
 from app.ui.render import answer_tokens_html, message_html
-from app.ui.text import plural
+from app.ui.text import DRAFTING_MODES, mode_label, plural
 
 NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
                    "reply, Compare or the short benchmark on the same pair, dtype and Max "
@@ -52,11 +52,11 @@ def figures_line(msg: Turn) -> str:
     if v is None:
         return ""
     r = v.result
-    parts = ["DFlash" if r.mode == "dflash" else "Plain"]
+    parts = [mode_label(r.mode) if r.mode in DRAFTING_MODES else "Plain"]
     s = r.summary
     if s is not None and not v.stopped:
         parts.append(f"{s.tok_per_s:.1f} tok/s")
-        if r.mode == "dflash" and s.tau is not None:
+        if r.mode in DRAFTING_MODES and s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")
             parts.append(plural(s.replays, "replay"))
     if v.stopped:
@@ -64,13 +64,13 @@ def figures_line(msg: Turn) -> str:
         # footer agrees with the panel
         cycles = s.cycles if s is not None else 0
         parts.append(plural(s.generated_tokens if s is not None else len(r.tokens), "token"))
-        if r.mode == "dflash":
+        if r.mode in DRAFTING_MODES:
             parts.append(plural(cycles, "cycle"))
     elif s is not None:
         parts.append(plural(s.generated_tokens, "token"))
     if r.rounds > 1:
         parts.append(f"{r.rounds} rounds")
-    if r.mode == "dflash":
+    if r.mode in DRAFTING_MODES:
         parts.append(f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
     if v.interrupted:
@@ -276,7 +276,7 @@ class ChatView(QTextBrowser):
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
-        if r.mode == "dflash" and r.speed_checked and not v.stopped and not v.error:
+        if r.mode in DRAFTING_MODES and r.speed_checked and not v.stopped and not v.error:
             if r.speedup is not None:
                 foot += (f' · <span title="{html.escape(r.speedup.tooltip())}">'
                          f"{html.escape(r.speedup.label())}</span>")
@@ -332,15 +332,16 @@ class ChatView(QTextBrowser):
 
 
 class Composer(QWidget):
-    """Input box with the Plain | DFlash switch, Colour drafts, Compare and one Send button
+    """Input box with the Plain | DFlash (| DFlash2) switch, Colour drafts, Compare and one Send button
     that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
     do); the settings line for the next reply sits on its own line, never cut.
 
     Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
     double-click interval after Send started the reply is ignored (the second click of a
     double-click on Send does not stop the reply it started). Signals: ``send(str)``,
-    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain" or
-    "dflash"."""
+    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain", "dflash"
+    or "dflash2" (the DFlash2 button shows only when the loaded pair has a DFlash2 drafter:
+    :meth:`set_modes`)."""
 
     send = Signal(str)
     stop = Signal()
@@ -359,12 +360,18 @@ class Composer(QWidget):
         self.plain_btn.setObjectName("segLeft")
         self.dflash_btn = QPushButton("DFlash")
         self.dflash_btn.setObjectName("segRight")
+        self.dflash2_btn = QPushButton("DFlash2")
+        self.dflash2_btn.setObjectName("segRight")
         for b, tip in ((self.plain_btn, "Plain: the model writes one token at a time. Each "
                                         "token is one forward pass of the target model."),
                        (self.dflash_btn, "DFlash: a small drafter guesses several tokens at "
                                          "once and the model checks them in one pass. "
                                          "Block-diffusion speculative decoding; exact: with "
-                                         "greedy sampling the text equals plain's.")):
+                                         "greedy sampling the text equals plain's."),
+                       (self.dflash2_btn, "DFlash2: DFlash with convolutions in the drafter "
+                                          "and a candidate selector that picks each guess "
+                                          "among the model's top candidates given the guess "
+                                          "before it; as exact as DFlash.")):
             b.setCheckable(True)
             b.setToolTip(tip)
             b.setAccessibleName(f"{b.text()} decoding")
@@ -372,6 +379,9 @@ class Composer(QWidget):
         self.mode_group.setExclusive(True)
         self.mode_group.addButton(self.plain_btn)
         self.mode_group.addButton(self.dflash_btn)
+        self.mode_group.addButton(self.dflash2_btn)
+        self.dflash2_btn.setVisible(False)
+        self.dflash2_btn.setEnabled(False)
         self.dflash_btn.setChecked(True)
         self.mode_group.buttonToggled.connect(
             lambda _b, on: on and self.modeChanged.emit(self.mode()))
@@ -414,6 +424,7 @@ class Composer(QWidget):
         seg.setSpacing(0)
         seg.addWidget(self.plain_btn)
         seg.addWidget(self.dflash_btn)
+        seg.addWidget(self.dflash2_btn)
         row.addLayout(seg)
         row.addSpacing(6)
         row.addWidget(self.colour_box)
@@ -435,17 +446,39 @@ class Composer(QWidget):
         self.compare_btn.clicked.connect(self._compare)
 
     def mode(self) -> str:
-        """"dflash" or "plain" (the switch)."""
+        """"dflash", "dflash2" or "plain" (the switch)."""
+        if self.dflash2_btn.isChecked():
+            return "dflash2"
         return "dflash" if self.dflash_btn.isChecked() else "plain"
 
     def set_mode(self, mode: str) -> None:
-        """Set the switch."""
-        (self.dflash_btn if mode == "dflash" else self.plain_btn).setChecked(True)
+        """Set the switch ("dflash2" before a pair offers it is kept until :meth:`set_modes`
+        says whether it does)."""
+        btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn}.get(mode, self.plain_btn)
+        btn.setChecked(True)
+
+    def set_modes(self, modes: tuple[str, ...] | list[str], reason: str = "") -> None:
+        """Offer the loaded pair's modes (``ModelInfo.modes``: "plain", "dflash",
+        "dflash2"): DFlash2 shows only when offered; a switch on a mode no longer offered moves
+        to DFlash, else Plain; ``reason`` is DFlash's tooltip when no drafter is loaded."""
+        v2 = "dflash2" in modes
+        self.dflash2_btn.setVisible(v2)
+        self.dflash2_btn.setEnabled(v2)
+        self.dflash_btn.setObjectName("segMid" if v2 else "segRight")
+        self.dflash_btn.style().unpolish(self.dflash_btn)
+        self.dflash_btn.style().polish(self.dflash_btn)
+        lost = self.mode() not in modes
+        self.set_dflash_available("dflash" in modes or v2, reason)
+        self.dflash_btn.setEnabled("dflash" in modes)
+        if lost or not self.mode_group.checkedButton().isEnabled():
+            self.set_mode("dflash" if "dflash" in modes else
+                          "dflash2" if v2 else "plain")
 
     def set_busy(self, busy: bool) -> None:
         """Generating: Send turns into Stop (same place, same size), Compare off; and back."""
         self.send_btn.setEnabled(not busy)
-        self.compare_btn.setEnabled(not busy and self.dflash_btn.isEnabled())
+        self.compare_btn.setEnabled(not busy and (self.dflash_btn.isEnabled()
+                                                  or self.dflash2_btn.isEnabled()))
         self.stop_btn.setEnabled(busy)
         self.action_stack.setCurrentWidget(self.stop_btn if busy else self.send_btn)
         if busy:
@@ -459,6 +492,8 @@ class Composer(QWidget):
         self.compare_btn.setEnabled(ok)
         self.dflash_btn.setToolTip(self.dflash_btn.toolTip() if ok else reason)
         if not ok:
+            self.dflash2_btn.setVisible(False)
+            self.dflash2_btn.setEnabled(False)
             self.plain_btn.setChecked(True)
 
     def _take(self) -> str | None:

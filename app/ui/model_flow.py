@@ -34,22 +34,32 @@ class ModelFlow:
         """Load the last model used (QSettings) or the default pair."""
         target = str(self.qs.value("model/target", "") or "")
         drafter = str(self.qs.value("model/drafter", "") or "")
+        drafter2 = str(self.qs.value("model/drafter2", "") or "")
+        if drafter2 and not Path(drafter2).exists():
+            drafter2 = ""
         if target == TINY_PAIR:
             self.load_model(PairSpec(tiny=True))
         elif target and Path(target).exists():
             self.load_model(PairSpec(target, drafter or None,
                                      display_name=str(self.qs.value("model/name", "") or ""),
                                      repo_id=str(self.qs.value("model/repo_id", "") or "")
-                                     or None))
+                                     or None, drafter2=drafter2 or None))
         else:
             self.load_default()
 
     def load_default(self) -> None:
         """Load the bundled demo pair (or the tiny pair, saying so)."""
+        from app.paths import demo_dflash2_dir
+
         target, drafter, note = default_pair()
         if note:
             self.flash(note, 10000)
-        self.load_model(target, drafter)
+        drafter2 = demo_dflash2_dir()
+        if drafter and target != TINY_PAIR and (drafter2 / "config.json").is_file():
+            # the bundled pair offers plain / DFlash / DFlash2
+            self.load_model(PairSpec(target, drafter, drafter2=str(drafter2)))
+        else:
+            self.load_model(target, drafter)
 
     def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
         """Ask the worker to load a pair (progress shows; the window stays responsive).
@@ -144,6 +154,7 @@ class ModelFlow:
             info.target_path, info.drafter_path)
         self.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)
         self.qs.setValue("model/drafter", spec.drafter or "")
+        self.qs.setValue("model/drafter2", spec.drafter2 or "")
         self.qs.setValue("model/name", spec.display_name)
         self.qs.setValue("model/repo_id", spec.repo_id or "")
         self._loading = None
@@ -151,8 +162,7 @@ class ModelFlow:
         self._set_intro()
         if self.banner_kind == "error":  # an earlier failure is over now
             self.clear_banner()
-        self.composer.set_dflash_available(bool(info.drafter_name),
-                                           "DFlash needs a drafter for this target.")
+        self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         if info.note:
             self.show_note(info.note)
         self._on_memory(info.memory_bytes)

@@ -195,8 +195,8 @@ class ModelsDialog(QDialog):
         layout.addWidget(self.dflash_reason)
         layout.addWidget(self.memory_label)
 
-        self.drafters = self._tree(["Drafter", "Source", "Size", "Block", "Path"])
-        box = QGroupBox("DFlash drafters")
+        self.drafters = self._tree(["Drafter", "Source", "Size", "Block", "Path", "Kind"])
+        box = QGroupBox("DFlash and DFlash2 drafters")
         QVBoxLayout(box).addWidget(self.drafters)
         layout.addWidget(box, 2)
 
@@ -282,7 +282,8 @@ class ModelsDialog(QDialog):
         for d in scan.drafters:
             block = d.to_dict().get("block_size")
             item = QTreeWidgetItem([d.name, SOURCE_LABELS[d.source], format_bytes(d.size_bytes),
-                                    "" if block is None else str(block), str(d.path)])
+                                    "" if block is None else str(block), str(d.path),
+                                    "DFlash2" if d.drafter_kind == "dflash2" else "DFlash"])
             item.setData(0, ROLE_ENTRY, d)
             self.drafters.addTopLevelItem(item)
         cached = {e.repo_id.lower() for e in [*scan.targets, *scan.drafters] if e.repo_id}
@@ -306,8 +307,16 @@ class ModelsDialog(QDialog):
         return item.data(0, ROLE_ENTRY) if item is not None else None
 
     def selected_drafter(self) -> ModelEntry | None:
-        """The drafter chosen in the combo box (None: plain decoding)."""
-        return self.drafter_combo.currentData()
+        """The drafter chosen in the combo box (None: plain decoding); for a "DFlash and
+        DFlash2" item, the DFlash one."""
+        data = self.drafter_combo.currentData()
+        return data[0] if isinstance(data, tuple) else data
+
+    def selected_drafter2(self) -> ModelEntry | None:
+        """The DFlash2 drafter loaded beside the DFlash one ("DFlash and DFlash2" item), else
+        None."""
+        data = self.drafter_combo.currentData()
+        return data[1] if isinstance(data, tuple) else None
 
     def _on_target_selected(self) -> None:
         target = self.selected_target()
@@ -316,9 +325,15 @@ class ModelsDialog(QDialog):
         self.dflash_reason.clear()
         if target is not None:
             checks = self.catalog.pair_checks(target)
-            for c in checks:
-                if c.fits:
-                    self.drafter_combo.addItem(f"{c.drafter.name} (DFlash)", c.drafter)
+            fits = [c.drafter for c in checks if c.fits]
+            v1 = [d for d in fits if d.drafter_kind != "dflash2"]
+            v2 = [d for d in fits if d.drafter_kind == "dflash2"]
+            if v1 and v2:  # both kinds: the mode switch offers plain / DFlash / DFlash2
+                self.drafter_combo.addItem(
+                    f"{v1[0].name} + {v2[0].name} (DFlash and DFlash2)", (v1[0], v2[0]))
+            for d in fits:
+                kind = "DFlash2" if d.drafter_kind == "dflash2" else "DFlash"
+                self.drafter_combo.addItem(f"{d.name} ({kind})", d)
             self.drafter_combo.addItem("None: plain decoding", None)
             reason = self.catalog.dflash_unavailable_reason(target)
             refused = [f"{c.drafter.name}: {c.reason}" for c in checks if not c.fits]
@@ -348,7 +363,9 @@ class ModelsDialog(QDialog):
         if target is None:
             self.memory_label.setText("No target selected.")
             return
-        est = estimate_memory(target, self.selected_drafter())
+        d2 = self.selected_drafter2()
+        est = estimate_memory(target, self.selected_drafter(),
+                              **({"drafter2": d2} if d2 is not None else {}))
         self.memory_label.setText(("Warning: " if est.warn else "Memory: ") + est.message())
         self.memory_label.setStyleSheet("color: #b00020;" if est.warn else "")
         self._estimate = est
@@ -376,8 +393,9 @@ class ModelsDialog(QDialog):
         target = self.selected_target()
         if target is None:
             return False
-        drafter = self.selected_drafter()
-        est = estimate_memory(target, drafter)
+        drafter, drafter2 = self.selected_drafter(), self.selected_drafter2()
+        est = estimate_memory(target, drafter,
+                              **({"drafter2": drafter2} if drafter2 is not None else {}))
         if est.warn:
             answer = QMessageBox.question(
                 self, "Load anyway?", f"{target.name} {est.message()}.\n\nLoad anyway?"
@@ -385,7 +403,8 @@ class ModelsDialog(QDialog):
             if answer != QMessageBox.StandardButton.Yes:
                 return False
         self.on_load_pair(PairSpec(str(target.path), str(drafter.path) if drafter else None,
-                                   display_name=target.name, repo_id=target.repo_id))
+                                   display_name=target.name, repo_id=target.repo_id,
+                                   drafter2=str(drafter2.path) if drafter2 else None))
         self.accept()
         return True
 

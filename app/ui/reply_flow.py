@@ -109,6 +109,8 @@ class ReplyFlow:
                 self.composer.edit.setPlainText(text)
             return False
         mode = self.composer.mode()
+        if mode == "dflash2" and "dflash2" not in self.model.modes and tags == [""]:
+            mode = "dflash" if self.model.drafter_name else "plain"
         if (mode == "dflash" or tags != [""]) and not self.model.drafter_name:
             if tags != [""]:
                 self.show_banner("Compare needs a DFlash drafter for this target.")
@@ -296,12 +298,12 @@ class ReplyFlow:
 
     def _block_for(self, mode: str, rs: dict | None = None) -> int | None:
         """Block size for the chart's scale (None for plain)."""
-        if mode != "dflash" or self.model is None:
+        if mode not in ("dflash", "dflash2") or self.model is None:
             return None
         return (rs or {}).get("block_size") or self.model.drafter_block_size
 
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
-        if result.mode == "dflash" and not result.block_size and self.model:
+        if result.mode in ("dflash", "dflash2") and not result.block_size and self.model:
             result.block_size = self.model.drafter_block_size
         side.result = result
         if result.summary is not None:
@@ -388,7 +390,7 @@ class ReplyFlow:
             if r.mode == "plain":
                 self.baselines.add(PlainSample(*key, s.tok_per_s,
                                                "Compare" if run.compare else "plain reply"))
-            elif r.mode == "dflash":
+            elif r.mode in ("dflash", "dflash2"):
                 r.speedup = self.baselines.speedup(s.tok_per_s, *key)
                 r.speed_checked = True
                 self.slow_streak.add(r.speedup.ratio if r.speedup else None)

@@ -33,3 +33,14 @@ def group_digits(text: str) -> str:
     """Whole numbers of five or more digits in ``text`` with thousands separators
     (``"19600000 people"`` -> ``"19,600,000 people"``); years, decimals and ids stay."""
     return _BIG_INT.sub(lambda m: f"{int(m.group(1)):,}", text)
+
+
+DRAFTING_MODES = ("dflash", "dflash2")
+"""The decoding modes in which a drafter drafts (tau, block size and rollback apply)."""
+
+MODE_LABELS = {"plain": "Plain", "dflash": "DFlash", "dflash2": "DFlash2"}
+
+
+def mode_label(mode: str) -> str:
+    """``"Plain"``, ``"DFlash"`` or ``"DFlash2"`` for a mode name (others as given)."""
+    return MODE_LABELS.get(mode, mode)

@@ -115,7 +115,10 @@ def stylesheet(c: dict) -> str:
         margin-right: 0; min-width: 44px; padding: 5px 8px; }}
     QPushButton#segRight {{ border-top-left-radius: 0; border-bottom-left-radius: 0;
         margin-left: 0; border-left: none; min-width: 44px; padding: 5px 8px; }}
-    QPushButton#segLeft:checked, QPushButton#segRight:checked {{ font-weight: normal; }}
+    QPushButton#segMid {{ border-radius: 0; margin-left: 0; margin-right: 0; border-left: none;
+        min-width: 44px; padding: 5px 8px; }}
+    QPushButton#segLeft:checked, QPushButton#segRight:checked, QPushButton#segMid:checked {{
+        font-weight: normal; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}

@@ -49,7 +49,7 @@ from app.ui.details import DetailsPanel
 from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
 from app.ui.reply_flow import ReplyFlow
 from app.ui.run_state import ReplyRun
-from app.ui.text import sentence
+from app.ui.text import mode_label, sentence
 from app.ui.theme import colours, make_palette, stylesheet
 from app.ui.worker import (
     Backend,
@@ -361,8 +361,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         """The switch moved: the settings line follows; mid-reply, say it is for the next."""
         self.update_settings_note()
         if self.busy and self._run is not None and not self._run.compare:
-            now = "DFlash" if self._run.mode == "dflash" else "Plain"
-            new = "DFlash" if mode == "dflash" else "Plain"
+            now, new = mode_label(self._run.mode), mode_label(mode)
             self.composer.mode_note.setText(
                 "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
 
@@ -383,7 +382,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
         temp = v.get("temperature", 0.0)
         parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
-        if self.composer.mode() == "dflash":
+        if self.composer.mode() in ("dflash", "dflash2"):
             parts[:0] = [f"block {block}" if block else "block: drafter's",
                          v.get("rollback", "tape")]
             if v.get("fast_verify"):

@@ -10,10 +10,16 @@ Steps (all of them by default; ``--stage`` runs one):
    with the venv that has them (``.venv-train``) or on a GPU machine over a copy of ``BUILD``.
 3. ``install``: copy the checkpoints, tokenizer files, training log and held-out prompts
    into ``resources/models/demo-target`` and ``resources/models/demo-dflash``.
+4. ``dflash2`` (only when asked: ``--stage dflash2 --dflash2 EXPORT``): write the DFlash2
+   drafter export ``EXPORT`` (``train_dflash2.py --freeze-backbone``'s
+   ``demo-dflash2`` folder) into ``resources/models/demo-dflash2`` as an adapter on
+   ``demo-dflash`` (``app.engine.adapter``: only the tensors that differ, plus
+   ``"dflash_backbone": "../demo-dflash"`` in its config).
 
 Usage::
 
     python -m tools.demo_pair.build --seed 0 [--device cuda|cpu] [--stage prepare|train|install]
+    python -m tools.demo_pair.build --stage dflash2 --dflash2 build/d2/l2r32frozen/demo-dflash2
 """
 
 from __future__ import annotations
@@ -160,12 +166,32 @@ def install(build: Path, trained: Path) -> None:
     print(f"installed into {tdir} and {ddir}", flush=True)
 
 
+def install_dflash2(export: Path) -> dict:
+    """Write the DFlash2 export ``export`` into ``resources/models/demo-dflash2`` as an adapter
+    on ``demo-dflash`` (every backbone tensor must be byte-equal to ``demo-dflash``'s: a
+    drafter trained with ``--freeze-backbone``; else the adapter would keep them too and
+    the pair would break its size cap, which this refuses)."""
+    from app.engine.adapter import write_adapter
+
+    out = RES / "demo-dflash2"
+    info = write_adapter(export, RES / "demo-dflash", out, ref="../demo-dflash")
+    backbone_like = [k for k in info["kept"] if "_conv." not in k
+                     and not k.startswith("candidate_selector.")]
+    if backbone_like:
+        raise SystemExit(f"{export}: {len(backbone_like)} backbone tensors differ from "
+                         f"demo-dflash's (e.g. {backbone_like[0]}); train with "
+                         "--freeze-backbone --init-dflash resources/models/demo-dflash")
+    print(f"installed {len(info['kept'])} tensors ({info['bytes']:,} bytes; "
+          f"{info['shared']} shared with demo-dflash) into {out}", flush=True)
+    return info
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description="rebuild the bundled demo model pair")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="torch device for training (cuda|cpu)")
-    p.add_argument("--stage", choices=["prepare", "train", "install", "all"], default="all")
+    p.add_argument("--stage", choices=["prepare", "train", "install", "all", "dflash2"], default="all")
     p.add_argument("--build", type=Path, default=DEFAULT_BUILD)
     p.add_argument("--chats", type=int, default=DEFAULT_CHATS)
     p.add_argument("--tokenizer", type=Path, default=None,
@@ -174,7 +200,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="a Python with torch + transformers")
     p.add_argument("--trained", type=Path, default=None,
                    help="folder with demo-target/ and demo-dflash/ (default BUILD/out)")
+    p.add_argument("--dflash2", type=Path, default=None,
+                   help="stage dflash2: the DFlash2 export folder to install as an adapter")
     args, extra = p.parse_known_args(argv)
+    if args.stage == "dflash2":
+        if args.dflash2 is None:
+            p.error("--stage dflash2 needs --dflash2 EXPORT_FOLDER")
+        install_dflash2(args.dflash2)
+        return 0
     if args.stage in ("prepare", "all"):
         prepare(args.build, args.seed, args.chats, args.tokenizer)
     if args.stage in ("train", "all"):
