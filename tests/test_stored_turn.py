@@ -195,3 +195,29 @@ def test_one_store_is_safe_to_share_between_two_threads(tmp_path):
     assert all(m.status == "complete" for m in store.messages(conv.id)
                if m.role == "assistant")
     store.close()
+
+
+def test_a_three_sided_compare_stores_a_dflash2_sibling(store):
+    conv = store.new_conversation()
+    backend = ScriptedSession(cycles=2)
+    events = events_of(store, backend, TurnRequest(conv.id, "compare", SETTINGS,
+                                                   tags=("plain", "dflash", "dflash2")))
+    begun, stored = events[0], events[-1]
+    assert set(begun.reply_ids) == {"plain", "dflash", "dflash2"}
+    assert stored.chosen == "dflash" and not stored.error
+    assert backend.last_settings["mode"] == "dflash2"  # the third side ran last
+    rows = {k: store.get_message(i) for k, i in begun.reply_ids.items()}
+    assert {k: r.mode for k, r in rows.items()} == \
+        {"plain": "plain", "dflash": "dflash", "dflash2": "dflash2"}
+    assert all(r.status == "complete" for r in rows.values())
+    assert len({r.compare_group for r in rows.values()}) == 1
+    assert len({r.parent_id for r in rows.values()}) == 1
+    assert store.active_path(conv.id)[-1].id == begun.reply_ids["dflash"]
+    assert [m.id for m in store.compare_siblings(begun.reply_ids["dflash"])] == \
+        [begun.reply_ids["plain"], begun.reply_ids["dflash2"]]
+    assert store.compare_siblings(begun.user_id) == []
+    from app.chat.export import export_markdown
+
+    md = export_markdown(store, conv.id)
+    assert md.count("· compared") == 2 and md.count("· continued") == 1
+    assert "## Assistant · DFlash2 (block 4, tape rollback) · version 3 of 3 · compared" in md

@@ -170,3 +170,43 @@ def test_window_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, ti
     finally:
         close_window(win)
     assert qs.value("composer/mode") == "dflash2"
+
+
+def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, tiny3):
+    t, d, d2 = tiny3
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(PairSpec(str(t), str(d), drafter2=str(d2)))
+        assert "DFlash2" in win.composer.compare_btn.toolTip()
+        msg = send_and_wait(qtbot, win, PROMPT, compare=True)
+        assert msg.is_compare and msg.chosen == "dflash"
+        assert set(msg.versions) == {"plain", "dflash", "dflash2"}
+        results = {k: v.result for k, v in msg.versions.items()}
+        assert {k: r.mode for k, r in results.items()} == {k: k for k in results}
+        assert len(results["plain"].tokens) > 0
+        for key in ("dflash", "dflash2"):  # greedy: every side identical to plain
+            assert results[key].tokens == results["plain"].tokens, key
+            assert results[key].summary.cycles > 0
+        view = win.compare_view
+        assert view.isVisible() and list(view.results) == ["plain", "dflash", "dflash2"]
+        lines = view.header.text().split("\n")
+        assert lines[0].startswith("DFlash: identical")
+        assert lines[1].startswith("DFlash2: identical")
+        assert "τ" in view.figs["dflash2"].text()
+        # stored: three sibling versions of one Compare turn, modes plain / dflash / dflash2
+        rows = [win.store.db.get_message(i) for i in msg.ids.values()]
+        assert sorted(r.mode for r in rows) == ["dflash", "dflash2", "plain"]
+        assert len({r.compare_group for r in rows}) == 1 and rows[0].compare_group
+        assert all(r.status == "complete" for r in rows)
+        # continue from DFlash2: chosen, kept on reload, and the footer links the other two
+        view.buttons["dflash2"].click()
+        assert msg.chosen == "dflash2"
+        reread = win.store.get(win.conv.id).messages[-1]
+        assert reread.chosen == "dflash2" and set(reread.versions) == set(results)
+        win.select_conversation(win.store.get(win.conv.id))
+        assert list(win.compare_view.results) == ["plain", "dflash", "dflash2"]
+        text = win.chat.toPlainText()
+        assert "continue from Plain instead" in text and "continue from DFlash instead" in text
+    finally:
+        close_window(win)

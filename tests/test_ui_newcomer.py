@@ -999,3 +999,42 @@ def test_real_short_benchmark_from_the_menu_gives_a_plain_baseline(qtbot, qs, ti
         assert sample.dtype == win.model.dtype != ""
     finally:
         win.shutdown()
+
+
+def test_a_three_sided_compare_view_gives_each_side_its_verdict_and_tabs_when_narrow(qtbot):
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import NARROW_PX, CompareView
+
+    plain = ReplyResult(mode="plain", tokens=[1, 2, 3], pieces=["a", "b", "c"], content="abc")
+    dflash = ReplyResult(mode="dflash", tokens=[1, 2, 3], pieces=["a", "b", "c"], content="abc")
+    dflash2 = ReplyResult(mode="dflash2", tokens=[1, 9, 3], pieces=["a", "x", "c"],
+                          content="axc")
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.resize(NARROW_PX + 300, 400)
+    view.show()
+    view.set_results(plain, dflash)  # two sides: as before, no DFlash2 column
+    assert list(view.results) == ["plain", "dflash"]
+    assert not view.columns["dflash2"].isVisible() and not view.tabbed
+    assert view.header.text().startswith("identical, 3 tokens")
+    view.set_results(plain, dflash, "dflash2", dflash2)
+    assert list(view.results) == ["plain", "dflash", "dflash2"]
+    assert all(view.columns[k].isVisible() for k in view.results) and not view.tabbed
+    lines = view.header.text().split("\n")
+    assert lines[0] == "DFlash: identical, 3 tokens"
+    assert lines[1].startswith("DFlash2: differ from token 1 (of 3 plain / 3 DFlash2")
+    assert view.buttons["dflash2"].isChecked() and not view.buttons["dflash"].isChecked()
+    seen = []
+    view.chosen.connect(seen.append)
+    view.buttons["plain"].click()
+    assert seen == ["plain"]
+    view.resize(NARROW_PX - 300, 400)  # narrow: three tabs
+    qtbot.waitUntil(lambda: view.tabbed)
+    assert [view.tabs.tabText(i) for i in range(view.tabs.count())] == \
+        ["Plain", "DFlash", "DFlash2"]
+    view.set_results(plain, dflash)  # back to two sides: columns again
+    assert not view.tabbed and view.tabs.count() == 0
+    assert view.columns["plain"].isVisible() and not view.columns["dflash2"].isVisible()
+    view.set_results(plain, dflash, three=True)  # the DFlash2 side stopped before it ran
+    assert view.header.text().split("\n")[1] == "DFlash2: stopped before it ran"
+    assert view.figs["dflash2"].text() == "not run"

@@ -243,7 +243,8 @@ def _fence(text: str, lang: str = "") -> str:
 
 def _reply_heading(m: Message, store: Store) -> str:
     parts = ["Assistant"]
-    if m.mode == "dflash":
+    if m.mode in ("dflash", "dflash2"):
+        name = "DFlash2" if m.mode == "dflash2" else "DFlash"
         detail = ", ".join(
             x
             for x in (
@@ -252,7 +253,7 @@ def _reply_heading(m: Message, store: Store) -> str:
             )
             if x
         )
-        parts.append(f"DFlash ({detail})" if detail else "DFlash")
+        parts.append(f"{name} ({detail})" if detail else name)
     elif m.mode == "plain":
         parts.append("plain decoding")
     versions = store.versions(m.id)
@@ -322,11 +323,13 @@ def export_markdown(store: Store, conversation_id: int) -> str:
         meta.append(f"drafter `{conv.drafter_path}`")
     lines += ["*" + " \u00b7 ".join(meta) + "*", ""]
     for m in store.active_path(conversation_id):
-        partner = store.compare_partner(m.id) if m.compare_group else None
-        if partner is not None:
+        others = store.compare_siblings(m.id) if m.compare_group else []
+        if others:
             dot = " \u00b7 "
             lines += _message_md(m, store, _reply_heading(m, store) + dot + "continued")
-            lines += _message_md(partner, store, _reply_heading(partner, store) + dot + "compared")
+            for other in others:
+                lines += _message_md(other, store, _reply_heading(other, store) + dot +
+                                     "compared")
         else:
             lines += _message_md(m, store)
     return "\n".join(lines).rstrip() + "\n"

@@ -809,6 +809,18 @@ class Store:
         )
         return _msg(rows[0]) if rows else None
 
+    def compare_siblings(self, message_id: int) -> list[Message]:
+        """Every other reply of this message's Compare turn, oldest first (the DFlash2 side
+        of a three-sided Compare too); [] when it is not one."""
+        m = self.get_message(message_id)
+        if not m.compare_group:
+            return []
+        rows = self._q(
+            f"SELECT {_MSG_COLS} FROM messages WHERE compare_group = ? AND id != ? ORDER BY id",
+            (m.compare_group, message_id),
+        )
+        return [_msg(r) for r in rows]
+
     def update_partial(
         self,
         message_id: int,

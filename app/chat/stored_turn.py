@@ -1,5 +1,5 @@
 """One turn stored as it is generated: the rows, the prompt read back from them, the reply (or
-the two sides of a Compare turn), its growth and its final state.
+the sides of a Compare turn), its growth and its final state.
 
 :func:`run_turn` is the one place a reply is written to the
 :class:`~app.chat.storage.Store`. It runs on the thread that owns MLX (the window's worker,
@@ -10,9 +10,10 @@ arrives. Qt-free.
 A turn, asked for by a :class:`TurnRequest`:
 
 1. in one transaction: the user message (new, or an edited sibling of a stored one) and the
-   reply rows (``generating``: one reply, a sibling version of a stored reply, or the two
-   rows of a Compare turn); :class:`TurnBegun` gives their ids. When this fails nothing is
-   stored and nothing runs (:class:`TurnNotStarted`): the conversation stays as it was;
+   reply rows (``generating``: one reply, a sibling version of a stored reply, or the rows
+   of a Compare turn: plain, DFlash and, when asked, DFlash2); :class:`TurnBegun` gives
+   their ids. When this fails nothing is stored and nothing runs (:class:`TurnNotStarted`):
+   the conversation stays as it was;
 2. the prompt from the stored rows (:func:`prompt_for`: earlier turns' tool calls, tool
    results and reasoning as they were generated);
 3. each side's reply (``backend.reply``), its events passed on as :class:`TaggedEvent`, its
@@ -56,7 +57,8 @@ class TurnRequest:
             ``regenerate_of``.
         settings: the reply settings dict (``mode``, ``block_size``, ``rollback``, sampling,
             ``use_tools``, ...; ``app.chat.settings.reply_values``).
-        tags: ``("",)`` for one reply, ``("plain", "dflash")`` for a Compare turn.
+        tags: ``("",)`` for one reply, ``("plain", "dflash")`` for a Compare turn,
+            ``("plain", "dflash", "dflash2")`` for one with a DFlash2 drafter too.
         key: the version key of one reply ("" -> its mode; ``app.chat.turns.version_key``).
         system_prompt: put first in the prompt when the conversation has none of its own.
         regenerate_of: a stored reply row: the new reply is a sibling version of it.
@@ -87,7 +89,7 @@ class TurnRequest:
 @dataclass(frozen=True)
 class TaggedEvent:
     """One event of a turn and the ``tag`` of the Compare side it belongs to ("plain" /
-    "dflash"; "" for one reply or the turn as a whole)."""
+    "dflash" / "dflash2"; "" for one reply or the turn as a whole)."""
 
     event: Any
     tag: str = ""
@@ -181,6 +183,12 @@ def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
             plain, dflash = store.begin_compare(request.conversation_id, block_size=block,
                                                 rollback=rollback, generation=generation)
             ids = {"plain": plain.id, "dflash": dflash.id}
+            if "dflash2" in request.tags:  # a three-sided Compare: the DFlash2 sibling
+                third = store.begin_reply(
+                    request.conversation_id, mode="dflash2", parent_id=plain.parent_id,
+                    block_size=block, rollback=rollback, generation=generation,
+                    compare_group=plain.compare_group, activate=False)
+                ids["dflash2"] = third.id
         else:
             kwargs = {"block_size": block if mode in ("dflash", "dflash2") else None,
                       "rollback": rollback if mode in ("dflash", "dflash2") else None,
@@ -313,11 +321,11 @@ class _Turn:
             log.exception("saving a partial reply")
 
     def _top2_gap(self, tag: str, result: ReplyResult) -> None:
-        """In a Compare, the DFlash side's top-two gap where it first differs from plain."""
+        """In a Compare, a drafting side's top-two gap where it first differs from plain."""
         plain = self.replies.get("plain")
         gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
-        if tag != "dflash" or plain is None or tag not in self.replies or gap_of is None \
-                or result.tokens == plain.all_tokens:
+        if tag not in ("dflash", "dflash2") or plain is None or tag not in self.replies or \
+                gap_of is None or result.tokens == plain.all_tokens:
             return
         try:
             result.top2_gap = gap_of(plain, self.replies[tag])

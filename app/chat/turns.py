@@ -8,8 +8,9 @@ by ``app.chat.stored_turn``). In the view
 * a user message is one :class:`Turn` (``ids[""]`` is its row);
 * an assistant turn is one :class:`Turn` whose :attr:`Turn.versions` are sibling reply rows:
   a regenerated reply (keys ``"plain"``, ``"dflash"``, then ``"<mode>#<n>"``, see
-  :func:`version_key`), or the two sides of a Compare turn (``"plain"``/``"dflash"`` sharing a
-  ``compare_group``); ``chosen`` is the version on the active path.
+  :func:`version_key`), or the sides of a Compare turn (``"plain"``/``"dflash"``, and
+  ``"dflash2"`` with a DFlash2 drafter, sharing a ``compare_group``); ``chosen`` is the
+  version on the active path.
 
 The prompt for a reply is never built from this view: ``app.chat.stored_turn.prompt_for`` reads
 the stored rows (tool calls, tool results and reasoning as generated). Titles come from the
@@ -315,7 +316,7 @@ class Turn:
 
     @property
     def is_compare(self) -> bool:
-        """True for a Compare turn (plain and DFlash versions of one prompt)."""
+        """True for a Compare turn (plain and DFlash, maybe DFlash2, versions of one prompt)."""
         return self.compare
 
     def text(self) -> str:
@@ -382,10 +383,10 @@ class TurnStore:
 
     def _reply_turn(self, m: StoredMessage) -> Turn:
         turn = Turn("assistant")
-        partner = self.db.compare_partner(m.id)
-        if partner is not None:
+        siblings = self.db.compare_siblings(m.id) if m.compare_group else []
+        if siblings:
             turn.compare = True
-            rows = [(m.mode or "plain", m), (partner.mode or "plain", partner)]
+            rows = [(r.mode or "plain", r) for r in (m, *siblings)]
         else:
             rows: list = []
             for row in self.db.versions(m.id):

@@ -38,6 +38,11 @@ from app.chat.turns import ConversationView, Turn
 from app.ui.render import answer_tokens_html, message_html
 from app.ui.text import DRAFTING_MODES, mode_label, plural
 
+COMPARE_TIPS = {
+    False: "Run the prompt plain, then with DFlash, side by side (Ctrl+Shift+C)",
+    True: "Run the prompt plain, then with DFlash, then with DFlash2, side by side "
+          "(Ctrl+Shift+C)"}
+"""The Compare button's tooltip: two sides, or three with a DFlash2 drafter beside DFlash."""
 NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
                    "reply, Compare or the short benchmark on the same pair, dtype and Max "
                    "tokens, with a prompt within ±50% of this one's length.")
@@ -284,10 +289,15 @@ class ChatView(QTextBrowser):
                 foot += (f' · <span title="{html.escape(NO_BASELINE_TIP)}">'
                          f"{NO_BASELINE}</span>")
         if m.is_compare:
-            other = "plain" if m.chosen == "dflash" else "dflash"
-            label = "Plain" if other == "plain" else "DFlash"
-            foot += (f' · compare turn · <a href="choose:{other}" style="color:{c.get("accent")};">'
-                     f"continue from {label} instead</a>")
+            others = ["plain" if m.chosen == "dflash" else "dflash"]
+            if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
+                others = [k for k in ("plain", "dflash", "dflash2")
+                          if k in m.versions and k != m.chosen]
+            foot += " · compare turn"
+            for other in others:
+                label = "Plain" if other == "plain" else mode_label(other)
+                foot += (f' · <a href="choose:{other}" style="color:{c.get("accent")};">'
+                         f"continue from {label} instead</a>")
         if not m.is_compare and len(m.versions) > 1:
             keys = list(m.versions)
             pos = keys.index(m.chosen)
@@ -408,8 +418,7 @@ class Composer(QWidget):
         self.action_stack.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self._busy_clock = QElapsedTimer()
         self.compare_btn = QPushButton("Compare")
-        self.compare_btn.setToolTip("Run the prompt plain, then with DFlash, side by side "
-                                    "(Ctrl+Shift+C)")
+        self.compare_btn.setToolTip(COMPARE_TIPS[False])
         self.compare_btn.setAccessibleName("Compare plain and DFlash")
         self.note = QLabel("")
         self.note.setObjectName("figureName")
@@ -469,6 +478,7 @@ class Composer(QWidget):
         self.dflash_btn.style().polish(self.dflash_btn)
         lost = self.mode() not in modes
         self.set_dflash_available("dflash" in modes or v2, reason)
+        self.compare_btn.setToolTip(COMPARE_TIPS["dflash" in modes and v2])
         self.dflash_btn.setEnabled("dflash" in modes)
         if lost or not self.mode_group.checkedButton().isEnabled():
             self.set_mode("dflash" if "dflash" in modes else

@@ -1,10 +1,13 @@
-"""Compare: the same prompt through plain and DFlash, side by side.
+"""Compare: the same prompt through plain and DFlash side by side, and DFlash2 as a third side
+when the loaded pair has a DFlash2 drafter too.
 
 The first token where the two outputs differ is highlighted on both sides; when they agree
 the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
 at the first divergence (computed on the worker). Each side shows its figures; the header gives the
-speed ratio (DFlash tok/s / plain tok/s). The user picks the version the conversation
-continues from (DFlash's by default).
+speed ratio (DFlash tok/s / plain tok/s). With three sides the header has one such line per
+drafting side, each against plain ("DFlash: …", "DFlash2: …"), and a narrow view (under
+:data:`NARROW_PX`) shows the sides as tabs instead of columns. The user picks the version the
+conversation continues from (DFlash's by default).
 """
 
 from __future__ import annotations
@@ -14,16 +17,24 @@ import html
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QFrame,
-    QGridLayout,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QStackedWidget,
+    QTabWidget,
     QTextBrowser,
     QVBoxLayout,
+    QWidget,
 )
 
 from app.engine.compare import first_divergence
 from app.ui.render import SECTION_TITLES, mark_section, sections_html
+from app.ui.text import DRAFTING_MODES, mode_label
+
+SIDES = ("plain", "dflash", "dflash2")
+"""Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
+NARROW_PX = 900
+"""Below this width a three-sided Compare shows its sides as tabs."""
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -33,8 +44,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return first_divergence(a, b)
 
 
-def verdict(plain, dflash) -> str:
-    """Header text for two :class:`~app.ui.worker.ReplyResult` objects."""
+def verdict(plain, dflash, label: str = "DFlash") -> str:
+    """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
+    drafting side: "DFlash" or "DFlash2")."""
     diff = first_difference(plain.tokens, dflash.tokens)
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     if diff is None:
@@ -45,13 +57,13 @@ def verdict(plain, dflash) -> str:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
         text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
-               f"{len(dflash.tokens)} DFlash{gap})"
+               f"{len(dflash.tokens)} {label}{gap})"
     where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
     if where:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0:
-        text += f" · DFlash {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
+        text += f" · {label} {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
     return text
 
 
@@ -93,7 +105,7 @@ def side_figures(result) -> str:
         return "no figures"
     parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens",
              f"first token {s.ttft_s * 1000:.0f} ms"]
-    if result.mode == "dflash":
+    if result.mode in DRAFTING_MODES:
         if s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")
         if s.acceptance_rate is not None:
@@ -103,7 +115,11 @@ def side_figures(result) -> str:
 
 
 class CompareView(QFrame):
-    """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain" or "dflash"."""
+    """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain", "dflash" or
+    "dflash2".
+
+    Two sides (plain, DFlash) as columns; with a DFlash2 side (:meth:`set_sides`) three
+    columns, or three tabs while the view is narrower than :data:`NARROW_PX`."""
 
     chosen = Signal(str)
 
@@ -117,8 +133,16 @@ class CompareView(QFrame):
         self.texts: dict[str, QTextBrowser] = {}
         self.figs: dict[str, QLabel] = {}
         self.buttons: dict[str, QPushButton] = {}
-        grid = QGridLayout()
-        for col, (key, title) in enumerate((("plain", "Plain"), ("dflash", "DFlash"))):
+        self.columns: dict[str, QWidget] = {}
+        self.sides: tuple[str, ...] = ("plain", "dflash")
+        self.columns_row = QWidget()
+        self.row = QHBoxLayout(self.columns_row)
+        self.row.setContentsMargins(0, 0, 0, 0)
+        for key in SIDES:
+            title = mode_label(key)
+            col = QWidget()
+            v = QVBoxLayout(col)
+            v.setContentsMargins(0, 0, 0, 0)
             t = QLabel(title)
             t.setObjectName("sectionTitle")
             tb = QTextBrowser()
@@ -130,11 +154,20 @@ class CompareView(QFrame):
             btn.setCheckable(True)
             btn.setAccessibleName(f"Continue from {title}")
             btn.clicked.connect(lambda _=False, k=key: self._choose(k))
-            grid.addWidget(t, 0, col)
-            grid.addWidget(tb, 1, col)
-            grid.addWidget(fig, 2, col)
-            grid.addWidget(btn, 3, col)
+            v.addWidget(t)
+            v.addWidget(tb, 1)
+            v.addWidget(fig)
+            v.addWidget(btn)
+            self.row.addWidget(col)
+            col.setVisible(key in self.sides)
+            self.columns[key] = col
             self.texts[key], self.figs[key], self.buttons[key] = tb, fig, btn
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Compared replies")
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.columns_row)
+        self.stack.addWidget(self.tabs)
+        self.tabbed = False
         top = QHBoxLayout()
         top.addWidget(self.header, 1)
         self.close_btn = QPushButton("Hide")
@@ -144,8 +177,35 @@ class CompareView(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 8)
         lay.addLayout(top)
-        lay.addLayout(grid)
+        lay.addWidget(self.stack, 1)
         self.results: dict = {}
+
+    def set_sides(self, sides: tuple[str, ...]) -> None:
+        """Show these sides (``("plain", "dflash")`` or all of :data:`SIDES`)."""
+        self.sides = tuple(k for k in SIDES if k in sides)
+        self._arrange(force=True)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._arrange()
+
+    def _arrange(self, force: bool = False) -> None:
+        """Columns, or tabs for three sides in a narrow view; the widgets move between them."""
+        tabbed = len(self.sides) > 2 and self.width() < NARROW_PX
+        if tabbed == self.tabbed and not force:
+            return
+        self.tabbed = tabbed
+        while self.tabs.count():
+            self.tabs.removeTab(0)
+        for key in SIDES:
+            col = self.columns[key]
+            if tabbed and key in self.sides:
+                self.tabs.addTab(col, mode_label(key))
+                col.setVisible(True)
+            else:
+                self.row.addWidget(col)
+                col.setVisible(not tabbed and key in self.sides)
+        self.stack.setCurrentWidget(self.tabs if tabbed else self.columns_row)
 
     def _choose(self, key: str) -> None:
         self.set_choice(key)
@@ -158,7 +218,8 @@ class CompareView(QFrame):
 
     def show_running(self, which: str) -> None:
         """Header while a side is generating."""
-        self.header.setText(f"Comparing… running {'DFlash' if which == 'dflash' else 'plain'}")
+        name = mode_label(which) if which in DRAFTING_MODES else "plain"
+        self.header.setText(f"Comparing… running {name}")
 
     def stream(self, key: str, text: str) -> None:
         """Show a side's streaming text (plain text)."""
@@ -166,16 +227,20 @@ class CompareView(QFrame):
         tb.setPlainText(text)
         tb.verticalScrollBar().setValue(tb.verticalScrollBar().maximum())
 
-    def set_results(self, plain, dflash, chosen: str = "dflash") -> None:
-        """Show two finished :class:`~app.ui.worker.ReplyResult`; either may be None (stopped
-        before it ran)."""
+    def set_results(self, plain, dflash, chosen: str = "dflash", dflash2=None,
+                    three: bool | None = None) -> None:
+        """Show finished :class:`~app.ui.worker.ReplyResult`; any may be None (stopped
+        before it ran). ``three`` (default: ``dflash2`` is given) shows the DFlash2 side."""
+        three = dflash2 is not None if three is None else three
+        self.set_sides(SIDES if three else ("plain", "dflash"))
         self.results = {"plain": plain, "dflash": dflash}
-        mark = None
-        if plain is not None and dflash is not None:
-            mark = first_difference(plain.tokens, dflash.tokens)
-            self.header.setText(verdict(plain, dflash))
-        else:
-            self.header.setText("comparison stopped before both sides ran")
+        if three:
+            self.results["dflash2"] = dflash2
+        marks = {k: first_difference(plain.tokens, r.tokens)
+                 for k, r in self.results.items()
+                 if k != "plain" and plain is not None and r is not None}
+        plain_mark = next((m for m in marks.values() if m is not None), None)
+        self.header.setText(self._header())
         for key, r in self.results.items():
             if r is None:
                 self.texts[key].setPlainText("")
@@ -183,6 +248,7 @@ class CompareView(QFrame):
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
+            mark = plain_mark if key == "plain" else marks.get(key)
             if r.pieces:
                 self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours,
                                                       r.tool_calls))
@@ -191,3 +257,19 @@ class CompareView(QFrame):
             self.figs[key].setText(side_figures(r))
         self.set_choice(chosen)
 
+    def _header(self) -> str:
+        """The verdict: one line for two sides; one per drafting side for three."""
+        res = self.results
+        plain = res["plain"]
+        if len(res) == 2:
+            if plain is None or res["dflash"] is None:
+                return "comparison stopped before both sides ran"
+            return verdict(plain, res["dflash"])
+        if plain is None:
+            return "comparison stopped before the plain side ran"
+        lines = []
+        for key in SIDES[1:]:
+            label, r = mode_label(key), res[key]
+            lines.append(f"{label}: " + (verdict(plain, r, label) if r is not None
+                                         else "stopped before it ran"))
+        return "\n".join(lines)

@@ -48,8 +48,11 @@ class ReplyFlow:
         return self._start(text, [""])
 
     def compare(self, text: str) -> bool:
-        """Run ``text`` plain then with DFlash; show both side by side."""
-        return self._start(text, ["plain", "dflash"])
+        """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
+        drafter too), each from the same prompt; show them side by side."""
+        modes = set(self.model.modes) if self.model is not None else set()
+        return self._start(text, ["plain", "dflash", "dflash2"]
+                           if {"dflash", "dflash2"} <= modes else ["plain", "dflash"])
 
     def regenerate(self) -> bool:
         """Generate a new version of the last reply in the selected mode; the earlier
@@ -59,7 +62,7 @@ class ReplyFlow:
             self.show_banner("There is no reply to regenerate yet.")
             return False
         if conv.messages[-1].compare:
-            self.show_banner("A Compare turn already holds both versions; pick one with "
+            self.show_banner("A Compare turn already holds its versions; pick one with "
                              "“continue from …”.")
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
@@ -160,7 +163,7 @@ class ReplyFlow:
             self.compare_view.show()
             total = sum(self.centre_split.sizes()) or 600
             self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
-            self.compare_view.set_results(None, None)
+            self.compare_view.set_results(None, None, three=len(tags) > 2)
             self.compare_view.show_running(tags[0])
         self.worker.replyRequested.emit(self._req, request)
         return True
@@ -341,8 +344,10 @@ class ReplyFlow:
             log.exception("reading the stored turn back")
             self.show_banner(f"Could not read the conversation back: {exc}")
         if run.compare:
+            third = run.sides.get("dflash2")
             self.compare_view.set_results(run.sides["plain"].result,
-                                          run.sides["dflash"].result, msg.chosen)
+                                          run.sides["dflash"].result, msg.chosen,
+                                          third.result if third else None, third is not None)
         self._measure_speed(run)
         self._refresh_list()
         if run.conv is self.conv:

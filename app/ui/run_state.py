@@ -1,10 +1,11 @@
 """The state of the reply being generated, typed (no dicts read through string keys).
 
 A :class:`ReplyRun` is one request to the worker: an ordinary reply (one side, tag "") or a
-Compare turn (sides "plain" and "dflash", run one after the other). Each :class:`SideRun`
-collects what its events brought: live figures, text, reasoning, tool calls, tokens, and at the
-end its :class:`~app.chat.turns.ReplyResult` or error. Qt-free; the window owns one at a time
-(the worker stores the turn; the run only remembers what to show).
+Compare turn (sides "plain" and "dflash", and "dflash2" with a DFlash2 drafter too, run one
+after the other). Each :class:`SideRun` collects what its events brought: live figures, text,
+reasoning, tool calls, tokens, and at the end its :class:`~app.chat.turns.ReplyResult` or
+error. Qt-free; the window owns one at a time (the worker stores the turn; the run only
+remembers what to show).
 """
 
 from __future__ import annotations

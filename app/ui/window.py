@@ -370,9 +370,11 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         hidden."""
         if last is not None and last.is_compare and \
                 {"plain", "dflash"} <= set(last.versions):
+            third = last.versions.get("dflash2")
             self.compare_view.set_results(last.versions["plain"].result,
                                           last.versions["dflash"].result,
-                                          last.chosen or "dflash")
+                                          last.chosen or "dflash",
+                                          third.result if third else None, third is not None)
         else:
             self.compare_view.hide()
 

@@ -68,7 +68,8 @@ def assert_not_gui_thread(what: str) -> None:
 # --------------------------------------------------------------------------- UI events
 UiEvent = TaggedEvent
 """One event handed to the GUI thread: a typed ``event`` and the ``tag`` of the side of a
-Compare turn it belongs to ("plain" / "dflash"; "" for an ordinary reply or the whole turn).
+Compare turn it belongs to ("plain" / "dflash" / "dflash2"; "" for an ordinary reply or the
+whole turn).
 
 ``event`` is one of the engine's ``TokenEvent`` / ``CycleEvent`` / ``Done``, the reply's
 ``ContentDelta`` / ``ReasoningDelta`` / ``ToolCallDelta`` / ``ToolResultEvent`` /
