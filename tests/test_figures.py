@@ -31,3 +31,21 @@ def test_summary_arithmetic_is_shared_by_engine_panel_and_bench():
     pooled = Summary.pool([s, Summary(mode="dflash", generated_tokens=1)])
     assert pooled.cycles == 2 and pooled.tau == 3.0 and pooled.generated_tokens == 8
     assert Summary.pool([Summary(mode="plain", generated_tokens=5)], "plain").tau is None
+
+
+def test_reply_total_keeps_the_drafting_mode_of_its_rounds():
+    # A DFlash2 reply over two tool rounds is a DFlash2 reply (it was reported as plain, so the
+    # window's live panel hid acceptance, tau and replays for it).
+    from app.engine.events import CycleEvent, Summary
+
+    for mode in ("dflash", "dflash2"):
+        rounds = []
+        for k in range(2):
+            s = Summary(mode=mode, generated_tokens=10 + k, tok_per_s=50.0)
+            s.add_cycle(CycleEvent(0, 3, 3, 4, False, 0.01, 0.02, 0.0))
+            rounds.append(s)
+        total = Summary.reply_total(rounds)
+        assert total.mode == mode
+        assert total.generated_tokens == 21
+    plain = [Summary(mode="plain", generated_tokens=4, tok_per_s=10.0) for _ in range(2)]
+    assert Summary.reply_total(plain).mode == "plain"

@@ -180,7 +180,7 @@ class ScriptedSession:
         s.set_rates(committed=idx)
         s.generated_tokens = idx
         s.stop_cause = "cancelled" if stopped else "end_token"
-        s.mode = "dflash" if mode == "dflash" else "plain"
+        s.mode = mode if mode in ("dflash", "dflash2") else "plain"
         for key, value in self.figures.items():
             setattr(s, key, value)
         self.summary = s

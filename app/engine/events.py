@@ -171,7 +171,8 @@ class Summary:
             return rounds[0]
         if not rounds:
             return cls()
-        mode = "dflash" if any(r.mode == "dflash" for r in rounds) else "plain"
+        # the drafting mode of any round (a reply runs one mode over all its rounds)
+        mode = next((r.mode for r in rounds if r.mode != "plain"), "plain")
         out = cls.pool(rounds, mode)
         first, last = rounds[0], rounds[-1]
         out.ttft_s = first.ttft_s
