@@ -147,6 +147,7 @@ def test_window_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, ti
         assert info.drafter2_path == str(d2) and info.drafter_kind == "dflash"
         assert win.composer.dflash2_btn.isVisible()
         assert win.qs.value("model/drafter2") == str(d2)
+        assert f"DFlash2 drafter: {info.drafter2_name}" in win.model_label.text()
         runs = {}
         for mode in ("dflash2", "plain", "dflash", "dflash2"):
             win.new_chat()
@@ -159,6 +160,7 @@ def test_window_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, ti
                 assert r.tokens == plain.tokens, mode
                 assert r.mode == mode
         assert runs["dflash2"][0].summary.cycles > 0
+        assert win.live.mode == "dflash2"  # the live panel shows DFlash2's figures, not plain's
         assert win.composer.note.text().startswith("Next reply: block")
         # a second turn in the same chat after switching drafters stays exact
         second = send_and_wait(qtbot, win, "And of Italy?", mode="dflash").version.result

@@ -227,6 +227,8 @@ class ModelFlow:
         text = f"Target: {info.target_name}"
         text += f"   ·   Drafter: {info.drafter_name}" if info.drafter_name else \
             "   ·   no drafter (plain only)"
+        if info.drafter2_name:
+            text += f"   ·   DFlash2 drafter: {info.drafter2_name}"
         if info.context_length:
             text += f"   ·   context {info.context_length:,}"
         self.model_label.setText(text)
