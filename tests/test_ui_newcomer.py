@@ -1032,6 +1032,10 @@ def test_a_three_sided_compare_view_gives_each_side_its_verdict_and_tabs_when_na
     qtbot.waitUntil(lambda: view.tabbed)
     assert [view.tabs.tabText(i) for i in range(view.tabs.count())] == \
         ["Plain", "DFlash", "DFlash2"]
+    # one side at a time: the other pages are not drawn over the current one
+    for i in range(3):
+        view.tabs.setCurrentIndex(i)
+        assert [view.tabs.widget(j).isVisible() for j in range(3)] == [j == i for j in range(3)]
     view.set_results(plain, dflash)  # back to two sides: columns again
     assert not view.tabbed and view.tabs.count() == 0
     assert view.columns["plain"].isVisible() and not view.columns["dflash2"].isVisible()

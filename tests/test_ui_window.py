@@ -1060,3 +1060,32 @@ def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
     assert verdict(plain, dflash).startswith(
         f"differ from token 3 (of 6 plain / 6 DFlash; top-two logit gap there {gap:.3g})")
     assert verdict(plain, ReplyResult(tokens=list(rep.tokens))).startswith("identical, 6")
+
+
+def test_export_and_import_from_the_file_menu_open_their_dialogs(qtbot, qs, tmp_path,
+                                                                  monkeypatch):
+    # The menu's triggered(bool) used to reach export_chat(path=False): "Could not export:
+    # expected str, bytes or os.PathLike object, not bool", and Import raised in its handler.
+    from PySide6.QtWidgets import QFileDialog
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        out = tmp_path / "menu.json"
+        asked = []
+        monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                            lambda *a, **k: (asked.append("save"), (str(out), ""))[1])
+        monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                            lambda *a, **k: (asked.append("open"), (str(out), ""))[1])
+        actions = {a.text(): a for a in win.menuBar().actions()[0].menu().actions()}
+        first_id = win.conv.id
+        actions["Export chat…"].trigger()
+        assert asked == ["save"] and out.exists()
+        assert PROMPT in out.read_text()
+        actions["Import chat…"].trigger()
+        assert asked == ["save", "open"]
+        assert win.conv.id != first_id and win.conv.messages[0].content == PROMPT
+    finally:
+        close_window(win)

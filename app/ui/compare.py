@@ -33,7 +33,7 @@ from app.ui.text import DRAFTING_MODES, mode_label
 
 SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
-NARROW_PX = 900
+NARROW_PX = 720
 """Below this width a three-sided Compare shows its sides as tabs."""
 
 
@@ -200,11 +200,15 @@ class CompareView(QFrame):
         for key in SIDES:
             col = self.columns[key]
             if tabbed and key in self.sides:
+                # the tab widget shows one page at a time: never force a page visible
                 self.tabs.addTab(col, mode_label(key))
-                col.setVisible(True)
             else:
                 self.row.addWidget(col)
                 col.setVisible(not tabbed and key in self.sides)
+        if tabbed:
+            self.tabs.setCurrentIndex(0)
+            for i in range(self.tabs.count()):
+                self.tabs.widget(i).setVisible(i == 0)
         self.stack.setCurrentWidget(self.tabs if tabbed else self.columns_row)
 
     def _choose(self, key: str) -> None:

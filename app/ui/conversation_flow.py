@@ -56,10 +56,10 @@ class ConversationFlow:
         if conv is not self.conv:
             self.select_conversation(conv)
         menu = QMenu(self)
-        menu.addAction("Rename…", self.rename_chat)
-        menu.addAction("Export…", self.export_chat)
+        menu.addAction("Rename…", lambda: self.rename_chat())
+        menu.addAction("Export…", lambda: self.export_chat())
         menu.addSeparator()
-        menu.addAction("Delete…", self.delete_chat)
+        menu.addAction("Delete…", lambda: self.delete_chat())
         menu.exec(where)
 
     def rename_chat(self) -> None:

@@ -253,7 +253,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
                 a.setShortcut(QKeySequence(shortcut))
             if icon is not None:
                 a.setIcon(st.standardIcon(icon))
-            a.triggered.connect(slot)
+            # triggered(bool) would pass `checked` as the slot's first argument (a path,
+            # a prompt, ...): the actions here take none from the menu
+            a.triggered.connect(lambda _checked=False, s=slot: s())
             menu.addAction(a)
             return a
 
