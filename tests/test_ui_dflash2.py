@@ -196,6 +196,9 @@ def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, t
         assert lines[0].startswith("DFlash: identical")
         assert lines[1].startswith("DFlash2: identical")
         assert "τ" in view.figs["dflash2"].text()
+        # the live panel shows the figures of the side the chat continues from
+        assert win.live.mode == "dflash" and win.live._stats is not None
+        assert win.live._stats.summary.generated_tokens == len(results["dflash"].tokens)
         # stored: three sibling versions of one Compare turn, modes plain / dflash / dflash2
         rows = [win.store.db.get_message(i) for i in msg.ids.values()]
         assert sorted(r.mode for r in rows) == ["dflash", "dflash2", "plain"]

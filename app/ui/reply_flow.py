@@ -353,9 +353,11 @@ class ReplyFlow:
         if run.conv is self.conv:
             self.chat.render(self.conv)
             self.show_message_details(msg)
-            last = run.sides.get(run.current)
+            # a Compare turn: the figures of the side the chat continues from (the one shown)
+            key = msg.chosen if run.compare and msg.chosen in run.sides else run.current
+            last = run.sides.get(key)
             if last is not None:
-                self.live.show_stats(last.stats, self._block_for(run.current or run.mode,
+                self.live.show_stats(last.stats, self._block_for(key or run.mode,
                                                                  run.settings))
         self.replyFinished.emit(msg)
 
