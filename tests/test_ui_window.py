@@ -1089,3 +1089,24 @@ def test_export_and_import_from_the_file_menu_open_their_dialogs(qtbot, qs, tmp_
         assert win.conv.id != first_id and win.conv.messages[0].content == PROMPT
     finally:
         close_window(win)
+
+
+def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QInputDialog
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        conv_id = win.conv.id
+        win.new_chat()
+        monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Capitals  quiz", True))
+        item = next(win.conv_list.item(i) for i in range(win.conv_list.count())
+                    if win.conv_list.item(i).data(Qt.UserRole) == conv_id)
+        win.conv_list.itemDoubleClicked.emit(item)
+        assert win.conv.id == conv_id and win.conv.title == "Capitals quiz"
+        assert win.store.get(conv_id).title == "Capitals quiz"
+    finally:
+        close_window(win)

@@ -62,6 +62,17 @@ class ConversationFlow:
         menu.addAction("Delete…", lambda: self.delete_chat())
         menu.exec(where)
 
+    def _rename_from_list(self, conv_id: int) -> None:
+        """A double-click in the chat list: show that conversation and ask for its title."""
+        if self.busy:
+            return
+        conv = self.store.get(conv_id)
+        if conv is None:
+            return
+        if conv is not self.conv:
+            self.select_conversation(conv)
+        self.rename_chat()
+
     def rename_chat(self) -> None:
         """Ask for a new title for the shown conversation."""
         if self.conv is None:

@@ -31,11 +31,13 @@ class ConversationList(QFrame):
         newRequested(): the New chat button.
         menuRequested(int, QPoint): a context menu for this conversation at this global
             position.
+        renameRequested(int): a double-click on this conversation (rename it).
     """
 
     selected = Signal(int)
     newRequested = Signal()
     menuRequested = Signal(int, QPoint)
+    renameRequested = Signal(int)
 
     def __init__(self, store, parent=None) -> None:
         super().__init__(parent)
@@ -49,6 +51,8 @@ class ConversationList(QFrame):
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_menu)
+        self.list.itemDoubleClicked.connect(
+            lambda item: self.renameRequested.emit(int(item.data(Qt.UserRole))))
         self.list.setTextElideMode(Qt.ElideRight)
         new_btn = QPushButton(self.style().standardIcon(QStyle.SP_FileDialogNewFolder),
                               " New chat")

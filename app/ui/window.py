@@ -149,6 +149,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.conv_side.selected.connect(self._on_conv_selected)
         self.conv_side.newRequested.connect(self.new_chat)
         self.conv_side.menuRequested.connect(self._conv_menu)
+        self.conv_side.renameRequested.connect(self._rename_from_list)
         self.conv_list, self.search_box = self.conv_side.list, self.conv_side.search_box
         left = self.conv_side
 
