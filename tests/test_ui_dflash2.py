@@ -181,6 +181,8 @@ def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, t
         with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
             win.load_model(PairSpec(str(t), str(d), drafter2=str(d2)))
         assert "DFlash2" in win.composer.compare_btn.toolTip()
+        assert win.compare_action.text() == "Compare plain, DFlash and DFlash2"
+        assert win.composer.compare_btn.accessibleName() == win.compare_action.text()
         msg = send_and_wait(qtbot, win, PROMPT, compare=True)
         assert msg.is_compare and msg.chosen == "dflash"
         assert set(msg.versions) == {"plain", "dflash", "dflash2"}

@@ -47,6 +47,11 @@ NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown agai
                    "reply, Compare or the short benchmark on the same pair, dtype and Max "
                    "tokens, with a prompt within ±50% of this one's length.")
 
+
+def compare_label(three: bool) -> str:
+    """The Compare action's name: the sides it runs (``three``: DFlash2 too)."""
+    return "Compare plain, DFlash and DFlash2" if three else "Compare plain and DFlash"
+
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
 
@@ -419,7 +424,7 @@ class Composer(QWidget):
         self._busy_clock = QElapsedTimer()
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setToolTip(COMPARE_TIPS[False])
-        self.compare_btn.setAccessibleName("Compare plain and DFlash")
+        self.compare_btn.setAccessibleName(compare_label(False))
         self.note = QLabel("")
         self.note.setObjectName("figureName")
         self.note.setAccessibleName("Settings for the next reply")
@@ -479,6 +484,7 @@ class Composer(QWidget):
         lost = self.mode() not in modes
         self.set_dflash_available("dflash" in modes or v2, reason)
         self.compare_btn.setToolTip(COMPARE_TIPS["dflash" in modes and v2])
+        self.compare_btn.setAccessibleName(compare_label("dflash" in modes and v2))
         self.dflash_btn.setEnabled("dflash" in modes)
         if lost or not self.mode_group.checkedButton().isEnabled():
             self.set_mode("dflash" if "dflash" in modes else

@@ -33,7 +33,7 @@ from app.ui.text import DRAFTING_MODES, mode_label
 
 SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
-NARROW_PX = 720
+NARROW_PX = 900
 """Below this width a three-sided Compare shows its sides as tabs."""
 
 

@@ -95,7 +95,9 @@ class ModelFlow:
         a token count and falls back to the default 48)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             max_tokens = 48
-        self.statusBar().showMessage("Benchmarking plain vs DFlash on a few held-out prompts…")
+        self.statusBar().showMessage(
+            "Benchmarking plain vs " + ("DFlash and DFlash2" if self.model is not None
+                                        and "dflash2" in self.model.modes else "DFlash") + " on a few held-out prompts…")
         self.worker.benchRequested.emit(max_tokens)
 
     def _on_bench_done(self, result: dict) -> None:
@@ -163,6 +165,7 @@ class ModelFlow:
         if self.banner_kind == "error":  # an earlier failure is over now
             self.clear_banner()
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
+        self.compare_action.setText(self.composer.compare_btn.accessibleName())
         if info.note:
             self.show_note(info.note)
         self._on_memory(info.memory_bytes)
