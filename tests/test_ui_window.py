@@ -1110,3 +1110,29 @@ def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
         assert win.store.get(conv_id).title == "Capitals quiz"
     finally:
         close_window(win)
+
+
+def test_colour_drafts_is_remembered_across_a_restart(qtbot, qs):
+    win = make_window(qtbot, qs, ScriptedBackend())
+    assert not win.composer.colour_box.isChecked()
+    win.composer.colour_box.setChecked(True)
+    close_window(win)
+    win2 = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        assert win2.composer.colour_box.isChecked() and win2.chat.colour_drafts
+    finally:
+        close_window(win2)
+
+
+def test_compare_with_an_empty_box_says_what_it_needs(qtbot, qs):
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        seen = []
+        win.composer.compare.connect(seen.append)
+        win.composer.compare_btn.click()
+        assert seen == [] and "Type a message" in win.composer.mode_note.text()
+        assert win.conv is None or not win.conv.messages
+    finally:
+        close_window(win)

@@ -525,8 +525,14 @@ class Composer(QWidget):
             self.send.emit(text)
 
     def _compare(self) -> None:
+        if not self.edit.toPlainText().strip() and self.send_btn.isEnabled():
+            # nothing to compare yet: say what Compare needs instead of doing nothing
+            self.mode_note.setText("Type a message, then Compare runs it in each mode.")
+            self.edit.setFocus()
+            return
         text = self._take()
         if text:
+            self.mode_note.setText("")
             self.compare.emit(text)
 
     def _too_soon_to_stop(self) -> bool:

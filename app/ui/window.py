@@ -478,6 +478,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             if isinstance(val, QByteArray):
                 split.restoreState(val)
         self.composer.set_mode(str(self.qs.value("composer/mode", "dflash")))
+        colour = self.qs.value("composer/colour_drafts", False)
+        self.composer.colour_box.setChecked(colour in (True, "true", "1", 1))
         last = self.qs.value("last_conversation")
         conv = None
         try:
@@ -492,11 +494,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             self.show_banner(f"Chats are kept in memory only this time: {self.store.problem}")
 
     def save_layout(self) -> None:
-        """Window geometry, splitter states and the switch to QSettings."""
+        """Window geometry, splitter states, the switch and Colour drafts to QSettings."""
         self.qs.setValue("window/geometry", self.saveGeometry())
         self.qs.setValue("window/split", self.split.saveState())
         self.qs.setValue("window/centre", self.centre_split.saveState())
         self.qs.setValue("composer/mode", self.composer.mode())
+        self.qs.setValue("composer/colour_drafts", self.composer.colour_box.isChecked())
         self.qs.sync()
 
     def shutdown(self, timeout_ms: int = 15000) -> None:
