@@ -47,14 +47,21 @@ class ConversationFlow:
             time.sleep(0.005)
         return not self.busy
 
-    def _conv_menu(self, conv_id: int, where) -> None:
+    def _show_listed(self, conv_id: int) -> bool:
+        """Show the listed conversation ``conv_id`` for an action on it; False while a reply
+        is written or when it is gone."""
         if self.busy:
-            return
+            return False
         conv = self.store.get(conv_id)
         if conv is None:
-            return
+            return False
         if conv is not self.conv:
             self.select_conversation(conv)
+        return True
+
+    def _conv_menu(self, conv_id: int, where) -> None:
+        if not self._show_listed(conv_id):
+            return
         menu = QMenu(self)
         menu.addAction("Rename…", lambda: self.rename_chat())
         menu.addAction("Export…", lambda: self.export_chat())
@@ -64,14 +71,8 @@ class ConversationFlow:
 
     def _rename_from_list(self, conv_id: int) -> None:
         """A double-click in the chat list: show that conversation and ask for its title."""
-        if self.busy:
-            return
-        conv = self.store.get(conv_id)
-        if conv is None:
-            return
-        if conv is not self.conv:
-            self.select_conversation(conv)
-        self.rename_chat()
+        if self._show_listed(conv_id):
+            self.rename_chat()
 
     def rename_chat(self) -> None:
         """Ask for a new title for the shown conversation."""
