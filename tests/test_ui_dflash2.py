@@ -176,7 +176,8 @@ def test_window_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, ti
 
 def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, tiny3):
     t, d, d2 = tiny3
-    win = make_window(qtbot, qs, ChatSession())
+    session = ChatSession()
+    win = make_window(qtbot, qs, session)
     try:
         with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
             win.load_model(PairSpec(str(t), str(d), drafter2=str(d2)))
@@ -206,6 +207,11 @@ def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, t
         assert sorted(r.mode for r in rows) == ["dflash", "dflash2", "plain"]
         assert len({r.compare_group for r in rows}) == 1 and rows[0].compare_group
         assert all(r.status == "complete" for r in rows)
+        # the drafting rows keep the block the drafter ran (the settings left it default)
+        blocks = {r.mode: r.block_size for r in rows}
+        assert blocks["plain"] is None or blocks["plain"] == blocks["dflash"]
+        assert blocks["dflash"] == session.drafter_for("dflash").config.block_size
+        assert blocks["dflash2"] == session.drafter_for("dflash2").config.block_size
         # continue from DFlash2: chosen, kept on reload, and the footer links the other two
         view.buttons["dflash2"].click()
         assert msg.chosen == "dflash2"
@@ -215,5 +221,6 @@ def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, t
         assert list(win.compare_view.results) == ["plain", "dflash", "dflash2"]
         text = win.chat.toPlainText()
         assert "continue from Plain instead" in text and "continue from DFlash instead" in text
+        assert "block default" not in text and "block 8" in text
     finally:
         close_window(win)

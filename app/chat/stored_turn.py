@@ -161,9 +161,12 @@ def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dic
     return messages
 
 
-def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
+def begin_turn(store: Store, request: TurnRequest,
+               drafter_blocks: dict[str, int] | None = None) -> TurnBegun:
     """Store the user message and the reply rows of ``request`` in one transaction (all or
-    nothing; see the module doc).
+    nothing; see the module doc). ``drafter_blocks``: the loaded drafters' block sizes by mode
+    (``"dflash"``, ``"dflash2"``), stored as a drafting row's block size when the settings
+    leave it to the drafter, so a reloaded reply still says which block it ran.
 
     Raises:
         app.chat.storage.StorageError, ValueError: nothing was stored.
@@ -171,6 +174,7 @@ def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
     s = request.settings
     mode = s.get("mode") or "plain"
     block, rollback = s.get("block_size"), s.get("rollback") or "tape"
+    blocks = drafter_blocks or {}
     generation = {k: s.get(k) for k in GENERATION_KEYS}
     keys = request.keys
     with store.transaction():
@@ -180,17 +184,20 @@ def begin_turn(store: Store, request: TurnRequest) -> TurnBegun:
         elif request.regenerate_of is None:
             user_id = store.add_message(request.conversation_id, "user", request.text).id
         if request.compare:
-            plain, dflash = store.begin_compare(request.conversation_id, block_size=block,
+            plain, dflash = store.begin_compare(request.conversation_id,
+                                                block_size=block or blocks.get("dflash"),
                                                 rollback=rollback, generation=generation)
             ids = {"plain": plain.id, "dflash": dflash.id}
             if "dflash2" in request.tags:  # a three-sided Compare: the DFlash2 sibling
                 third = store.begin_reply(
                     request.conversation_id, mode="dflash2", parent_id=plain.parent_id,
-                    block_size=block, rollback=rollback, generation=generation,
+                    block_size=block or blocks.get("dflash2"), rollback=rollback,
+                    generation=generation,
                     compare_group=plain.compare_group, activate=False)
                 ids["dflash2"] = third.id
         else:
-            kwargs = {"block_size": block if mode in ("dflash", "dflash2") else None,
+            kwargs = {"block_size": (block or blocks.get(mode)) if mode in ("dflash", "dflash2")
+                      else None,
                       "rollback": rollback if mode in ("dflash", "dflash2") else None,
                       "generation": generation}
             if request.regenerate_of is not None:
@@ -246,10 +253,21 @@ class _Turn:
         self.replies: dict[str, Any] = {}  # tag -> app.chat.events.Reply (top-two gap)
         self.ran: list[str] = []  # the sides that ran, in order
 
+    def _drafter_blocks(self) -> dict[str, int]:
+        """The backend's drafters' block sizes by mode (none for a backend without drafters,
+        e.g. the scripted session)."""
+        drafter_for = getattr(self.backend, "drafter_for", None)
+        out = {}
+        for mode in ("dflash", "dflash2"):
+            d = drafter_for(mode) if drafter_for is not None else None
+            if d is not None:
+                out[mode] = d.config.block_size
+        return out
+
     def run(self) -> Iterator[TaggedEvent]:
         req = self.request
         try:
-            begun = begin_turn(self.store, req)
+            begun = begin_turn(self.store, req, self._drafter_blocks())
             first = begun.reply_ids[req.keys[0]]
             messages = prompt_for(self.store, first, req.system_prompt)
         except Exception as exc:
