@@ -76,3 +76,15 @@ def test_version_text_warns_when_the_cpu_wheel_shadows_cuda(monkeypatch):
     assert any(ln.startswith("warning: mlx-cuda-13 0.32.4 is installed") for ln in lines)
     monkeypatch.setattr(device, "_installed_version", {"mlx-cpu": "0.32.4"}.get)
     assert not any(ln.startswith("warning:") for ln in version_text().splitlines())
+
+
+def test_cudnn_attention_is_turned_off_on_cuda_only_and_never_over_the_users_choice():
+    env: dict = {}
+    assert device.configure_cuda_attention(fake_mx("gpu", cuda=True), env) is True
+    assert env == {device.CUDNN_SDPA_ENV: "0"}
+    mine = {device.CUDNN_SDPA_ENV: "1"}
+    assert device.configure_cuda_attention(fake_mx("gpu", cuda=True), mine) is False
+    assert mine == {device.CUDNN_SDPA_ENV: "1"}
+    for mx in (fake_mx("gpu", metal=True), fake_mx("cpu")):
+        env = {}
+        assert device.configure_cuda_attention(mx, env) is False and env == {}

@@ -7,8 +7,10 @@
 Made for issue #21 (DFlash off Apple GPUs): the same figures on any device, so a GPU host and
 this CPU can be compared. A benchmark, not a test: nothing is asserted.
 
-* ``load``: seconds to load the bundled pair in this process, then the first plain and first
-  DFlash reply (cold: kernels built for new shapes) against the same replies run again (warm).
+* ``load``: seconds to load the bundled pair in this process and to warm it up as the app does
+  after a load on a GPU (``app/engine/warmup.py``; ``--no-warm-up`` skips it), then the first
+  plain and first DFlash reply (cold: tok/s, time to first token) against the same replies run
+  again (warm).
 * ``pair``: on the bundled pair (demo prompt, greedy, exact defaults), plain tok/s, DFlash
   (tape, the drafter's block size) tok/s and their ratio, per-cycle draft / verify / rollback
   ms (the engine's ``Summary`` totals over its cycles, from a second run with
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -112,6 +115,7 @@ def random_target(config: dict, dtype: str):
 
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
+    model.eval()  # as mlx-lm's loader leaves it: GDN layers take their kernel only when not training
     cast = mx.float32 if dtype == "float32" else mx.bfloat16
     model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating)
                           else a, model.parameters()))
@@ -222,6 +226,8 @@ def pair_figures(target, drafter, max_tokens: int) -> dict:
         "host_syncs_per_cycle": syncs / cycles,
         "host_syncs_in_cycles": in_cycles / cycles,
         "plain_step_ms": 1000 / ps.tok_per_s if ps.tok_per_s else None,
+        "plain_ttft_s": ps.ttft_s, "dflash_ttft_s": ds.ttft_s,
+        "plain_total_s": ps.total_s, "dflash_total_s": ds.total_s,
     }
 
 
@@ -236,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, help="qwen3.5-4b shape: narrower (a multiple of 256)")
     p.add_argument("--vocab", type=int, help="qwen3.5-4b shape: smaller vocabulary")
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="measure the first replies without the warm-up the app runs after a "
+                        "load on a GPU (app/engine/warmup.py)")
     args = p.parse_args(argv)
 
     import mlx.core as mx
@@ -243,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     from app import __version__
     from app.engine.blas import blas_description
     from app.engine.device import device_description
+    from app.engine.gdn_kernel import kernel_active
     from app.engine.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     result: dict = {"header": {"app": __version__, "mlx": mx.__version__,
                                "device": str(mx.default_device()),
+                               "gdn_kernel": kernel_active(),
                                "device_name": device_description(mx),
                                "platform": f"{platform.system()} {platform.machine()}",
                                "blas": blas_description()}}
@@ -255,10 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     target, drafter = load_target(t_dir), load_drafter(d_dir)
     load_s = time.perf_counter() - t0
+    result["header"]["cudnn_sdpa"] = os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1")
+    warm_up_s = None
+    if not args.no_warm_up:
+        from app.engine.warmup import warm_up
+
+        warm_up_s = warm_up(target, [drafter]).seconds
     cold = pair_figures(target, drafter, args.max_tokens)
     warm = pair_figures(target, drafter, args.max_tokens)
-    result["load"] = {"load_s": load_s, "cold_plain_tok_per_s": cold["plain_tok_per_s"],
+    result["load"] = {"load_s": load_s, "warm_up_s": warm_up_s,
+                      "cold_plain_tok_per_s": cold["plain_tok_per_s"],
                       "cold_dflash_tok_per_s": cold["dflash_tok_per_s"],
+                      "cold_plain_ttft_s": cold["plain_ttft_s"],
+                      "cold_dflash_ttft_s": cold["dflash_ttft_s"],
+                      "cold_identical": cold["identical"],
                       "warm_plain_tok_per_s": warm["plain_tok_per_s"],
                       "warm_dflash_tok_per_s": warm["dflash_tok_per_s"]}
     result["pair"] = warm

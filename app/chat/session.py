@@ -214,6 +214,24 @@ class ChatSession:
                     self.unload()
             raise
 
+    def warm_up(self, force: bool = False) -> float | None:
+        """Build the loaded pair's GPU kernels with one short plain and one short DFlash reply
+        per drafter (:func:`app.engine.warmup.warm_up`; no prompt cache is touched).
+
+        Args:
+            force: warm up on the CPU too (where :func:`app.engine.warmup.needs_warm_up` is
+                False: nothing is compiled there).
+
+        Returns:
+            Seconds spent, or None when nothing was run (no pair loaded, or the CPU).
+        """
+        check_engine_thread()
+        from app.engine.warmup import needs_warm_up, warm_up
+
+        if self.target is None or not (force or needs_warm_up()):
+            return None
+        return warm_up(self.target, [self.drafter, self.drafter2]).seconds
+
     def has_model(self) -> bool:
         """True while a target is loaded (after a failed :meth:`load`, the previous one)."""
         return self.target is not None

@@ -94,3 +94,34 @@ def backend_problem(mx: Any = None, installed=None) -> str | None:
                 f"--force-reinstall --no-deps {dist}=={ver}")
     return (f"{dist} {ver} is installed but MLX runs on the CPU: no CUDA device is visible "
             "(check nvidia-smi and the CUDA 13 libraries)")
+
+
+#: MLX's switch for cuDNN's fused attention on its CUDA backend (``config::get`` in
+#: ``mlx/backend/cuda/scaled_dot_product_attention.cpp``; 1 = on, MLX's default).
+CUDNN_SDPA_ENV = "MLX_CUDA_USE_CUDNN_SDPA"
+
+
+def configure_cuda_attention(mx: Any = None, environ: Any = None) -> bool:
+    """On MLX's CUDA backend, turn cuDNN's fused attention off unless the user chose.
+
+    Why: cuDNN builds (and caches) one attention graph per exact query and key length, and a
+    DFlash verify pass has a new key length every cycle: measured on an H200 with the demo
+    pair (``tools/bench_gpu.py``, docs/performance.md "MLX on CUDA"), the first DFlash reply
+    ran at 92 tok/s with cuDNN and 2,327 tok/s without, and the first plain reply's time to
+    first token went from 0.27 s to 0.05 s. Without cuDNN, MLX uses its own vector kernel
+    (one query) or its operations fallback (several), neither built per length.
+
+    Sets ``MLX_CUDA_USE_CUDNN_SDPA=0`` in ``environ`` (default ``os.environ``) only when the
+    default device is a CUDA GPU and the variable is not set already; call it before the
+    first attention runs (``load_target`` does).
+
+    Returns:
+        True when it set the variable.
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    if CUDNN_SDPA_ENV in environ or backend(mx) != "CUDA":
+        return False
+    environ[CUDNN_SDPA_ENV] = "0"
+    return True

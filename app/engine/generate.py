@@ -54,6 +54,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.engine import dflash2 as _d2
+from app.engine import gdn_kernel
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.prefix import PromptCache
@@ -387,6 +388,21 @@ def _tap_keeper(target, drafter, session: PromptCache | None, start: int):
     return runner, list(drafter.config.target_layer_ids)
 
 
+def _shared_kernel_runner(target) -> TargetRunner | None:
+    """For plain decoding of a hybrid target while the project's CUDA GDN kernel is active
+    (:func:`app.engine.gdn_kernel.kernel_active`): a :class:`TargetRunner`, so that plain steps
+    run the same recurrence kernel as DFlash's verify passes (bit-for-bit the same tokens and
+    state). Else None: mlx-lm's model call, which on the CPU and Apple GPUs computes exactly
+    what the runner computes."""
+    if not gdn_kernel.kernel_active():
+        return None
+    try:
+        runner = TargetRunner(target.model, target.model_type)
+    except Exception:  # a family without tap capture: mlx-lm's call
+        return None
+    return runner if runner.hybrid else None
+
+
 def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=None) -> Iterator:
     model = target.model
     eos = target.eos_token_ids
@@ -395,10 +411,13 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
     cache = session.target_cache if start else make_prompt_cache(model)
     snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
     keeper = _tap_keeper(target, drafter, session, start)
+    shared = None if keeper is not None else _shared_kernel_runner(target)
     kept: list[mx.array] = []  # tap states of every position fed to the target, in order
 
     def step(ids: mx.array) -> mx.array:
         """Logits ``(1, S, V)`` of feeding ``ids`` ``(1, S)``; records their taps if kept."""
+        if shared is not None:
+            return shared.forward(ids, cache)[0]
         if keeper is None:
             return model(ids, cache=cache)
         logits, taps = keeper[0].forward(ids, cache, taps=keeper[1])

@@ -189,8 +189,27 @@ class Worker(QObject):
             log.exception("load failed")
             self.loadFailed.emit(f"{type(exc).__name__}: {exc}", self._still_loaded())
             return
+        self._warm_up(spec)
         self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
+
+    def _warm_up(self, spec: PairSpec) -> None:
+        """After a load on a GPU backend: build the kernels a reply needs (the status bar says
+        so). A backend without ``warm_up``, or a failure, only skips it."""
+        warm = getattr(self.backend, "warm_up", None)
+        if not callable(warm):
+            return
+        try:
+            from app.engine.warmup import needs_warm_up
+
+            if needs_warm_up():
+                self.loading.emit(f"Warming up {spec.label} (building GPU kernels)…")
+            seconds = warm()
+        except Exception:  # the pair is loaded; a failed warm-up must not undo that
+            log.exception("warm-up failed")
+            return
+        if seconds is not None:
+            log.info("warm-up of %s took %.2f s", spec.label, seconds)
 
     def _still_loaded(self) -> bool:
         """After a failed load: does the backend still hold a working pair?"""
