@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QHBoxLayout,
-    QLabel,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -35,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
+from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import answer_tokens_html, message_html
 from app.ui.text import DRAFTING_MODES, mode_label, plural
 
@@ -349,7 +349,9 @@ class ChatView(QTextBrowser):
 class Composer(QWidget):
     """Input box with the Plain | DFlash (| DFlash2) switch, Colour drafts, Compare and one Send button
     that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
-    do); the settings line for the next reply sits on its own line, never cut.
+    do); the settings line for the next reply sits on its own line, never cut. In a narrow
+    window the row of buttons wraps (:class:`~app.ui.fit.FlowLayout`): Compare and Send go to
+    a line of their own at the right, every button whole.
 
     Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
     double-click interval after Send started the reply is ignored (the second click of a
@@ -425,26 +427,33 @@ class Composer(QWidget):
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setToolTip(COMPARE_TIPS[False])
         self.compare_btn.setAccessibleName(compare_label(False))
-        self.note = QLabel("")
+        self.note = WrapLabel("")
         self.note.setObjectName("figureName")
         self.note.setAccessibleName("Settings for the next reply")
-        self.mode_note = QLabel("")
+        self.mode_note = WrapLabel("")
         self.mode_note.setObjectName("figureName")
         self.mode_note.setAccessibleName("Mode note")
-        self.mode_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        row = QHBoxLayout()
-        row.setSpacing(6)
-        seg = QHBoxLayout()
+        # the switch, Colour drafts, and Compare + Send at the right: one row that wraps
+        # onto a second (and third) line when the window is narrow, each widget whole
+        self.mode_seg = QWidget()
+        self.mode_seg.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        seg = QHBoxLayout(self.mode_seg)
+        seg.setContentsMargins(0, 0, 0, 0)
         seg.setSpacing(0)
         seg.addWidget(self.plain_btn)
         seg.addWidget(self.dflash_btn)
         seg.addWidget(self.dflash2_btn)
-        row.addLayout(seg)
-        row.addSpacing(6)
-        row.addWidget(self.colour_box)
-        row.addStretch(1)
-        row.addWidget(self.compare_btn)
-        row.addWidget(self.action_stack)
+        self.actions = QWidget()
+        self.actions.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        acts = QHBoxLayout(self.actions)
+        acts.setContentsMargins(0, 0, 0, 0)
+        acts.setSpacing(6)
+        acts.addWidget(self.compare_btn)
+        acts.addWidget(self.action_stack)
+        self.row = FlowLayout(h_spacing=12, v_spacing=6)
+        self.row.add_widget(self.mode_seg)
+        self.row.add_widget(self.colour_box)
+        self.row.add_widget(self.actions, right=True)
         info = QHBoxLayout()
         info.setSpacing(12)
         info.addWidget(self.note)
@@ -453,7 +462,7 @@ class Composer(QWidget):
         lay.setContentsMargins(12, 8, 12, 10)
         lay.setSpacing(6)
         lay.addWidget(self.edit)
-        lay.addLayout(row)
+        lay.addLayout(self.row)
         lay.addLayout(info)
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(self.stop.emit)
