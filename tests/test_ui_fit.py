@@ -16,6 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
 from test_ui_window import ScriptedBackend  # noqa: E402
 
+from app.engine.events import Summary  # noqa: E402
+from app.ui.panels import LiveStats  # noqa: E402
+
 # ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
 
 THREE_MODES = {"target_name": "scripted", "drafter_name": "scripted-d",
@@ -93,5 +96,39 @@ def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
         settle(qtbot, 20)
         assert rect_in(win, c.stop_btn) == send
         c.set_busy(False)
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ 2: figure values whole
+def _whole(label) -> bool:
+    """True when ``label``'s text is drawn in full inside it (wrapped lines included)."""
+    box = label.contentsRect()
+    flags = Qt.TextWordWrap if label.wordWrap() else Qt.TextSingleLine
+    need = label.fontMetrics().boundingRect(QRect(0, 0, box.width(), 10_000),
+                                            int(flags | Qt.AlignLeft | Qt.AlignTop),
+                                            label.text())
+    return need.width() <= box.width() and need.height() <= box.height()
+
+
+@pytest.mark.parametrize("width", [700, 1280])
+def test_long_figure_values_are_shown_whole(qtbot, qs, width):
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(width, 700)
+        settle(qtbot)
+        for reused, read in ((584, 34), (120_000, 3_456)):
+            s = Summary(mode="dflash", prompt_tokens=reused + read, generated_tokens=98_765,
+                        ttft_s=1.5, tok_per_s=1234.5, cycles=54_321, drafted=99_999,
+                        accepted=88_888, acceptance_rate=0.889, tau=15.99, replays=12_345,
+                        rollback_share=0.5, reused_tokens=reused)
+            st = LiveStats(context_limit=262_144)
+            st.apply_summary(s)
+            win.live.show_stats(st, 16)
+            settle(qtbot)
+            assert win.live.labels["prompt"].text() == f"{reused:,} reused + {read:,}"
+            for key, label in win.live.labels.items():
+                if label.isVisible():
+                    assert _whole(label), (width, key, label.text(), label.contentsRect())
     finally:
         win.shutdown()
