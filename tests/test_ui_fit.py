@@ -6,6 +6,7 @@ window, and a reopened chat shows its end.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -14,8 +15,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
-from test_ui_window import ScriptedBackend  # noqa: E402
+from test_ui_window import PROMPT, ScriptedBackend, send_and_wait  # noqa: E402
 
+from app.chat.turns import TurnStore  # noqa: E402
 from app.engine.events import Summary  # noqa: E402
 from app.ui.panels import LiveStats  # noqa: E402
 
@@ -132,3 +134,84 @@ def test_long_figure_values_are_shown_whole(qtbot, qs, width):
                     assert _whole(label), (width, key, label.text(), label.contentsRect())
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ 3: the reloaded footer
+def _footer(win) -> str:
+    """The last reply's figures line as the chat shows it."""
+    lines = [ln for ln in win.chat.toPlainText().splitlines() if "tok/s" in ln]
+    return lines[-1]
+
+
+def _speed(backend, tok_per_s):
+    backend.figures = dict(backend.figures, tok_per_s=tok_per_s, prompt_tokens=42)
+
+
+def test_a_reloaded_reply_keeps_its_speedup_against_plain(qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    win, backend = loaded(qtbot, qs, store=TurnStore(path))
+    win.defaults["block_size"] = 4  # the scripted pair has no drafter to store its block from
+    try:
+        _speed(backend, 20.0)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        _speed(backend, 38.0)
+        send_and_wait(qtbot, win, "And of Spain?", mode="dflash")
+        live = _footer(win)
+        assert "~1.9x plain" in live
+        live_tip = win.chat.tooltip_of("~1.9x plain")
+        assert "Baseline: 20.0 tok/s plain" in live_tip
+        # a Compare turn in another chat: its DFlash side against its own plain side
+        other = win.conv.id
+        win.new_chat()
+        _speed(backend, 25.0)
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        live_compare = _footer(win)
+        assert "x plain" in live_compare
+        compare_id = win.conv.id
+        # reopened from the list
+        win.conv_side.selected.emit(other)
+        assert win.conv.id == other
+        assert _footer(win) == live
+        assert win.chat.tooltip_of("~1.9x plain") == live_tip
+        win.conv_side.selected.emit(compare_id)
+        assert _footer(win) == live_compare
+    finally:
+        win.shutdown()
+    # the app restarted: the same footers from the stored rows
+    win2, _ = loaded(qtbot, qs, store=TurnStore(path))
+    try:
+        assert win2.conv.id == compare_id
+        assert _footer(win2) == live_compare
+        win2.conv_side.selected.emit(other)
+        assert _footer(win2) == live
+        assert win2.chat.tooltip_of("~1.9x plain") == live_tip
+    finally:
+        win2.shutdown()
+
+
+def test_a_speedup_round_trips_through_its_stored_record():
+    from app.chat.baseline import PlainSample, SpeedUp
+
+    up = SpeedUp(38.0 / 20.0, PlainSample("t|d", "bfloat16", 12, 42, 20.0, "plain reply"))
+    back = SpeedUp.from_dict(json.loads(json.dumps(up.to_dict())))
+    assert back == up and back.label() == up.label() and back.tooltip() == up.tooltip()
+    for bad in (None, {}, {"ratio": 2.0}, {"ratio": "x", "baseline": {}}, [1]):
+        assert SpeedUp.from_dict(bad) is None
+
+
+def test_a_reloaded_reply_without_a_baseline_still_says_so(qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    win, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win.defaults["block_size"] = 4
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        live = _footer(win)
+        assert "no plain baseline yet" in live
+        conv_id = win.conv.id
+    finally:
+        win.shutdown()
+    win2, _ = loaded(qtbot, qs, store=TurnStore(path))
+    try:
+        assert win2.conv.id == conv_id and _footer(win2) == live
+    finally:
+        win2.shutdown()
