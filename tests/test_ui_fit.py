@@ -215,3 +215,38 @@ def test_a_reloaded_reply_without_a_baseline_still_says_so(qtbot, qs, tmp_path):
         assert win2.conv.id == conv_id and _footer(win2) == live
     finally:
         win2.shutdown()
+
+
+# ------------------------------------------------------------------ 4: Compare keeps the width
+@pytest.mark.parametrize("width", [None, 700, 1000, 1280])
+def test_compare_does_not_change_the_window_width(qtbot, qs, width):
+    for three in (False, True):
+        info = dict(THREE_MODES)
+        if not three:
+            info.pop("drafter2_name")
+        win, _ = loaded(qtbot, qs, ScriptedBackend(info=info))
+        try:
+            w = width or win.minimumWidth()
+            win.resize(w, 700)
+            settle(qtbot)
+            assert win.width() == w
+            send_and_wait(qtbot, win, PROMPT, compare=True)
+            settle(qtbot)
+            view = win.compare_view
+            assert view.isVisible()
+            assert win.width() == w, (three, w, win.width())
+            # nothing squeezed below its minimum: the content fits the window as it is
+            assert win.minimumSizeHint().width() <= w
+            assert rect_in(win.centralWidget(), view).right() < win.width()
+            # every side's button is whole and inside the view
+            shown = [k for k in view.sides if view.buttons[k].isVisible()]
+            assert shown
+            for key in shown:
+                btn = view.buttons[key]
+                assert btn.width() >= btn.sizeHint().width(), (three, w, key)
+                assert rect_in(win, view).contains(rect_in(win, btn)), (three, w, key)
+            win.compare_view.hide()
+            settle(qtbot)
+            assert win.width() == w
+        finally:
+            win.shutdown()

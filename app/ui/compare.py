@@ -5,8 +5,9 @@ The first token where the two outputs differ is highlighted on both sides; when 
 the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
 at the first divergence (computed on the worker). Each side shows its figures; the header gives the
 speed ratio (DFlash tok/s / plain tok/s). With three sides the header has one such line per
-drafting side, each against plain ("DFlash: …", "DFlash2: …"), and a narrow view (under
-:data:`NARROW_PX`) shows the sides as tabs instead of columns. The user picks the version the
+drafting side, each against plain ("DFlash: …", "DFlash2: …"). A view too narrow for its
+columns (and a three-sided one under :data:`NARROW_PX`) shows the sides as tabs instead, so
+opening Compare never widens the window. The user picks the version the
 conversation continues from (DFlash's by default).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.compare import first_divergence
+from app.ui.fit import WrapLabel
 from app.ui.render import SECTION_TITLES, mark_section, sections_html
 from app.ui.text import DRAFTING_MODES, mode_label
 
@@ -114,19 +116,36 @@ def side_figures(result) -> str:
     return " · ".join(parts)
 
 
+_TAB_FRAME: list[int] = []
+
+
+def _tab_frame_width() -> int:
+    """How much wider a tab widget is than its page (frame and margins, in pixels; measured
+    once with the app's style)."""
+    if not _TAB_FRAME:
+        page = QWidget()
+        page.setMinimumWidth(100)
+        tabs = QTabWidget()
+        tabs.addTab(page, "Plain")
+        _TAB_FRAME.append(max(0, tabs.minimumSizeHint().width() - 100))
+        tabs.deleteLater()
+    return _TAB_FRAME[0]
+
+
 class CompareView(QFrame):
     """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain", "dflash" or
     "dflash2".
 
     Two sides (plain, DFlash) as columns; with a DFlash2 side (:meth:`set_sides`) three
-    columns, or three tabs while the view is narrower than :data:`NARROW_PX`."""
+    columns, or three tabs while the view is narrower than :data:`NARROW_PX`; any sides as
+    tabs while the view is narrower than its columns need (:meth:`columns_width`)."""
 
     chosen = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setObjectName("side")
-        self.header = QLabel("")
+        self.header = WrapLabel("")  # a long verdict wraps: it never widens the window
         self.header.setObjectName("sectionTitle")
         self.header.setAccessibleName("Comparison result")
         self.colours: dict = {}
@@ -189,9 +208,30 @@ class CompareView(QFrame):
         super().resizeEvent(event)
         self._arrange()
 
+    def _side_margins(self) -> int:
+        m = self.layout().contentsMargins()
+        return m.left() + m.right()
+
+    def columns_width(self) -> int:
+        """The width the shown sides need as columns, each whole (pixels)."""
+        mins = [self.columns[k].minimumSizeHint().width() for k in self.sides]
+        return sum(mins) + self.row.spacing() * (len(mins) - 1) + self._side_margins()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """As narrow as the sides shown as tabs: opening Compare never widens the window
+        (a view narrower than :meth:`columns_width` shows tabs)."""
+        hint = super().minimumSizeHint()
+        widest = max(self.columns[k].minimumSizeHint().width() for k in self.sides)
+        top = (self.header.minimumSizeHint().width() + self.layout().spacing()
+               + self.close_btn.sizeHint().width())
+        return QSize(max(widest + _tab_frame_width(), top) + self._side_margins(),
+                     hint.height())
+
     def _arrange(self, force: bool = False) -> None:
-        """Columns, or tabs for three sides in a narrow view; the widgets move between them."""
-        tabbed = len(self.sides) > 2 and self.width() < NARROW_PX
+        """Columns, or tabs when the view is too narrow for the columns (and for three sides
+        under :data:`NARROW_PX`); the widgets move between them."""
+        tabbed = (len(self.sides) > 2 and self.width() < NARROW_PX) or \
+            self.width() < self.columns_width()
         if tabbed == self.tabbed and not force:
             return
         self.tabbed = tabbed
