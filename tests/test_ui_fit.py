@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
 from test_ui_window import PROMPT, ScriptedBackend, send_and_wait  # noqa: E402
 
+from app.chat.scripted import ScriptedTurn  # noqa: E402
 from app.chat.turns import TurnStore  # noqa: E402
 from app.engine.events import Summary  # noqa: E402
 from app.ui.panels import LiveStats  # noqa: E402
@@ -250,3 +251,39 @@ def test_compare_does_not_change_the_window_width(qtbot, qs, width):
             assert win.width() == w
         finally:
             win.shutdown()
+
+
+# ------------------------------------------------------------------ 5: a reopened chat's end
+LONG = "\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(6))
+
+
+def _at_end(win) -> bool:
+    sb = win.chat.verticalScrollBar()
+    return sb.maximum() > 0 and sb.value() == sb.maximum()
+
+
+def test_a_reopened_long_chat_is_scrolled_to_its_end(qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    backend = ScriptedBackend(turns=[ScriptedTurn("", LONG)], info=dict(THREE_MODES))
+    win, _ = loaded(qtbot, qs, backend, store=TurnStore(path))
+    try:
+        for i in range(4):
+            send_and_wait(qtbot, win, f"Question {i}?", mode="dflash")
+        long_id = win.conv.id
+        win.chat.verticalScrollBar().setValue(0)  # the user scrolled up to read
+        win.new_chat()
+        send_and_wait(qtbot, win, "A short one", mode="dflash")
+        win.conv_side.selected.emit(long_id)  # reopened from the list
+        settle(qtbot, 100)
+        assert win.conv.id == long_id and _at_end(win)
+    finally:
+        win.shutdown()
+    # the app restarted on that chat: its end shows, after the window is shown
+    win3, _ = loaded(qtbot, qs, store=TurnStore(path))
+    try:
+        assert win3.conv.id == long_id
+        settle(qtbot, 100)
+        assert _at_end(win3), (win3.chat.verticalScrollBar().value(),
+                               win3.chat.verticalScrollBar().maximum())
+    finally:
+        win3.shutdown()

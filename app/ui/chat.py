@@ -248,6 +248,11 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End)
             cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._stream_pos = cur.position()
+        if state[0]:
+            # following: the (hidden) text cursor goes to the end too, so whatever makes the
+            # view show its cursor (Qt does on the first show of the window) shows the end,
+            # not the top
+            self.moveCursor(QTextCursor.End)
         self._end_edit(state)
 
     def _assistant_html(self, i: int, m: Turn, is_last: bool, streaming: bool) -> str:
