@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QSize, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QStackedWidget,
     QTabWidget,
     QTextBrowser,
@@ -37,6 +39,8 @@ SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
 NARROW_PX = 900
 """Below this width a three-sided Compare shows its sides as tabs."""
+TEXT_MIN_PX = 64
+"""The least height of a side's text (pixels; about three lines)."""
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -166,6 +170,10 @@ class CompareView(QFrame):
             t.setObjectName("sectionTitle")
             tb = QTextBrowser()
             tb.setAccessibleName(f"{title} reply")
+            # the text takes what height there is, down to a few lines (it scrolls itself):
+            # a low window shrinks it before the whole view has to scroll
+            tb.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Ignored)
+            tb.setMinimumHeight(TEXT_MIN_PX)
             fig = QLabel("")
             fig.setObjectName("figureName")
             fig.setWordWrap(True)
@@ -192,11 +200,25 @@ class CompareView(QFrame):
         self.close_btn = QPushButton("Hide")
         self.close_btn.setAccessibleName("Hide comparison")
         self.close_btn.clicked.connect(self.hide)
-        top.addWidget(self.close_btn)
+        top.addWidget(self.close_btn, 0, Qt.AlignTop)
+        # header and sides scroll when the window is too low for them (never drawn over
+        # each other); the sides' arrangement follows the width there is (the viewport's)
+        self.body = QFrame()
+        self.body.setObjectName("side")
+        self._body_layout = QVBoxLayout(self.body)
+        self._body_layout.setContentsMargins(12, 8, 12, 8)
+        self._body_layout.addLayout(top)
+        self._body_layout.addWidget(self.stack, 1)
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("sideScroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
+        self.scroll.viewport().installEventFilter(self)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 12, 8)
-        lay.addLayout(top)
-        lay.addWidget(self.stack, 1)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.scroll)
         self.results: dict = {}
 
     def set_sides(self, sides: tuple[str, ...]) -> None:
@@ -204,12 +226,13 @@ class CompareView(QFrame):
         self.sides = tuple(k for k in SIDES if k in sides)
         self._arrange(force=True)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
-        super().resizeEvent(event)
-        self._arrange()
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt override)
+        if obj is self.scroll.viewport() and event.type() == QEvent.Resize:
+            self._arrange()
+        return super().eventFilter(obj, event)
 
     def _side_margins(self) -> int:
-        m = self.layout().contentsMargins()
+        m = self._body_layout.contentsMargins()
         return m.left() + m.right()
 
     def columns_width(self) -> int:
@@ -222,16 +245,17 @@ class CompareView(QFrame):
         (a view narrower than :meth:`columns_width` shows tabs)."""
         hint = super().minimumSizeHint()
         widest = max(self.columns[k].minimumSizeHint().width() for k in self.sides)
-        top = (self.header.minimumSizeHint().width() + self.layout().spacing()
+        top = (self.header.minimumSizeHint().width() + self._body_layout.spacing()
                + self.close_btn.sizeHint().width())
-        return QSize(max(widest + _tab_frame_width(), top) + self._side_margins(),
+        bar = self.scroll.verticalScrollBar().sizeHint().width()  # when the body scrolls
+        return QSize(max(widest + _tab_frame_width(), top) + self._side_margins() + bar,
                      hint.height())
 
     def _arrange(self, force: bool = False) -> None:
         """Columns, or tabs when the view is too narrow for the columns (and for three sides
         under :data:`NARROW_PX`); the widgets move between them."""
-        tabbed = (len(self.sides) > 2 and self.width() < NARROW_PX) or \
-            self.width() < self.columns_width()
+        width = self.scroll.viewport().width()  # the body may be wider: it never is narrower
+        tabbed = (len(self.sides) > 2 and width < NARROW_PX) or width < self.columns_width()
         if tabbed == self.tabbed and not force:
             return
         self.tabbed = tabbed
