@@ -51,6 +51,16 @@ def settle(qtbot, ms=60):
     qtbot.wait(ms)
 
 
+def _whole(label) -> bool:
+    """True when ``label``'s text is drawn in full inside it (wrapped lines included)."""
+    box = label.contentsRect()
+    flags = Qt.TextWordWrap if label.wordWrap() else Qt.TextSingleLine
+    need = label.fontMetrics().boundingRect(QRect(0, 0, box.width(), 10_000),
+                                            int(flags | Qt.AlignLeft | Qt.AlignTop),
+                                            label.text())
+    return need.width() <= box.width() and need.height() <= box.height()
+
+
 # ------------------------------------------------------------------ 1: the composer fits
 @pytest.mark.parametrize("width", [None, 700, 1000])
 def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
@@ -87,12 +97,19 @@ def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
             for b in row[i + 1:]:
                 assert not rect_in(win, a).intersects(rect_in(win, b)), (width, a.text(),
                                                                          b.text())
-        # the settings line is whole (wrapped when narrow)
-        text_rect = c.note.fontMetrics().boundingRect(
-            QRect(0, 0, c.note.contentsRect().width(), 10_000), Qt.TextWordWrap,
-            c.note.text())
-        assert text_rect.width() <= c.note.contentsRect().width()
-        assert text_rect.height() <= c.note.contentsRect().height()
+        # the settings line is whole (wrapped when narrow), and so is the mode note
+        assert _whole(c.note)
+        if width >= 1000:  # with room for it, on one line
+            assert c.note.height() < 2 * c.note.fontMetrics().lineSpacing()
+        assert not c.mode_note.isVisible()  # empty: no line of its own
+        c.mode_note.setText("DFlash2 applies to the next reply; this one stays DFlash.")
+        settle(qtbot, 20)
+        assert c.mode_note.isVisible() and _whole(c.mode_note)
+        for label in (c.note, c.mode_note):
+            assert rect_in(win, c).contains(rect_in(win, label))
+        assert not rect_in(win, c.note).intersects(rect_in(win, c.mode_note))
+        c.mode_note.setText("")
+        settle(qtbot, 20)
         # Send became Stop in the same place and the same size
         send = rect_in(win, c.send_btn)
         c.set_busy(True)
@@ -104,16 +121,6 @@ def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
 
 
 # ------------------------------------------------------------------ 2: figure values whole
-def _whole(label) -> bool:
-    """True when ``label``'s text is drawn in full inside it (wrapped lines included)."""
-    box = label.contentsRect()
-    flags = Qt.TextWordWrap if label.wordWrap() else Qt.TextSingleLine
-    need = label.fontMetrics().boundingRect(QRect(0, 0, box.width(), 10_000),
-                                            int(flags | Qt.AlignLeft | Qt.AlignTop),
-                                            label.text())
-    return need.width() <= box.width() and need.height() <= box.height()
-
-
 @pytest.mark.parametrize("width", [700, 1280])
 def test_long_figure_values_are_shown_whole(qtbot, qs, width):
     win, _ = loaded(qtbot, qs)
@@ -239,12 +246,13 @@ def test_compare_does_not_change_the_window_width(qtbot, qs, width):
             # nothing squeezed below its minimum: the content fits the window as it is
             assert win.minimumSizeHint().width() <= w
             assert rect_in(win.centralWidget(), view).right() < win.width()
-            # every side's button is whole and inside the view
+            # every side's button is whole, and inside the view (scrolled to it in a low one)
             shown = [k for k in view.sides if view.buttons[k].isVisible()]
             assert shown
             for key in shown:
                 btn = view.buttons[key]
                 assert btn.width() >= btn.sizeHint().width(), (three, w, key)
+                view.scroll.ensureWidgetVisible(btn, 0, 0)
                 assert rect_in(win, view).contains(rect_in(win, btn)), (three, w, key)
             win.compare_view.hide()
             settle(qtbot)

@@ -19,6 +19,7 @@ from PySide6.QtGui import (
     QTextCursor,
 )
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QButtonGroup,
     QCheckBox,
     QHBoxLayout,
@@ -51,6 +52,10 @@ NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown agai
 def compare_label(three: bool) -> str:
     """The Compare action's name: the sides it runs (``three``: DFlash2 too)."""
     return "Compare plain, DFlash and DFlash2" if three else "Compare plain and DFlash"
+
+SIDE_NOTE_PX = 200
+"""The mode note sits beside the settings line when this many pixels are left for it, else
+under it."""
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
@@ -435,7 +440,7 @@ class Composer(QWidget):
         self.note = WrapLabel("")
         self.note.setObjectName("figureName")
         self.note.setAccessibleName("Settings for the next reply")
-        self.mode_note = WrapLabel("")
+        self.mode_note = WrapLabel("", hide_empty=True)
         self.mode_note.setObjectName("figureName")
         self.mode_note.setAccessibleName("Mode note")
         # the switch, Colour drafts, and Compare + Send at the right: one row that wraps
@@ -459,19 +464,28 @@ class Composer(QWidget):
         self.row.add_widget(self.mode_seg)
         self.row.add_widget(self.colour_box)
         self.row.add_widget(self.actions, right=True)
-        info = QHBoxLayout()
-        info.setSpacing(12)
-        info.addWidget(self.note)
-        info.addWidget(self.mode_note, 1)
+        # the mode note beside the settings line, or under it in a narrow composer
+        self.info = QBoxLayout(QBoxLayout.LeftToRight)
+        self.info.setSpacing(12)
+        self.info.addWidget(self.note)
+        self.info.addWidget(self.mode_note, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 10)
         lay.setSpacing(6)
         lay.addWidget(self.edit)
         lay.addLayout(self.row)
-        lay.addLayout(info)
+        lay.addLayout(self.info)
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(self.stop.emit)
         self.compare_btn.clicked.connect(self._compare)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        m = self.layout().contentsMargins()
+        room = self.width() - m.left() - m.right() - self.note.sizeHint().width()
+        side = room >= SIDE_NOTE_PX + self.info.spacing()
+        self.info.setDirection(QBoxLayout.LeftToRight if side else QBoxLayout.TopToBottom)
+        self.info.setSpacing(12 if side else 2)
 
     def mode(self) -> str:
         """"dflash", "dflash2" or "plain" (the switch)."""

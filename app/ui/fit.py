@@ -8,8 +8,10 @@ gives the whole text.
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QPainter
+from PySide6.QtGui import QFontMetricsF, QPainter
 from PySide6.QtWidgets import QLabel, QLayout, QSizePolicy, QStyleOption, QWidget
 
 
@@ -191,16 +193,30 @@ class ElidedLabel(QLabel):
 class WrapLabel(QLabel):
     """A word-wrapped label that prefers its text on one line: its size hint is the whole
     line (QLabel's own would wrap a short text into two balanced lines), and a narrower
-    width wraps it, its height following (``heightForWidth``), so it is never cut."""
+    width wraps it, its height following (``heightForWidth``), so it is never cut.
+    ``hide_empty``: the label hides while it has no text (it then takes no line)."""
 
-    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+    def __init__(self, text: str = "", parent: QWidget | None = None,
+                 hide_empty: bool = False) -> None:
         super().__init__(text, parent)
         self.setWordWrap(True)
+        self.hide_empty = hide_empty
+        if hide_empty and not text:
+            self.hide()
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt override)
+        """Show ``text`` (and the label itself, unless it hides while empty)."""
+        super().setText(text)
+        if self.hide_empty:
+            self.setVisible(bool(text))
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         """The text on one line (the longest line of a text with line breaks)."""
         m = self.contentsMargins()
+        fm = QFontMetricsF(self.font())
         lines = self.text().split("\n") if self.text() else [""]
-        w = max(self.fontMetrics().horizontalAdvance(line) for line in lines)
+        # the fractional advance rounded up (the whole-pixel one may round down and wrap the
+        # last word), plus a pixel for the text layout's own rounding
+        w = math.ceil(max(fm.horizontalAdvance(line) for line in lines)) + 1
         w += m.left() + m.right() + 2 * self.margin()
         return QSize(w, self.heightForWidth(w))

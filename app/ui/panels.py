@@ -10,11 +10,12 @@ rollback seconds / (draft + verify + rollback seconds).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -236,22 +237,23 @@ class FigureValue(QLabel):
         super().resizeEvent(event)
         self._fit()
 
-    def _metrics(self, px: int) -> QFontMetrics:
+    def _width(self, px: int, text: str) -> int:
+        """``text``'s width at ``px`` pixels, rounded up (and a pixel for the layout's own
+        rounding)."""
         font = QFont(self.font())
         font.setPixelSize(px)
-        return QFontMetrics(font)
+        return math.ceil(QFontMetricsF(font).horizontalAdvance(text)) + 1
 
     def _choose(self, width: int) -> tuple[int, bool]:
         """(size, whole): the size to show the text at in ``width`` pixels, and whether it
         shows whole there."""
         text = self.text()
         for px in self.SIZES:
-            if self._metrics(px).horizontalAdvance(text) <= width:
+            if self._width(px, text) <= width:
                 return px, True
         words = text.split() or [text]
         for px in self.SIZES:
-            fm = self._metrics(px)
-            if max(fm.horizontalAdvance(w) for w in words) <= width:
+            if max(self._width(px, w) for w in words) <= width:
                 return px, True
         return self.SIZES[-1], False
 
