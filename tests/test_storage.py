@@ -462,6 +462,23 @@ def test_compare_turn_stores_both_and_the_choice(db):
         assert s.get_message(dflash.id).from_draft == [False, True]
 
 
+def test_update_generation_merges_into_the_record_and_survives_a_reopen(db):
+    with Store(db) as s:
+        conv = s.new_conversation()
+        s.add_message(conv.id, "user", "Hi")
+        reply = s.begin_reply(conv.id, mode="dflash", block_size=16,
+                              generation={"max_tokens": 64, "temperature": 0.0})
+        s.finish_reply(reply.id, content="Hello")
+        got = s.update_generation(reply.id, {"speedup": {"ratio": 1.5}})
+        assert got.generation == {"max_tokens": 64, "temperature": 0.0,
+                                  "speedup": {"ratio": 1.5}}
+        assert got.status == "complete" and got.content == "Hello"
+    with Store(db) as s:
+        assert s.get_message(reply.id).generation["speedup"] == {"ratio": 1.5}
+        with pytest.raises(StorageError):
+            s.update_generation(reply.id + 100, {"speedup": None})
+
+
 def test_titles_rename_search_list_delete(db):
     clock = iter(float(t) for t in range(1000, 2000))
     with Store(db, clock=lambda: next(clock)) as s:

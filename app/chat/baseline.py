@@ -11,7 +11,7 @@ replies for the note that DFlash is slower than plain here. Qt-free and MLX-free
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 CONTEXT_TOLERANCE = 0.5
 """A baseline's prompt length may differ by this fraction of the reply's (±50%)."""
@@ -41,6 +41,22 @@ class SpeedUp:
     def label(self) -> str:
         """The footer's text, e.g. "~1.9x plain"."""
         return f"~{self.ratio:.1f}x plain"
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (stored with the reply, read back by :meth:`from_dict`)."""
+        return {"ratio": self.ratio, "baseline": asdict(self.baseline)}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> SpeedUp | None:
+        """The speed-up stored by :meth:`to_dict` (None for None or a record it cannot
+        read)."""
+        if not isinstance(d, dict) or not isinstance(d.get("baseline"), dict):
+            return None
+        try:
+            return cls(float(d["ratio"]), PlainSample(**{
+                f.name: d["baseline"][f.name] for f in fields(PlainSample)}))
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def tooltip(self) -> str:
         """What the ratio is against, in words."""

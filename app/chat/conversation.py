@@ -65,7 +65,10 @@ class Message:
         tool_call_id, name: for ``tool`` messages, the call answered and the tool's name.
         mode: ``plain`` or ``dflash`` for replies (None otherwise); block_size (int tokens) and
             rollback (``tape``/``replay``) for DFlash replies.
-        generation: the generation settings used (JSON-ready dict: temperature, max_tokens, ...).
+        generation: the generation settings used (JSON-ready dict: temperature, max_tokens, ...);
+            a drafting reply's also holds ``speedup`` once the window measured it against plain
+            (``app.chat.baseline.SpeedUp.to_dict()``, None when no comparable plain speed was
+            known), so a reloaded reply says what it said live.
         summary: ``app.engine.events.Summary.to_dict()`` of the finished run (None until then).
         token_ids: generated token ids (list[int]); from_draft: one bool per token, True when the
             drafter proposed it (``TokenEvent.from_draft``), so highlighting survives a reload.

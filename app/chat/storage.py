@@ -578,6 +578,20 @@ class Store:
             )
         return [_msg(r) for r in rows]
 
+    def update_generation(self, message_id: int, values: dict) -> Message:
+        """Merge ``values`` (JSON-ready) into a stored message's generation record
+        (``Message.generation``), e.g. a reply's speed-up measured after it finished; the
+        other keys stay. Returns the stored message.
+
+        Raises:
+            MessageNotFoundError: no message with that id.
+        """
+        with self._tx() as db:
+            m = self.get_message(message_id)
+            db.execute("UPDATE messages SET generation = ? WHERE id = ?",
+                       (_dumps({**m.generation, **values}), message_id))
+        return self.get_message(message_id)
+
     def set_active(self, message_id: int) -> None:
         """Make the active path go through this message (switch a reply's version, pick which
         reply of a Compare turn the conversation continues from, or go back to an earlier

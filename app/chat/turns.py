@@ -15,8 +15,8 @@ by ``app.chat.stored_turn``). In the view
 The prompt for a reply is never built from this view: ``app.chat.stored_turn.prompt_for`` reads
 the stored rows (tool calls, tool results and reasoning as generated). Titles come from the
 storage's one rule (``app.chat.storage.auto_title``). Qt-free; the window calls it from the GUI
-thread (sqlite only, no MLX) to read conversations and to write titles, settings and version
-choices; a reply is written by ``app.chat.stored_turn.run_turn`` on the worker thread, and the
+thread (sqlite only, no MLX) to read conversations and to write titles, settings, version
+choices and a finished reply's speed-up against plain (measured by the window); a reply is written by ``app.chat.stored_turn.run_turn`` on the worker thread, and the
 view catches up with :meth:`TurnStore.reload_turn`. An in-memory store is
 ``TurnStore(":memory:")``.
 """
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from app.chat.baseline import SpeedUp
 from app.chat.conversation import Message as StoredMessage
 from app.chat.events import (
     ContentDelta,
@@ -51,6 +52,8 @@ from app.engine.events import Done, Summary, TokenEvent
 log = logging.getLogger(__name__)
 
 _SUMMARY_FIELDS = {f.name for f in fields(Summary)}
+SPEEDUP_KEY = "speedup"
+"""Where a reply row's generation record keeps its measured speed-up against plain."""
 
 
 def version_key(mode: str, taken) -> str:
@@ -139,8 +142,9 @@ class ReplyResult:
     top2_gap: float | None = None
     round_summaries: list = field(default_factory=list)
     speedup: Any = None
-    """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (DFlash replies
-    of this run of the app; None without a baseline)."""
+    """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (a drafting
+    reply; None without a baseline). Measured by the window when the reply finished and
+    stored with it (:meth:`TurnStore.set_speedup`), so a reloaded reply has it too."""
     speed_checked: bool = False
     """True once a baseline was looked for (the footer then says what it found)."""
 
@@ -206,6 +210,8 @@ class ReplyResult:
             rollback=m.rollback or "tape",
             error=m.error,
             messages=[dict(r) for r in m.rounds],
+            speedup=SpeedUp.from_dict((m.generation or {}).get(SPEEDUP_KEY)),
+            speed_checked=SPEEDUP_KEY in (m.generation or {}),
         )
 
 
@@ -442,6 +448,13 @@ class TurnStore:
         reply.chosen, reply.compare = stored.chosen, stored.compare
         if len(conv.messages) > 1 and conv.messages[-2].role == "user":
             conv.messages[-2].ids = dict(fresh.messages[-2].ids)
+
+    def set_speedup(self, reply_id: int, speedup: SpeedUp | None) -> None:
+        """Store a finished drafting reply's speed-up against plain (None: no comparable
+        plain speed was known), as the reply's footer shows it; a reloaded reply reads it
+        back (:meth:`ReplyResult.from_row`)."""
+        self.db.update_generation(reply_id, {
+            SPEEDUP_KEY: speedup.to_dict() if speedup is not None else None})
 
     def rename(self, conv_id: int, title: str) -> None:
         """Set a conversation's title (raises ValueError when empty)."""

@@ -19,10 +19,10 @@ from PySide6.QtGui import (
     QTextCursor,
 )
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QButtonGroup,
     QCheckBox,
     QHBoxLayout,
-    QLabel,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
+from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import answer_tokens_html, message_html
 from app.ui.text import DRAFTING_MODES, mode_label, plural
 
@@ -51,6 +52,10 @@ NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown agai
 def compare_label(three: bool) -> str:
     """The Compare action's name: the sides it runs (``three``: DFlash2 too)."""
     return "Compare plain, DFlash and DFlash2" if three else "Compare plain and DFlash"
+
+SIDE_NOTE_PX = 200
+"""The mode note sits beside the settings line when this many pixels are left for it, else
+under it."""
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
@@ -248,6 +253,11 @@ class ChatView(QTextBrowser):
             cur.movePosition(QTextCursor.End)
             cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
             self._stream_pos = cur.position()
+        if state[0]:
+            # following: the (hidden) text cursor goes to the end too, so whatever makes the
+            # view show its cursor (Qt does on the first show of the window) shows the end,
+            # not the top
+            self.moveCursor(QTextCursor.End)
         self._end_edit(state)
 
     def _assistant_html(self, i: int, m: Turn, is_last: bool, streaming: bool) -> str:
@@ -349,7 +359,9 @@ class ChatView(QTextBrowser):
 class Composer(QWidget):
     """Input box with the Plain | DFlash (| DFlash2) switch, Colour drafts, Compare and one Send button
     that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
-    do); the settings line for the next reply sits on its own line, never cut.
+    do); the settings line for the next reply sits on its own line, never cut. In a narrow
+    window the row of buttons wraps (:class:`~app.ui.fit.FlowLayout`): Compare and Send go to
+    a line of their own at the right, every button whole.
 
     Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
     double-click interval after Send started the reply is ignored (the second click of a
@@ -425,39 +437,55 @@ class Composer(QWidget):
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setToolTip(COMPARE_TIPS[False])
         self.compare_btn.setAccessibleName(compare_label(False))
-        self.note = QLabel("")
+        self.note = WrapLabel("")
         self.note.setObjectName("figureName")
         self.note.setAccessibleName("Settings for the next reply")
-        self.mode_note = QLabel("")
+        self.mode_note = WrapLabel("", hide_empty=True)
         self.mode_note.setObjectName("figureName")
         self.mode_note.setAccessibleName("Mode note")
-        self.mode_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        row = QHBoxLayout()
-        row.setSpacing(6)
-        seg = QHBoxLayout()
+        # the switch, Colour drafts, and Compare + Send at the right: one row that wraps
+        # onto a second (and third) line when the window is narrow, each widget whole
+        self.mode_seg = QWidget()
+        self.mode_seg.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        seg = QHBoxLayout(self.mode_seg)
+        seg.setContentsMargins(0, 0, 0, 0)
         seg.setSpacing(0)
         seg.addWidget(self.plain_btn)
         seg.addWidget(self.dflash_btn)
         seg.addWidget(self.dflash2_btn)
-        row.addLayout(seg)
-        row.addSpacing(6)
-        row.addWidget(self.colour_box)
-        row.addStretch(1)
-        row.addWidget(self.compare_btn)
-        row.addWidget(self.action_stack)
-        info = QHBoxLayout()
-        info.setSpacing(12)
-        info.addWidget(self.note)
-        info.addWidget(self.mode_note, 1)
+        self.actions = QWidget()
+        self.actions.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        acts = QHBoxLayout(self.actions)
+        acts.setContentsMargins(0, 0, 0, 0)
+        acts.setSpacing(6)
+        acts.addWidget(self.compare_btn)
+        acts.addWidget(self.action_stack)
+        self.row = FlowLayout(h_spacing=12, v_spacing=6)
+        self.row.add_widget(self.mode_seg)
+        self.row.add_widget(self.colour_box)
+        self.row.add_widget(self.actions, right=True)
+        # the mode note beside the settings line, or under it in a narrow composer
+        self.info = QBoxLayout(QBoxLayout.LeftToRight)
+        self.info.setSpacing(12)
+        self.info.addWidget(self.note)
+        self.info.addWidget(self.mode_note, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 10)
         lay.setSpacing(6)
         lay.addWidget(self.edit)
-        lay.addLayout(row)
-        lay.addLayout(info)
+        lay.addLayout(self.row)
+        lay.addLayout(self.info)
         self.send_btn.clicked.connect(self._send)
         self.stop_btn.clicked.connect(self.stop.emit)
         self.compare_btn.clicked.connect(self._compare)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        m = self.layout().contentsMargins()
+        room = self.width() - m.left() - m.right() - self.note.sizeHint().width()
+        side = room >= SIDE_NOTE_PX + self.info.spacing()
+        self.info.setDirection(QBoxLayout.LeftToRight if side else QBoxLayout.TopToBottom)
+        self.info.setSpacing(12 if side else 2)
 
     def mode(self) -> str:
         """"dflash", "dflash2" or "plain" (the switch)."""

@@ -5,8 +5,9 @@ The first token where the two outputs differ is highlighted on both sides; when 
 the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
 at the first divergence (computed on the worker). Each side shows its figures; the header gives the
 speed ratio (DFlash tok/s / plain tok/s). With three sides the header has one such line per
-drafting side, each against plain ("DFlash: …", "DFlash2: …"), and a narrow view (under
-:data:`NARROW_PX`) shows the sides as tabs instead of columns. The user picks the version the
+drafting side, each against plain ("DFlash: …", "DFlash2: …"). A view too narrow for its
+columns (and a three-sided one under :data:`NARROW_PX`) shows the sides as tabs instead, so
+opening Compare never widens the window. The user picks the version the
 conversation continues from (DFlash's by default).
 """
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QStackedWidget,
     QTabWidget,
     QTextBrowser,
@@ -28,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.compare import first_divergence
+from app.ui.fit import WrapLabel
 from app.ui.render import SECTION_TITLES, mark_section, sections_html
 from app.ui.text import DRAFTING_MODES, mode_label
 
@@ -35,6 +39,8 @@ SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
 NARROW_PX = 900
 """Below this width a three-sided Compare shows its sides as tabs."""
+TEXT_MIN_PX = 64
+"""The least height of a side's text (pixels; about three lines)."""
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -114,19 +120,36 @@ def side_figures(result) -> str:
     return " · ".join(parts)
 
 
+_TAB_FRAME: list[int] = []
+
+
+def _tab_frame_width() -> int:
+    """How much wider a tab widget is than its page (frame and margins, in pixels; measured
+    once with the app's style)."""
+    if not _TAB_FRAME:
+        page = QWidget()
+        page.setMinimumWidth(100)
+        tabs = QTabWidget()
+        tabs.addTab(page, "Plain")
+        _TAB_FRAME.append(max(0, tabs.minimumSizeHint().width() - 100))
+        tabs.deleteLater()
+    return _TAB_FRAME[0]
+
+
 class CompareView(QFrame):
     """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain", "dflash" or
     "dflash2".
 
     Two sides (plain, DFlash) as columns; with a DFlash2 side (:meth:`set_sides`) three
-    columns, or three tabs while the view is narrower than :data:`NARROW_PX`."""
+    columns, or three tabs while the view is narrower than :data:`NARROW_PX`; any sides as
+    tabs while the view is narrower than its columns need (:meth:`columns_width`)."""
 
     chosen = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setObjectName("side")
-        self.header = QLabel("")
+        self.header = WrapLabel("")  # a long verdict wraps: it never widens the window
         self.header.setObjectName("sectionTitle")
         self.header.setAccessibleName("Comparison result")
         self.colours: dict = {}
@@ -147,6 +170,10 @@ class CompareView(QFrame):
             t.setObjectName("sectionTitle")
             tb = QTextBrowser()
             tb.setAccessibleName(f"{title} reply")
+            # the text takes what height there is, down to a few lines (it scrolls itself):
+            # a low window shrinks it before the whole view has to scroll
+            tb.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Ignored)
+            tb.setMinimumHeight(TEXT_MIN_PX)
             fig = QLabel("")
             fig.setObjectName("figureName")
             fig.setWordWrap(True)
@@ -173,11 +200,25 @@ class CompareView(QFrame):
         self.close_btn = QPushButton("Hide")
         self.close_btn.setAccessibleName("Hide comparison")
         self.close_btn.clicked.connect(self.hide)
-        top.addWidget(self.close_btn)
+        top.addWidget(self.close_btn, 0, Qt.AlignTop)
+        # header and sides scroll when the window is too low for them (never drawn over
+        # each other); the sides' arrangement follows the width there is (the viewport's)
+        self.body = QFrame()
+        self.body.setObjectName("side")
+        self._body_layout = QVBoxLayout(self.body)
+        self._body_layout.setContentsMargins(12, 8, 12, 8)
+        self._body_layout.addLayout(top)
+        self._body_layout.addWidget(self.stack, 1)
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("sideScroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
+        self.scroll.viewport().installEventFilter(self)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 12, 8)
-        lay.addLayout(top)
-        lay.addWidget(self.stack, 1)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.scroll)
         self.results: dict = {}
 
     def set_sides(self, sides: tuple[str, ...]) -> None:
@@ -185,13 +226,36 @@ class CompareView(QFrame):
         self.sides = tuple(k for k in SIDES if k in sides)
         self._arrange(force=True)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
-        super().resizeEvent(event)
-        self._arrange()
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt override)
+        if obj is self.scroll.viewport() and event.type() == QEvent.Resize:
+            self._arrange()
+        return super().eventFilter(obj, event)
+
+    def _side_margins(self) -> int:
+        m = self._body_layout.contentsMargins()
+        return m.left() + m.right()
+
+    def columns_width(self) -> int:
+        """The width the shown sides need as columns, each whole (pixels)."""
+        mins = [self.columns[k].minimumSizeHint().width() for k in self.sides]
+        return sum(mins) + self.row.spacing() * (len(mins) - 1) + self._side_margins()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """As narrow as the sides shown as tabs: opening Compare never widens the window
+        (a view narrower than :meth:`columns_width` shows tabs)."""
+        hint = super().minimumSizeHint()
+        widest = max(self.columns[k].minimumSizeHint().width() for k in self.sides)
+        top = (self.header.minimumSizeHint().width() + self._body_layout.spacing()
+               + self.close_btn.sizeHint().width())
+        bar = self.scroll.verticalScrollBar().sizeHint().width()  # when the body scrolls
+        return QSize(max(widest + _tab_frame_width(), top) + self._side_margins() + bar,
+                     hint.height())
 
     def _arrange(self, force: bool = False) -> None:
-        """Columns, or tabs for three sides in a narrow view; the widgets move between them."""
-        tabbed = len(self.sides) > 2 and self.width() < NARROW_PX
+        """Columns, or tabs when the view is too narrow for the columns (and for three sides
+        under :data:`NARROW_PX`); the widgets move between them."""
+        width = self.scroll.viewport().width()  # the body may be wider: it never is narrower
+        tabbed = (len(self.sides) > 2 and width < NARROW_PX) or width < self.columns_width()
         if tabbed == self.tabbed and not force:
             return
         self.tabbed = tabbed

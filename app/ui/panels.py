@@ -10,11 +10,12 @@ rollback seconds / (draft + verify + rollback seconds).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.events import CycleEvent, Summary
+from app.ui.theme import FIGURE_VALUE_PX
 
 FIGURES: list[tuple[str, str, str]] = [
     ("acceptance", "Acceptance",
@@ -205,6 +207,68 @@ def format_figure(key: str, value) -> str:
     return f"{value:,}"
 
 
+class FigureValue(QLabel):
+    """A figure tile's value, always shown whole however narrow the tile: on one line at the
+    tile's size (:data:`~app.ui.theme.FIGURE_VALUE_PX`) or, when it is too long for that, a
+    smaller one (:attr:`SIZES`); when no size fits it on one line it wraps between words,
+    at the largest size whose every word fits. Should even that not fit, the tooltip starts
+    with the whole value. ``tip`` is the figure's explanation (its tooltip)."""
+
+    SIZES = (FIGURE_VALUE_PX, 14, 12)
+    """Font sizes tried, in pixels, largest first."""
+
+    def __init__(self, tip: str = "", parent=None) -> None:
+        super().__init__("–", parent)
+        self.setObjectName("figureValue")
+        self.setWordWrap(True)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.tip = tip
+        self.setToolTip(tip)
+        self.px = self.SIZES[0]
+        """The font size the value is shown at now (pixels)."""
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt override)
+        """Show ``text``, at the largest size that shows it whole."""
+        if text != self.text():
+            super().setText(text)
+            self._fit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit()
+
+    def _width(self, px: int, text: str) -> int:
+        """``text``'s width at ``px`` pixels, rounded up (and a pixel for the layout's own
+        rounding)."""
+        font = QFont(self.font())
+        font.setPixelSize(px)
+        return math.ceil(QFontMetricsF(font).horizontalAdvance(text)) + 1
+
+    def _choose(self, width: int) -> tuple[int, bool]:
+        """(size, whole): the size to show the text at in ``width`` pixels, and whether it
+        shows whole there."""
+        text = self.text()
+        for px in self.SIZES:
+            if self._width(px, text) <= width:
+                return px, True
+        words = text.split() or [text]
+        for px in self.SIZES:
+            if max(self._width(px, w) for w in words) <= width:
+                return px, True
+        return self.SIZES[-1], False
+
+    def _fit(self) -> None:
+        width = self.contentsRect().width()
+        if width <= 0:
+            return
+        px, whole = self._choose(width)
+        if px != self.px:
+            self.px = px
+            # the widget's own rule wins over the app's stylesheet (theme.py)
+            self.setStyleSheet("" if px == self.SIZES[0] else f"font-size: {px}px;")
+        self.setToolTip(self.tip if whole else f"{self.text()}\n\n{self.tip}")
+
+
 class AcceptChart(QWidget):
     """Bar chart of accepted draft tokens per cycle, drawn with QPainter; bars at the maximum
     (every draft accepted) use a second colour. Shows the last ``max_bars`` cycles."""
@@ -278,10 +342,7 @@ class LivePanel(QWidget):
             lay = QVBoxLayout(tile)
             lay.setContentsMargins(8, 5, 8, 5)
             lay.setSpacing(0)
-            value = QLabel("–")
-            value.setObjectName("figureValue")
-            value.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-            value.setToolTip(tip)
+            value = FigureValue(tip)
             value.setAccessibleName(name)
             value.setAccessibleDescription(tip)
             caption = QLabel(name)

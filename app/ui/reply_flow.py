@@ -386,7 +386,7 @@ class ReplyFlow:
         run order, so a Compare's DFlash side is measured against its own plain side)."""
         if self.model is None:
             return
-        for side in run.sides.values():
+        for tag, side in run.sides.items():
             r = side.result
             if r is None or r.summary is None or side.error or run.stopped or \
                     r.finish_reason == "cancelled":
@@ -400,9 +400,19 @@ class ReplyFlow:
             elif r.mode in ("dflash", "dflash2"):
                 r.speedup = self.baselines.speedup(s.tok_per_s, *key)
                 r.speed_checked = True
+                self._store_speedup(run.msg.ids.get(run.version_key(tag)), r.speedup)
                 self.slow_streak.add(r.speedup.ratio if r.speedup else None)
                 if self.slow_streak.slow:
                     self.show_note(SlowStreak.NOTE)
+
+    def _store_speedup(self, row_id: int | None, speedup) -> None:
+        """Keep a reply's speed-up with its stored row (a reloaded footer shows it too)."""
+        if row_id is None:
+            return
+        try:
+            self.store.set_speedup(row_id, speedup)
+        except Exception:
+            log.exception("storing the speed-up of reply %s", row_id)
 
     def _save(self, conv: ConversationView) -> None:
         try:

@@ -46,6 +46,11 @@ DARK = {
 }
 
 
+FIGURE_VALUE_PX = 17
+"""The figure tiles' value size in pixels (a value too long for its tile is set smaller:
+``app.ui.panels.FigureValue``)."""
+
+
 def system_is_dark() -> bool:
     """True when the platform asks for a dark colour scheme."""
     app = QGuiApplication.instance()
@@ -121,7 +126,7 @@ def stylesheet(c: dict) -> str:
         font-weight: normal; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
-    QLabel#figureValue {{ font-size: 17px; font-weight: 600; color: {c['text']}; }}
+    QLabel#figureValue {{ font-size: {FIGURE_VALUE_PX}px; font-weight: 600; color: {c['text']}; }}
     QLabel#figureName {{ color: {c['muted']}; font-size: 11px; }}
     QFrame#figure {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 8px; }}
