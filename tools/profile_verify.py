@@ -1,6 +1,6 @@
 """Where a 16-token verify pass spends its time against a 1-token step, part by part (JSON).
 
-    python tools/profile_verify.py [--dtypes bfloat16,4bit] [--prefix 128] [--repeats 20]
+    python tools/profile_verify.py [--demo] [--dtypes bfloat16,4bit] [--prefix 128] [--repeats 20]
                                    [--layers N] [--hidden N] [--vocab N] [--out FILE]
 
 Made for issue #21: on an H200 through MLX's CUDA backend, a random Qwen3.5-4B-shaped target
@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int)
     p.add_argument("--vocab", type=int)
     p.add_argument("--out", type=Path)
+    p.add_argument("--demo", action="store_true",
+                   help="profile the bundled demo target instead of the 4B shape")
     args = p.parse_args(argv)
 
     import mlx.core as mx
@@ -206,6 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         config.update(hidden_size=args.hidden, intermediate_size=args.hidden * 18 // 5)
     if args.vocab:
         config["vocab_size"] = args.vocab
+    if args.demo:  # the bundled target as the app loads it on this device
+        from app.engine.loader import load_target
+        from app.paths import demo_pair_dirs
+
+        target = load_target(demo_pair_dirs()[0])
+        result["demo"] = profile(target.model, target.config["hidden_size"], args.prefix,
+                                 args.repeats)
+        args.dtypes = ""
     for dtype in [d for d in args.dtypes.split(",") if d]:
         model = random_target(config, dtype)
         result[dtype] = profile(model, config["hidden_size"], args.prefix, args.repeats)
