@@ -1,7 +1,8 @@
 """The window as a new user meets it at small sizes and after a reload (offscreen, pytest-qt,
 scripted backends): the composer fits down to the window's minimum width, long figure values
 are shown whole, a reloaded reply's footer says what it said live, Compare does not widen the
-window, and a reopened chat shows its end.
+window, a reopened chat shows its end, and the Context card of a chat reopened on launch gets
+the context length once the model loads.
 """
 
 from __future__ import annotations
@@ -295,3 +296,43 @@ def test_a_reopened_long_chat_is_scrolled_to_its_end(qtbot, qs, tmp_path):
                                win3.chat.verticalScrollBar().maximum())
     finally:
         win3.shutdown()
+
+
+# ------------------------------------------------------------------ 6: the Context card reloaded
+def _restarted(qtbot, qs, path, info=None):
+    """The app started again on ``path``: the last chat reopens before any model loads."""
+    from app.ui.window import MainWindow
+
+    backend = ScriptedBackend(info=dict(info or THREE_MODES))
+    win = MainWindow(backend=backend, store=TurnStore(path), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def _load(qtbot, win):
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+
+
+def test_after_a_restart_the_context_card_shows_the_loaded_models_length(qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    win, _ = loaded(qtbot, qs, store=TurnStore(path))
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        live = win.live.labels["context"].text()
+        assert live.endswith(" / 262,144"), live
+        conv_id = win.conv.id
+    finally:
+        win.shutdown()
+    win2 = _restarted(qtbot, qs, path)
+    try:
+        assert win2.conv.id == conv_id
+        # no model yet: the length is not known, so only the tokens used
+        assert win2.live.labels["context"].text() == live.split(" / ")[0]
+        _load(qtbot, win2)
+        assert win2.live.labels["context"].text() == live
+        assert win2.live.shown["context"][1] == 262_144
+    finally:
+        win2.shutdown()
+
