@@ -176,6 +176,7 @@ class ModelFlow:
         self.update_settings_note()
         if not self.busy:  # the shown reply's figures now know the context length and block
             self.show_message_details(self.shown_message)
+            self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:
