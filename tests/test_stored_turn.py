@@ -221,3 +221,36 @@ def test_a_three_sided_compare_stores_a_dflash2_sibling(store):
     md = export_markdown(store, conv.id)
     assert md.count("· compared") == 2 and md.count("· continued") == 1
     assert "## Assistant · DFlash2 (block 4, tape rollback) · version 3 of 3 · compared" in md
+
+
+class _DivergingSession:
+    """A backend whose DFlash side differs from plain at token 2, with a top-two gap there."""
+
+    def reply(self, messages, settings, cancel=None):
+        from app.chat.events import Reply, ReplyDone, ReplyRound
+        from app.engine.events import Summary
+
+        mode = settings["mode"]
+        tokens = [5, 6, 7] if mode == "plain" else [5, 6, 9]
+        rnd = ReplyRound(0, mode, "text", "", [], "stop", tokens, [False] * 3, "text",
+                         Summary(mode=mode, generated_tokens=3), [1, 2])
+        yield ReplyDone(Reply(mode, [rnd], [], []))
+
+    def top2_gap(self, plain, dflash):
+        return 0.25
+
+
+def test_a_compare_keeps_its_top_two_gap_with_the_drafting_row(store):
+    from app.chat.turns import ReplyResult
+
+    conv = store.new_conversation()
+    events = events_of(store, _DivergingSession(),
+                       TurnRequest(conv.id, "compare", SETTINGS, tags=("plain", "dflash")))
+    begun = events[0]
+    plain = ReplyResult.from_row(store.get_message(begun.reply_ids["plain"]))
+    dflash = ReplyResult.from_row(store.get_message(begun.reply_ids["dflash"]))
+    assert dflash.top2_gap == 0.25 and dflash.gap_checked
+    assert plain.top2_gap is None and not plain.gap_checked  # plain has no gap of its own
+    # a stored value that is not a number is no gap
+    store.update_generation(begun.reply_ids["dflash"], {"top2_gap": "?"})
+    assert ReplyResult.from_row(store.get_message(begun.reply_ids["dflash"])).top2_gap is None

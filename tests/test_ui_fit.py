@@ -1,7 +1,9 @@
 """The window as a new user meets it at small sizes and after a reload (offscreen, pytest-qt,
 scripted backends): the composer fits down to the window's minimum width, long figure values
 are shown whole, a reloaded reply's footer says what it said live, Compare does not widen the
-window, and a reopened chat shows its end.
+window, a reopened chat shows its end, the Context card of a chat reopened on launch gets
+the context length once the model loads, and a chat ending in a Compare reopens its Compare
+view from what is stored (saying what storage lacks).
 """
 
 from __future__ import annotations
@@ -295,3 +297,199 @@ def test_a_reopened_long_chat_is_scrolled_to_its_end(qtbot, qs, tmp_path):
                                win3.chat.verticalScrollBar().maximum())
     finally:
         win3.shutdown()
+
+
+# ------------------------------------------------------------------ 6: the Context card reloaded
+def _restarted(qtbot, qs, path, info=None):
+    """The app started again on ``path``: the last chat reopens before any model loads."""
+    from app.ui.window import MainWindow
+
+    backend = ScriptedBackend(info=dict(info or THREE_MODES))
+    win = MainWindow(backend=backend, store=TurnStore(path), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def _load(qtbot, win):
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+
+
+def test_after_a_restart_the_context_card_shows_the_loaded_models_length(qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    win, _ = loaded(qtbot, qs, store=TurnStore(path))
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        live = win.live.labels["context"].text()
+        assert live.endswith(" / 262,144"), live
+        conv_id = win.conv.id
+    finally:
+        win.shutdown()
+    win2 = _restarted(qtbot, qs, path)
+    try:
+        assert win2.conv.id == conv_id
+        # no model yet: the length is not known, so only the tokens used
+        assert win2.live.labels["context"].text() == live.split(" / ")[0]
+        _load(qtbot, win2)
+        assert win2.live.labels["context"].text() == live
+        assert win2.live.shown["context"][1] == 262_144
+    finally:
+        win2.shutdown()
+
+# ------------------------------------------------------------------ 7: a reopened Compare
+def _compare_shown(view) -> dict:
+    """What a Compare view says: header, sides, each side's figures and chosen button."""
+    return {"header": view.header.text(), "sides": list(view.results),
+            "figures": {k: view.figs[k].text() for k in view.results},
+            "chosen": [k for k in view.results if view.buttons[k].isChecked()]}
+
+
+@pytest.mark.parametrize("three", [False, True])
+def test_a_chat_ending_in_a_compare_reopens_its_compare_view(qtbot, qs, tmp_path, three):
+    path = tmp_path / "chats.db"
+    info = dict(THREE_MODES)
+    if not three:
+        info.pop("drafter2_name")
+    win, _ = loaded(qtbot, qs, ScriptedBackend(info=info), store=TurnStore(path))
+    try:
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        view = win.compare_view
+        assert view.isVisible()
+        live = _compare_shown(view)
+        assert live["sides"] == (["plain", "dflash", "dflash2"] if three else ["plain", "dflash"])
+        assert "identical" in live["header"] and live["chosen"] == ["dflash"]
+        compare_id = win.conv.id
+        win.new_chat()
+        assert not view.isVisible()
+        win.conv_side.selected.emit(compare_id)  # reopened from the list
+        settle(qtbot)
+        assert win.conv.id == compare_id and view.isVisible()
+        assert _compare_shown(view) == live
+        assert view.height() > 100  # it has room in the splitter, not a sliver
+        win.new_chat()  # the app quits on another chat
+    finally:
+        win.shutdown()
+    # restarted: the Compare chat reopened from the list, before and after the model loads
+    win2 = _restarted(qtbot, qs, path, info)
+    try:
+        view = win2.compare_view
+        assert not view.isVisible()
+        win2.conv_side.selected.emit(compare_id)
+        settle(qtbot)
+        assert view.isVisible() and _compare_shown(view) == live and view.height() > 100
+        for key in live["sides"]:
+            assert "Paris" in view.texts[key].toPlainText()
+        _load(qtbot, win2)
+        assert view.isVisible() and _compare_shown(view) == live
+    finally:
+        win2.shutdown()
+    # restarted on the Compare chat itself (the last one shown)
+    qs.setValue("last_conversation", compare_id)
+    win3 = _restarted(qtbot, qs, path, info)
+    try:
+        settle(qtbot)
+        assert win3.conv.id == compare_id
+        assert win3.compare_view.isVisible() and _compare_shown(win3.compare_view) == live
+        assert win3.compare_view.height() > 100
+    finally:
+        win3.shutdown()
+
+
+def _stored_compare(path, sides: dict, chosen="dflash"):
+    """A chat whose last turn is a Compare, written straight into the store at ``path``:
+    ``sides`` maps each side's mode to (tokens, content, status, generation) or None (a side
+    stopped before it ran: an empty row); returns the conversation's id."""
+    from app.chat.storage import Store
+
+    db = Store(path)
+    try:
+        conv = db.new_conversation()
+        user = db.add_message(conv.id, "user", "Compare it")
+        for mode, side in sides.items():
+            tokens, content, status, generation = side or ([], "", "stopped", {})
+            summary = None if side is None else Summary(
+                mode=mode, generated_tokens=len(tokens), prompt_tokens=10,
+                tok_per_s=20.0 if mode == "plain" else 30.0, ttft_s=0.05).to_dict()
+            db.add_message(conv.id, "assistant", content, parent_id=user.id,
+                           activate=mode == chosen, mode=mode,
+                           block_size=None if mode == "plain" else 4, rollback="tape",
+                           generation=generation, summary=summary, token_ids=tokens,
+                           from_draft=[False] * len(tokens), status=status,
+                           finish_reason="stop" if side else "cancelled",
+                           compare_group=f"g{conv.id}")
+        return conv.id
+    finally:
+        db.close()
+
+
+LETTERS = {1: "a", 2: "b", 3: "c", 9: "x"}
+"""Token texts that spell the stored answers of :func:`_stored_compare`'s sides."""
+
+
+def test_a_reopened_compare_says_what_storage_lacks_and_marks_once_the_model_loads(
+        qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    conv_id = _stored_compare(path, {
+        "plain": ([1, 2, 3], "abc", "complete", {}),
+        "dflash": ([1, 9, 3], "axc", "complete", {}),  # stored before the gap was kept
+    })
+    qs.setValue("last_conversation", conv_id)
+    win = _restarted(qtbot, qs, path, {k: v for k, v in THREE_MODES.items()
+                                       if k != "drafter2_name"})
+    win.workers.worker.backend.piece = lambda t: LETTERS[t]
+    try:
+        view = win.compare_view
+        assert win.conv.id == conv_id and view.isVisible()
+        verdict, note = view.header.text().split("\n")
+        assert verdict.startswith("differ from token 1 (of 3 plain / 3 DFlash)")
+        assert verdict.endswith("DFlash 1.50× plain speed")
+        assert note == ("Reopened from storage: the top-two logit gap was not stored; the "
+                        "first divergence is not marked (its token texts are not stored).")
+        assert view.figs["plain"].text().startswith("20.0 tok/s · 3 tokens")
+        assert view.figs["dflash"].text().startswith("30.0 tok/s · 3 tokens")
+        assert "axc" in view.texts["dflash"].toPlainText()
+        assert view.buttons["dflash"].isChecked()
+        _load(qtbot, win)  # the tokenizer gives the token texts back: the mark as live
+        qtbot.waitUntil(lambda: "(marked)" in view.header.text(), timeout=5_000)
+        verdict, note = view.header.text().split("\n")
+        assert "first divergence in the answer (marked)" in verdict
+        assert note == "Reopened from storage: the top-two logit gap was not stored."
+        assert "background-color" in view.texts["dflash"].toHtml()
+    finally:
+        win.shutdown()
+
+
+def test_a_reopened_compare_with_a_side_that_never_ran_or_is_gone_does_not_crash(
+        qtbot, qs, tmp_path):
+    path = tmp_path / "chats.db"
+    stopped = _stored_compare(path, {
+        "plain": ([1, 2, 3], "abc", "complete", {}),
+        "dflash": ([1, 2, 3], "abc", "stopped", {"top2_gap": None}),
+        "dflash2": None,  # Stop came before the DFlash2 side ran
+    })
+    gone = _stored_compare(path, {  # the DFlash row is not in the store
+        "plain": ([1, 2, 3], "abc", "complete", {}),
+        "dflash2": ([1, 2, 3], "abc", "complete", {"top2_gap": None}),
+    }, chosen="plain")
+    qs.setValue("last_conversation", stopped)
+    win = _restarted(qtbot, qs, path)
+    try:
+        view = win.compare_view
+        assert win.conv.id == stopped and view.isVisible()
+        assert list(view.results) == ["plain", "dflash", "dflash2"]
+        assert view.header.text().split("\n") == [
+            "DFlash: identical, 3 tokens · DFlash 1.50× plain speed",
+            "DFlash2: stopped before it ran"]
+        assert view.figs["dflash2"].text() == "not run"
+        assert not view.buttons["dflash2"].isEnabled()
+        win.conv_side.selected.emit(gone)
+        assert win.conv.id == gone and view.isVisible()
+        assert view.header.text().split("\n") == [
+            "DFlash: not stored", "DFlash2: identical, 3 tokens · DFlash2 1.50× plain speed"]
+        assert view.figs["dflash"].text() == "not stored"
+        assert view.buttons["plain"].isChecked()
+        _load(qtbot, win)
+        assert view.isVisible() and view.figs["dflash"].text() == "not stored"
+    finally:
+        win.shutdown()

@@ -21,7 +21,9 @@ A turn, asked for by a :class:`TurnRequest`:
    :class:`ReplyFailed` and the side keeps what it had; each side ends with
    :class:`ReplyFinished`;
 4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
-   rounds included), the version the conversation continues from, then :class:`TurnStored`.
+   rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
+   ``app.chat.turns.TOP2_GAP_KEY``), the version the conversation continues from, then
+   :class:`TurnStored`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from app.chat.events import ReplyDone
 from app.chat.storage import Store
-from app.chat.turns import PartialReply, ReplyResult
+from app.chat.turns import TOP2_GAP_KEY, PartialReply, ReplyResult
 from app.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -364,6 +366,10 @@ class _Turn:
                       "stopped" if stopped else "complete")
             try:
                 finish_row(self.store, begun.reply_ids[key], result, status, error)
+                if req.compare and tag in ("dflash", "dflash2") and tag in self.ran:
+                    # the header's figure at the first divergence, for a reopened Compare
+                    self.store.update_generation(begun.reply_ids[key],
+                                                 {TOP2_GAP_KEY: result.top2_gap})
             except Exception as exc:
                 log.exception("saving the reply")
                 return TurnStored(begun.conversation_id, begun.reply_ids, "", str(exc))

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 _SUMMARY_FIELDS = {f.name for f in fields(Summary)}
 SPEEDUP_KEY = "speedup"
 """Where a reply row's generation record keeps its measured speed-up against plain."""
+TOP2_GAP_KEY = "top2_gap"
+"""Where a Compare turn's drafting row keeps its top-two logit gap at the first divergence
+from plain (None: the sides agree, or no gap was computed); rows stored before it have none."""
 
 
 def version_key(mode: str, taken) -> str:
@@ -93,6 +96,13 @@ def finish_fields(reply: Any) -> dict:
     }
 
 
+def _number(value: Any) -> float | None:
+    """A stored figure as a float (None for anything else)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
 def summary_from_dict(d: dict | None) -> Summary | None:
     """A :class:`Summary` from its stored dict (keys of newer versions ignored; None stays
     None)."""
@@ -121,7 +131,10 @@ class ReplyResult:
         messages: the chat-template messages of every round when tools ran (stored as the
             row's ``rounds``, so the next prompt shows the calls and results); [] otherwise.
         top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
-            top-two logit gap at the first divergence (None otherwise).
+            top-two logit gap at the first divergence (None otherwise); stored with the row
+            (:data:`TOP2_GAP_KEY`), so a reopened Compare has it too.
+        gap_checked: True when the gap was looked for (live, or stored as
+            :data:`TOP2_GAP_KEY`); False for a row stored without it.
     """
 
     content: str = ""
@@ -140,6 +153,7 @@ class ReplyResult:
     note: str = ""
     messages: list[dict] = field(default_factory=list)
     top2_gap: float | None = None
+    gap_checked: bool = True
     round_summaries: list = field(default_factory=list)
     speedup: Any = None
     """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (a drafting
@@ -212,6 +226,8 @@ class ReplyResult:
             messages=[dict(r) for r in m.rounds],
             speedup=SpeedUp.from_dict((m.generation or {}).get(SPEEDUP_KEY)),
             speed_checked=SPEEDUP_KEY in (m.generation or {}),
+            top2_gap=_number((m.generation or {}).get(TOP2_GAP_KEY)),
+            gap_checked=TOP2_GAP_KEY in (m.generation or {}),
         )
 
 

@@ -9,10 +9,17 @@ drafting side, each against plain ("DFlash: …", "DFlash2: …"). A view too na
 columns (and a three-sided one under :data:`NARROW_PX`) shows the sides as tabs instead, so
 opening Compare never widens the window. The user picks the version the
 conversation continues from (DFlash's by default).
+
+A chat whose last turn is a Compare reopens it (:meth:`CompareView.show_turn`) from what is
+stored: each side's reply row with its figures and its top-two gap, a side stopped before it
+ran as "not run" (:func:`stored_sides`). What storage cannot give back is left out and the
+header says so: a side whose row is missing, the gap of a row stored before it was kept, and
+the mark on the first divergence until the token texts come from the loaded model's tokenizer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
@@ -120,6 +127,52 @@ def side_figures(result) -> str:
     return " · ".join(parts)
 
 
+def _never_ran(version) -> bool:
+    """True for a stored Compare side that was stopped before it ran (an empty row)."""
+    r = version.result
+    return (version.stopped and not r.tokens and not r.content and not r.reasoning
+            and not r.tool_calls and r.summary is None)
+
+
+def _spells_its_text(result) -> bool:
+    """True when the token texts spell the reply's stored answer (texts decoded by another
+    model's tokenizer do not, and are not shown)."""
+    return result.content.strip() in "".join(result.pieces)
+
+
+def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
+    """A Compare :class:`~app.chat.turns.Turn` (read back from storage, or kept from this
+    run) as :meth:`CompareView.set_results` shows it.
+
+    Returns ``(results, missing, notes)``: ``results`` maps each side ("plain", "dflash",
+    "dflash2" when the turn has one) to its :class:`~app.chat.turns.ReplyResult` or None (not
+    run, or not stored); ``missing`` the sides with no stored row; ``notes`` what storage
+    could not give back, for the header (the gap of a row stored without it, the mark on the
+    first divergence while the token texts are not there)."""
+    results: dict = {}
+    missing: list[str] = []
+    for key in SIDES:
+        v = turn.versions.get(key)
+        if v is None:
+            if key != "dflash2":
+                results[key] = None
+                missing.append(key)
+            continue
+        r = v.result
+        if r.pieces and not _spells_its_text(r):
+            r = dataclasses.replace(r, pieces=[])
+        results[key] = None if _never_ran(v) else r
+    notes: list[str] = []
+    plain = results.get("plain")
+    differ = [r for k, r in results.items() if k != "plain" and r is not None
+              and plain is not None and first_difference(plain.tokens, r.tokens) is not None]
+    if any(r.top2_gap is None and not r.gap_checked for r in differ):
+        notes.append("the top-two logit gap was not stored")
+    if differ and not (plain.pieces and all(r.pieces for r in differ)):
+        notes.append("the first divergence is not marked (its token texts are not stored)")
+    return results, tuple(missing), notes
+
+
 _TAB_FRAME: list[int] = []
 
 
@@ -220,6 +273,8 @@ class CompareView(QFrame):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.scroll)
         self.results: dict = {}
+        self.missing: tuple[str, ...] = ()
+        """The sides shown without a stored row (:meth:`set_results`)."""
 
     def set_sides(self, sides: tuple[str, ...]) -> None:
         """Show these sides (``("plain", "dflash")`` or all of :data:`SIDES`)."""
@@ -296,23 +351,26 @@ class CompareView(QFrame):
         tb.verticalScrollBar().setValue(tb.verticalScrollBar().maximum())
 
     def set_results(self, plain, dflash, chosen: str = "dflash", dflash2=None,
-                    three: bool | None = None) -> None:
+                    three: bool | None = None, missing: tuple[str, ...] = (),
+                    note: str = "") -> None:
         """Show finished :class:`~app.ui.worker.ReplyResult`; any may be None (stopped
-        before it ran). ``three`` (default: ``dflash2`` is given) shows the DFlash2 side."""
+        before it ran, or in ``missing``: not stored). ``three`` (default: ``dflash2`` is
+        given) shows the DFlash2 side. ``note`` goes under the verdict."""
         three = dflash2 is not None if three is None else three
         self.set_sides(SIDES if three else ("plain", "dflash"))
         self.results = {"plain": plain, "dflash": dflash}
         if three:
             self.results["dflash2"] = dflash2
+        self.missing = tuple(missing)
         marks = {k: first_difference(plain.tokens, r.tokens)
                  for k, r in self.results.items()
                  if k != "plain" and plain is not None and r is not None}
         plain_mark = next((m for m in marks.values() if m is not None), None)
-        self.header.setText(self._header())
+        self.header.setText(self._header() + (f"\n{note}" if note else ""))
         for key, r in self.results.items():
             if r is None:
                 self.texts[key].setPlainText("")
-                self.figs[key].setText("not run")
+                self.figs[key].setText("not stored" if key in self.missing else "not run")
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
@@ -325,11 +383,27 @@ class CompareView(QFrame):
             self.figs[key].setText(side_figures(r))
         self.set_choice(chosen)
 
+    def show_turn(self, turn) -> None:
+        """Show a finished Compare :class:`~app.chat.turns.Turn` (a reopened chat's last
+        turn) as it looked live: its sides, their figures, the verdict and the version the
+        chat continues from; what storage lacks is left out and said under the verdict
+        (:func:`stored_sides`)."""
+        results, missing, notes = stored_sides(turn)
+        note = ("Reopened from storage: " + "; ".join(notes) + ".") if notes else ""
+        self.set_results(results["plain"], results["dflash"], turn.chosen or "dflash",
+                         results.get("dflash2"), "dflash2" in results, missing, note)
+        self.show()
+
     def _header(self) -> str:
         """The verdict: one line for two sides; one per drafting side for three."""
         res = self.results
         plain = res["plain"]
+        missing = self.missing
+        if "plain" in missing:
+            return "the plain side of this comparison is not stored"
         if len(res) == 2:
+            if "dflash" in missing:
+                return "the DFlash side of this comparison is not stored"
             if plain is None or res["dflash"] is None:
                 return "comparison stopped before both sides ran"
             return verdict(plain, res["dflash"])
@@ -339,5 +413,6 @@ class CompareView(QFrame):
         for key in SIDES[1:]:
             label, r = mode_label(key), res[key]
             lines.append(f"{label}: " + (verdict(plain, r, label) if r is not None
+                                         else "not stored" if key in missing
                                          else "stopped before it ran"))
         return "\n".join(lines)

@@ -174,6 +174,9 @@ class ModelFlow:
                 f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
                 f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
         self.update_settings_note()
+        if not self.busy:  # the shown reply's figures now know the context length and block
+            self.show_message_details(self.shown_message)
+            self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:

@@ -481,13 +481,15 @@ class ReplyFlow:
             self._request_pieces()
         self.chat.render(self.conv, streaming=self.busy)
 
-    def _request_pieces(self) -> None:
+    def _request_pieces(self, index: int | None = None) -> None:
         """Ask the worker for the token texts of replies loaded without them (needs the
-        tokenizer, which lives on the worker)."""
+        tokenizer, which lives on the worker): every turn's, or only the turn at ``index``."""
         if self.conv is None or self.model is None:
             return
         jobs = {}
         for i, m in enumerate(self.conv.messages):
+            if index is not None and i != index:
+                continue
             for key, v in m.versions.items():
                 if v.result.tokens and not v.result.pieces:
                     jobs[(self.conv.id, i, key)] = list(v.result.tokens)
@@ -495,14 +497,17 @@ class ReplyFlow:
             self.worker.piecesRequested.emit(jobs)
 
     def _on_pieces(self, pieces: dict) -> None:
-        changed = False
+        changed: set[int] = set()
         for (conv_id, i, key), texts in pieces.items():
             if self.conv is None or self.conv.id != conv_id or i >= len(self.conv.messages):
                 continue
             v = self.conv.messages[i].versions.get(key)
             if v is not None and len(texts) == len(v.result.tokens):
                 v.result.pieces = texts
-                changed = True
+                changed.add(i)
         if changed and self.chat.colour_drafts and not self.busy:
             self.chat.render(self.conv)
+        shown = self._shown_compare()
+        if shown is not None and shown[0] in changed:  # its first divergence can be marked
+            self.compare_view.show_turn(shown[1])
 

@@ -375,17 +375,32 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
                 "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
 
     def _show_compare_of(self, last: Turn | None) -> None:
-        """The Compare view belongs to the shown chat: its last turn's comparison, or
-        hidden."""
-        if last is not None and last.is_compare and \
-                {"plain", "dflash"} <= set(last.versions):
-            third = last.versions.get("dflash2")
-            self.compare_view.set_results(last.versions["plain"].result,
-                                          last.versions["dflash"].result,
-                                          last.chosen or "dflash",
-                                          third.result if third else None, third is not None)
+        """The Compare view belongs to the shown chat: its last turn's comparison, shown as
+        it looked live (from what is stored, ``CompareView.show_turn``), or hidden."""
+        if last is not None and last.is_compare and last.versions:
+            self.compare_view.show_turn(last)
+            self._request_compare_pieces()
         else:
             self.compare_view.hide()
+
+    def _shown_compare(self) -> tuple[int, Turn] | None:
+        """(index, turn) of the Compare turn the Compare view shows for the shown chat (its
+        last reply), None when the view is hidden or shows a reply being generated."""
+        if self.conv is None or self.busy or self.compare_view.isHidden():
+            return None
+        for i in range(len(self.conv.messages) - 1, -1, -1):
+            m = self.conv.messages[i]
+            if m.role == "assistant":
+                return (i, m) if m.is_compare and m.versions else None
+        return None
+
+    def _request_compare_pieces(self) -> None:
+        """Ask the worker for the token texts of the shown Compare turn's sides (read back
+        without them), so its first divergence is marked as it was live (with a model
+        loaded; ``_on_pieces`` shows them)."""
+        shown = self._shown_compare()
+        if shown is not None:
+            self._request_pieces(shown[0])
 
     def update_settings_note(self) -> None:
         """The composer's one-line summary of the settings a reply will use."""
