@@ -3,7 +3,8 @@ scripted backends): the composer fits down to the window's minimum width, long f
 are shown whole, a reloaded reply's footer says what it said live, Compare does not widen the
 window, a reopened chat shows its end, the Context card of a chat reopened on launch gets
 the context length once the model loads, and a chat ending in a Compare reopens its Compare
-view from what is stored (saying what storage lacks).
+view from what is stored (saying what storage lacks), and Colour drafts, remembered, colours the
+chat reopened on launch once the model loads (only token texts that spell the stored reply).
 """
 
 from __future__ import annotations
@@ -491,5 +492,66 @@ def test_a_reopened_compare_with_a_side_that_never_ran_or_is_gone_does_not_crash
         assert view.buttons["plain"].isChecked()
         _load(qtbot, win)
         assert view.isVisible() and view.figs["dflash"].text() == "not stored"
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ 8: Colour drafts on launch
+def _stored_dflash_reply(path, tokens, content, from_draft):
+    """A chat with one stored DFlash reply written straight into the store at ``path`` (no
+    token texts: those come from the loaded model's tokenizer); returns the chat's id."""
+    from app.chat.storage import Store
+
+    db = Store(path)
+    try:
+        conv = db.new_conversation()
+        user = db.add_message(conv.id, "user", "Say it")
+        summary = Summary(mode="dflash", generated_tokens=len(tokens), prompt_tokens=10,
+                          tok_per_s=30.0, ttft_s=0.05).to_dict()
+        db.add_message(conv.id, "assistant", content, parent_id=user.id, mode="dflash",
+                       block_size=4, rollback="tape", summary=summary, token_ids=tokens,
+                       from_draft=from_draft, status="complete", finish_reason="stop")
+        return conv.id
+    finally:
+        db.close()
+
+
+def test_colour_drafts_remembered_colours_the_chat_reopened_on_launch_once_the_model_loads(
+        qtbot, qs, tmp_path):
+    from app.ui import theme
+
+    path = tmp_path / "chats.db"
+    conv_id = _stored_dflash_reply(path, [1, 2, 3], "t1 t2 t3", [False, True, True])
+    qs.setValue("composer/colour_drafts", True)
+    qs.setValue("last_conversation", conv_id)
+    win = _restarted(qtbot, qs, path)  # the chat is shown before any model is loaded
+    try:
+        assert win.conv.id == conv_id and win.composer.colour_box.isChecked()
+        tint = theme.colours()["draft_bg"]
+        assert tint not in win.chat.toHtml()  # no tokenizer yet: nothing to colour with
+        _load(qtbot, win)  # Colour drafts is not touched
+        qtbot.waitUntil(lambda: tint in win.chat.toHtml(), timeout=5_000)
+        assert "t1 t2 t3" in win.chat.toPlainText()
+    finally:
+        win.shutdown()
+
+
+def test_colour_drafts_leaves_a_reply_uncoloured_when_the_token_texts_do_not_spell_it(
+        qtbot, qs, tmp_path):
+    from app.ui import theme
+
+    path = tmp_path / "chats.db"
+    conv_id = _stored_dflash_reply(path, [1, 2, 3], "Paris is nice.", [False, True, True])
+    qs.setValue("last_conversation", conv_id)
+    win = _restarted(qtbot, qs, path)
+    try:
+        _load(qtbot, win)  # its tokenizer decodes these ids as "t1 t2 t3 ", not the stored text
+        v = win.conv.messages[1].version
+        win.composer.colour_box.setChecked(True)
+        qtbot.waitUntil(lambda: v.result.pieces == ["t1 ", "t2 ", "t3 "], timeout=5_000)
+        qtbot.wait(50)
+        assert theme.colours()["draft_bg"] not in win.chat.toHtml()
+        text = win.chat.toPlainText()
+        assert "Paris is nice." in text and "t1" not in text  # the stored text, uncoloured
     finally:
         win.shutdown()

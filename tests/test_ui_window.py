@@ -867,14 +867,19 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
 def test_colour_drafts_tints_exactly_the_drafter_tokens(qtbot, qs):
     import re
 
+    from app.chat.scripted import DEFAULT_TURN
     from app.ui import theme
 
-    backend = ScriptedBackend(cycles=4, block=4)
+    # token texts that spell what the reply streams: the content on the first token (cycle 0
+    # commits one), then one filler word per token (Colour drafts colours only such texts)
+    backend = ScriptedBackend(cycles=4, block=4, piece=lambda t: (
+        DEFAULT_TURN.content if t == 100 else f" w{t - 100}"))
     win = make_window(qtbot, qs, backend)
     try:
         win.load_model("t", "d")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         r = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+        assert "".join(r.pieces).strip() == r.content.strip()
         win.composer.colour_box.setChecked(True)
         html = win.chat.toHtml()
         colour = theme.colours()["draft_bg"]
@@ -979,12 +984,13 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
         # drafter colouring survives the reload: token texts come from the worker
         from app.ui import theme
 
+        win.workers.worker.backend.piece = {1: "Once", 2: " upon a", 3: " time"}.get
         win.load_model("t", "d")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         win.composer.colour_box.setChecked(True)
-        qtbot.waitUntil(lambda: v.result.pieces == ["t1 ", "t2 ", "t3 "], timeout=10_000)
+        qtbot.waitUntil(lambda: v.result.pieces == ["Once", " upon a", " time"], timeout=10_000)
         qtbot.waitUntil(lambda: theme.colours()["draft_bg"] in win.chat.toHtml(), timeout=5_000)
-        assert "t2 t3" in win.chat.toPlainText()
+        assert "Once upon a time" in win.chat.toPlainText()
     finally:
         win.shutdown()
 

@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat.baseline import NO_BASELINE
 from app.chat.turns import ConversationView, Turn
 from app.ui.fit import FlowLayout, WrapLabel
-from app.ui.render import answer_tokens_html, message_html
+from app.ui.render import answer_tokens_html, message_html, spells_its_text
 from app.ui.text import DRAFTING_MODES, mode_label, plural
 
 COMPARE_TIPS = {
@@ -281,8 +281,9 @@ class ChatView(QTextBrowser):
                 head += (f'<p style="color:{c.get("muted")}; font-size:small; '
                          f'margin-left:12px;">{body_r}</p>')
         coloured = None
-        if self.colour_drafts and r.pieces:
-            # only the answer is coloured (reasoning and tool calls have their own place)
+        if self.colour_drafts and r.pieces and spells_its_text(r):
+            # only the answer is coloured (reasoning and tool calls have their own place);
+            # token texts that do not spell the stored text (another tokenizer's) are not used
             coloured = answer_tokens_html(r.pieces, r.from_draft, c)
         if coloured is not None:
             body = coloured

@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 
 from app.engine.compare import first_divergence
 from app.ui.fit import WrapLabel
-from app.ui.render import SECTION_TITLES, mark_section, sections_html
+from app.ui.render import SECTION_TITLES, mark_section, sections_html, spells_its_text
 from app.ui.text import DRAFTING_MODES, mode_label
 
 SIDES = ("plain", "dflash", "dflash2")
@@ -134,12 +134,6 @@ def _never_ran(version) -> bool:
             and not r.tool_calls and r.summary is None)
 
 
-def _spells_its_text(result) -> bool:
-    """True when the token texts spell the reply's stored answer (texts decoded by another
-    model's tokenizer do not, and are not shown)."""
-    return result.content.strip() in "".join(result.pieces)
-
-
 def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     """A Compare :class:`~app.chat.turns.Turn` (read back from storage, or kept from this
     run) as :meth:`CompareView.set_results` shows it.
@@ -159,7 +153,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
                 missing.append(key)
             continue
         r = v.result
-        if r.pieces and not _spells_its_text(r):
+        if r.pieces and not spells_its_text(r):
             r = dataclasses.replace(r, pieces=[])
         results[key] = None if _never_ran(v) else r
     notes: list[str] = []

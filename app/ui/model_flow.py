@@ -176,7 +176,10 @@ class ModelFlow:
         self.update_settings_note()
         if not self.busy:  # the shown reply's figures now know the context length and block
             self.show_message_details(self.shown_message)
-            self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
+            if self.chat.colour_drafts:  # e.g. remembered: colour the chat shown on launch
+                self._request_pieces()
+            else:
+                self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:

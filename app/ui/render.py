@@ -160,6 +160,13 @@ def answer_tokens_html(pieces: list[str], from_draft: list[bool], palette: dict)
     return tokens_html([t for _, t in runs], [flags[i] for i, _ in runs], palette)
 
 
+def spells_its_text(result) -> bool:
+    """True when a reply's token texts (``result.pieces``, joined) spell its stored answer
+    (``result.content``). Texts decoded by another model's tokenizer do not, and are shown
+    neither in Compare nor as Colour drafts (the stored text is shown instead)."""
+    return result.content.strip() in "".join(result.pieces)
+
+
 def answer_text(pieces: list[str]) -> str:
     """The answer part of a reply's token texts (what :func:`answer_tokens_html` shows)."""
     return "".join(t for _, t in _section_runs(split_sections(pieces), "answer"))

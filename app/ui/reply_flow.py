@@ -482,8 +482,11 @@ class ReplyFlow:
         self.chat.render(self.conv, streaming=self.busy)
 
     def _request_pieces(self, index: int | None = None) -> None:
-        """Ask the worker for the token texts of replies loaded without them (needs the
+        """Ask the worker for the token texts of replies loaded without them, or with texts
+        that do not spell their stored answer (another model's tokenizer gave them; needs the
         tokenizer, which lives on the worker): every turn's, or only the turn at ``index``."""
+        from app.ui.render import spells_its_text
+
         if self.conv is None or self.model is None:
             return
         jobs = {}
@@ -491,7 +494,7 @@ class ReplyFlow:
             if index is not None and i != index:
                 continue
             for key, v in m.versions.items():
-                if v.result.tokens and not v.result.pieces:
+                if v.result.tokens and not (v.result.pieces and spells_its_text(v.result)):
                     jobs[(self.conv.id, i, key)] = list(v.result.tokens)
         if jobs:
             self.worker.piecesRequested.emit(jobs)
