@@ -555,3 +555,28 @@ def test_colour_drafts_leaves_a_reply_uncoloured_when_the_token_texts_do_not_spe
         assert "Paris is nice." in text and "t1" not in text  # the stored text, uncoloured
     finally:
         win.shutdown()
+
+
+def test_colour_drafts_keeps_a_tool_call_the_parser_kept_as_text(qtbot, qs, tmp_path):
+    """A malformed tool call stays in the stored answer as text; the answer section of the
+    token texts leaves it out, so the reply is shown as stored, uncoloured (not cut)."""
+    from app.ui import theme
+
+    content = "<tool_call>\n<function=convert_units>\n150.\n</think>\n\n150."
+    texts = {1: "I convert it.", 2: "\n</think>\n\n", 3: "<tool_call>",
+             4: "\n<function=convert_units>\n150.\n", 5: "</think>", 6: "\n\n150."}
+    path = tmp_path / "chats.db"
+    conv_id = _stored_dflash_reply(path, list(texts), content, [False, True] * 3)
+    qs.setValue("composer/colour_drafts", True)
+    qs.setValue("last_conversation", conv_id)
+    win = _restarted(qtbot, qs, path)
+    win.workers.worker.backend.piece = texts.get
+    try:
+        _load(qtbot, win)
+        v = win.conv.messages[1].version
+        qtbot.waitUntil(lambda: v.result.pieces == list(texts.values()), timeout=5_000)
+        qtbot.wait(50)
+        assert "function=convert_units" in win.chat.toPlainText()
+        assert theme.colours()["draft_bg"] not in win.chat.toHtml()
+    finally:
+        win.shutdown()

@@ -281,9 +281,10 @@ class ChatView(QTextBrowser):
                 head += (f'<p style="color:{c.get("muted")}; font-size:small; '
                          f'margin-left:12px;">{body_r}</p>')
         coloured = None
-        if self.colour_drafts and r.pieces and spells_its_text(r):
+        if self.colour_drafts and r.pieces and spells_its_text(r, answer_only=True):
             # only the answer is coloured (reasoning and tool calls have their own place);
-            # token texts that do not spell the stored text (another tokenizer's) are not used
+            # token texts whose answer is not the stored one (another tokenizer's, or a tool
+            # call kept as text) are not used: the stored text is shown as it is
             coloured = answer_tokens_html(r.pieces, r.from_draft, c)
         if coloured is not None:
             body = coloured

@@ -160,11 +160,15 @@ def answer_tokens_html(pieces: list[str], from_draft: list[bool], palette: dict)
     return tokens_html([t for _, t in runs], [flags[i] for i, _ in runs], palette)
 
 
-def spells_its_text(result) -> bool:
-    """True when a reply's token texts (``result.pieces``, joined) spell its stored answer
-    (``result.content``). Texts decoded by another model's tokenizer do not, and are shown
-    neither in Compare nor as Colour drafts (the stored text is shown instead)."""
-    return result.content.strip() in "".join(result.pieces)
+def spells_its_text(result, answer_only: bool = False) -> bool:
+    """True when a reply's token texts (``result.pieces``) spell its stored answer
+    (``result.content``): all of them joined (what Compare shows, every section), or with
+    ``answer_only`` their answer section (what Colour drafts shows, :func:`answer_text`; a
+    malformed tool call the parser kept as text is in the stored answer but not in that
+    section). Texts decoded by another model's tokenizer do not; the stored text is shown
+    instead."""
+    text = answer_text(result.pieces) if answer_only else "".join(result.pieces)
+    return result.content.strip() in text
 
 
 def answer_text(pieces: list[str]) -> str:
