@@ -580,3 +580,38 @@ def test_colour_drafts_keeps_a_tool_call_the_parser_kept_as_text(qtbot, qs, tmp_
         assert theme.colours()["draft_bg"] not in win.chat.toHtml()
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ 9: the Compare view's turn
+def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs,
+                                                                         monkeypatch):
+    """The Compare view shows the last turn's comparison: a reply sent after it (or an edit
+    of the Compare's message, which is one reply) is not a Compare, so the view goes; a send
+    that could not be stored leaves the Compare the last turn, and its view stays."""
+    from app.chat.storage import StorageError
+
+    win, _ = loaded(qtbot, qs)
+    try:
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        assert win.compare_view.isVisible()
+        shown = _compare_shown(win.compare_view)
+
+        def refuse(*args, **kwargs):
+            raise StorageError("the disk is full")
+
+        monkeypatch.setattr(win.store.db, "begin_reply", refuse)
+        assert win.send("Tell me more.")
+        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+        assert "Could not save this turn" in win.banner.text()
+        assert win.compare_view.isVisible() and _compare_shown(win.compare_view) == shown
+        monkeypatch.undo()
+        win.composer.edit.clear()
+        send_and_wait(qtbot, win, "And the next one?", mode="dflash")
+        assert not win.compare_view.isVisible()
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        assert win.compare_view.isVisible()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.edit_message(len(win.conv.messages) - 2, "Only one reply, please.")
+        assert not win.compare_view.isVisible()
+    finally:
+        win.shutdown()

@@ -165,6 +165,8 @@ class ReplyFlow:
             self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
             self.compare_view.set_results(None, None, three=len(tags) > 2)
             self.compare_view.show_running(tags[0])
+        else:  # the view shows the last turn's comparison, and the last turn is not one now
+            self.compare_view.hide()
         self.worker.replyRequested.emit(self._req, request)
         return True
 
@@ -371,10 +373,14 @@ class ReplyFlow:
             run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))
         if run.text and not self.composer.edit.toPlainText().strip():
             self.composer.edit.setPlainText(run.text)
-        if run.compare:
-            self.compare_view.hide()
         if run.conv is self.conv:
             self.chat.render(self.conv)
+            # the Compare view as it was: the (restored) last turn's comparison, or none
+            last = next((m for m in reversed(self.conv.messages) if m.role == "assistant"),
+                        None)
+            self._show_compare_of(last)
+        elif run.compare:
+            self.compare_view.hide()
 
     def _pair_key(self) -> str:
         """The loaded pair, as baselines compare it."""
