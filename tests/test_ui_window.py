@@ -1118,6 +1118,38 @@ def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
         close_window(win)
 
 
+def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs, monkeypatch):
+    """The first click of the double-click shows that chat; the list must not be rebuilt under
+    the mouse then, or the second click lands on a new item and no double-click is seen."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QInputDialog
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        other = win.conv.id
+        win.new_chat()
+        assert win.conv.id != other
+        asked = []
+        monkeypatch.setattr(QInputDialog, "getText",
+                            lambda *a, **k: (asked.append(k.get("text")) or ("Capitals", True)))
+        row = next(i for i in range(win.conv_list.count())
+                   if win.conv_list.item(i).data(Qt.UserRole) == other)
+        centre = win.conv_list.visualItemRect(win.conv_list.item(row)).center()
+        # a double-click as the system sends it: a click, then the second press as a
+        # double-click (QTest.mouseDClick alone is not one)
+        QTest.mouseClick(win.conv_list.viewport(), Qt.LeftButton, Qt.NoModifier, centre)
+        assert win.conv.id == other and asked == []  # the first click shows that chat
+        QTest.mouseDClick(win.conv_list.viewport(), Qt.LeftButton, Qt.NoModifier, centre)
+        assert win.conv.id == other and asked == [PROMPT]
+        assert win.store.get(other).title == "Capitals"
+    finally:
+        close_window(win)
+
+
 def test_colour_drafts_is_remembered_across_a_restart(qtbot, qs):
     win = make_window(qtbot, qs, ScriptedBackend())
     assert not win.composer.colour_box.isChecked()

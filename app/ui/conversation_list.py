@@ -75,11 +75,11 @@ class ConversationList(QFrame):
 
     def refresh(self, current_id: int | None | object = ...) -> None:
         """Re-read the conversations (``current_id``: the one to mark as current; left out,
-        the one marked before)."""
+        the one marked before). The items are rebuilt only when the listed chats or their
+        titles changed: a click that shows a chat refreshes the list from inside the click,
+        and rebuilt items would lose a double-click's second click (no rename)."""
         if current_id is not ...:
             self.current_id = current_id
-        self.list.blockSignals(True)
-        self.list.clear()
         convs = self.store.list()
         query = self.search_box.text().strip()
         if query:
@@ -89,14 +89,26 @@ class ConversationList(QFrame):
                 log.exception("search")
                 hits = set()
             convs = [c for c in convs if c.id in hits]
-        for conv in convs:
-            item = QListWidgetItem(conv.title)
-            item.setData(Qt.UserRole, conv.id)
-            item.setToolTip(conv.title)
-            self.list.addItem(item)
-            if conv.id == self.current_id:
-                self.list.setCurrentItem(item)
+        rows = [(conv.id, conv.title) for conv in convs]
+        self.list.blockSignals(True)
+        if rows != self.rows():
+            self.list.clear()
+            for conv_id, title in rows:
+                item = QListWidgetItem(title)
+                item.setData(Qt.UserRole, conv_id)
+                item.setToolTip(title)
+                self.list.addItem(item)
+        current = next((i for i, (conv_id, _) in enumerate(rows)
+                        if conv_id == self.current_id), -1)
+        if current < 0:
+            self.list.clearSelection()
+        self.list.setCurrentRow(current)
         self.list.blockSignals(False)
+
+    def rows(self) -> list[tuple[int, str]]:
+        """(conversation id, title) of each listed chat, in order."""
+        return [(int(self.list.item(i).data(Qt.UserRole)), self.list.item(i).text())
+                for i in range(self.list.count())]
 
     BUSY_TIP = ("Chats can be switched when this reply is finished (or press Stop). The "
                 "reply keeps writing in the chat it belongs to.")
