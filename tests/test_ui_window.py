@@ -611,8 +611,11 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         win.search_box.setText("no such words anywhere")
         assert win.conv_list.count() == 0
         win.search_box.setText("")
+        assert "Exported to" in win.flash_label.text()
         assert win.import_chat(str(out))
         assert win.conv.id != conv_id and win.conv.title == "Capitals"
+        # the imported copy looks like the chat it came from: the status bar says it is one
+        assert "Imported chat.json as “Capitals”" in win.flash_label.text()
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database

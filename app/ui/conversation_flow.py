@@ -122,5 +122,7 @@ class ConversationFlow:
             self.show_banner(f"Could not import {Path(path).name}: {exc}")
             return False
         self.select_conversation(conv)
+        # the copy reads like the chat it came from (same title, same turns): say it is new
+        self.flash(f"Imported {Path(path).name} as “{conv.title}”", 5000)
         return True
 
