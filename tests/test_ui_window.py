@@ -553,6 +553,29 @@ def test_about_box_and_debug_info(qtbot, qs):
         close_window(win)
 
 
+def test_debug_info_names_the_dflash2_drafter_too(qtbot, qs):
+    backend = ScriptedBackend(info={"target_name": "t", "drafter_name": "d",
+                                    "drafter2_name": "d2", "drafter2_path": "/models/d2",
+                                    "context_length": 2048, "memory_bytes": 0})
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("/models/t", "/models/d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.copy_debug_info()
+        text = QGuiApplication.clipboard().text()
+        assert "drafter: /models/d\n" in text and "DFlash2 drafter: /models/d2" in text
+    finally:
+        close_window(win)
+    win = make_window(qtbot, qs, ScriptedBackend())  # a pair without one says nothing of it
+    try:
+        win.load_model("/models/t", "/models/d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.copy_debug_info()
+        assert "DFlash2" not in QGuiApplication.clipboard().text()
+    finally:
+        close_window(win)
+
+
 def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
     win = engine_window
     backend = win.workers.worker.backend

@@ -469,10 +469,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     def debug_extra(self) -> dict:
         """Model paths and device for the debug report."""
         m = self.model
+        drafter2 = {"DFlash2 drafter": m.drafter2_path} if m and m.drafter2_path else {}
         return {
             "MLX device": (m.device or "unknown") if m else "unknown (no model loaded)",
             "target": m.target_path if m else "none",
             "drafter": (m.drafter_path or "none") if m else "none",
+            **drafter2,  # the one loaded beside a DFlash drafter
             "MLX memory (bytes)": self.memory_bytes,
             "log file": str(self.log_path) if self.log_path else "none",
             "BLAS": m.blas if m and m.blas else None,
