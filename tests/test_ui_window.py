@@ -1176,6 +1176,28 @@ def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs, m
         close_window(win)
 
 
+def test_a_note_on_one_chat_leaves_when_another_chat_is_shown(qtbot, qs):
+    """A note (a reply's malformed tool call, settings saved for a chat) is about the chat it
+    came with; an error stays until it is dismissed."""
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        first = win.conv.id
+        win.new_chat()
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        win.show_note("Malformed tool call kept as text: the tool call was not closed.")
+        win.conv_side.selected.emit(first)
+        assert win.conv.id == first
+        assert not win.banner_row.isVisibleTo(win) and win.banner_kind == ""
+        win.show_banner("Chats are kept in memory only this time: the disk is full")
+        win.conv_side.selected.emit(win.conv_side.rows()[0][0])
+        assert win.banner_row.isVisibleTo(win) and win.banner_kind == "error"
+    finally:
+        close_window(win)
+
+
 def test_colour_drafts_is_remembered_across_a_restart(qtbot, qs):
     win = make_window(qtbot, qs, ScriptedBackend())
     assert not win.composer.colour_box.isChecked()

@@ -351,6 +351,10 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
 
     def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
+        shown = self.conv.id if self.conv is not None else None
+        if self.banner_kind == "note" and shown is not None and \
+                shown != (conv.id if conv is not None else None):
+            self.clear_banner()  # a note on the previous chat's reply or settings (errors stay)
         self.conv = conv
         self._refresh_list()
         self.chat.expanded = set()
