@@ -190,3 +190,55 @@ def test_plain_without_a_session_or_drafter_keeps_no_taps(tiny_hybrid):
     turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
     _gen(target, turn1, None, session, mode="plain")
     assert session.drafter_cache is None and session.drafter_len == 0
+
+
+def test_switching_drafters_keeps_each_drafters_context(tiny_hybrid):
+    """Two drafters of one target (DFlash and DFlash2 in the app; here two loads of the same
+    checkpoint, each with its own context): a turn of the second drafter puts the first one's
+    context aside (``switch_drafter``), so the first drafter's next turn reuses the prefix
+    instead of prefilling the whole conversation cold, and still gives a cold run's tokens."""
+    from app.engine.loader import load_drafter
+
+    target, a = tiny_hybrid
+    b = load_drafter(a.path)
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    first = _gen(target, turn1, a, session, mode="dflash", max_tokens=12)
+    session.switch_drafter("a", "b", a)  # a Compare's second drafting side on the same prompt
+    side_b = _gen(target, turn1, b, session, mode="dflash", max_tokens=12)
+    assert side_b.summary.reused_tokens == 0  # b has no context yet: cold, as before
+    assert side_b.tokens == first.tokens
+    assert set(session.kept_contexts) == {"a"}
+    # a's context followed b's turn (update_kept): it covers what the target cache covers
+    assert session.kept_contexts["a"].length == len(session.ids)
+    turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Another?"}])
+    session.switch_drafter("b", "a", b)
+    warm = _gen(target, turn2, a, session, mode="dflash", max_tokens=12)
+    assert warm.summary.reused_tokens == len(turn1) + len(first.tokens) - 1
+    assert warm.tokens == _gen(target, turn2, mode="plain", max_tokens=12).tokens
+    # and the drafter context it reused is the one a cold turn builds over the same tokens
+    # (to float32 rounding: the taps came in other chunks, and OpenBLAS's rows round by chunk;
+    # a drafter context only shapes the drafts, never the output)
+    cold = PromptCache()
+    _gen(target, turn2, a, cold, mode="dflash", max_tokens=12)
+    for kept_c, cold_c in zip(session.drafter_cache, cold.drafter_cache):
+        n = cold_c.offset
+        assert kept_c.offset == n
+        assert np.allclose(np.array(kept_c.keys[..., :n, :]), np.array(cold_c.keys[..., :n, :]),
+                           atol=1e-4)
+    assert set(session.kept_contexts) == {"b"}
+
+
+def test_a_context_brought_back_is_cut_to_the_tokens_it_shares(tiny_hybrid):
+    """A drafter's kept context covers the tokens of the turn it last ran; when the other
+    drafter's turn went on differently, only the shared prefix is brought back."""
+    target, a = tiny_hybrid
+    session = PromptCache()
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    _gen(target, turn1, a, session, mode="dflash", max_tokens=12)
+    covered = session.drafter_len
+    session.switch_drafter("a", "b", a)
+    session.ids = session.ids[:5] + [(t + 1) % 50 for t in session.ids[5:]]  # other tokens
+    session.switch_drafter("b", "a", None)
+    assert session.drafter_len == 5 < covered
+    assert all(c.offset == 5 for c in session.drafter_cache)

@@ -199,3 +199,31 @@ def test_scripted_session_counts_what_it_emits():
     cancel.set()
     stopped = list(ScriptedSession(cycles=100).reply([], {"mode": "dflash"}, cancel))
     assert stopped[-1].summary.cycles == 0 and stopped[-1].summary.stop_cause == "cancelled"
+
+
+def test_dflash_after_dflash2_reuses_the_prefix_on_the_demo_pair():
+    """With both demo drafters loaded (as the window loads the demo pair), a DFlash reply after
+    a DFlash2 one reuses the conversation's prefix: switching drafters keeps each drafter's
+    context (``PromptCache.switch_drafter``). Before, the switch dropped it and the DFlash
+    reply prefilled the whole conversation cold (a Compare's DFlash side too)."""
+    from app.chat.session import ChatSession, PairSpec
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    t, d = demo_pair_dirs()
+    s = ChatSession()
+    s.load(PairSpec(target=str(t), drafter=str(d), drafter2=str(demo_dflash2_dir())))
+    settings = {"mode": "dflash", "max_tokens": 24, "use_tools": False, "temperature": 0.0}
+
+    def turn(messages, mode):
+        events = list(s.reply(messages, {**settings, "mode": mode}))
+        done = events[-1]
+        assert isinstance(done, ReplyDone)
+        return done.reply
+
+    chat = [{"role": "user", "content": "What is the capital of Chile?"}]
+    first = turn(chat, "dflash")
+    chat = chat + first.messages + [{"role": "user", "content": "And of Peru?"}]
+    turn(chat, "dflash2")  # a DFlash2 turn: the DFlash context goes aside
+    again = turn(chat, "dflash")  # as a Compare's next side, or the next message in DFlash
+    assert again.summary.reused_tokens > 0
+    assert s.cache.drafter_len == len(s.cache.ids)

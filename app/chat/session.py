@@ -163,6 +163,11 @@ def _weights_dtype(target: Any) -> str:
         return ""
 
 
+def _drafter_key(drafter) -> str | None:
+    """The key a drafter's kept context goes under in ``PromptCache.kept_contexts``."""
+    return None if drafter is None else f"{getattr(drafter, 'kind', '')}:{drafter.path}"
+
+
 class ChatSession:
     """The loaded pair and its prefix cache; runs replies (call everything on one thread,
     the one that owns MLX; the GUI thread is refused with ``WrongThreadError``).
@@ -361,9 +366,10 @@ class ChatSession:
         rs = reply_settings(settings)
         messages, notice = self._fit(messages, rs)
         if drafter is not self._cache_drafter and self.cache is not None:
-            # the kept drafter context is the other drafter's: drop it (the next prefill of
-            # this drafter starts from scratch; never a wrong state)
-            self.cache.drafter_cache, self.cache.drafter_len = None, 0
+            # the kept drafter context is the other drafter's: put it aside and bring back
+            # this drafter's own, cut to the tokens it still shares (PromptCache.switch_drafter)
+            self.cache.switch_drafter(_drafter_key(self._cache_drafter), _drafter_key(drafter),
+                                      self._cache_drafter)
         self._cache_drafter = drafter
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache)

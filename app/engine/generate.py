@@ -468,6 +468,8 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
             cache_ids.append(y)
     t_end = time.perf_counter()
     if session is not None:
+        # the target's other drafters' contexts follow this turn too (PromptCache.update_kept)
+        session.update_kept(start, cache_ids, kept, keeper[1] if keeper is not None else ())
         if keeper is not None and kept:
             # the drafter's context over this turn: what a DFlash turn after it reuses
             dcache = session.drafter_cache if start else drafter.model.make_cache()
@@ -502,6 +504,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         return runner.forward(chunk, cache, taps=taps, all_logits=False)
 
     logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries)
+    turn_taps = [ctx_taps]  # tap states of every position this turn adds, for update_kept
     extend = getattr(dmodel, "extend_context", None)
     if extend is not None:  # the drafter's context over the prompt is prefill work too
         extend(ctx_taps, dcache)
@@ -614,6 +617,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             t3 = time.perf_counter()
             # taps of the positions now in the target cache; kept until the drafter reads them
             kept = vtaps[:, :n]
+            turn_taps.append(kept)
             ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
             cache_ids.append(pending)
             cache_ids.extend(committed[: n - 1])
@@ -633,6 +637,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.stop_cause = "length"
                 break
     if session is not None:
+        session.update_kept(start, cache_ids, turn_taps, taps)
         if ctx_taps is not None and extend is not None:
             extend(ctx_taps, dcache)
         if extend is not None:

@@ -13,6 +13,10 @@ prompt; when the chat template rewrote earlier text (e.g. stripped earlier reaso
 earlier snapshot, and with none the prefill starts cold. Never a wrong state.
 
 Snapshot memory is bounded (``max_snapshot_bytes``); the oldest snapshots go first.
+
+A target with two drafters (DFlash and DFlash2) has one context per drafter: the one not running
+is put aside (:meth:`PromptCache.switch_drafter`) and extended with each turn's tap states
+(:meth:`PromptCache.update_kept`), so switching drafters does not cost a cold prefill.
 """
 
 from __future__ import annotations
@@ -42,6 +46,24 @@ class _Snapshot:
 
 
 @dataclass
+class KeptContext:
+    """A drafter's context cache put aside while another drafter of the same target runs.
+
+    Attributes:
+        model: the drafter network (its ``extend_context`` appends rows).
+        tap_layers: its ``target_layer_ids`` (the target layers its context is built from).
+        cache: its context caches (one per drafter layer).
+        length: positions covered; ``ids``: the tokens at those positions.
+    """
+
+    model: object
+    tap_layers: tuple
+    cache: list
+    length: int
+    ids: list[int]
+
+
+@dataclass
 class PromptCache:
     """Caches kept between turns for one target (and optionally its drafter).
 
@@ -50,6 +72,9 @@ class PromptCache:
         ids: token ids the target cache covers (``len(ids)`` positions).
         target_cache: the target's cache list (None before the first turn).
         drafter_cache: the drafter's context caches; ``drafter_len`` positions are covered.
+        kept_contexts: the context caches of the target's other drafters (a pair with a DFlash
+            and a DFlash2 drafter), put aside by :meth:`switch_drafter` and kept in step with
+            the target by :meth:`update_kept`: key -> :class:`KeptContext`.
     """
 
     max_snapshot_bytes: int = 512 * 1024 * 1024
@@ -58,6 +83,7 @@ class PromptCache:
     drafter_cache: list | None = None
     drafter_len: int = 0
     snapshots: list[_Snapshot] = field(default_factory=list)
+    kept_contexts: dict = field(default_factory=dict)
 
     @property
     def snapshot_bytes(self) -> int:
@@ -69,6 +95,66 @@ class PromptCache:
         self.ids, self.target_cache, self.drafter_cache = [], None, None
         self.drafter_len = 0
         self.snapshots = []
+        self.kept_contexts = {}
+
+    def switch_drafter(self, old_key, new_key, old_drafter=None) -> None:
+        """Make another drafter's context the active one (``drafter_cache``), keeping the
+        current one aside under ``old_key``.
+
+        Args:
+            old_key, new_key: keys of the drafter that ran last and of the one about to run
+                (``old_key`` None: the current context is dropped).
+            old_drafter: the drafter that ran last (a ``LoadedDrafter``: its ``model`` and
+                ``config.target_layer_ids``), so that :meth:`update_kept` can extend its
+                context while the other one runs; None keeps nothing.
+
+        The context brought back is cut to the tokens it shares with the target cache's
+        ``ids`` (:meth:`update_kept` keeps it in step; a context it could not extend covers
+        less), so :meth:`prepare` reuses at most that prefix for it: never a context of other
+        tokens. Without one, the next drafting turn prefills cold, as before.
+        """
+        if old_key is not None and old_drafter is not None and self.drafter_cache is not None:
+            self.kept_contexts[old_key] = KeptContext(
+                old_drafter.model, tuple(old_drafter.config.target_layer_ids),
+                self.drafter_cache, self.drafter_len, list(self.ids[: self.drafter_len]))
+        self.drafter_cache, self.drafter_len = None, 0
+        kept = self.kept_contexts.pop(new_key, None)
+        if kept is None:
+            return
+        n = min(kept.length, common_prefix(kept.ids, self.ids))
+        if n <= 0:
+            return
+        for c in kept.cache:
+            c.trim(c.offset - n)
+        self.drafter_cache, self.drafter_len = kept.cache, n
+
+    def update_kept(self, start: int, ids: list[int], taps: list, tap_layers) -> None:
+        """After a turn that reused ``start`` positions and ends with the target cache over
+        ``ids``: keep every put-aside drafter context in step with the target.
+
+        A kept context is first cut to what it shares with ``ids`` up to ``start``; one that
+        then covers exactly ``start`` positions and reads the same target layers is extended
+        with ``taps`` (the turn's tap states of positions ``start .. len(ids) - 1``, in order),
+        so it covers ``ids`` as the running drafter's context does. A context that cannot be
+        extended keeps its shorter, still valid prefix.
+
+        Args:
+            taps: ``(1, n_i, len(tap_layers) * hidden)`` arrays; empty when the turn kept none
+                (plain decoding without a drafter).
+            tap_layers: the target layers ``taps`` were read from.
+        """
+        total = sum(int(t.shape[1]) for t in taps)
+        new = mx.concatenate(taps, axis=1) if taps and total == len(ids) - start else None
+        for kept in self.kept_contexts.values():
+            n = min(kept.length, start, common_prefix(kept.ids, ids))
+            if n < kept.length:
+                for c in kept.cache:
+                    c.trim(c.offset - n)
+                kept.length, kept.ids = n, kept.ids[:n]
+            if new is not None and n == start and kept.tap_layers == tuple(tap_layers):
+                kept.model.extend_context(new, kept.cache)
+                mx.eval(cache_arrays(kept.cache))  # no lazy graph growing over the turns
+                kept.length, kept.ids = len(ids), list(ids)
 
     # -- used by the generator -------------------------------------------------------------
     def prepare(self, prompt: list[int], need_drafter: bool) -> int:
@@ -105,7 +191,9 @@ class PromptCache:
             # window: cutting it back would leave stale rows (mlx-lm's trim only moves offsets).
             start = 0
         if start == 0:
+            kept = self.kept_contexts  # other drafters' contexts check their own tokens
             self.clear()
+            self.kept_contexts = kept
             return 0
         for c, lin in zip(self.target_cache, linear):
             if not lin and c.offset > start:
