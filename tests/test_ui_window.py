@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
-from app.chat.scripted import ScriptedSession  # noqa: E402
+from app.chat.scripted import ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
 from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
@@ -1222,3 +1222,39 @@ def test_compare_with_an_empty_box_says_what_it_needs(qtbot, qs):
         assert win.conv is None or not win.conv.messages
     finally:
         close_window(win)
+
+
+def test_stop_before_any_token_shows_no_first_token_time(qtbot, qs):
+    """Stopped while the reply was still thinking (no token yet): there is no time to first
+    token, so the live panel shows a dash, not the summary's made-up figure."""
+    backend = ScriptedBackend(turns=[ScriptedTurn(" ".join(["think"] * 2000), "Paris.")],
+                              reasoning_delay_s=0.002)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.composer.set_mode("dflash")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            qtbot.waitUntil(lambda: win._run is not None and
+                            bool(win._run.sides[""].reasoning), timeout=10_000)
+            win.composer.stop_btn.click()
+        v = blocker.args[0].version
+        assert v.stopped and not v.result.tokens
+        assert win.live.shown["tokens"] == 0
+        assert win.live.shown["ttft"] is None
+        assert win.live.labels["ttft"].text() == "–"
+    finally:
+        close_window(win)
+
+
+def test_compare_side_without_tokens_has_no_first_token_figure():
+    from types import SimpleNamespace
+
+    from app.ui.compare import side_figures
+
+    none = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75))
+    assert "first token" not in side_figures(none)
+    some = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75,
+                                                         generated_tokens=3))
+    assert "first token 750 ms" in side_figures(some)
