@@ -1258,3 +1258,29 @@ def test_compare_side_without_tokens_has_no_first_token_figure():
     some = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75,
                                                          generated_tokens=3))
     assert "first token 750 ms" in side_figures(some)
+
+
+def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
+    """The menu offers Regenerate only where it runs: after an ordinary reply, not on a
+    Compare turn (the tooltip says why), and triggering it there shows no error banner."""
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        assert not win.regen_action.isEnabled()  # no reply yet
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert win.regen_action.isEnabled()
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        assert win.conv.messages[-1].is_compare
+        assert not win.regen_action.isEnabled()
+        assert "Compare turn" in win.regen_action.toolTip()
+        win.regen_action.trigger()
+        win.regenerate()  # called directly: a quiet note, not the red banner
+        assert not (win.banner_row.isVisible() and win.banner_kind == "error")
+        win._on_chat_link("choose:plain")  # continuing from one side keeps it a Compare turn
+        assert not win.regen_action.isEnabled()
+        win.new_chat()
+        assert not win.regen_action.isEnabled()
+    finally:
+        close_window(win)

@@ -103,9 +103,12 @@ class ChatView(QTextBrowser):
     """Read-only rendered conversation with copy links on code blocks.
 
     Signals: ``linkActivated(str)`` for app links (``continue:``, ``choose:plain``,
-    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard)."""
+    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard);
+    ``rendered(object)`` after each :meth:`render`, with the conversation (or None) and
+    whether it streams (the window keeps its actions in step with what is shown)."""
 
     linkActivated = Signal(str)
+    rendered = Signal(object, bool)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -259,6 +262,7 @@ class ChatView(QTextBrowser):
             # not the top
             self.moveCursor(QTextCursor.End)
         self._end_edit(state)
+        self.rendered.emit(conv, streaming)
 
     def _assistant_html(self, i: int, m: Turn, is_last: bool, streaming: bool) -> str:
         c = self.palette_colours

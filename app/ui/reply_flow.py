@@ -61,9 +61,9 @@ class ReplyFlow:
         if conv is None or len(conv.messages) < 2 or conv.messages[-1].role != "assistant":
             self.show_banner("There is no reply to regenerate yet.")
             return False
-        if conv.messages[-1].compare:
-            self.show_banner("A Compare turn already holds its versions; pick one with "
-                             "“continue from …”.")
+        if conv.messages[-1].compare:  # the menu item is disabled then (its tooltip says why)
+            self.show_note("A Compare turn cannot be regenerated: its sides are its versions. "
+                           "Pick one with “continue from … instead”.")
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
 
