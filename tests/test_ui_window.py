@@ -1284,3 +1284,46 @@ def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
         assert not win.regen_action.isEnabled()
     finally:
         close_window(win)
+
+
+def _split_across_lines(doc, text: str) -> list[int]:
+    """Widths of ``doc`` (a clone is laid out at each) at which ``text`` starts on one line
+    and ends on another."""
+    bad = []
+    for width in range(120, 700, 3):
+        doc.setTextWidth(width)
+        doc.documentLayout().documentSize()
+        block = doc.begin()
+        while block.isValid():
+            at = block.text().find(text)
+            if at >= 0:
+                layout = block.layout()
+                first = layout.lineForTextPosition(at).lineNumber()
+                last = layout.lineForTextPosition(at + len(text) - 1).lineNumber()
+                if first != last:
+                    bad.append(width)
+            block = block.next()
+    return bad
+
+
+def test_previous_and_next_version_links_stay_on_one_line(qtbot, qs):
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        win.composer.set_mode("plain")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        win._on_chat_link("version:1:" + list(win.conv.messages[-1].versions)[1])
+        doc = win.chat.document().clone()
+        raw = doc.toRawText()
+        assert "previous" in raw and "next" in raw
+        for link in ("‹\u00a0previous", "next\u00a0›"):
+            text = link if link in raw else link.replace("\u00a0", " ")
+            assert _split_across_lines(doc, text) == [], link
+    finally:
+        close_window(win)

@@ -325,10 +325,10 @@ class ChatView(QTextBrowser):
             foot += f" · version {pos + 1} of {len(keys)}"
             if pos > 0:
                 foot += (f' · <a href="version:{i}:{keys[pos - 1]}" '
-                         f'style="color:{c.get("accent")};">‹ previous</a>')
+                         f'style="color:{c.get("accent")};">‹&nbsp;previous</a>')
             if pos < len(keys) - 1:
                 foot += (f' · <a href="version:{i}:{keys[pos + 1]}" '
-                         f'style="color:{c.get("accent")};">next ›</a>')
+                         f'style="color:{c.get("accent")};">next&nbsp;›</a>')
         if is_last and not streaming and r.finish_reason == "length" and not v.stopped:
             foot += f' · <a href="continue:" style="color:{c.get("accent")};">Continue</a>'
         foot += "</p>"
