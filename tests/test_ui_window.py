@@ -1327,3 +1327,41 @@ def test_previous_and_next_version_links_stay_on_one_line(qtbot, qs):
             assert _split_across_lines(doc, text) == [], link
     finally:
         close_window(win)
+
+
+def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
+    """The edit-message dialog: Tab moves the focus on (no tab character typed) and a long
+    line wraps at the box's width."""
+    from PySide6.QtCore import Qt, QTimer
+    from PySide6.QtWidgets import QApplication, QPlainTextEdit
+
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    seen = {}
+
+    def inspect():
+        dlg = QApplication.activeModalWidget()
+        if dlg is None:
+            QTimer.singleShot(20, inspect)
+            return
+        box = dlg.findChild(QPlainTextEdit)
+        seen["tab_focus"] = box.tabChangesFocus()
+        seen["wrap"] = box.lineWrapMode() == QPlainTextEdit.WidgetWidth and \
+            box.wordWrapMode() != 0  # QTextOption.NoWrap
+        box.setFocus()
+        before = box.toPlainText()
+        qtbot.keyClick(box, Qt.Key_Tab)
+        seen["typed_tab"] = box.toPlainText() != before
+        seen["focus_left"] = not box.hasFocus()
+        dlg.reject()
+
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        QTimer.singleShot(0, inspect)
+        assert not win.edit_message(0)  # cancelled
+        assert seen == {"tab_focus": True, "wrap": True, "typed_tab": False,
+                        "focus_left": True}, seen
+    finally:
+        close_window(win)
