@@ -615,3 +615,33 @@ def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs
         assert not win.compare_view.isVisible()
     finally:
         win.shutdown()
+
+
+@pytest.mark.parametrize("smallest", [False, True])
+def test_benchmark_table_shows_all_its_rows_without_scrolling(qtbot, smallest):
+    """The demo pair's short benchmark has five rows (plain, DFlash and DFlash2 each with tape
+    and replay): the table is as tall as its rows, none cut off, no vertical scrolling, at
+    the dialog's first size and at the smallest it can be made (the table's height does not
+    depend on the room the charts leave, which differs by platform and font)."""
+    from app.ui.bench_dialog import BenchDialog
+
+    fig = {"tok_per_s": 123.4, "ratio_to_plain": 2.5, "tau": 3.1, "acceptance_rate": 0.5,
+           "replays": 7, "rollback_share": 0.01, "identical_tokens": True}
+    names = ["plain", "dflash+tape@16", "dflash+replay@16", "dflash2+tape@16",
+             "dflash2+replay@16"]
+    dlg = BenchDialog(None, {"modes": {n: dict(fig) for n in names}, "accepted": [1, 2, 3],
+                             "prompts": 3, "block_size": 16})
+    qtbot.addWidget(dlg)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    if smallest:
+        dlg.resize(dlg.minimumSizeHint())
+        qtbot.waitUntil(lambda: dlg.size() == dlg.minimumSizeHint(), timeout=2_000)
+    table = dlg.table
+    view = table.viewport().rect()
+    assert table.verticalScrollBar().maximum() == 0
+    assert table.horizontalScrollBar().maximum() == 0
+    for row in range(table.rowCount()):
+        for col in (0, table.columnCount() - 1):
+            rect = table.visualRect(table.model().index(row, col))
+            assert view.contains(rect), (row, col, rect, view)

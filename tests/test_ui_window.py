@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
-from app.chat.scripted import ScriptedSession  # noqa: E402
+from app.chat.scripted import ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
 from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
@@ -1220,5 +1220,148 @@ def test_compare_with_an_empty_box_says_what_it_needs(qtbot, qs):
         win.composer.compare_btn.click()
         assert seen == [] and "Type a message" in win.composer.mode_note.text()
         assert win.conv is None or not win.conv.messages
+    finally:
+        close_window(win)
+
+
+def test_stop_before_any_token_shows_no_first_token_time(qtbot, qs):
+    """Stopped while the reply was still thinking (no token yet): there is no time to first
+    token, so the live panel shows a dash, not the summary's made-up figure."""
+    backend = ScriptedBackend(turns=[ScriptedTurn(" ".join(["think"] * 2000), "Paris.")],
+                              reasoning_delay_s=0.002)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.composer.set_mode("dflash")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            qtbot.waitUntil(lambda: win._run is not None and
+                            bool(win._run.sides[""].reasoning), timeout=10_000)
+            win.composer.stop_btn.click()
+        v = blocker.args[0].version
+        assert v.stopped and not v.result.tokens
+        assert win.live.shown["tokens"] == 0
+        assert win.live.shown["ttft"] is None
+        assert win.live.labels["ttft"].text() == "–"
+    finally:
+        close_window(win)
+
+
+def test_compare_side_without_tokens_has_no_first_token_figure():
+    from types import SimpleNamespace
+
+    from app.ui.compare import side_figures
+
+    none = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75))
+    assert "first token" not in side_figures(none)
+    some = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75,
+                                                         generated_tokens=3))
+    assert "first token 750 ms" in side_figures(some)
+
+
+def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
+    """The menu offers Regenerate only where it runs: after an ordinary reply, not on a
+    Compare turn (the tooltip says why), and triggering it there shows no error banner."""
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        assert not win.regen_action.isEnabled()  # no reply yet
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert win.regen_action.isEnabled()
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        assert win.conv.messages[-1].is_compare
+        assert not win.regen_action.isEnabled()
+        assert "Compare turn" in win.regen_action.toolTip()
+        win.regen_action.trigger()
+        win.regenerate()  # called directly: a quiet note, not the red banner
+        assert not (win.banner_row.isVisible() and win.banner_kind == "error")
+        win._on_chat_link("choose:plain")  # continuing from one side keeps it a Compare turn
+        assert not win.regen_action.isEnabled()
+        win.new_chat()
+        assert not win.regen_action.isEnabled()
+    finally:
+        close_window(win)
+
+
+def _split_across_lines(doc, text: str) -> list[int]:
+    """Widths of ``doc`` (a clone is laid out at each) at which ``text`` starts on one line
+    and ends on another."""
+    bad = []
+    for width in range(120, 700, 3):
+        doc.setTextWidth(width)
+        doc.documentLayout().documentSize()
+        block = doc.begin()
+        while block.isValid():
+            at = block.text().find(text)
+            if at >= 0:
+                layout = block.layout()
+                first = layout.lineForTextPosition(at).lineNumber()
+                last = layout.lineForTextPosition(at + len(text) - 1).lineNumber()
+                if first != last:
+                    bad.append(width)
+            block = block.next()
+    return bad
+
+
+def test_previous_and_next_version_links_stay_on_one_line(qtbot, qs):
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        win.composer.set_mode("plain")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            assert win.regenerate()
+        win._on_chat_link("version:1:" + list(win.conv.messages[-1].versions)[1])
+        doc = win.chat.document().clone()
+        raw = doc.toRawText()
+        assert "previous" in raw and "next" in raw
+        for link in ("‹\u00a0previous", "next\u00a0›"):
+            text = link if link in raw else link.replace("\u00a0", " ")
+            assert _split_across_lines(doc, text) == [], link
+    finally:
+        close_window(win)
+
+
+def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
+    """The edit-message dialog: Tab moves the focus on (no tab character typed) and a long
+    line wraps at the box's width."""
+    from PySide6.QtCore import Qt, QTimer
+    from PySide6.QtWidgets import QApplication, QPlainTextEdit
+
+    backend = ScriptedBackend(cycles=3, block=4)
+    win = make_window(qtbot, qs, backend)
+    seen = {}
+
+    def inspect():
+        dlg = QApplication.activeModalWidget()
+        if dlg is None:
+            QTimer.singleShot(20, inspect)
+            return
+        box = dlg.findChild(QPlainTextEdit)
+        seen["tab_focus"] = box.tabChangesFocus()
+        seen["wrap"] = box.lineWrapMode() == QPlainTextEdit.WidgetWidth and \
+            box.wordWrapMode() != 0  # QTextOption.NoWrap
+        box.setFocus()
+        before = box.toPlainText()
+        qtbot.keyClick(box, Qt.Key_Tab)
+        seen["typed_tab"] = box.toPlainText() != before
+        seen["focus_left"] = not box.hasFocus()
+        dlg.reject()
+
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        QTimer.singleShot(0, inspect)
+        assert not win.edit_message(0)  # cancelled
+        assert seen == {"tab_focus": True, "wrap": True, "typed_tab": False,
+                        "focus_left": True}, seen
     finally:
         close_window(win)

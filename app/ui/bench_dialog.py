@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -95,6 +96,8 @@ class BenchDialog(QDialog):
                 text = name if key == "mode" else cell_text(key, fig.get(key))
                 self.table.setItem(row, col, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
+        self.table.resizeRowsToContents()
+        self._fit_table()
         layout.addWidget(self.table)
         layout.addWidget(QLabel("Accepted drafts per cycle (DFlash + tape)"))
         self.cycles_chart = AcceptChart()
@@ -110,3 +113,17 @@ class BenchDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
         self.resize(760, 480)
+
+    def _fit_table(self) -> None:
+        """Size the table to its cells: exactly as tall as its header and rows, and at least
+        as wide as its columns, so every cell shows without scrolling whatever room the
+        dialog leaves it (the charts take the rest)."""
+        t = self.table
+        t.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        t.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        t.horizontalHeader().setStretchLastSection(True)
+        frame = 2 * t.frameWidth()
+        t.setFixedHeight(t.horizontalHeader().sizeHint().height()
+                         + t.verticalHeader().length() + frame)
+        t.setMinimumWidth(t.verticalHeader().sizeHint().width()
+                          + t.horizontalHeader().length() + frame)

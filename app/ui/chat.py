@@ -103,9 +103,12 @@ class ChatView(QTextBrowser):
     """Read-only rendered conversation with copy links on code blocks.
 
     Signals: ``linkActivated(str)`` for app links (``continue:``, ``choose:plain``,
-    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard)."""
+    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard);
+    ``rendered(object)`` after each :meth:`render`, with the conversation (or None) and
+    whether it streams (the window keeps its actions in step with what is shown)."""
 
     linkActivated = Signal(str)
+    rendered = Signal(object, bool)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -259,6 +262,7 @@ class ChatView(QTextBrowser):
             # not the top
             self.moveCursor(QTextCursor.End)
         self._end_edit(state)
+        self.rendered.emit(conv, streaming)
 
     def _assistant_html(self, i: int, m: Turn, is_last: bool, streaming: bool) -> str:
         c = self.palette_colours
@@ -321,10 +325,10 @@ class ChatView(QTextBrowser):
             foot += f" · version {pos + 1} of {len(keys)}"
             if pos > 0:
                 foot += (f' · <a href="version:{i}:{keys[pos - 1]}" '
-                         f'style="color:{c.get("accent")};">‹ previous</a>')
+                         f'style="color:{c.get("accent")};">‹&nbsp;previous</a>')
             if pos < len(keys) - 1:
                 foot += (f' · <a href="version:{i}:{keys[pos + 1]}" '
-                         f'style="color:{c.get("accent")};">next ›</a>')
+                         f'style="color:{c.get("accent")};">next&nbsp;›</a>')
         if is_last and not streaming and r.finish_reason == "length" and not v.stopped:
             foot += f' · <a href="continue:" style="color:{c.get("accent")};">Continue</a>'
         foot += "</p>"

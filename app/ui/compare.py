@@ -116,8 +116,9 @@ def side_figures(result) -> str:
     s = result.summary
     if s is None:
         return "no figures"
-    parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens",
-             f"first token {s.ttft_s * 1000:.0f} ms"]
+    parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens"]
+    if s.generated_tokens:  # stopped before its first token: no time to first token
+        parts.append(f"first token {s.ttft_s * 1000:.0f} ms")
     if result.mode in DRAFTING_MODES:
         if s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")

@@ -155,7 +155,8 @@ class LiveStats:
                 "replays": s.replays,
                 "rollback_share": s.rollback_share,
                 "tok_per_s": s.tok_per_s,
-                "ttft": s.ttft_s,
+                # no token, no time to first token (a reply stopped before its first)
+                "ttft": s.ttft_s if s.generated_tokens else None,
                 "cycles": s.cycles,
                 "tokens": s.generated_tokens,
                 "context": (s.prompt_tokens + s.generated_tokens, self.context_limit),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtWidgets import QInputDialog
+from PySide6.QtGui import QTextOption
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
 from app.chat.baseline import PlainSample, SlowStreak
 from app.chat.events import (
@@ -35,6 +36,34 @@ from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
 
 log = logging.getLogger("app.ui.window")
+
+
+def edit_message_text(parent, text: str) -> tuple[str, bool]:
+    """Ask for the edited text of a message: (text, accepted). The box wraps long lines at
+    its width and Tab moves the focus on (to the buttons), as in a form, instead of typing
+    a tab character."""
+    dlg = QDialog(parent)
+    dlg.setWindowTitle("Edit message")
+    layout = QVBoxLayout(dlg)
+    label = QLabel("Message")
+    layout.addWidget(label)
+    box = QPlainTextEdit(text)
+    box.setTabChangesFocus(True)
+    box.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+    box.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
+    box.setAccessibleName("Message")
+    label.setBuddy(box)
+    layout.addWidget(box)
+    buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+    buttons.accepted.connect(dlg.accept)
+    buttons.rejected.connect(dlg.reject)
+    layout.addWidget(buttons)
+    dlg.resize(520, 300)
+    box.setFocus()
+    ok = dlg.exec() == QDialog.Accepted
+    text = box.toPlainText()
+    dlg.deleteLater()
+    return text, ok
 
 
 class ReplyFlow:
@@ -61,9 +90,9 @@ class ReplyFlow:
         if conv is None or len(conv.messages) < 2 or conv.messages[-1].role != "assistant":
             self.show_banner("There is no reply to regenerate yet.")
             return False
-        if conv.messages[-1].compare:
-            self.show_banner("A Compare turn already holds its versions; pick one with "
-                             "“continue from …”.")
+        if conv.messages[-1].compare:  # the menu item is disabled then (its tooltip says why)
+            self.show_note("A Compare turn cannot be regenerated: its sides are its versions. "
+                           "Pick one with “continue from … instead”.")
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
 
@@ -78,8 +107,7 @@ class ReplyFlow:
             return False
         old = conv.messages[index]
         if text is None:
-            text, ok = QInputDialog.getMultiLineText(self, "Edit message", "Message",
-                                                     old.content)
+            text, ok = edit_message_text(self, old.content)
             if not ok:
                 return False
         if not text.strip():

@@ -175,6 +175,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.banner_row.hide()
         self.chat = ChatView()
         self.chat.linkActivated.connect(self._on_chat_link)
+        self.chat.rendered.connect(lambda conv, _streaming: self._update_regen_action(conv))
         self.legend = QLabel("")
         self.legend.setObjectName("legend")
         self.legend.setAccessibleName("Colour drafts legend")
@@ -281,17 +282,40 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         f.addSeparator()
         act(f, "Quit", self.close, QKeySequence.Quit)
         c = mb.addMenu("&Chat")
+        c.setToolTipsVisible(True)  # a disabled item says why (Regenerate on a Compare turn)
         self.send_action = act(c, "Send", lambda: self.composer._send(), "Ctrl+Return")
         self.stop_action = act(c, "Stop", self.stop, "Esc")
         self.compare_action = act(c, "Compare plain and DFlash",
                                   lambda: self.composer._compare(), "Ctrl+Shift+C")
         self.regen_action = act(c, "Regenerate last reply", self.regenerate, "Ctrl+R")
+        self._update_regen_action(None)
         self.bench_action = act(c, "Run short benchmark", lambda: self.run_benchmark())
         act(c, "Rename chat…", self.rename_chat, "F2")
         act(c, "Delete chat", self.delete_chat)
         h = mb.addMenu("&Help")
         act(h, "About DFlash Chat", self.show_about)
         act(h, "Copy debug info", self.copy_debug_info)
+
+    REGEN_TIP = "Generate a new version of the last reply in the selected mode."
+    REGEN_COMPARE_TIP = ("A Compare turn cannot be regenerated: its sides are its versions. "
+                         "Pick one with “continue from … instead” under the reply, or send "
+                         "the prompt again.")
+    REGEN_NONE_TIP = "There is no reply to regenerate yet."
+
+    def _update_regen_action(self, conv) -> None:
+        """Chat › Regenerate only where it can run: the last turn is a reply that is not a
+        Compare turn (the tooltip says why not otherwise)."""
+        msgs = conv.messages if conv is not None else []
+        last = msgs[-1] if len(msgs) >= 2 and msgs[-1].role == "assistant" else None
+        if last is None:
+            ok, tip = False, self.REGEN_NONE_TIP
+        elif last.is_compare:
+            ok, tip = False, self.REGEN_COMPARE_TIP
+        else:
+            ok, tip = True, self.REGEN_TIP
+        self.regen_action.setEnabled(ok)
+        self.regen_action.setToolTip(tip)
+        self.regen_action.setStatusTip(tip)
 
     def apply_theme(self) -> None:
         """Palette and stylesheet for the system's light/dark scheme."""
