@@ -504,7 +504,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         return runner.forward(chunk, cache, taps=taps, all_logits=False)
 
     logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries)
-    turn_taps = [ctx_taps]  # tap states of every position this turn adds, for update_kept
+    # tap states of every position this turn adds, for the other drafters' kept contexts
+    # (PromptCache.update_kept); held only when there are such contexts
+    turn_taps = [ctx_taps] if session is not None and session.kept_contexts else None
     extend = getattr(dmodel, "extend_context", None)
     if extend is not None:  # the drafter's context over the prompt is prefill work too
         extend(ctx_taps, dcache)
@@ -617,7 +619,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             t3 = time.perf_counter()
             # taps of the positions now in the target cache; kept until the drafter reads them
             kept = vtaps[:, :n]
-            turn_taps.append(kept)
+            if turn_taps is not None:
+                turn_taps.append(kept)
             ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
             cache_ids.append(pending)
             cache_ids.extend(committed[: n - 1])
@@ -637,7 +640,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.stop_cause = "length"
                 break
     if session is not None:
-        session.update_kept(start, cache_ids, turn_taps, taps)
+        session.update_kept(start, cache_ids, turn_taps or [], taps)
         if ctx_taps is not None and extend is not None:
             extend(ctx_taps, dcache)
         if extend is not None:
