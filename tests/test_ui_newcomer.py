@@ -1042,3 +1042,35 @@ def test_a_three_sided_compare_view_gives_each_side_its_verdict_and_tabs_when_na
     view.set_results(plain, dflash, three=True)  # the DFlash2 side stopped before it ran
     assert view.header.text().split("\n")[1] == "DFlash2: stopped before it ran"
     assert view.figs["dflash2"].text() == "not run"
+
+
+def _tool_round(expression, reasoning="I use the calculator."):
+    return [{"role": "assistant", "content": "", "reasoning_content": reasoning,
+             "tool_calls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "calculator",
+                                          "arguments": {"expression": expression}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "calculator",
+             "content": '{"ok": true, "result": 391}'}]
+
+
+def test_compare_of_a_tool_reply_compares_the_earlier_rounds_too():
+    """A Compare of tool replies compared only the last round's tokens, so two sides that
+    called the tool differently could read "identical". The earlier rounds are now compared by
+    what they generated (reasoning, text, calls); tool results are inputs and are not."""
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import verdict
+
+    same = [ReplyResult(mode=m, tokens=[1, 2, 3], rounds=2, messages=_tool_round("17*23"))
+            for m in ("plain", "dflash")]
+    assert verdict(*same) == ("identical, 3 tokens in the last round (the answer after the "
+                              "tool calls), its 1 earlier round the same (text and tool calls)")
+    other = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2,
+                        messages=_tool_round("17*24"))
+    assert "round 1 already differs" in verdict(same[0], other)
+    result_differs = _tool_round("17*23")
+    result_differs[1] = dict(result_differs[1], content='{"ok": true, "result": 392}')
+    clock = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2, messages=result_differs)
+    assert "the same (text and tool calls)" in verdict(same[0], clock)
+    late = ReplyResult(mode="dflash", tokens=[1, 2, 4], rounds=2, messages=_tool_round("17*24"))
+    assert verdict(same[0], late).startswith("differ from token 2")
+    assert "in the last round; round 1 already differs" in verdict(same[0], late)

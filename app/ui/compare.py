@@ -57,20 +57,59 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return first_divergence(a, b)
 
 
+def generated_rounds(result) -> list[tuple]:
+    """What the model generated in each round before the last of a tool reply: per assistant
+    message that made tool calls, ``(reasoning, text, ((name, arguments JSON), ...))``, read
+    from ``ReplyResult.messages`` (live or stored). Tool results are inputs, not compared."""
+    import json
+
+    out = []
+    for m in getattr(result, "messages", None) or []:
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            continue
+        calls = tuple((str((c.get("function") or {}).get("name")),
+                       json.dumps((c.get("function") or {}).get("arguments"), sort_keys=True,
+                                  default=str)) for c in m["tool_calls"])
+        out.append((str(m.get("reasoning_content") or "").strip(),
+                    str(m.get("content") or "").strip(), calls))
+    return out
+
+
+def earlier_rounds_note(plain, dflash) -> str:
+    """For a tool reply: whether the two sides' earlier rounds generated the same reasoning,
+    text and tool calls (:func:`generated_rounds`), e.g. "its 1 earlier round the same" or
+    "round 1 already differs"; "" for one-round replies."""
+    a, b = generated_rounds(plain), generated_rounds(dflash)
+    if not a and not b:
+        return ""
+    if a == b:
+        n = len(a)
+        return f"its {n} earlier round{'s' if n > 1 else ''} the same (text and tool calls)"
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"round {i + 1} already differs (its text or tool calls)"
+
+
 def verdict(plain, dflash, label: str = "DFlash") -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
-    drafting side: "DFlash" or "DFlash2")."""
+    drafting side: "DFlash" or "DFlash2"). The tokens compared are the last round's; for a
+    tool reply the earlier rounds are compared by what they generated
+    (:func:`earlier_rounds_note`)."""
     diff = first_difference(plain.tokens, dflash.tokens)
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
+    earlier = earlier_rounds_note(plain, dflash) if rounds > 1 else ""
     if diff is None:
         text = f"identical, {len(plain.tokens)} tokens"
         if rounds > 1:
             text += " in the last round (the answer after the tool calls)"
+            if earlier:
+                text += f", {earlier}"
     else:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
         text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
                f"{len(dflash.tokens)} {label}{gap})"
+        if earlier:
+            text += f" in the last round; {earlier}"
     where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
     if where:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
