@@ -70,6 +70,29 @@ QWEN35_4B = {
 }
 
 
+def qwen35_4b_config(layers: int | None = None, hidden: int | None = None,
+                     vocab: int | None = None) -> dict:
+    """:data:`QWEN35_4B`, optionally with fewer layers, a narrower width (a multiple of 256;
+    the MLP keeps its 18/5 ratio) or a smaller vocabulary, for quick runs on a CPU."""
+    config = dict(QWEN35_4B)
+    if layers:
+        config["num_hidden_layers"] = layers
+    if hidden:
+        config.update(hidden_size=hidden, intermediate_size=hidden * 18 // 5)
+    if vocab:
+        config["vocab_size"] = vocab
+    return config
+
+
+def emit_json(result: dict, out: Path | None) -> int:
+    """Print ``result`` as indented JSON (and write it to ``out`` when given); returns 0."""
+    text = json.dumps(result, indent=1)
+    if out:
+        out.write_text(text)
+    print(text)
+    return 0
+
+
 @contextmanager
 def count_host_syncs():
     """Count calls of ``mx.eval``, ``mx.array.item`` and ``mx.array.tolist`` inside the block
@@ -292,13 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if shape != "qwen3.5-4b":
             p.error(f"unknown shape {shape!r}")
-        config = dict(QWEN35_4B)
-        if args.layers:
-            config["num_hidden_layers"] = args.layers
-        if args.hidden:
-            config.update(hidden_size=args.hidden, intermediate_size=args.hidden * 18 // 5)
-        if args.vocab:
-            config["vocab_size"] = args.vocab
+        config = qwen35_4b_config(args.layers, args.hidden, args.vocab)
         n = config["num_hidden_layers"]
         big_taps = sorted({1, n // 3, (2 * n) // 3, n - 2} & set(range(n)))
         for dtype in [d for d in args.dtypes.split(",") if d]:
@@ -306,11 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             result["forward"][f"{shape}-{dtype}"] = forward_costs(
                 model, "qwen3_5", big_taps, args.prefix, args.repeats)
             del model
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-    return 0
+    return emit_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -70,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             fig["weights_note"] = target.weights_note
             result[name] = fig
             del target
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-    return 0
+    return bg.emit_json(result, args.out)
 
 
 if __name__ == "__main__":

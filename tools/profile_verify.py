@@ -26,7 +26,6 @@ A benchmark, not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import mlx.core as mx
-    from bench_gpu import QWEN35_4B, random_target
+    from bench_gpu import emit_json, qwen35_4b_config, random_target
 
     from app.engine.device import configure_cuda_attention, device_description
     from app.engine.gdn_kernel import kernel_active
@@ -201,13 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"header": {"mlx": mx.__version__, "device": device_description(mx),
                                "gdn_kernel": kernel_active(),
                                "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1")}}
-    config = dict(QWEN35_4B)
-    if args.layers:
-        config["num_hidden_layers"] = args.layers
-    if args.hidden:
-        config.update(hidden_size=args.hidden, intermediate_size=args.hidden * 18 // 5)
-    if args.vocab:
-        config["vocab_size"] = args.vocab
+    config = qwen35_4b_config(args.layers, args.hidden, args.vocab)
     if args.demo:  # the bundled target as the app loads it on this device
         from app.engine.loader import load_target
         from app.paths import demo_pair_dirs
@@ -220,11 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         model = random_target(config, dtype)
         result[dtype] = profile(model, config["hidden_size"], args.prefix, args.repeats)
         del model
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-    return 0
+    return emit_json(result, args.out)
 
 
 if __name__ == "__main__":

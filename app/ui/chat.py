@@ -362,6 +362,19 @@ class ChatView(QTextBrowser):
         self._end_edit(state)
 
 
+
+def _fixed_row(widgets: list, spacing: int) -> QWidget:
+    """``widgets`` side by side in one fixed-size widget (one unit of the composer's wrapping
+    row), ``spacing`` pixels apart."""
+    row = QWidget()
+    row.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+    box = QHBoxLayout(row)
+    box.setContentsMargins(0, 0, 0, 0)
+    box.setSpacing(spacing)
+    for w in widgets:
+        box.addWidget(w)
+    return row
+
 class Composer(QWidget):
     """Input box with the Plain | DFlash (| DFlash2) switch, Colour drafts, Compare and one Send button
     that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
@@ -451,21 +464,8 @@ class Composer(QWidget):
         self.mode_note.setAccessibleName("Mode note")
         # the switch, Colour drafts, and Compare + Send at the right: one row that wraps
         # onto a second (and third) line when the window is narrow, each widget whole
-        self.mode_seg = QWidget()
-        self.mode_seg.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
-        seg = QHBoxLayout(self.mode_seg)
-        seg.setContentsMargins(0, 0, 0, 0)
-        seg.setSpacing(0)
-        seg.addWidget(self.plain_btn)
-        seg.addWidget(self.dflash_btn)
-        seg.addWidget(self.dflash2_btn)
-        self.actions = QWidget()
-        self.actions.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
-        acts = QHBoxLayout(self.actions)
-        acts.setContentsMargins(0, 0, 0, 0)
-        acts.setSpacing(6)
-        acts.addWidget(self.compare_btn)
-        acts.addWidget(self.action_stack)
+        self.mode_seg = _fixed_row([self.plain_btn, self.dflash_btn, self.dflash2_btn], 0)
+        self.actions = _fixed_row([self.compare_btn, self.action_stack], 6)
         self.row = FlowLayout(h_spacing=12, v_spacing=6)
         self.row.add_widget(self.mode_seg)
         self.row.add_widget(self.colour_box)
