@@ -1243,6 +1243,7 @@ def test_stop_before_any_token_shows_no_first_token_time(qtbot, qs):
         assert v.stopped and not v.result.tokens
         assert win.live.shown["tokens"] == 0
         assert win.live.shown["ttft"] is None
+        assert win.live.shown["tok_per_s"] is None  # no rate without tokens ("–", not 0.0)
         assert win.live.labels["ttft"].text() == "–"
     finally:
         close_window(win)

@@ -154,8 +154,9 @@ class LiveStats:
                 "tau": s.tau,
                 "replays": s.replays,
                 "rollback_share": s.rollback_share,
-                "tok_per_s": s.tok_per_s,
-                # no token, no time to first token (a reply stopped before its first)
+                # no rate below two tokens (as while running), no time to first token
+                # without a token (a reply stopped before its first)
+                "tok_per_s": s.tok_per_s if s.generated_tokens > 1 else None,
                 "ttft": s.ttft_s if s.generated_tokens else None,
                 "cycles": s.cycles,
                 "tokens": s.generated_tokens,
