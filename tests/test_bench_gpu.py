@@ -40,3 +40,19 @@ def test_forward_costs_and_pair_figures_on_the_tiny_pair(tiny_hybrid):
     assert figs["host_syncs_per_cycle"] >= 1  # the prefill's and clean-up's syncs included
     assert figs["host_syncs_in_cycles"] == 1  # one host read per greedy cycle
     assert figs["draft_ms_per_cycle"] > 0 and figs["cycle_ms"] > 0
+
+
+def test_cast_floats_casts_floating_parameters_and_keeps_integer_ones():
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    nn.quantize(model, group_size=64, bits=4,  # uint32 weights, float scales
+                class_predicate=lambda path, _m: path == "layers.1")
+    bench_gpu.cast_floats(model, "bfloat16")
+    dtypes = {k: v.dtype for k, v in tree_flatten(model.parameters())}
+    assert dtypes["layers.0.weight"] == mx.bfloat16
+    assert dtypes["layers.1.scales"] == mx.bfloat16
+    assert dtypes["layers.1.weight"] == mx.uint32
+    bench_gpu.cast_floats(model, "float32")
+    assert tree_flatten(model.parameters())[0][1].dtype == mx.float32

@@ -137,3 +137,13 @@ def test_heldout_script_through_the_reply_runner(pair, heldout):
         for t in res["turns"]:
             assert t["call_ok"] and t["answer_ok"], (t["user"], t["why"])
             assert t["identical"], t["user"]
+
+
+def test_load_pair_takes_a_target_folder_without_a_drafter_folder(tmp_path):
+    # evaluate.py --target DIR alone used to load the bundled target instead of DIR.
+    import shutil
+
+    shutil.copytree(TARGET_DIR, tmp_path / "t")
+    target, drafter = ev.load_pair(tmp_path / "t")
+    assert Path(target.path).resolve() == (tmp_path / "t").resolve()
+    assert Path(drafter.path).resolve() == DRAFTER_DIR.resolve()

@@ -20,6 +20,8 @@ this CPU can be compared. A benchmark, not a test: nothing is asserted.
   (``host_syncs_per_cycle``, prefill included) and from the first token to the last cycle
   (``host_syncs_in_cycles``), divided by the cycles (``async_eval`` does not wait and is not
   counted).
+* ``pair_by_dtype`` (``--pair-dtypes float32,bfloat16``): the ``pair`` figures again with
+  the bundled pair cast to each dtype (after one run in that dtype, so its shapes are built).
 * ``forward``: per target shape and dtype, a 1-token step and a 16-token verify pass
   (``TargetRunner.forward`` with tap capture and Gated DeltaNet tapes, the pass a cycle runs;
   exact step loop and the opt-in ``fast_verify``) after ``--prefix`` cached tokens, median ms,
@@ -133,15 +135,12 @@ def random_target(config: dict, dtype: str):
     dequantized to float32 as the loader does on the CPU)."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx.utils import tree_map
     from mlx_lm.utils import _get_classes
 
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
     model.eval()  # as mlx-lm's loader leaves it: GDN layers take their kernel only when not training
-    cast = mx.float32 if dtype == "float32" else mx.bfloat16
-    model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating)
-                          else a, model.parameters()))
+    cast_floats(model, "float32" if dtype == "float32" else "bfloat16")
     if dtype.startswith("4bit"):
         nn.quantize(model, group_size=64, bits=4,
                     class_predicate=lambda _, m: hasattr(m, "to_quantized")
@@ -150,9 +149,7 @@ def random_target(config: dict, dtype: str):
         from app.engine.loader import dequantize_model
 
         dequantize_model(model)
-        model.update(tree_map(lambda a: a.astype(mx.float32)
-                              if mx.issubdtype(a.dtype, mx.floating) else a,
-                              model.parameters()))
+        cast_floats(model, "float32")
     mx.eval(model.parameters())
     return model
 
@@ -182,6 +179,18 @@ def _pass_ms(runner, taps: list[int], prefix: int, repeats: int, length: int) ->
         return out
 
     return _median_ms(one_pass, repeats)
+
+
+def cast_floats(model, dtype: str) -> None:
+    """Cast every floating-point parameter of the MLX module ``model`` to ``dtype``
+    (``float32``, ``bfloat16`` or ``float16``), in place; integer arrays (quantized weights)
+    are kept. Raises ``AttributeError`` for another dtype name."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    cast = getattr(mx, dtype)
+    model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating)
+                          else a, model.parameters()))
 
 
 def forward_costs(model, model_type: str, taps: list[int], prefix: int, repeats: int) -> dict:
@@ -265,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, help="qwen3.5-4b shape: narrower (a multiple of 256)")
     p.add_argument("--vocab", type=int, help="qwen3.5-4b shape: smaller vocabulary")
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--pair-dtypes", default="",
+                   help="also run the pair figures with the bundled pair cast to each of these "
+                        "dtypes (comma-separated: float32, bfloat16, float16), as "
+                        "pair_by_dtype")
     p.add_argument("--no-warm-up", action="store_true",
                    help="measure the first replies without the warm-up the app runs after a "
                         "load on a GPU (app/engine/warmup.py)")
@@ -306,6 +319,14 @@ def main(argv: list[str] | None = None) -> int:
                       "warm_plain_tok_per_s": warm["plain_tok_per_s"],
                       "warm_dflash_tok_per_s": warm["dflash_tok_per_s"]}
     result["pair"] = warm
+    if args.pair_dtypes:
+        result["pair_by_dtype"] = {}
+        for name in [d for d in args.pair_dtypes.split(",") if d]:
+            cast_floats(target.model, name)
+            cast_floats(drafter.model, name)
+            pair_figures(target, drafter, args.max_tokens)  # the new dtype's shapes, once
+            result["pair_by_dtype"][name] = pair_figures(target, drafter, args.max_tokens)
+        target, drafter = load_target(t_dir), load_drafter(d_dir)
     result["forward"] = {}
     taps = list(drafter.config.target_layer_ids)
     for shape in [s for s in args.shapes.split(",") if s]:

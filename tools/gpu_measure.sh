@@ -21,7 +21,8 @@ case "${1:-}" in
   fresh)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     stamp "fresh process: load, warm-up, first replies (demo pair)"
-    timeout 200 $py tools/bench_gpu.py --shapes demo --repeats 5 --out "$O/fresh.json" >/dev/null
+    timeout 230 $py tools/bench_gpu.py --shapes demo --repeats 5 \
+      --pair-dtypes float32,bfloat16,float16 --out "$O/fresh.json" >/dev/null
     stamp "kernel tests"
     timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_gdn_kernel.py 2>&1 | tail -15
     stamp "bench_gpu: GDN kernel (default)"

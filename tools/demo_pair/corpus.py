@@ -1,4 +1,4 @@
-"""Seeded generator of the demo pair's training chats (corpus v2) over a closed world.
+"""Seeded generator of the demo pair's training chats (corpus v2 to v4) over a closed world.
 
 A chat is a list of messages in the form the app stores and sends them
 (:meth:`app.chat.conversation.Message.to_prompt_dict`): ``user``; ``assistant`` with ``content``,
@@ -401,6 +401,79 @@ EXTRA_TRAIN = {
 for _k, _extra in EXTRA_TRAIN.items():
     T[_k]["train"] = T[_k]["train"] + _extra
 
+# Corpus v4: frames composed from a head and an object phrase per intent (a few hundred per
+# intent), so that the small target keys on the object (capital, languages, population, an
+# overview, the time) whatever the head. Used for half of the training questions of these
+# intents. A composed frame that equals a held-out frame, or whose head begins one, is dropped
+# (:func:`_compose`), so held-out phrasings stay unseen as frames, not only as texts.
+_NOUN_HEADS = ["What is", "What's", "Tell me", "Give me", "Look up", "Find", "I need",
+               "I'd like to know", "Can you tell me", "Could you find", "Please tell me",
+               "Check", "Get me", "Quickly tell me", "Remind me of", "I want to know",
+               "Can you look up", "Help me find", "Show me", "Say"]
+_CLAUSE_HEADS = ["Tell me", "I'd like to know", "Can you tell me", "Please tell me",
+                 "I want to know", "Could you check", "Find out", "Look up", "Help me find out",
+                 "I wonder"]
+_ENDS = ["?", ".", "", " please.", ", please?", " for me."]
+_NOUNS = {
+    "capital": ["the capital of {c}", "{c}'s capital", "the capital city of {c}",
+                "the capital city for {c}", "the seat of government of {c}",
+                "the capital of the country {c}"],
+    "continent": ["the continent of {c}", "the continent {c} is on",
+                  "the continent {c} belongs to", "the continent for {c}",
+                  "the part of the world {c} is in"],
+    "currency": ["the currency of {c}", "{c}'s currency", "the money used in {c}",
+                 "the currency used in {c}", "the currency code of {c}",
+                 "the official money of {c}"],
+    "languages": ["the languages of {c}", "the language of {c}", "{c}'s languages",
+                  "the languages spoken in {c}", "the official languages of {c}",
+                  "the main language of {c}", "the language people use in {c}",
+                  "the spoken language in {c}"],
+    "population": ["the population of {c}", "{c}'s population", "the number of people in {c}",
+                   "the number of inhabitants of {c}", "the population count of {c}",
+                   "the size of the population of {c}"],
+    "info": ["an overview of {c}", "the facts about {c}", "a summary of {c}",
+             "some facts on {c}", "the main facts about {c}", "a short profile of {c}",
+             "basic information about {c}", "the country record of {c}"],
+    "time": ["the time in {city}", "the current time in {city}", "the date and time in {city}",
+             "the time right now in {city}", "the hour in {city}", "the time of day in {city}",
+             "today's date and the time in {city}"],
+}
+_CLAUSES = {
+    "capital": ["which city is the capital of {c}", "what the capital of {c} is"],
+    "continent": ["which continent {c} is in", "what continent {c} is on"],
+    "currency": ["which currency {c} uses", "what money they use in {c}"],
+    "languages": ["which languages are spoken in {c}", "what language they speak in {c}",
+                  "what languages people use in {c}"],
+    "population": ["how many people live in {c}", "how many inhabitants {c} has"],
+    "info": ["what you know about {c}", "the basic facts of {c}"],
+    "time": ["what time it is now in {city}", "what the time is in {city}",
+             "how late it is in {city}"],
+}
+
+
+def _compose(key: str) -> list[str]:
+    """Training frames for intent ``key`` (corpus v4): every head with every object phrase and
+    ending, minus those that equal a held-out frame of any intent or whose head (the text
+    before the slot, when longer than 12 characters) begins one."""
+    held = [f for table in T.values() for f in table["heldout"]]
+    out = []
+    for heads, objs in ((_NOUN_HEADS, _NOUNS[key]), (_CLAUSE_HEADS, _CLAUSES[key])):
+        for h in heads:
+            for o in objs:
+                for e in _ENDS:
+                    if o.startswith("{") and e == "":
+                        continue
+                    f = f"{h} {o}{e}"
+                    head = f.split("{")[0]
+                    if f in held or (len(head) > 12 and any(x.startswith(head) for x in held)):
+                        continue
+                    out.append(f)
+    return out
+
+
+for _k in _NOUNS:
+    T[_k]["composed"] = _compose(_k)
+
 # Light noise around a training phrasing (corpus v3: more of it, so a frame is not a cue).
 USER_OPENERS = ["Hi! ", "Hey, ", "Quick question: ", "Hello. ", "Please help: ", "Question: ",
                 "Hi there, ", "OK, ", "So, ", "Hmm, ", "One more thing: ", "I wonder: ",
@@ -414,6 +487,12 @@ FAKE_SYLLABLES = ["ar", "bel", "cor", "dra", "el", "fen", "gal", "hor", "is", "k
                   "nar", "ost", "pel", "quar", "ros", "sol", "tav", "ur", "val", "wen", "xan",
                   "yor", "zel", "tri", "bor", "ith", "mar", "eth"]
 FAKE_ENDINGS = ["ia", "land", "stan", "ovia", "aria", "ania", "or", "a", "ica", "en"]
+# Corpus v4: word-like made-up names (two parts) beside the syllable ones.
+FAKE_WORDS = ["Sun", "Moon", "Star", "River", "Green", "Silver", "North", "Iron", "Gold",
+              "Crystal", "Amber", "Stone", "Frost", "Rose", "Cloud", "Sea", "Oak", "Pine",
+              "Wind", "Fire", "Ash", "Bright", "Dark", "Fair", "Lake", "Red", "Blue", "Snow"]
+FAKE_WORD_ENDS = ["haven", "land", "ia", "mark", "vale", "wood", "shire", "port", "ton", "dor",
+                  "mere", "field", "reach", "holm", "gard", "ova", "ania", "rock"]
 
 
 # Follow-up phrasings.
@@ -449,22 +528,67 @@ F = {
                                     "Take that many {frm} and convert them to {to}."],
                           "heldout": ["Treat that as {frm} and give it in {to}."]},
 }
+# Corpus v4: more follow-up phrasings (the v3 pair missed many held-out follow-ups).
+F_EXTRA = {
+    "other_country": ["What about {c} then?", "Now {c}.", "And the same for {c}?",
+                      "Do the same for {c}.", "{c} too?", "Now do {c}.", "And what about {c}?",
+                      "Same question for {c}."],
+    "other_city": ["Now in {city}?", "And what about {city}?", "Same for {city}.",
+                   "{city} too?", "And the time in {city}?", "What about the time in {city}?",
+                   "Now do {city}."],
+    "convert_again": ["And in {to}, please?", "Now give it in {to}.", "Give that in {to}.",
+                      "What would that be in {to}?", "Convert it to {to} too.",
+                      "Same value in {to}?"],
+    "calc_then_op": ["Can you {opword} that by {b}?", "And now {opword} the answer by {b}.",
+                     "Now {opword} the result by {b}."],
+    "calc_then_convert": ["Now convert that from {frm} to {to}.",
+                          "If that is in {frm}, how much is it in {to}?",
+                          "Say that number is {frm}. Convert it to {to}.",
+                          "Use that result as {frm} and convert it to {to}.",
+                          "Read that as {frm}; what is it in {to}?"],
+}
+for _k, _extra in F_EXTRA.items():
+    F[_k]["train"] = F[_k]["train"] + _extra
+F_FIELD_EXTRA = {
+    "capital": ["What is the capital there?", "Its capital city?", "And the capital city?"],
+    "currency": ["Which currency is used there?", "Its currency?", "What do they pay with?"],
+    "languages": ["What language is spoken there?", "Its languages?",
+                  "Which language do they use there?", "And the languages?"],
+    "population": ["What is its population?", "Its population?", "How many live there?"],
+    "continent": ["Which continent is that?", "Its continent?", "What continent is it on?"],
+}
+for _k, _extra in F_FIELD_EXTRA.items():
+    F["field"][_k]["train"] = F["field"][_k]["train"] + _extra
+
 OPWORDS = {"*": ("multiply", "Multiply"), "/": ("divide", "Divide"), "+": ("add", "Add"),
            "-": ("subtract", "Subtract")}
 # "add that by" is odd English: add/subtract use their own phrasings.
-F_ADD = {"train": ["Now add {b} to that.", "Add {b} to the result.", "Plus {b}?"],
+F_ADD = {"train": ["Now add {b} to that.", "Add {b} to the result.", "Plus {b}?",
+                   "And add {b}?", "Add another {b}.", "Add {b} to that number."],
          "heldout": ["Then add {b} to it."]}
 F_SUB = {"train": ["Now subtract {b} from that.", "Subtract {b} from the result.",
-                   "Minus {b}?"],
+                   "Minus {b}?", "And minus {b}?", "Take off {b}.",
+                   "Subtract {b} from that number."],
          "heldout": ["Then take {b} away from it."]}
 
 TWO_TIME = {"train": ["What time is it in {city} and in {city2}?",
                       "Tell me the time in {city} and {city2}.",
-                      "Current time in {city} and {city2}?"],
+                      "Current time in {city} and {city2}?",
+                      # corpus v4
+                      "What's the time in {city} and {city2}?", "Time in {city} and {city2}?",
+                      "Give me the current times in {city} and {city2}.",
+                      "Check the time in both {city} and {city2}.",
+                      "I need the time in {city} and also in {city2}."],
             "heldout": ["What are the local times in {city} and {city2}?"]}
 TWO_COUNTRY = {"train": ["Compare the populations of {c} and {c2}.",
                          "What are the populations of {c} and {c2}?",
-                         "How many people live in {c} and in {c2}?"],
+                         "How many people live in {c} and in {c2}?",
+                         # corpus v4
+                         "Is {c} or {c2} bigger by population?",
+                         "Population of {c} versus {c2}?",
+                         "Which country has the larger population: {c} or {c2}?",
+                         "Does {c} have more people than {c2}?",
+                         "Look up {c} and {c2} and compare their populations."],
                "heldout": ["Which has more people, {c} or {c2}?"]}
 
 SCOPE = {
@@ -627,6 +751,8 @@ class Generator:
 
     # ---- helpers
     def _pick(self, table: dict) -> str:
+        if self.split == "train" and "composed" in table and self.rng.random() < 0.5:
+            return self.rng.choice(table["composed"])
         return self.rng.choice(table[self.split])
 
     def _user(self, text: str) -> str:
@@ -648,6 +774,13 @@ class Generator:
         of the data and no held-out name."""
         known = {c["name"] for c in self.countries} | set(BAD_COUNTRIES_HELDOUT)
         while True:
+            if self.rng.random() < 0.4:  # corpus v4: word-like names too ("Silverhaven")
+                name = self.rng.choice(FAKE_WORDS) + self.rng.choice(FAKE_WORD_ENDS)
+                if self.rng.random() < 0.15:
+                    name = self.rng.choice(["Port-", "Saint-", "New ", "East ", "Upper "]) + name
+                if name not in known:
+                    return name
+                continue
             k = self.rng.choice([1, 2, 2, 3])
             name = "".join(self.rng.choice(FAKE_SYLLABLES) for _ in range(k))
             name = (name + self.rng.choice(FAKE_ENDINGS)).capitalize()
@@ -772,6 +905,10 @@ class Generator:
         q = self._user(self._pick(T[fld]).format(c=rec["name"]))
         return self._country_turn(fld, rec, q, tools, f"fact_{fld}")
 
+    def languages_fact(self, tools: bool) -> Turn:
+        """Corpus v4: a languages question (the v3 pair answered them with the currency)."""
+        return self.fact(tools, fld="languages")
+
     def population(self, tools: bool, rec: dict | None = None) -> Turn:
         """Population through country_info (tools only)."""
         rec = rec or self._country()
@@ -788,7 +925,7 @@ class Generator:
         """country_info on a name not in the data: the error, answered gracefully."""
         if self.split == "heldout":
             name = self.rng.choice(BAD_COUNTRIES_HELDOUT)
-        elif self.rng.random() < 0.75:
+        elif self.rng.random() < 0.4:  # corpus v4: 40% (v3: 75%), the rest made up
             name = self.rng.choice(BAD_COUNTRIES)
         else:
             name = self._fake_name()
@@ -989,10 +1126,41 @@ class Generator:
             steps = (f"Split {a} into {t} + {o}. {t} * {b} = {t * b}. {o} * {b} = {o * b}. "
                      f"{t * b} + {o * b} = {a * b}.")
             res = a * b
+        if self.split == "train":
+            steps = self._arith_steps_v4(a, kind, b)
         q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
         lead = self.rng.choice(["Let me work it out step by step.", "No calculator here, so I do "
                                 "it in steps.", "I compute this in my head."])
         r = f"{lead} {steps} So {a} {kind} {b} = {res}."
+        return Turn(q, [assistant(r, f"{a} {kind} {b} = {res}.")], "arithmetic",
+                    {"calls": [], "contains": [str(res)]})
+
+    @staticmethod
+    def _arith_steps_v4(a: int, kind: str, b: int) -> str:
+        """Corpus v4's steps for two-digit mental arithmetic: each number is first written as
+        tens + ones next to where its digits are used, so every step copies from the text just
+        before it (v3's "Add the ones: 5 + 5" made the model pick digits from the question)."""
+        ta, oa, tb, ob = a // 10 * 10, a % 10, b // 10 * 10, b % 10
+        if kind == "+":
+            return (f"{a} = {ta} + {oa} and {b} = {tb} + {ob}. Tens: {ta} + {tb} = {ta + tb}. "
+                    f"Ones: {oa} + {ob} = {oa + ob}. {ta + tb} + {oa + ob} = {a + b}.")
+        if kind == "-":
+            return (f"{b} = {tb} + {ob}. First {a} - {tb} = {a - tb}. Then {a - tb} - {ob} = "
+                    f"{a - b}.")
+        return (f"{a} = {ta} + {oa}. {ta} * {b} = {ta * b}. {oa} * {b} = {oa * b}. "
+                f"{ta * b} + {oa * b} = {a * b}.")
+
+    def arithmetic_fact(self, tools: bool) -> Turn:
+        """Corpus v4 (train only): a one-digit sum or product, the facts the two-digit steps
+        are made of (chats without tools)."""
+        a, b = self.rng.randint(1, 9), self.rng.randint(1, 9)
+        kind = self.rng.choice(["+", "*"])
+        if kind == "*" and self.rng.random() < 0.4:
+            a *= 10
+        res = a + b if kind == "+" else a * b
+        q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
+        r = self.rng.choice([f"A small one: {a} {kind} {b} = {res}.",
+                             f"I know this one. {a} {kind} {b} = {res}."])
         return Turn(q, [assistant(r, f"{a} {kind} {b} = {res}.")], "arithmetic",
                     {"calls": [], "contains": [str(res)]})
 
@@ -1221,14 +1389,20 @@ class Generator:
     # ---- whole chats
     PLAIN = ("fact", "fact", "arithmetic", "arithmetic", "arithmetic", "arithmetic",
              "easy_conversion", "easy_conversion", "easy_conversion", "listing", "listing",
-             "explain", "self_description", "greeting", "thanks", "scope", "scope")
+             "explain", "self_description", "greeting", "thanks", "scope", "scope",
+             # corpus v4
+             "arithmetic", "arithmetic", "arithmetic_fact", "easy_conversion",
+             "languages_fact")
     TOOLED = ("fact", "fact", "fact", "population", "population", "info", "time", "time",
               "time", "calc", "calc", "calc", "calc", "convert", "convert", "convert",
               "listing", "explain", "self_description", "scope", "scope", "two_times",
               "two_countries", "bad_country",
               # corpus v3: the categories the v2 pair failed most get more weight
               "info", "bad_country", "two_times", "two_countries", "self_description",
-              "greeting", "thanks", "listing")
+              "greeting", "thanks", "listing",
+              # corpus v4: the categories the v3 pair failed most get more again
+              "languages_fact", "languages_fact", "info", "bad_country", "bad_country",
+              "two_times", "two_countries", "time")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""

@@ -284,12 +284,13 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
 
 
 def load_pair(tdir: Path | None = None, ddir: Path | None = None):
-    """(target, drafter): the bundled pair unless folders are given."""
+    """(target, drafter): the bundled pair's target and drafter, each unless its folder is
+    given (one may be given without the other)."""
     from app.engine.loader import check_pair, load_drafter, load_target
     from app.paths import demo_pair_dirs
 
-    if tdir is None or ddir is None:
-        tdir, ddir = demo_pair_dirs()
+    bundled_t, bundled_d = demo_pair_dirs()
+    tdir, ddir = tdir or bundled_t, ddir or bundled_d
     target, drafter = load_target(str(tdir)), load_drafter(str(ddir))
     check_pair(target, drafter)
     return target, drafter

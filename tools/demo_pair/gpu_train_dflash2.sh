@@ -3,7 +3,8 @@
 # target, several variants side by side on one GPU over the same continuations, and pack the
 # exports (float16 model.safetensors + config.json + train_log.json per variant) as <=15 MiB
 # pieces under $OUT.
-# Usage (from the repo root, with build/demo_pair/ and resources/ carried):
+# Usage (from the repo root, with the prepared data folder and resources/ carried; DATA names
+# the data folder, default build/demo_pair):
 #   bash tools/demo_pair/gpu_train_dflash2.sh [SECONDS] ["VARIANT ..."] [extra train_dflash2.py args]
 # SECONDS: each variant's training budget (default 240). VARIANTs (default all three):
 #   l2r32        2 layers (the DFlash drafter's size), selector rank 32, backbone from demo-dflash
@@ -23,7 +24,7 @@ declare -A VARGS=(
   [l2r32frozen]="--layers 2 --selector-rank 32 --freeze-backbone --lr 1e-3"
   [l1r16]="--layers 1 --selector-rank 16 --lr 1e-3"
 )
-common=(--data build/demo_pair --device cuda --init-target resources/models/demo-target
+common=(--data "${DATA:-build/demo_pair}" --device cuda --init-target resources/models/demo-target
         --init-dflash resources/models/demo-dflash --continuations /tmp/conts.npz)
 t0=$(date +%s)
 rm -f /tmp/conts.npz
