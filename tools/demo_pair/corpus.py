@@ -606,6 +606,10 @@ SCOPE = {
                     "Do you like {x}?", "What is your favorite {thing}?",
                     "Should I buy {x}?", "Who is the best {person}?"],
         "other": ["Give me a recipe for {food}.", "Translate 'good morning' into {lang}.",
+                  # corpus v4b: requests that name a place but are not about its facts
+                  "Recommend a restaurant in {city}.", "What should I pack for {c}?",
+                  "Find me a hotel in {city}.", "Which football team is best in {c}?",
+                  "What film is showing tonight in {city}?",
                   "How do I lose weight?", "Recommend a good book about {x}.",
                   "Help me write an email to my boss.", "What is the meaning of life?",
                   "Plan a trip to {c} for me.", "Explain quantum physics."],
@@ -774,7 +778,13 @@ class Generator:
         of the data and no held-out name."""
         known = {c["name"] for c in self.countries} | set(BAD_COUNTRIES_HELDOUT)
         while True:
-            if self.rng.random() < 0.4:  # corpus v4: word-like names too ("Silverhaven")
+            r = self.rng.random()
+            if r < 0.45:  # corpus v4b: letter by letter, so only copying can give it back
+                name = self._random_letters_name()
+                if name not in known:
+                    return name
+                continue
+            if r < 0.7:  # corpus v4: word-like names too ("Silverhaven")
                 name = self.rng.choice(FAKE_WORDS) + self.rng.choice(FAKE_WORD_ENDS)
                 if self.rng.random() < 0.15:
                     name = self.rng.choice(["Port-", "Saint-", "New ", "East ", "Upper "]) + name
@@ -788,6 +798,25 @@ class Generator:
                 name += self.rng.choice([" Republic", " Islands", " Kingdom"])
             if name not in known:
                 return name
+
+    def _random_letters_name(self) -> str:
+        """Corpus v4b: a made-up name of 4-10 random letters in consonant-vowel turns (some
+        with a second word or a hyphenated part), which no pattern predicts past its first
+        letter."""
+        cons, vows = "bcdfghjklmnprstvwz", "aeiouy"
+
+        def word(n: int) -> str:
+            start = self.rng.random() < 0.5
+            return "".join(self.rng.choice(vows if (i % 2 == 0) != start else cons)
+                           for i in range(n)).capitalize()
+
+        name = word(self.rng.randint(4, 10))
+        r = self.rng.random()
+        if r < 0.12:
+            name += "-" + word(self.rng.randint(2, 5))
+        elif r < 0.22:
+            name += " " + word(self.rng.randint(3, 7))
+        return name
 
     def _country(self) -> dict:
         return self.rng.choice(self.countries)
@@ -1402,7 +1431,9 @@ class Generator:
               "greeting", "thanks", "listing",
               # corpus v4: the categories the v3 pair failed most get more again
               "languages_fact", "languages_fact", "info", "bad_country", "bad_country",
-              "two_times", "two_countries", "time")
+              "two_times", "two_countries", "time",
+              # corpus v4b: the v4 pair made calls for some out-of-scope requests
+              "scope", "scope")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
