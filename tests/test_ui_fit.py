@@ -18,7 +18,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
-from test_ui_window import PROMPT, ScriptedBackend, send_and_wait  # noqa: E402
+from test_ui_window import (  # noqa: E402
+    PROMPT,
+    ScriptedBackend,
+    send_and_wait,
+    send_refused_by_storage,
+)
 
 from app.chat.scripted import ScriptedTurn  # noqa: E402
 from app.chat.turns import TurnStore  # noqa: E402
@@ -588,7 +593,6 @@ def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs
     """The Compare view shows the last turn's comparison: a reply sent after it (or an edit
     of the Compare's message, which is one reply) is not a Compare, so the view goes; a send
     that could not be stored leaves the Compare the last turn, and its view stays."""
-    from app.chat.storage import StorageError
 
     win, _ = loaded(qtbot, qs)
     try:
@@ -596,13 +600,7 @@ def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs
         assert win.compare_view.isVisible()
         shown = _compare_shown(win.compare_view)
 
-        def refuse(*args, **kwargs):
-            raise StorageError("the disk is full")
-
-        monkeypatch.setattr(win.store.db, "begin_reply", refuse)
-        assert win.send("Tell me more.")
-        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
-        assert "Could not save this turn" in win.banner.text()
+        send_refused_by_storage(qtbot, win, monkeypatch)
         assert win.compare_view.isVisible() and _compare_shown(win.compare_view) == shown
         monkeypatch.undo()
         win.composer.edit.clear()

@@ -70,6 +70,37 @@ def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
     return blocker.args[0]
 
 
+def send_and_stop(qtbot, win, running, text=PROMPT):
+    """Load the scripted pair, send ``text`` in DFlash and press Stop once ``running(side)``
+    holds for the running reply's side; returns the finished message. Asserts Stop was
+    enabled when pressed."""
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+    win.composer.set_mode("dflash")
+    with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+        assert win.send(text)
+        qtbot.waitUntil(lambda: win._run is not None and running(win._run.sides[""]),
+                        timeout=10_000)
+        assert win.composer.stop_btn.isEnabled()
+        win.composer.stop_btn.click()
+    return blocker.args[0]
+
+
+def send_refused_by_storage(qtbot, win, monkeypatch, text="Tell me more."):
+    """Send ``text`` while the store refuses to begin a reply ("the disk is full"); waits until
+    the window is idle again and asserts it said so. The refusal stays patched in
+    (``monkeypatch.undo()`` lifts it)."""
+    from app.chat.storage import StorageError
+
+    def refuse(*args, **kwargs):
+        raise StorageError("the disk is full")
+
+    monkeypatch.setattr(win.store.db, "begin_reply", refuse)
+    assert win.send(text)
+    qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+    assert "Could not save this turn" in win.banner.text()
+
+
 ScriptedBackend = ScriptedSession
 """The scripted session (``app.chat.scripted``): reasoning, content with a code block, tokens
 and DFlash cycles; ``delay_s`` per cycle; the cancel event checked before every cycle like the
@@ -121,17 +152,7 @@ def test_stop_leaves_partial_reply_marked_stopped(qtbot, qs):
     backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
     win = make_window(qtbot, qs, backend)
     try:
-        win.load_model("scripted-target", "scripted-drafter")
-        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
-        win.composer.set_mode("dflash")
-        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
-            assert win.send(PROMPT)
-            qtbot.waitUntil(lambda: win._run is not None and
-                            win._run.sides[""].stats.cycles >= 5, timeout=10_000)
-            assert win.composer.stop_btn.isEnabled()
-            win.composer.stop_btn.click()
-        msg = blocker.args[0]
-        v = msg.version
+        v = send_and_stop(qtbot, win, lambda side: side.stats.cycles >= 5).version
         assert v.stopped
         assert v.result.finish_reason == "cancelled"
         assert 5 <= backend.emitted_cycles < 100_000
@@ -449,7 +470,6 @@ def test_replies_are_stored_off_the_gui_thread(qtbot, qs, tmp_path):
 
 
 def test_a_turn_that_cannot_be_stored_leaves_the_chat_as_it_was(qtbot, qs, monkeypatch):
-    from app.chat.storage import StorageError
 
     backend = ScriptedBackend(cycles=2)
     win = make_window(qtbot, qs, backend)
@@ -459,13 +479,7 @@ def test_a_turn_that_cannot_be_stored_leaves_the_chat_as_it_was(qtbot, qs, monke
         first = send_and_wait(qtbot, win, PROMPT, mode="plain")
         stored = [(m.id, m.status) for m in win.store.db.messages(win.conv.id)]
 
-        def refuse(*args, **kwargs):
-            raise StorageError("the disk is full")
-
-        monkeypatch.setattr(win.store.db, "begin_reply", refuse)
-        assert win.send("Tell me more.")
-        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
-        assert "Could not save this turn" in win.banner.text()
+        send_refused_by_storage(qtbot, win, monkeypatch)
         assert "the disk is full" in win.banner.text()
         assert win.conv.messages == [win.conv.messages[0], first]
         assert win.composer.edit.toPlainText() == "Tell me more."
@@ -1231,15 +1245,7 @@ def test_stop_before_any_token_shows_no_first_token_time(qtbot, qs):
                               reasoning_delay_s=0.002)
     win = make_window(qtbot, qs, backend)
     try:
-        win.load_model("scripted-target", "scripted-drafter")
-        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
-        win.composer.set_mode("dflash")
-        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
-            assert win.send(PROMPT)
-            qtbot.waitUntil(lambda: win._run is not None and
-                            bool(win._run.sides[""].reasoning), timeout=10_000)
-            win.composer.stop_btn.click()
-        v = blocker.args[0].version
+        v = send_and_stop(qtbot, win, lambda side: bool(side.reasoning)).version
         assert v.stopped and not v.result.tokens
         assert win.live.shown["tokens"] == 0
         assert win.live.shown["ttft"] is None

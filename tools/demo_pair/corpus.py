@@ -1129,40 +1129,44 @@ class Generator:
 
     # ---- no-tool skills
     def arithmetic(self, tools: bool) -> Turn:
-        """Mental arithmetic with steps (chats without tools)."""
+        """Mental arithmetic with steps (chats without tools): v4's steps in the training
+        split, v3's in the held-out one (whose frozen texts they are)."""
         kind = self.rng.choice(["+", "+", "-", "*"])
         if kind == "+":
             a, b = self.rng.randint(10, 99), self.rng.randint(10, 99)
-            lo_a, lo_b, hi_a, hi_b = a % 10, b % 10, a // 10, b // 10
-            s1 = lo_a + lo_b
-            steps = f"Add the ones: {lo_a} + {lo_b} = {s1}."
-            if s1 >= 10:
-                steps += (f" Write {s1 % 10} and carry 1. Add the tens: {hi_a} + {hi_b} + 1 = "
-                          f"{hi_a + hi_b + 1}.")
-            else:
-                steps += f" Add the tens: {hi_a} + {hi_b} = {hi_a + hi_b}."
-            res = a + b
         elif kind == "-":
             a, b = self.rng.randint(20, 99), self.rng.randint(10, 99)
             if b > a:
                 a, b = b, a
-            t = (b // 10) * 10
-            steps = f"First {a} - {t} = {a - t}. Then {a - t} - {b - t} = {a - b}."
-            res = a - b
         else:
             a, b = self.rng.randint(11, 99), self.rng.randint(2, 9)
-            t, o = (a // 10) * 10, a % 10
-            steps = (f"Split {a} into {t} + {o}. {t} * {b} = {t * b}. {o} * {b} = {o * b}. "
-                     f"{t * b} + {o * b} = {a * b}.")
-            res = a * b
-        if self.split == "train":
-            steps = self._arith_steps_v4(a, kind, b)
+        res = {"+": a + b, "-": a - b, "*": a * b}[kind]
+        steps = (self._arith_steps_v4 if self.split == "train" else self._arith_steps_v3)(
+            a, kind, b)
         q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
         lead = self.rng.choice(["Let me work it out step by step.", "No calculator here, so I do "
                                 "it in steps.", "I compute this in my head."])
         r = f"{lead} {steps} So {a} {kind} {b} = {res}."
         return Turn(q, [assistant(r, f"{a} {kind} {b} = {res}.")], "arithmetic",
                     {"calls": [], "contains": [str(res)]})
+
+    @staticmethod
+    def _arith_steps_v3(a: int, kind: str, b: int) -> str:
+        """Corpus v3's steps: ones then tens with a carry; subtract the tens of ``b`` first;
+        split ``a`` into tens and ones for a product."""
+        if kind == "+":
+            lo_a, lo_b, hi_a, hi_b = a % 10, b % 10, a // 10, b // 10
+            s1 = lo_a + lo_b
+            if s1 >= 10:
+                return (f"Add the ones: {lo_a} + {lo_b} = {s1}. Write {s1 % 10} and carry 1. Add "
+                        f"the tens: {hi_a} + {hi_b} + 1 = {hi_a + hi_b + 1}.")
+            return f"Add the ones: {lo_a} + {lo_b} = {s1}. Add the tens: {hi_a} + {hi_b} = {hi_a + hi_b}."
+        if kind == "-":
+            t = (b // 10) * 10
+            return f"First {a} - {t} = {a - t}. Then {a - t} - {b - t} = {a - b}."
+        t, o = (a // 10) * 10, a % 10
+        return (f"Split {a} into {t} + {o}. {t} * {b} = {t * b}. {o} * {b} = {o * b}. "
+                f"{t * b} + {o * b} = {a * b}.")
 
     @staticmethod
     def _arith_steps_v4(a: int, kind: str, b: int) -> str:
