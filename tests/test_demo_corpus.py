@@ -204,3 +204,31 @@ def test_corpus_renderer_equals_the_app_prompt_builder(tmp_path, app_tokenizer):
             compared += 1
     assert compared >= 30
     store.close()
+
+
+def test_mental_arithmetic_steps_are_true_one_digit_facts():
+    """Corpus v4c's steps (training split): every 'x op y = z' they write is true, the result
+    they end on is the answer, and each tens step is a one-digit fact ("Tens: 9 + 7 = 16");
+    the one-step facts of ``arithmetic_fact`` are true too."""
+    import re
+
+    step = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
+    ops = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+    cases = [(a, "+", b) for a in (10, 19, 55, 92, 99) for b in (10, 15, 71, 88, 99)]
+    cases += [(a, "-", b) for a in (20, 47, 80, 93, 99) for b in (10, 27, 47, 58) if b <= a]
+    cases += [(a, "*", b) for a in (11, 31, 88, 99) for b in (2, 4, 9)]
+    for a, kind, b in cases:
+        text = corpus.Generator._arith_steps_v4c(a, kind, b)
+        found = step.findall(text)
+        assert found, text
+        for x, op, y, z in found:
+            assert ops[op](int(x), int(y)) == int(z), (a, kind, b, text)
+        assert int(found[-1][3]) == ops[kind](a, b), text
+        tens = re.search(r"Tens: (\d+) [-+] (\d+) =", text)
+        if kind != "*":
+            assert tens and int(tens[1]) < 10 and int(tens[2]) < 10, text
+    g = corpus.Generator(7)
+    for _ in range(200):
+        t = g.arithmetic_fact(False)
+        for x, op, y, z in step.findall(t.replies[0]["reasoning_content"]):
+            assert ops[op](int(x), int(y)) == int(z), t.replies[0]

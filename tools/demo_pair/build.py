@@ -122,6 +122,15 @@ RECIPE: list[list[str]] = [
     # 5: corpus v4 (60,000 chats, seed 2, the shipped tokenizer), twice the batch
     ["--init", "--time-target", "380", "--target-lr", "1e-3", "--target-batch-tokens", "128000",
      "--time-gen", "45", "--time-drafter", "90"],
+    # 6: corpus v4b (60,000 chats, seed 3): the target only, drafter kept
+    ["--init", "--time-target", "470", "--target-lr", "8e-4", "--target-batch-tokens", "128000",
+     "--drafter-steps", "0", "--gen-prompts", "512", "--time-gen", "15", "--time-drafter", "0"],
+    # 7: corpus v4c (60,000 chats, seed 4): the target only, drafter kept
+    ["--init", "--time-target", "500", "--target-lr", "6e-4", "--target-batch-tokens", "128000",
+     "--drafter-steps", "0", "--gen-prompts", "512", "--time-gen", "15", "--time-drafter", "0"],
+    # 8: corpus v4c: target kept, new continuations, the drafter trained on (420 s)
+    ["--init", "--target-steps", "0", "--time-target", "0", "--time-gen", "60",
+     "--time-drafter", "420", "--drafter-lr", "8e-4"],
 ]
 """The shipped build's training stages (each one device command of under 10 minutes): each
 stage after the first starts from the previous stage's exported pair (``--init``)."""

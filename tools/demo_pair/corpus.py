@@ -398,7 +398,27 @@ EXTRA_TRAIN = {
              "What can I ask you?", "Are you human?", "What are your abilities?",
              "Please describe what you can do.", "What are you for?"],
 }
-for _k, _extra in EXTRA_TRAIN.items():
+# Corpus v4c: the words the stage-6 target did not tie to their intent ("speak" at the end of
+# the question, "tongue", "describe", "key facts", "appreciated"), in frames of this corpus's
+# own; none is a held-out frame (``tests/test_demo_corpus.py`` checks the texts).
+EXTRA_TRAIN_V4C = {
+    "languages": ["What does everyone in {c} speak?", "What do the people of {c} speak?",
+                  "In {c}, what do people speak?", "What tongue is spoken in {c}?",
+                  "Which tongues do they use in {c}?", "What are the tongues of {c}?",
+                  "Mother tongue in {c}?", "What official tongues does {c} have?",
+                  "What do folks speak in {c}?", "People in {c} speak what?",
+                  "What would locals in {c} speak?", "Tongues of {c}?"],
+    "info": ["Describe the country {c}.", "Please describe {c}.", "Describe {c} for me.",
+             "Can you describe {c}?", "Describe {c} in a few words.", "Key facts on {c}?",
+             "Give the key facts of {c}.", "List the key facts about {c}.",
+             "The key facts of {c}, please.", "An overview of {c}, please.",
+             "Briefly, what is {c}?", "Profile {c} for me."],
+    "thanks": ["Appreciated!", "Really appreciated, thanks.", "Much obliged!", "Many thanks.",
+               "Thanks heaps!", "That helps, thank you.", "Kind of you, thanks!",
+               "Thanks a million!", "So helpful, thank you!", "Great help, thanks."],
+}
+
+for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items()]:
     T[_k]["train"] = T[_k]["train"] + _extra
 
 # Corpus v4: frames composed from a head and an object phrase per intent (a few hundred per
@@ -954,7 +974,7 @@ class Generator:
         """country_info on a name not in the data: the error, answered gracefully."""
         if self.split == "heldout":
             name = self.rng.choice(BAD_COUNTRIES_HELDOUT)
-        elif self.rng.random() < 0.4:  # corpus v4: 40% (v3: 75%), the rest made up
+        elif self.rng.random() < 0.25:  # v4c: 25% (v4: 40%, v3: 75%), the rest made up
             name = self.rng.choice(BAD_COUNTRIES)
         else:
             name = self._fake_name()
@@ -1129,8 +1149,9 @@ class Generator:
 
     # ---- no-tool skills
     def arithmetic(self, tools: bool) -> Turn:
-        """Mental arithmetic with steps (chats without tools): v4's steps in the training
-        split, v3's in the held-out one (whose frozen texts they are)."""
+        """Mental arithmetic with steps (chats without tools): v4c's steps in the training
+        split (v4's until commit 181077d), v3's in the held-out one (whose frozen texts they
+        are)."""
         kind = self.rng.choice(["+", "+", "-", "*"])
         if kind == "+":
             a, b = self.rng.randint(10, 99), self.rng.randint(10, 99)
@@ -1141,7 +1162,7 @@ class Generator:
         else:
             a, b = self.rng.randint(11, 99), self.rng.randint(2, 9)
         res = {"+": a + b, "-": a - b, "*": a * b}[kind]
-        steps = (self._arith_steps_v4 if self.split == "train" else self._arith_steps_v3)(
+        steps = (self._arith_steps_v4c if self.split == "train" else self._arith_steps_v3)(
             a, kind, b)
         q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
         lead = self.rng.choice(["Let me work it out step by step.", "No calculator here, so I do "
@@ -1169,31 +1190,65 @@ class Generator:
                 f"{t * b} + {o * b} = {a * b}.")
 
     @staticmethod
-    def _arith_steps_v4(a: int, kind: str, b: int) -> str:
-        """Corpus v4's steps for two-digit mental arithmetic: each number is first written as
-        tens + ones next to where its digits are used, so every step copies from the text just
-        before it (v3's "Add the ones: 5 + 5" made the model pick digits from the question)."""
-        ta, oa, tb, ob = a // 10 * 10, a % 10, b // 10 * 10, b % 10
+    def _add_tens_and_small(big: int, small: int) -> str:
+        """Corpus v4c: ``big`` (a multiple of 10) + ``small`` (0-99) as steps of one digit
+        each: the tens of ``small`` first (one digit fact on the tens), then its ones
+        (written in the ones place, no carry)."""
+        t, o = small // 10 * 10, small % 10
+        if t == 0:
+            return f"{big} + {o} = {big + o}."
+        if o == 0:
+            return f"{big} + {t} = {big + t}."
+        return f"{big} + {t} = {big + t}, and {big + t} + {o} = {big + small}."
+
+    @classmethod
+    def _arith_steps_v4c(cls, a: int, kind: str, b: int) -> str:
+        """Corpus v4c's steps for two-digit mental arithmetic: every step is one one-digit
+        fact. The stage-6 target wrote v4's steps and then got their facts wrong ("53 - 7 =
+        53", "1 * 4 = 12"), since some of v4's steps were two-digit sums and differences; here
+        the tens are computed on their digits ("Tens: 9 + 7 = 16, so 90 + 70 = 160"), a
+        subtraction borrows ten explicitly, and a sum of a multiple of ten and a small number
+        adds its tens, then its ones (:meth:`_add_tens_and_small`)."""
+        a1, oa, b1, ob = a // 10, a % 10, b // 10, b % 10
         if kind == "+":
-            return (f"{a} = {ta} + {oa} and {b} = {tb} + {ob}. Tens: {ta} + {tb} = {ta + tb}. "
-                    f"Ones: {oa} + {ob} = {oa + ob}. {ta + tb} + {oa + ob} = {a + b}.")
+            t, o = (a1 + b1) * 10, oa + ob
+            return (f"{a} = {a1 * 10} + {oa} and {b} = {b1 * 10} + {ob}. Tens: {a1} + {b1} = "
+                    f"{a1 + b1}, so {a1 * 10} + {b1 * 10} = {t}. Ones: {oa} + {ob} = {o}. "
+                    + cls._add_tens_and_small(t, o))
         if kind == "-":
-            return (f"{b} = {tb} + {ob}. First {a} - {tb} = {a - tb}. Then {a - tb} - {ob} = "
-                    f"{a - b}.")
-        return (f"{a} = {ta} + {oa}. {ta} * {b} = {ta * b}. {oa} * {b} = {oa * b}. "
-                f"{ta * b} + {oa * b} = {a * b}.")
+            head = f"{a} = {a1 * 10} + {oa} and {b} = {b1 * 10} + {ob}."
+            if oa < ob:
+                a1, oa = a1 - 1, oa + 10
+                head += f" {oa - 10} is less than {ob}, so I borrow ten: {a} = {a1 * 10} + {oa}."
+            t, o = (a1 - b1) * 10, oa - ob
+            return (f"{head} Tens: {a1} - {b1} = {a1 - b1}, so {a1 * 10} - {b1 * 10} = {t}. "
+                    f"Ones: {oa} - {ob} = {o}. " + cls._add_tens_and_small(t, o))
+        p1, p0 = a1 * b, oa * b
+        return (f"{a} = {a1 * 10} + {oa}. {a1} * {b} = {p1}, so {a1 * 10} * {b} = {p1 * 10}. "
+                f"{oa} * {b} = {p0}. " + cls._add_tens_and_small(p1 * 10, p0))
 
     def arithmetic_fact(self, tools: bool) -> Turn:
-        """Corpus v4 (train only): a one-digit sum or product, the facts the two-digit steps
-        are made of (chats without tools)."""
+        """A one-step fact of the kind the two-digit steps are made of (chats without tools):
+        a one-digit sum or product (corpus v4), and in corpus v4c also a one-digit
+        difference, a teen minus a digit ("13 - 7"), a product of a multiple of ten and a
+        digit, and a multiple of ten plus a number below 100 (the last steps of
+        :meth:`_arith_steps_v4c`)."""
+        kind = self.rng.choice(["+", "*", "-", "-", "10*", "10+"])
         a, b = self.rng.randint(1, 9), self.rng.randint(1, 9)
-        kind = self.rng.choice(["+", "*"])
-        if kind == "*" and self.rng.random() < 0.4:
-            a *= 10
-        res = a + b if kind == "+" else a * b
+        if kind == "-":
+            a = a + b if self.rng.random() < 0.6 else max(a, b)
+            b = min(b, a)
+        elif kind == "10*":
+            kind, a = "*", a * 10
+        elif kind == "10+":
+            kind, a, b = "+", self.rng.randint(1, 89) * 10, self.rng.randint(1, 99)
+        res = {"+": a + b, "-": a - b, "*": a * b}[kind]
+        steps = self._add_tens_and_small(a, b) if a >= 10 and kind == "+" else ""
         q = self._user(self._pick(T["arith"]).format(a=a, op=kind, b=b))
         r = self.rng.choice([f"A small one: {a} {kind} {b} = {res}.",
                              f"I know this one. {a} {kind} {b} = {res}."])
+        if steps:
+            r = f"In steps: {steps} So {a} {kind} {b} = {res}."
         return Turn(q, [assistant(r, f"{a} {kind} {b} = {res}.")], "arithmetic",
                     {"calls": [], "contains": [str(res)]})
 
@@ -1425,7 +1480,10 @@ class Generator:
              "explain", "self_description", "greeting", "thanks", "scope", "scope",
              # corpus v4
              "arithmetic", "arithmetic", "arithmetic_fact", "easy_conversion",
-             "languages_fact")
+             "languages_fact",
+             # corpus v4c: mental arithmetic was still 1/8 after stage 6
+             "arithmetic", "arithmetic", "arithmetic_fact", "arithmetic_fact",
+             "arithmetic_fact")
     TOOLED = ("fact", "fact", "fact", "population", "population", "info", "time", "time",
               "time", "calc", "calc", "calc", "calc", "convert", "convert", "convert",
               "listing", "explain", "self_description", "scope", "scope", "two_times",
@@ -1437,7 +1495,9 @@ class Generator:
               "languages_fact", "languages_fact", "info", "bad_country", "bad_country",
               "two_times", "two_countries", "time",
               # corpus v4b: the v4 pair made calls for some out-of-scope requests
-              "scope", "scope")
+              "scope", "scope",
+              # corpus v4c: tool errors (copying an unknown name), languages, overviews
+              "bad_country", "bad_country", "languages_fact", "info")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
