@@ -64,6 +64,12 @@ def test_no_heldout_prompt_text_occurs_in_the_corpus(heldout):
         for t in g.chat().turns:
             seen.add(t.user)
     assert not held & seen
+
+    # Nor one that differs only in case or its final mark ("Many thanks." for "Many thanks!").
+    def bare(text: str) -> str:
+        return text.strip().lower().rstrip(" .!?")
+
+    assert not {bare(h) for h in held} & {bare(t) for t in seen}
     # Held-out single-turn prompts are not training phrasings either (not only other texts).
     train_heads = {tmpl.split("{")[0] for table in corpus.T.values() for tmpl in table["train"]
                    if tmpl.split("{")[0]}

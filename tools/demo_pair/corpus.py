@@ -400,7 +400,9 @@ EXTRA_TRAIN = {
 }
 # Corpus v4c: the words the stage-6 target did not tie to their intent ("speak" at the end of
 # the question, "tongue", "describe", "key facts", "appreciated"), in frames of this corpus's
-# own; none is a held-out frame (``tests/test_demo_corpus.py`` checks the texts).
+# own; none is a held-out frame (``tests/test_demo_corpus.py`` checks the texts, also without
+# case and final marks). The stage-7 data was made with one more, "Many thanks.", which is the
+# held-out "Many thanks!" but for its mark (commit 1e1c8ba's generator; found after training).
 EXTRA_TRAIN_V4C = {
     "languages": ["What does everyone in {c} speak?", "What do the people of {c} speak?",
                   "In {c}, what do people speak?", "What tongue is spoken in {c}?",
@@ -413,7 +415,7 @@ EXTRA_TRAIN_V4C = {
              "Give the key facts of {c}.", "List the key facts about {c}.",
              "The key facts of {c}, please.", "An overview of {c}, please.",
              "Briefly, what is {c}?", "Profile {c} for me."],
-    "thanks": ["Appreciated!", "Really appreciated, thanks.", "Much obliged!", "Many thanks.",
+    "thanks": ["Appreciated!", "Really appreciated, thanks.", "Much obliged!",
                "Thanks heaps!", "That helps, thank you.", "Kind of you, thanks!",
                "Thanks a million!", "So helpful, thank you!", "Great help, thanks."],
 }
