@@ -420,7 +420,20 @@ EXTRA_TRAIN_V4C = {
                "Thanks a million!", "So helpful, thank you!", "Great help, thanks."],
 }
 
-for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items()]:
+# Corpus v4d: the v5 pair answered "residents ... have?" with the languages (v4c's "What
+# official tongues does {c} have?" pulled that shape over), so population gets "residents",
+# "inhabitants" and "citizens" in frames of its own, some ending "have?" too.
+EXTRA_TRAIN_V4D = {
+    "population": ["How many residents are there in {c}?", "What is the number of residents "
+                   "of {c}?", "Residents of {c}: how many?", "How many inhabitants live in {c}?",
+                   "About how many people live in {c}?", "Roughly how many people are in {c}?",
+                   "How many citizens does {c} have?", "{c} has how many residents?",
+                   "How many residents has {c} got?", "Approximately how many people does {c} "
+                   "have?", "Count of residents in {c}?", "What number of inhabitants does "
+                   "{c} count?", "How many people call {c} home?", "Resident population of {c}?"],
+}
+
+for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items(), *EXTRA_TRAIN_V4D.items()]:
     T[_k]["train"] = T[_k]["train"] + _extra
 
 # Corpus v4: frames composed from a head and an object phrase per intent (a few hundred per
@@ -452,7 +465,10 @@ _NOUNS = {
                   "the spoken language in {c}"],
     "population": ["the population of {c}", "{c}'s population", "the number of people in {c}",
                    "the number of inhabitants of {c}", "the population count of {c}",
-                   "the size of the population of {c}"],
+                   "the size of the population of {c}",
+                   # corpus v4d
+                   "the number of residents of {c}", "the resident count of {c}",
+                   "the head count of {c}"],
     "info": ["an overview of {c}", "the facts about {c}", "a summary of {c}",
              "some facts on {c}", "the main facts about {c}", "a short profile of {c}",
              "basic information about {c}", "the country record of {c}"],
@@ -466,7 +482,8 @@ _CLAUSES = {
     "currency": ["which currency {c} uses", "what money they use in {c}"],
     "languages": ["which languages are spoken in {c}", "what language they speak in {c}",
                   "what languages people use in {c}"],
-    "population": ["how many people live in {c}", "how many inhabitants {c} has"],
+    "population": ["how many people live in {c}", "how many inhabitants {c} has",
+                   "how many residents {c} has", "how many residents live in {c}"],
     "info": ["what you know about {c}", "the basic facts of {c}"],
     "time": ["what time it is now in {city}", "what the time is in {city}",
              "how late it is in {city}"],
@@ -577,8 +594,15 @@ F_FIELD_EXTRA = {
     "languages": ["What language is spoken there?", "Its languages?",
                   "Which language do they use there?", "And the languages?"],
     "population": ["What is its population?", "Its population?", "How many live there?"],
-    "continent": ["Which continent is that?", "Its continent?", "What continent is it on?"],
+    "continent": ["Which continent is that?", "Its continent?", "What continent is it on?",
+                  # corpus v4d: "lie", "located", "belong"
+                  "Where does it lie?", "On which continent is it located?",
+                  "What continent does it belong to?", "Where is it located?",
+                  "Which part of the world is it in?", "On which continent is it?"],
 }
+# Corpus v4d: population follow-ups with "residents" / "inhabitants".
+F_FIELD_EXTRA["population"] += ["How many residents live there?", "Number of residents?",
+                                "How many inhabitants are there?", "And the residents?"]
 for _k, _extra in F_FIELD_EXTRA.items():
     F["field"][_k]["train"] = F["field"][_k]["train"] + _extra
 
@@ -610,7 +634,16 @@ TWO_COUNTRY = {"train": ["Compare the populations of {c} and {c2}.",
                          "Population of {c} versus {c2}?",
                          "Which country has the larger population: {c} or {c2}?",
                          "Does {c} have more people than {c2}?",
-                         "Look up {c} and {c2} and compare their populations."],
+                         "Look up {c} and {c2} and compare their populations.",
+                         # corpus v4d: "X or Y" with "more people" (the v5 pair made one call)
+                         "Are there more people in {c} or in {c2}?",
+                         "{c} or {c2}: which is more populous?",
+                         "Which is more populous, {c} or {c2}?",
+                         "Which of {c} and {c2} has more people?",
+                         "Where do more people live, {c} or {c2}?",
+                         "Which has the bigger population, {c} or {c2}?",
+                         "More people in {c} or {c2}?",
+                         "Which country is home to more people, {c} or {c2}?"],
                "heldout": ["Which has more people, {c} or {c2}?"]}
 
 SCOPE = {
@@ -623,7 +656,12 @@ SCOPE = {
                  "{task}.", "Write a SQL query that {task}."],
         "news": ["What is the latest news about {x}?", "What happened in the news today?",
                  "Who won the match yesterday?", "What's the weather like in {city} today?",
-                 "What is the stock price of {company}?", "Will it rain tomorrow in {city}?"],
+                 "What is the stock price of {company}?", "Will it rain tomorrow in {city}?",
+                 # corpus v4d: headlines, elections, who leads (the v5 pair answered a fact)
+                 "What are today's headlines?", "Any news about {x} today?",
+                 "Headlines about {x}, please.", "Who will win the election?",
+                 "What do the latest polls say?", "Who is leading the race?",
+                 "Who is ahead in the league this season?", "What is trending this week?"],
         "opinion": ["What do you think about {x}?", "Which is better, {x} or {y}?",
                     "Do you like {x}?", "What is your favorite {thing}?",
                     "Should I buy {x}?", "Who is the best {person}?"],
@@ -634,7 +672,11 @@ SCOPE = {
                   "What film is showing tonight in {city}?",
                   "How do I lose weight?", "Recommend a good book about {x}.",
                   "Help me write an email to my boss.", "What is the meaning of life?",
-                  "Plan a trip to {c} for me.", "Explain quantum physics."],
+                  "Plan a trip to {c} for me.", "Explain quantum physics.",
+                  # corpus v4d: letters and drafts (the v5 pair looked a name up)
+                  "Write a cover letter for me.", "Draft an email to my landlord.",
+                  "Write a letter to a friend.", "Draft a speech for a wedding.",
+                  "Write my CV for me.", "Draft a complaint to an airline."],
     },
     "heldout": {
         "poem": ["Please write some verses about {x}.", "Make up a fairy tale about {x}."],
@@ -798,10 +840,24 @@ class Generator:
     def _fake_name(self) -> str:
         """A made-up country name (two or three syllables and an ending) that is no country
         of the data and no held-out name."""
+        from app.chat.tools.countries import find_country
+
+        while True:
+            name = self._fake_name_candidate()
+            if name not in BAD_COUNTRIES_HELDOUT and find_country(name) is None:
+                return name
+
+    def _fake_name_candidate(self) -> str:
+        """One draw of :meth:`_fake_name` (it may still name a country or an alias)."""
         known = {c["name"] for c in self.countries} | set(BAD_COUNTRIES_HELDOUT)
         while True:
             r = self.rng.random()
-            if r < 0.45:  # corpus v4b: letter by letter, so only copying can give it back
+            if r < 0.2:  # corpus v4d: pieces of real names glued ("Ethiopia"'s "pia")
+                name = self._blend_name()
+                if name not in known:
+                    return name
+                continue
+            if r < 0.5:  # corpus v4b: letter by letter, so only copying can give it back
                 name = self._random_letters_name()
                 if name not in known:
                     return name
@@ -820,6 +876,23 @@ class Generator:
                 name += self.rng.choice([" Republic", " Islands", " Kingdom"])
             if name not in known:
                 return name
+
+    def _blend_name(self) -> str:
+        """Corpus v4d: a made-up name glued from the start of one real country name and the
+        end of another (2-5 letters each, e.g. "Uto" + "pia"), some with a short hyphenated
+        part ("-La"): the pieces are tokens the target has seen inside other names, so its
+        habit pulls towards a real name and only copying gives the made-up one back (the v5
+        pair wrote "Utozi" for "Utopia")."""
+        names = [c["name"] for c in self.countries if c["name"].isalpha()]
+        a, b = self.rng.sample(names, 2)
+        name = a[:self.rng.randint(2, min(5, len(a)))] + b[-self.rng.randint(2, min(5, len(b))):]
+        name = name.capitalize()
+        r = self.rng.random()
+        if r < 0.2:
+            name += "-" + self.rng.choice("BDKLMNRST") + self.rng.choice("aeiou")
+        elif r < 0.3:
+            name += " " + self.rng.choice(names)[:self.rng.randint(3, 6)].capitalize()
+        return name
 
     def _random_letters_name(self) -> str:
         """Corpus v4b: a made-up name of 4-10 random letters in consonant-vowel turns (some
@@ -976,7 +1049,7 @@ class Generator:
         """country_info on a name not in the data: the error, answered gracefully."""
         if self.split == "heldout":
             name = self.rng.choice(BAD_COUNTRIES_HELDOUT)
-        elif self.rng.random() < 0.25:  # v4c: 25% (v4: 40%, v3: 75%), the rest made up
+        elif self.rng.random() < 0.2:  # v4d: 20% (v4c: 25%, v4: 40%, v3: 75%), the rest made up
             name = self.rng.choice(BAD_COUNTRIES)
         else:
             name = self._fake_name()
@@ -1485,7 +1558,9 @@ class Generator:
              "languages_fact",
              # corpus v4c: mental arithmetic was still 1/8 after stage 6
              "arithmetic", "arithmetic", "arithmetic_fact", "arithmetic_fact",
-             "arithmetic_fact")
+             "arithmetic_fact",
+             # corpus v4d: the v5 pair answered an election question with a fact
+             "scope")
     TOOLED = ("fact", "fact", "fact", "population", "population", "info", "time", "time",
               "time", "calc", "calc", "calc", "calc", "convert", "convert", "convert",
               "listing", "explain", "self_description", "scope", "scope", "two_times",
@@ -1499,7 +1574,10 @@ class Generator:
               # corpus v4b: the v4 pair made calls for some out-of-scope requests
               "scope", "scope",
               # corpus v4c: tool errors (copying an unknown name), languages, overviews
-              "bad_country", "bad_country", "languages_fact", "info")
+              "bad_country", "bad_country", "languages_fact", "info",
+              # corpus v4d: "residents" frames, two-country calls, made-up names, scope
+              "population", "population", "two_countries", "two_countries", "bad_country",
+              "scope")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
