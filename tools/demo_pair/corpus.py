@@ -430,7 +430,17 @@ EXTRA_TRAIN_V4D = {
                    "How many citizens does {c} have?", "{c} has how many residents?",
                    "How many residents has {c} got?", "Approximately how many people does {c} "
                    "have?", "Count of residents in {c}?", "What number of inhabitants does "
-                   "{c} count?", "How many people call {c} home?", "Resident population of {c}?"],
+                   "{c} count?", "Resident population of {c}?"],
+    # corpus v4e: the stage-9 target (v4d) answered "What do people in {c} speak?" with the
+    # population, so "people in {c}" gets language frames too
+    "languages": ["What language do people in {c} speak?", "What do most people in {c} "
+                  "speak?", "In {c}, what language do people speak?", "People in {c} speak "
+                  "which languages?", "What language do the people in {c} use?"],
+    # corpus v4e: it answered "What does the clock say in {city} ...?" with the scope answer
+    # (v4d's "What do the latest polls say?" pulled it), so the clock gets time frames
+    "time": ["What does the clock show in {city}?", "What time is it in {city} at the moment?",
+             "What do the clocks read in {city}?", "Clock in {city}?",
+             "Look at the clock in {city} for me.", "What time does it say in {city} now?"],
 }
 
 for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items(), *EXTRA_TRAIN_V4D.items()]:
@@ -624,7 +634,14 @@ TWO_TIME = {"train": ["What time is it in {city} and in {city2}?",
                       "What's the time in {city} and {city2}?", "Time in {city} and {city2}?",
                       "Give me the current times in {city} and {city2}.",
                       "Check the time in both {city} and {city2}.",
-                      "I need the time in {city} and also in {city2}."],
+                      "I need the time in {city} and also in {city2}.",
+                  # corpus v4e: "local times" and plural "times" (the stage-9 target made
+                  # one call)
+                  "Local times in {city} and {city2}, please.",
+                  "Tell me the local times in {city} and {city2}.",
+                  "What are the times in {city} and {city2} right now?",
+                  "Give me the local time in {city} and in {city2}.",
+                  "What times do the clocks show in {city} and {city2}?"],
             "heldout": ["What are the local times in {city} and {city2}?"]}
 TWO_COUNTRY = {"train": ["Compare the populations of {c} and {c2}.",
                          "What are the populations of {c} and {c2}?",
@@ -657,11 +674,11 @@ SCOPE = {
         "news": ["What is the latest news about {x}?", "What happened in the news today?",
                  "Who won the match yesterday?", "What's the weather like in {city} today?",
                  "What is the stock price of {company}?", "Will it rain tomorrow in {city}?",
-                 # corpus v4d: headlines, elections, who leads (the v5 pair answered a fact)
-                 "What are today's headlines?", "Any news about {x} today?",
-                 "Headlines about {x}, please.", "Who will win the election?",
-                 "What do the latest polls say?", "Who is leading the race?",
-                 "Who is ahead in the league this season?", "What is trending this week?"],
+                 # corpus v4d: headlines, elections, who leads (the v5 pair answered a fact);
+                 # v4e drops three that pulled time questions to the scope answer
+                 "Any news about {x} today?", "Headlines about {x}, please.",
+                 "Who will win the election?", "Who is leading the race?",
+                 "Who is ahead in the league this season?"],
         "opinion": ["What do you think about {x}?", "Which is better, {x} or {y}?",
                     "Do you like {x}?", "What is your favorite {thing}?",
                     "Should I buy {x}?", "Who is the best {person}?"],
@@ -1577,7 +1594,9 @@ class Generator:
               "bad_country", "bad_country", "languages_fact", "info",
               # corpus v4d: "residents" frames, two-country calls, made-up names, scope
               "population", "population", "two_countries", "two_countries", "bad_country",
-              "scope")
+              "scope",
+              # corpus v4e: what the stage-9 target lost (languages, the clock, two times)
+              "languages_fact", "time", "two_times")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
