@@ -131,6 +131,12 @@ RECIPE: list[list[str]] = [
     # 8: corpus v4c: target kept, new continuations, the drafter trained on (420 s)
     ["--init", "--target-steps", "0", "--time-target", "0", "--time-gen", "60",
      "--time-drafter", "420", "--drafter-lr", "8e-4"],
+    # 9: corpus v4d (60,000 chats, seed 5): the target only, drafter kept
+    ["--init", "--time-target", "500", "--target-lr", "6e-4", "--target-batch-tokens", "128000",
+     "--drafter-steps", "0", "--gen-prompts", "512", "--time-gen", "15", "--time-drafter", "0"],
+    # 10: corpus v4e (60,000 chats, seed 6): target (300 s), new continuations, drafter (185 s)
+    ["--init", "--time-target", "300", "--target-lr", "5e-4", "--target-batch-tokens", "128000",
+     "--time-gen", "45", "--time-drafter", "185", "--drafter-lr", "8e-4"],
 ]
 """The shipped build's training stages (each one device command of under 10 minutes): each
 stage after the first starts from the previous stage's exported pair (``--init``)."""
