@@ -130,7 +130,9 @@ def test_one_host_read_per_cycle_on_the_dense_target(monkeypatch, tiny_dense):
 
 def test_one_host_read_per_cycle_on_the_demo_pair(monkeypatch, demo_pair):
     target, drafter = demo_pair
-    ids = prompt_ids(target)
+    # a question of the pair's world (the fixtures' "... Think first." is outside it: the v6
+    # target writes nonsense there, which its drafter never predicts)
+    ids = prompt_ids(target, [{"role": "user", "content": "What is the capital of France?"}])
     ref = run(target, ids, mode="plain", max_tokens=48).tokens
     tokens, per_cycle, cycles = _syncs_per_cycle(
         monkeypatch, target, ids, drafter, mode="dflash", max_tokens=48)
