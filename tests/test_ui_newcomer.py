@@ -647,6 +647,7 @@ def test_context_overflow_says_max_tokens_reserves_half(tiny_dirs):
                            {"mode": "plain", "max_tokens": limit, "use_tools": False}))
     assert "Max tokens reserves up to half the context" in str(info.value)
     assert f"{limit // 2:,} kept free" in str(info.value)
+    assert str(info.value).endswith("in File › Settings.")  # not "Settings…." (four dots)
 
 
 def test_save_as_defaults_says_so(qtbot, qs):
@@ -852,6 +853,7 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
         assert win.banner_kind == "note"
         assert "slower than plain for the last 3 replies" in win.banner.text()
         assert "smaller block size" in win.banner.text()
+        assert "…." not in win.banner.text()
     finally:
         win.shutdown()
 

@@ -126,4 +126,4 @@ class SlowStreak:
                                                   for r in self.ratios)
 
     NOTE = ("DFlash was slower than plain for the last 3 replies on this pair. Try Plain, or a "
-            "smaller block size in File › Settings….")
+            "smaller block size in File › Settings.")

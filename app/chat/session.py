@@ -463,7 +463,7 @@ class ChatSession:
             raise GenerationError(
                 f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "
                 "reply: Max tokens reserves up to half the context). Shorten the message, or "
-                "lower Max tokens in File › Settings….") from exc
+                "lower Max tokens in File › Settings.") from exc
         return fitted.messages, fitted.notice()
 
     # ------------------------------------------------------------------ extras
