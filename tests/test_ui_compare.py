@@ -125,3 +125,32 @@ def test_earlier_rounds_note_reads_without_a_count_of_one():
                        messages=tool_round("1+1") + tool_round("2+2"))
            for m in ("plain", "dflash")]
     assert verdict(*two).endswith(", its 2 earlier rounds the same (text and tool calls)")
+
+
+# ------------------------------------------------------------------ 2. captions while it runs
+def test_a_finished_side_shows_its_figures_while_the_next_side_runs(qtbot, qs):
+    backend = ScriptedBackend(cycles=400, block=4, delay_s=0.004)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        view = win.compare_view
+        with qtbot.waitSignal(win.replyFinished, timeout=60_000):
+            assert win.compare(PROMPT)
+            assert view.figs["plain"].text() == "running…"
+            assert view.figs["dflash"].text() == "waiting"
+            qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
+                            timeout=30_000)
+            plain = win._run.sides["plain"].result
+            assert plain is not None and plain.summary is not None
+            assert view.figs["plain"].text() == side_figures(plain)
+            assert view.figs["plain"].text().startswith(f"321.5 tok/s · {len(plain.tokens)} "
+                                                        "tokens · first token 12 ms")
+            assert view.figs["dflash"].text() == "running…"
+            assert "t100 " in view.texts["plain"].toPlainText()
+            assert not view.buttons["plain"].isEnabled()  # chosen once every side is done
+            win.stop()
+        assert view.figs["plain"].text() == side_figures(plain)
+        assert view.buttons["plain"].isEnabled() and view.buttons["dflash"].isEnabled()
+    finally:
+        win.shutdown()

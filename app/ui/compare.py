@@ -408,9 +408,23 @@ class CompareView(QFrame):
             b.setChecked(k == key)
 
     def show_running(self, which: str) -> None:
-        """Header while a side is generating."""
+        """Header while a side is generating; that side's caption says "running…" and the
+        sides after it "waiting" (a side done before it keeps its figures,
+        :meth:`show_side`)."""
         name = mode_label(which) if which in DRAFTING_MODES else "plain"
         self.header.setText(f"Comparing… running {name}")
+        if which in self.sides:
+            later = self.sides[self.sides.index(which) + 1:]
+            self.figs[which].setText("running…")
+            for key in later:
+                self.figs[key].setText("waiting")
+
+    def show_side(self, key: str, result) -> None:
+        """Show a side that finished while the Compare runs on: its text and figures (its
+        button stays off and the first divergence unmarked until every side is done,
+        :meth:`set_results`)."""
+        self.results[key] = result
+        self._show_result(key, result, None)
 
     def stream(self, key: str, text: str) -> None:
         """Show a side's streaming text (plain text)."""
@@ -442,14 +456,16 @@ class CompareView(QFrame):
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
-            mark = plain_mark if key == "plain" else marks.get(key)
-            if r.pieces:
-                self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours,
-                                                      r.tool_calls))
-            else:  # no token texts: the stored text, sections from the reply's fields
-                self.texts[key].setHtml(text_sections_html(r, self.colours))
-            self.figs[key].setText(side_figures(r))
+            self._show_result(key, r, plain_mark if key == "plain" else marks.get(key))
         self.set_choice(chosen)
+
+    def _show_result(self, key: str, r, mark: int | None) -> None:
+        """A side's text (token ``mark`` highlighted) and its figures."""
+        if r.pieces:
+            self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours, r.tool_calls))
+        else:  # no token texts: the stored text, sections from the reply's fields
+            self.texts[key].setHtml(text_sections_html(r, self.colours))
+        self.figs[key].setText(side_figures(r))
 
     def show_turn(self, turn) -> None:
         """Show a finished Compare :class:`~app.chat.turns.Turn` (a reopened chat's last
