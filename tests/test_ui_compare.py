@@ -154,3 +154,26 @@ def test_a_finished_side_shows_its_figures_while_the_next_side_runs(qtbot, qs):
         assert view.buttons["plain"].isEnabled() and view.buttons["dflash"].isEnabled()
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ 3. tool calls as JSON
+def test_compare_shows_tool_call_arguments_as_json(qtbot):
+    call = {"id": "call_0", "name": "convert_units",
+            "arguments": {"value": 10, "from_unit": "km", "to_unit": "mile"}}
+    degrees = {"id": "call_1", "name": "convert_units",
+               "arguments": {"value": 20, "from_unit": "°C", "to_unit": "°F"}}
+    shown = ('convert_units({"value": 10, "from_unit": "km", "to_unit": "mile"})',
+             'convert_units({"value": 20, "from_unit": "°C", "to_unit": "°F"})')
+    # plain: no token texts (sections from the reply's fields); DFlash: token texts
+    plain = ReplyResult(mode="plain", tokens=[1, 2], content="10 km is 6.2 miles.",
+                        tool_calls=[call, degrees], finish_reason="tool_calls")
+    dflash = ReplyResult(mode="dflash", tokens=[1, 2], pieces=["10 km is", " 6.2 miles."],
+                         content="10 km is 6.2 miles.", tool_calls=[call, degrees])
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash)
+    for key in ("plain", "dflash"):
+        text = view.texts[key].toPlainText()
+        assert all(s in text for s in shown), text
+        assert "{'value'" not in text

@@ -41,7 +41,13 @@ from PySide6.QtWidgets import (
 
 from app.engine.compare import first_divergence
 from app.ui.fit import WrapLabel
-from app.ui.render import SECTION_TITLES, mark_section, sections_html, spells_its_text
+from app.ui.render import (
+    SECTION_TITLES,
+    call_text,
+    mark_section,
+    sections_html,
+    spells_its_text,
+)
 from app.ui.text import DRAFTING_MODES, mode_label
 
 SIDES = ("plain", "dflash", "dflash2")
@@ -173,8 +179,7 @@ def text_sections_html(result, colours: dict) -> str:
     out = []
     for title, body in (("Reasoning", result.reasoning), ("Answer", result.content),
                         ("Tool calls", "<br>".join(
-                            html.escape(f"{c.get('name')}({c.get('arguments')})")
-                            for c in result.tool_calls or []))):
+                            html.escape(call_text(c)) for c in result.tool_calls or []))):
         if body.strip():
             text = body if title == "Tool calls" else html.escape(body.strip()).replace(
                 "\n", "<br>")
