@@ -448,7 +448,7 @@ def test_a_reopened_compare_says_what_storage_lacks_and_marks_once_the_model_loa
         view = win.compare_view
         assert win.conv.id == conv_id and view.isVisible()
         verdict, note = view.header.text().split("\n")
-        assert verdict.startswith("differ from token 1 (of 3 plain / 3 DFlash)")
+        assert verdict.startswith("differs from token 1 (of 3 plain / 3 DFlash)")
         assert verdict.endswith("DFlash 1.50× plain speed")
         assert note == ("Reopened from storage: the top-two logit gap was not stored; the "
                         "first divergence is not marked (its token texts are not stored).")

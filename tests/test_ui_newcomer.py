@@ -748,7 +748,7 @@ def test_compare_shows_reasoning_answer_and_tools_apart_with_the_divergence(qtbo
         assert "#ffd7d5" in view.texts[key].toHtml()  # the divergence, marked on both sides
     assert " 6" in view.texts["dflash"].toPlainText()
     header = verdict(plain, dflash)
-    assert header.startswith("differ from token 8")
+    assert header.startswith("differs from token 8")
     assert "first divergence in the answer" in header
 
 
@@ -1024,7 +1024,7 @@ def test_a_three_sided_compare_view_gives_each_side_its_verdict_and_tabs_when_na
     assert all(view.columns[k].isVisible() for k in view.results) and not view.tabbed
     lines = view.header.text().split("\n")
     assert lines[0] == "DFlash: identical, 3 tokens"
-    assert lines[1].startswith("DFlash2: differ from token 1 (of 3 plain / 3 DFlash2")
+    assert lines[1].startswith("DFlash2: differs from token 1 (of 3 plain / 3 DFlash2")
     assert view.buttons["dflash2"].isChecked() and not view.buttons["dflash"].isChecked()
     seen = []
     view.chosen.connect(seen.append)
@@ -1065,7 +1065,7 @@ def test_compare_of_a_tool_reply_compares_the_earlier_rounds_too():
     same = [ReplyResult(mode=m, tokens=[1, 2, 3], rounds=2, messages=_tool_round("17*23"))
             for m in ("plain", "dflash")]
     assert verdict(*same) == ("identical, 3 tokens in the last round (the answer after the "
-                              "tool calls), its 1 earlier round the same (text and tool calls)")
+                              "tool calls), its earlier round the same (text and tool calls)")
     other = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2,
                         messages=_tool_round("17*24"))
     assert "round 1 already differs" in verdict(same[0], other)
@@ -1074,5 +1074,5 @@ def test_compare_of_a_tool_reply_compares_the_earlier_rounds_too():
     clock = ReplyResult(mode="dflash", tokens=[1, 2, 3], rounds=2, messages=result_differs)
     assert "the same (text and tool calls)" in verdict(same[0], clock)
     late = ReplyResult(mode="dflash", tokens=[1, 2, 4], rounds=2, messages=_tool_round("17*24"))
-    assert verdict(same[0], late).startswith("differ from token 2")
+    assert verdict(same[0], late).startswith("differs from token 2")
     assert "in the last round; round 1 already differs" in verdict(same[0], late)

@@ -1104,7 +1104,7 @@ def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
     plain = ReplyResult(tokens=list(rep.tokens), mode="plain")
     dflash = ReplyResult(tokens=changed, mode="dflash", top2_gap=gap)
     assert verdict(plain, dflash).startswith(
-        f"differ from token 3 (of 6 plain / 6 DFlash; top-two logit gap there {gap:.3g})")
+        f"differs from token 3 (of 6 plain / 6 DFlash; top-two logit gap there {gap:.3g})")
     assert verdict(plain, ReplyResult(tokens=list(rep.tokens))).startswith("identical, 6")
 
 

@@ -3,12 +3,14 @@ when the loaded pair has a DFlash2 drafter too.
 
 The first token where the two outputs differ is highlighted on both sides; when they agree
 the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
-at the first divergence (computed on the worker). Each side shows its figures; the header gives the
-speed ratio (DFlash tok/s / plain tok/s). With three sides the header has one such line per
-drafting side, each against plain ("DFlash: …", "DFlash2: …"). A view too narrow for its
-columns (and a three-sided one under :data:`NARROW_PX`) shows the sides as tabs instead, so
-opening Compare never widens the window. The user picks the version the
-conversation continues from (DFlash's by default).
+at the first divergence (computed on the worker). A side stopped while every token it wrote
+equals plain's is partial, not a divergence: "stopped after N tokens (all equal to plain's)",
+nothing marked (:func:`stopped_before_differing`). Each side shows its figures; the header gives
+the speed ratio (DFlash tok/s / plain tok/s) of a side that was not stopped. With three sides
+the header has one such line per drafting side, each against plain ("DFlash: …", "DFlash2: …").
+A view too narrow for its columns (and a three-sided one under :data:`NARROW_PX`) shows the
+sides as tabs instead, so opening Compare never widens the window. The user picks the version
+the conversation continues from (DFlash's by default).
 
 A chat whose last turn is a Compare reopens it (:meth:`CompareView.show_turn`) from what is
 stored: each side's reply row with its figures and its top-two gap, a side stopped before it
@@ -39,7 +41,13 @@ from PySide6.QtWidgets import (
 
 from app.engine.compare import first_divergence
 from app.ui.fit import WrapLabel
-from app.ui.render import SECTION_TITLES, mark_section, sections_html, spells_its_text
+from app.ui.render import (
+    SECTION_TITLES,
+    call_text,
+    mark_section,
+    sections_html,
+    spells_its_text,
+)
 from app.ui.text import DRAFTING_MODES, mode_label
 
 SIDES = ("plain", "dflash", "dflash2")
@@ -55,6 +63,27 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     one is a prefix of the other, the shorter length; None when they are equal
     (``app.engine.compare.first_divergence``)."""
     return first_divergence(a, b)
+
+
+def stopped_before_differing(plain, other) -> bool:
+    """True when ``other`` (a drafting side's :class:`~app.ui.worker.ReplyResult`) was stopped
+    (finish reason "cancelled") before it wrote a token that differs from ``plain``'s: its
+    tokens a strict prefix of plain's, in the same round as plain's last with the earlier
+    rounds the same (:func:`generated_rounds`). Such a side is partial, not a divergence."""
+    n = len(other.tokens)
+    return (other.finish_reason == "cancelled" and n < len(plain.tokens)
+            and other.tokens == plain.tokens[:n]
+            and getattr(other, "rounds", 1) == getattr(plain, "rounds", 1)
+            and generated_rounds(other) == generated_rounds(plain))
+
+
+def divergence(plain, other) -> int | None:
+    """Where ``other`` first differs from ``plain`` (:func:`first_difference`); None when
+    they are equal, or when ``other`` was stopped before it differed
+    (:func:`stopped_before_differing`)."""
+    if stopped_before_differing(plain, other):
+        return None
+    return first_difference(plain.tokens, other.tokens)
 
 
 def generated_rounds(result) -> list[tuple]:
@@ -77,14 +106,14 @@ def generated_rounds(result) -> list[tuple]:
 
 def earlier_rounds_note(plain, dflash) -> str:
     """For a tool reply: whether the two sides' earlier rounds generated the same reasoning,
-    text and tool calls (:func:`generated_rounds`), e.g. "its 1 earlier round the same" or
-    "round 1 already differs"; "" for one-round replies."""
+    text and tool calls (:func:`generated_rounds`), e.g. "its earlier round the same", "its 2
+    earlier rounds the same" or "round 1 already differs"; "" for one-round replies."""
     a, b = generated_rounds(plain), generated_rounds(dflash)
     if not a and not b:
         return ""
     if a == b:
-        n = len(a)
-        return f"its {n} earlier round{'s' if n > 1 else ''} the same (text and tool calls)"
+        rounds = "earlier round" if len(a) == 1 else f"{len(a)} earlier rounds"
+        return f"its {rounds} the same (text and tool calls)"
     i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return f"round {i + 1} already differs (its text or tool calls)"
 
@@ -93,10 +122,20 @@ def verdict(plain, dflash, label: str = "DFlash") -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
     drafting side: "DFlash" or "DFlash2"). The tokens compared are the last round's; for a
     tool reply the earlier rounds are compared by what they generated
-    (:func:`earlier_rounds_note`)."""
-    diff = first_difference(plain.tokens, dflash.tokens)
+    (:func:`earlier_rounds_note`). A drafting side that was stopped gets no speed ratio; one
+    stopped before it differed says so instead of a divergence
+    (:func:`stopped_before_differing`)."""
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     earlier = earlier_rounds_note(plain, dflash) if rounds > 1 else ""
+    stopped = dflash.finish_reason == "cancelled"
+    if stopped_before_differing(plain, dflash):
+        n = len(dflash.tokens)
+        text = f"stopped after {n} token{'' if n == 1 else 's'}"
+        if rounds > 1:
+            text += " of the last round"
+        text += " (all equal to plain's)"
+        return text + (f", {earlier}" if earlier else "")
+    diff = first_difference(plain.tokens, dflash.tokens)
     if diff is None:
         text = f"identical, {len(plain.tokens)} tokens"
         if rounds > 1:
@@ -106,15 +145,15 @@ def verdict(plain, dflash, label: str = "DFlash") -> str:
     else:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
-        text = f"differ from token {diff} (of {len(plain.tokens)} plain / " \
-               f"{len(dflash.tokens)} {label}{gap})"
+        text = f"differs from token {diff} (of {len(plain.tokens)} plain / " \
+               f"{len(dflash.tokens)} {label}{', stopped' if stopped else ''}{gap})"
         if earlier:
             text += f" in the last round; {earlier}"
     where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
     if where:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
-    if ps is not None and ds is not None and ps.tok_per_s > 0:
+    if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
         text += f" · {label} {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
     return text
 
@@ -140,8 +179,7 @@ def text_sections_html(result, colours: dict) -> str:
     out = []
     for title, body in (("Reasoning", result.reasoning), ("Answer", result.content),
                         ("Tool calls", "<br>".join(
-                            html.escape(f"{c.get('name')}({c.get('arguments')})")
-                            for c in result.tool_calls or []))):
+                            html.escape(call_text(c)) for c in result.tool_calls or []))):
         if body.strip():
             text = body if title == "Tool calls" else html.escape(body.strip()).replace(
                 "\n", "<br>")
@@ -151,11 +189,12 @@ def text_sections_html(result, colours: dict) -> str:
 
 
 def side_figures(result) -> str:
-    """One line of figures for a side."""
+    """One line of figures for a side ("N tokens (stopped)" for a side that was stopped)."""
     s = result.summary
     if s is None:
         return "no figures"
-    parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens"]
+    stopped = " (stopped)" if getattr(result, "finish_reason", "") == "cancelled" else ""
+    parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens{stopped}"]
     if s.generated_tokens:  # stopped before its first token: no time to first token
         parts.append(f"first token {s.ttft_s * 1000:.0f} ms")
     if result.mode in DRAFTING_MODES:
@@ -199,7 +238,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     notes: list[str] = []
     plain = results.get("plain")
     differ = [r for k, r in results.items() if k != "plain" and r is not None
-              and plain is not None and first_difference(plain.tokens, r.tokens) is not None]
+              and plain is not None and divergence(plain, r) is not None]
     if any(r.top2_gap is None and not r.gap_checked for r in differ):
         notes.append("the top-two logit gap was not stored")
     if differ and not (plain.pieces and all(r.pieces for r in differ)):
@@ -374,9 +413,23 @@ class CompareView(QFrame):
             b.setChecked(k == key)
 
     def show_running(self, which: str) -> None:
-        """Header while a side is generating."""
+        """Header while a side is generating; that side's caption says "running…" and the
+        sides after it "waiting" (a side done before it keeps its figures,
+        :meth:`show_side`)."""
         name = mode_label(which) if which in DRAFTING_MODES else "plain"
         self.header.setText(f"Comparing… running {name}")
+        if which in self.sides:
+            later = self.sides[self.sides.index(which) + 1:]
+            self.figs[which].setText("running…")
+            for key in later:
+                self.figs[key].setText("waiting")
+
+    def show_side(self, key: str, result) -> None:
+        """Show a side that finished while the Compare runs on: its text and figures (its
+        button stays off and the first divergence unmarked until every side is done,
+        :meth:`set_results`)."""
+        self.results[key] = result
+        self._show_result(key, result, None)
 
     def stream(self, key: str, text: str) -> None:
         """Show a side's streaming text (plain text)."""
@@ -396,7 +449,7 @@ class CompareView(QFrame):
         if three:
             self.results["dflash2"] = dflash2
         self.missing = tuple(missing)
-        marks = {k: first_difference(plain.tokens, r.tokens)
+        marks = {k: divergence(plain, r)
                  for k, r in self.results.items()
                  if k != "plain" and plain is not None and r is not None}
         plain_mark = next((m for m in marks.values() if m is not None), None)
@@ -408,14 +461,16 @@ class CompareView(QFrame):
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
-            mark = plain_mark if key == "plain" else marks.get(key)
-            if r.pieces:
-                self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours,
-                                                      r.tool_calls))
-            else:  # no token texts: the stored text, sections from the reply's fields
-                self.texts[key].setHtml(text_sections_html(r, self.colours))
-            self.figs[key].setText(side_figures(r))
+            self._show_result(key, r, plain_mark if key == "plain" else marks.get(key))
         self.set_choice(chosen)
+
+    def _show_result(self, key: str, r, mark: int | None) -> None:
+        """A side's text (token ``mark`` highlighted) and its figures."""
+        if r.pieces:
+            self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours, r.tool_calls))
+        else:  # no token texts: the stored text, sections from the reply's fields
+            self.texts[key].setHtml(text_sections_html(r, self.colours))
+        self.figs[key].setText(side_figures(r))
 
     def show_turn(self, turn) -> None:
         """Show a finished Compare :class:`~app.chat.turns.Turn` (a reopened chat's last

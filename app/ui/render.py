@@ -9,6 +9,7 @@ reused. Nothing here touches MLX.
 from __future__ import annotations
 
 import html
+import json
 import re
 
 from PySide6.QtGui import QTextDocument
@@ -186,6 +187,15 @@ def draft_legend_html(palette: dict) -> str:
             " (only the answer is coloured; reasoning is in its pane)</p>")
 
 
+def call_text(call: dict) -> str:
+    """A tool call on one line, ``name({"arg": value})``: its arguments as JSON, as the tool
+    pane shows them (arguments that are a string already are kept as they are)."""
+    args = call.get("arguments")
+    if not isinstance(args, str):
+        args = json.dumps({} if args is None else args, ensure_ascii=False, default=str)
+    return f"{call.get('name')}({args})"
+
+
 def sections_html(pieces: list[str], mark: int | None, palette: dict,
                   tool_calls: list[dict] | None = None) -> str:
     """A reply's tokens as separate sections (Reasoning, Answer, Tool calls; empty ones left
@@ -209,7 +219,7 @@ def sections_html(pieces: list[str], mark: int | None, palette: dict,
             body.append(text)
         if section == "tools" and not runs and tool_calls:
             for c in tool_calls:
-                body.append(html.escape(f"{c.get('name')}({c.get('arguments')})") + "<br>")
+                body.append(html.escape(call_text(c)) + "<br>")
         if not body:
             continue
         style = f' style="color:{muted};"' if section == "reasoning" else ""

@@ -348,6 +348,8 @@ class ReplyFlow:
             self.tools.set_calls(result.tool_calls)
         elif side.calls:
             result.tool_calls = list(side.calls.values())
+        if self._run is not None and self._run.compare:  # its figures while the next side runs
+            self.compare_view.show_side(side.tag, result)
 
     def _on_finished(self, req_id: int) -> None:
         """The worker is done with the request: the turn is stored (``TurnStored``), so the

@@ -1,0 +1,179 @@
+"""The Compare view as a user stops it, watches it run and reads its tool calls (offscreen,
+pytest-qt, the scripted backend).
+
+A side stopped while every token it wrote equals plain's is partial, not a divergence; a side
+that finished shows its figures while the next side runs; tool calls read as JSON, as the tool
+pane shows them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from test_ui_window import PROMPT, ScriptedBackend, make_window  # noqa: E402
+
+from app.chat.turns import ReplyResult, Turn, Version  # noqa: E402
+from app.engine.events import Summary  # noqa: E402
+from app.ui.compare import CompareView, side_figures, stored_sides, verdict  # noqa: E402
+
+# ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
+
+COLOURS = {"diff_bg": "#ffd7d5", "muted": "#667085"}
+
+
+def _side(mode, tokens, finish="stop", tok_per_s=100.0, **kw):
+    return ReplyResult(mode=mode, tokens=list(tokens), pieces=[f"t{t} " for t in tokens],
+                       content="".join(f"t{t} " for t in tokens), finish_reason=finish,
+                       summary=Summary(mode=mode, generated_tokens=len(tokens),
+                                       tok_per_s=tok_per_s), **kw)
+
+
+# ------------------------------------------------------------------ 1. a stopped side
+def test_compare_stopped_in_the_dflash_side_is_not_called_a_divergence(qtbot, qs):
+    """Stop while the DFlash side runs: its tokens are plain's first ones, so the header says
+    it stopped (not "differs from token N"), nothing is marked and no speed-up is claimed."""
+    backend = ScriptedBackend(cycles=400, block=4, delay_s=0.004)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        with qtbot.waitSignal(win.replyFinished, timeout=60_000) as blocker:
+            assert win.compare(PROMPT)
+            qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
+                            timeout=30_000)
+            win.stop()
+        msg = blocker.args[0]
+        plain, dflash = (msg.versions[k].result for k in ("plain", "dflash"))
+        assert plain.finish_reason == "stop" and dflash.finish_reason == "cancelled"
+        n = len(dflash.tokens)
+        assert 0 < n < len(plain.tokens) and dflash.tokens == plain.tokens[:n]
+        view = win.compare_view
+        assert view.header.text() == f"stopped after {n} tokens (all equal to plain's)"
+        diff_bg = view.colours["diff_bg"]
+        for key in ("plain", "dflash"):
+            assert diff_bg not in view.texts[key].toHtml()
+            assert "[ended]" not in view.texts[key].toPlainText()
+        assert view.figs["dflash"].text() == side_figures(dflash)
+        assert f"{n} tokens (stopped)" in view.figs["dflash"].text()
+        # reopened from storage it reads the same, with nothing said to be missing
+        results, missing, notes = stored_sides(msg)
+        assert (missing, notes) == ((), [])
+        view.show_turn(msg)
+        assert view.header.text() == f"stopped after {n} tokens (all equal to plain's)"
+    finally:
+        win.shutdown()
+
+
+def test_verdict_of_a_stopped_side_says_stopped_or_where_it_differed():
+    plain = _side("plain", range(64))
+    stopped = _side("dflash", range(49), finish="cancelled", tok_per_s=286.0, top2_gap=8.79)
+    assert verdict(plain, stopped) == "stopped after 49 tokens (all equal to plain's)"
+    one = _side("dflash", range(1), finish="cancelled")
+    assert verdict(plain, one) == "stopped after 1 token (all equal to plain's)"
+    # tokens that differ before the stop are still a divergence, without a speed-up figure
+    diverged = _side("dflash", [*range(30), 99, *range(31, 49)], finish="cancelled",
+                     tok_per_s=286.0, top2_gap=0.5)
+    assert verdict(plain, diverged) == (
+        "differs from token 30 (of 64 plain / 49 DFlash, stopped; top-two logit gap there "
+        "0.5) · first divergence in the answer (marked)")
+    finished = _side("dflash", [*range(30), 99, *range(31, 64)], tok_per_s=286.0,
+                     top2_gap=0.5)
+    assert verdict(plain, finished) == (
+        "differs from token 30 (of 64 plain / 64 DFlash; top-two logit gap there 0.5) · "
+        "first divergence in the answer (marked) · DFlash 2.86× plain speed")
+    # a side that ended on its own with fewer tokens than plain is a divergence (an early end)
+    short = _side("dflash", range(49))
+    assert verdict(plain, short).startswith("differs from token 49 (of 64 plain / 49 DFlash)")
+
+
+def test_three_sided_compare_view_marks_nothing_for_a_stopped_prefix(qtbot):
+    plain = _side("plain", range(10))
+    dflash = _side("dflash", range(10), tok_per_s=250.0)
+    dflash2 = _side("dflash2", range(4), finish="cancelled", tok_per_s=300.0)
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash, "dflash", dflash2)
+    assert view.header.text().split("\n") == [
+        "DFlash: identical, 10 tokens · DFlash 2.50× plain speed",
+        "DFlash2: stopped after 4 tokens (all equal to plain's)"]
+    for key in ("plain", "dflash", "dflash2"):
+        assert "#ffd7d5" not in view.texts[key].toHtml()
+    # stored: the stopped side's gap was never looked for, and that is not a missing figure
+    turn = Turn("assistant", compare=True, chosen="dflash", versions={
+        "plain": Version(plain, stopped=True), "dflash": Version(dflash, stopped=True),
+        "dflash2": Version(dataclasses.replace(dflash2, gap_checked=False), stopped=True)})
+    assert stored_sides(turn)[2] == []
+
+
+def test_earlier_rounds_note_reads_without_a_count_of_one():
+    def tool_round(expression):
+        return [{"role": "assistant", "content": "", "reasoning_content": "I calculate.",
+                 "tool_calls": [{"id": "c", "type": "function", "function": {
+                     "name": "calculator", "arguments": {"expression": expression}}}]},
+                {"role": "tool", "tool_call_id": "c", "name": "calculator", "content": "1"}]
+
+    one = [ReplyResult(mode=m, tokens=[1, 2], rounds=2, messages=tool_round("1+1"))
+           for m in ("plain", "dflash")]
+    assert verdict(*one) == ("identical, 2 tokens in the last round (the answer after the tool "
+                             "calls), its earlier round the same (text and tool calls)")
+    two = [ReplyResult(mode=m, tokens=[1, 2], rounds=3,
+                       messages=tool_round("1+1") + tool_round("2+2"))
+           for m in ("plain", "dflash")]
+    assert verdict(*two).endswith(", its 2 earlier rounds the same (text and tool calls)")
+
+
+# ------------------------------------------------------------------ 2. captions while it runs
+def test_a_finished_side_shows_its_figures_while_the_next_side_runs(qtbot, qs):
+    backend = ScriptedBackend(cycles=400, block=4, delay_s=0.004)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        view = win.compare_view
+        with qtbot.waitSignal(win.replyFinished, timeout=60_000):
+            assert win.compare(PROMPT)
+            assert view.figs["plain"].text() == "running…"
+            assert view.figs["dflash"].text() == "waiting"
+            qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
+                            timeout=30_000)
+            plain = win._run.sides["plain"].result
+            assert plain is not None and plain.summary is not None
+            assert view.figs["plain"].text() == side_figures(plain)
+            assert view.figs["plain"].text().startswith(f"321.5 tok/s · {len(plain.tokens)} "
+                                                        "tokens · first token 12 ms")
+            assert view.figs["dflash"].text() == "running…"
+            assert "t100 " in view.texts["plain"].toPlainText()
+            assert not view.buttons["plain"].isEnabled()  # chosen once every side is done
+            win.stop()
+        assert view.figs["plain"].text() == side_figures(plain)
+        assert view.buttons["plain"].isEnabled() and view.buttons["dflash"].isEnabled()
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ 3. tool calls as JSON
+def test_compare_shows_tool_call_arguments_as_json(qtbot):
+    call = {"id": "call_0", "name": "convert_units",
+            "arguments": {"value": 10, "from_unit": "km", "to_unit": "mile"}}
+    degrees = {"id": "call_1", "name": "convert_units",
+               "arguments": {"value": 20, "from_unit": "°C", "to_unit": "°F"}}
+    shown = ('convert_units({"value": 10, "from_unit": "km", "to_unit": "mile"})',
+             'convert_units({"value": 20, "from_unit": "°C", "to_unit": "°F"})')
+    # plain: no token texts (sections from the reply's fields); DFlash: token texts
+    plain = ReplyResult(mode="plain", tokens=[1, 2], content="10 km is 6.2 miles.",
+                        tool_calls=[call, degrees], finish_reason="tool_calls")
+    dflash = ReplyResult(mode="dflash", tokens=[1, 2], pieces=["10 km is", " 6.2 miles."],
+                         content="10 km is 6.2 miles.", tool_calls=[call, degrees])
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash)
+    for key in ("plain", "dflash"):
+        text = view.texts[key].toPlainText()
+        assert all(s in text for s in shown), text
+        assert "{'value'" not in text
