@@ -242,3 +242,36 @@ def test_a_context_brought_back_is_cut_to_the_tokens_it_shares(tiny_hybrid):
     session.switch_drafter("b", "a", None)
     assert session.drafter_len == 5 < covered
     assert all(c.offset == 5 for c in session.drafter_cache)
+
+
+def test_a_drafter_kept_from_the_start_follows_plain_turns(tiny_hybrid):
+    """A second drafter registered before the first turn (``keep_context``, as the session
+    does for the pair's DFlash2 drafter) is built from the plain turns' tap states, so its
+    first drafting turn after them reuses what a plain turn reuses, with plain's tokens and a
+    cold turn's drafter context."""
+    from app.engine.loader import load_drafter
+
+    target, a = tiny_hybrid
+    b = load_drafter(a.path)
+    session = PromptCache()
+    session.keep_context("b", b)
+    turn1 = _render(target, [{"role": "user", "content": "Name a capital."}])
+    first = _gen(target, turn1, a, session, mode="plain")
+    assert session.kept_contexts["b"].length == len(session.ids)
+    turn2 = turn1 + first.tokens + _render(target, [{"role": "user", "content": "Another?"}])
+    second = _gen(target, turn2, a, session, mode="plain")
+    turn3 = turn2 + second.tokens + _render(target, [{"role": "user", "content": "More?"}])
+    session.switch_drafter("a", "b", a)
+    warm = _gen(target, turn3, b, session, mode="dflash")
+    assert warm.summary.reused_tokens == len(turn2) + len(second.tokens) - 1
+    assert warm.tokens == _gen(target, turn3, mode="plain").tokens
+    cold = PromptCache()
+    _gen(target, turn3, b, cold, mode="dflash")
+    for kept_c, cold_c in zip(session.drafter_cache, cold.drafter_cache):
+        n = cold_c.offset
+        assert kept_c.offset == n
+        assert np.allclose(np.array(kept_c.keys[..., :n, :]), np.array(cold_c.keys[..., :n, :]),
+                           atol=1e-4)
+    kept_a = session.kept_contexts["a"]
+    session.keep_context("a", a)  # a no-op for a drafter whose context is kept already
+    assert session.kept_contexts == {"a": kept_a} and kept_a.length == len(session.ids)

@@ -227,3 +227,48 @@ def test_dflash_after_dflash2_reuses_the_prefix_on_the_demo_pair():
     again = turn(chat, "dflash")  # as a Compare's next side, or the next message in DFlash
     assert again.summary.reused_tokens > 0
     assert s.cache.drafter_len == len(s.cache.ids)
+
+
+
+@pytest.mark.parametrize("sides", [[], ["plain", "dflash"]])
+def test_dflash2_after_plain_turns_reuses_the_prefix_on_the_demo_pair(sides):
+    """With both demo drafters loaded, a DFlash2 reply after plain turns (the user's path: two
+    plain questions, then DFlash2) and after a Compare's plain and DFlash sides on the same
+    prompt reuses the target's prefix as a plain turn does: plain and DFlash turns keep the
+    DFlash2 drafter's context in step too (``PromptCache.keep_context``). Before, it had none
+    and the DFlash2 reply prefilled the whole conversation cold. Its tokens are a cold run's."""
+    from app.chat.session import ChatSession, PairSpec
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    t, d = demo_pair_dirs()
+    spec = PairSpec(target=str(t), drafter=str(d), drafter2=str(demo_dflash2_dir()))
+    settings = {"max_tokens": 24, "use_tools": False, "temperature": 0.0}
+
+    def loaded():
+        session = ChatSession()
+        session.load(spec)
+        return session
+
+    def turn(session, messages, mode):
+        done = list(session.reply(messages, {**settings, "mode": mode}))[-1]
+        assert isinstance(done, ReplyDone)
+        return done.reply
+
+    def two_plain_turns(session):
+        chat = [{"role": "user", "content": "What is the capital of Chile?"}]
+        for question in ("And of Peru?", "And its population?"):
+            chat = chat + turn(session, chat, "plain").messages
+            chat.append({"role": "user", "content": question})
+        return chat
+
+    s = loaded()
+    chat = two_plain_turns(s)
+    reused = [turn(s, chat, mode).summary.reused_tokens for mode in sides]
+    warm = turn(s, chat, "dflash2")
+    twin = loaded()  # the same chat with a plain third turn
+    plain = turn(twin, two_plain_turns(twin), "plain")
+    assert warm.mode == "dflash2"
+    assert warm.summary.reused_tokens == (reused[-1] if sides else plain.summary.reused_tokens)
+    assert warm.summary.reused_tokens > 0
+    assert s.cache.drafter_len == len(s.cache.ids)
+    assert warm.tokens == turn(loaded(), chat, "dflash2").tokens == plain.tokens

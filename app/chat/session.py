@@ -371,6 +371,11 @@ class ChatSession:
             self.cache.switch_drafter(_drafter_key(self._cache_drafter), _drafter_key(drafter),
                                       self._cache_drafter)
         self._cache_drafter = drafter
+        for other in (self.drafter, self.drafter2):
+            if other is not None and other is not drafter and self.cache is not None:
+                # the drafter not running keeps its own context in step with this turn, plain
+                # ones included, so its first turn after them reuses the prefix
+                self.cache.keep_context(_drafter_key(other), other)
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache)
         if notice:

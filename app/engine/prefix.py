@@ -15,8 +15,10 @@ earlier snapshot, and with none the prefill starts cold. Never a wrong state.
 Snapshot memory is bounded (``max_snapshot_bytes``); the oldest snapshots go first.
 
 A target with two drafters (DFlash and DFlash2) has one context per drafter: the one not running
-is put aside (:meth:`PromptCache.switch_drafter`) and extended with each turn's tap states
-(:meth:`PromptCache.update_kept`), so switching drafters does not cost a cold prefill.
+is put aside (:meth:`PromptCache.switch_drafter`; one that has not run yet is registered
+empty by :meth:`PromptCache.keep_context`) and extended with each turn's tap states
+(:meth:`PromptCache.update_kept`), plain turns included, so switching drafters, or a first
+turn of the other drafter after plain turns, does not cost a cold prefill.
 """
 
 from __future__ import annotations
@@ -127,6 +129,26 @@ class PromptCache:
         for c in kept.cache:
             c.trim(c.offset - n)
         self.drafter_cache, self.drafter_len = kept.cache, n
+
+    def keep_context(self, key, drafter) -> None:
+        """Keep a context for ``drafter``, a drafter of this target that is not running now,
+        under ``key`` (a no-op when one is kept there already, or ``drafter`` builds no
+        context: no ``extend_context``).
+
+        The context starts empty; :meth:`update_kept` builds it from the tap states of the
+        next turn that prefills from position 0 (the first turn after a load or a
+        :meth:`clear`) and keeps it in step from then on, so the first turn of ``drafter``
+        after plain turns, or after the other drafter's, reuses the prefix.
+
+        Args:
+            key: the key :meth:`switch_drafter` will bring it back under.
+            drafter: a ``LoadedDrafter`` (its ``model`` and ``config.target_layer_ids``).
+        """
+        model = drafter.model
+        if key in self.kept_contexts or not hasattr(model, "extend_context"):
+            return
+        self.kept_contexts[key] = KeptContext(
+            model, tuple(drafter.config.target_layer_ids), model.make_cache(), 0, [])
 
     def update_kept(self, start: int, ids: list[int], taps: list, tap_layers) -> None:
         """After a turn that reused ``start`` positions and ends with the target cache over
