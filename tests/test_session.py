@@ -145,6 +145,31 @@ def test_one_round_reply_stores_no_rounds(monkeypatch, session, qwen_tokenizer):
         {"role": "assistant", "content": ANSWER_1}]
 
 
+def test_a_message_too_long_for_the_context_is_not_stored(monkeypatch, session,
+                                                          qwen_tokenizer):
+    """A refused message (too long for the context) stores nothing, so the next turn's prompt
+    keeps the earlier exchange instead of leaving it out with the refused message."""
+    from app.chat.session import Notice
+    from app.engine.errors import PromptTooLongError
+
+    session.target.context_length = 2048  # the tool schema alone takes ~1,400
+    engine = PrefixEngine(qwen_tokenizer, [ANSWER_1, ANSWER_2])
+    monkeypatch.setattr(reply_mod, "_engine_generate", engine)
+    conv = session.store.new_conversation()
+    list(session.send(conv.id, "Where is Chile?", SETTINGS))
+    before = [(m.role, m.content, m.status) for m in session.store.messages(conv.id)]
+    title = session.store.get_conversation(conv.id).title
+    with pytest.raises(PromptTooLongError, match="Shorten the message"):
+        list(session.send(conv.id, "word " * 3000, SETTINGS))
+    assert [(m.role, m.content, m.status) for m in session.store.messages(conv.id)] == before
+    assert session.store.get_conversation(conv.id).title == title
+    assert len(engine.prompts) == 1  # nothing ran
+    events = list(session.send(conv.id, "And its population?", SETTINGS))
+    assert not any(isinstance(e, Notice) for e in events)  # nothing left out
+    assert "Where is Chile?" in qwen_tokenizer.decode(engine.prompts[1])
+    assert events[-1].reply.content == ANSWER_2
+
+
 def test_send_without_a_store_is_refused():
     with pytest.raises(RuntimeError, match="needs a store"):
         list(ChatSession().send(1, "hi", SETTINGS, threading.Event()))

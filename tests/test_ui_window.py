@@ -1372,3 +1372,26 @@ def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
                         "focus_left": True}, seen
     finally:
         close_window(win)
+
+
+def test_a_message_too_long_for_the_context_stays_in_the_composer(qtbot, engine_window):
+    """A refused send (too long for the context) keeps the text in the composer, the chat and
+    the figures as they were, and stores nothing."""
+    win = engine_window
+    win.defaults = dict(win.defaults, max_tokens=8)
+    first = send_and_wait(qtbot, win, PROMPT, mode="plain")
+    shown = dict(win.live.shown)
+    assert shown["context"][0] > 0
+    turns = [(m.role, m.content) for m in win.conv.messages]
+    stored = len(win.store.db.messages(win.conv.id))
+    huge = "word " * (win.model.context_length * 2) + "end"
+    win.composer.edit.setPlainText(huge)
+    win.composer.send_btn.click()  # the composer empties, as on Enter
+    assert win.busy and not win.composer.edit.toPlainText()
+    qtbot.waitUntil(lambda: not win.busy, timeout=30_000)
+    assert "Shorten the message" in win.banner.text()
+    assert win.composer.edit.toPlainText() == huge
+    assert [(m.role, m.content) for m in win.conv.messages] == turns
+    assert len(win.store.db.messages(win.conv.id)) == stored
+    assert win.live.shown == shown  # the last reply's figures, not "Context 0 / …"
+    assert win.shown_message is first

@@ -33,7 +33,7 @@ from typing import Any
 from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import reply_settings
 from app.chat.storage import Store
-from app.engine.errors import EngineError, GenerationError
+from app.engine.errors import EngineError, PromptTooLongError
 from app.engine.threads import check_engine_thread
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,7 @@ class ChatSession:
 
         Raises:
             EngineError: no model loaded, DFlash without a drafter, or the current message
-                alone does not fit the context (``GenerationError``).
+                alone does not fit the context (``PromptTooLongError``, a ``GenerationError``).
         """
         check_engine_thread()
         if self.target is None:
@@ -382,6 +382,18 @@ class ChatSession:
             return _prepend(Notice(notice), events)
         return iter(events)
 
+    def check_prompt(self, messages: list[dict], settings: dict) -> None:
+        """Check that ``messages`` fit the context as :meth:`reply` fits them (earlier turns
+        may be left out), without generating anything; ``app.chat.stored_turn.run_turn``
+        calls it before it keeps a new turn, so a refused message is not stored.
+
+        Raises:
+            PromptTooLongError: the current message alone does not fit.
+        """
+        check_engine_thread()
+        if self.target is not None:
+            self._fit(messages, reply_settings(settings))
+
     def drafter_for(self, mode: str | None):
         """The loaded drafter a reply in ``mode`` runs: ``"dflash2"`` the DFlash2 one
         (``drafter2``, else ``drafter`` when that is DFlash2), ``"dflash"`` the first drafter,
@@ -406,6 +418,7 @@ class ChatSession:
         Raises:
             RuntimeError: the session has no store.
             app.chat.storage.StorageError: the turn could not be stored (nothing ran).
+            PromptTooLongError: the message does not fit the context (nothing stored).
             EngineError: as :meth:`reply`, once the failed reply is stored (status ``error``).
         """
         if self.store is None:
@@ -416,6 +429,7 @@ class ChatSession:
             ReplyFinished,
             TurnBegun,
             TurnNotStarted,
+            TurnRefused,
             TurnRequest,
             TurnStored,
             run_turn,
@@ -426,6 +440,8 @@ class ChatSession:
         failed = None
         for tagged in run_turn(self.store, self, request, cancel):
             ev = tagged.event
+            if isinstance(ev, TurnRefused):
+                raise PromptTooLongError(ev.message)
             if isinstance(ev, TurnNotStarted):
                 raise StorageError(ev.message)
             if isinstance(ev, TurnBegun):
@@ -453,7 +469,7 @@ class ChatSession:
         """Leave out the oldest turns so the prompt fits the context limit with room for
         ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
 
-        Raises :class:`GenerationError` when the current message alone does not fit."""
+        Raises :class:`PromptTooLongError` when the current message alone does not fit."""
         from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
 
         limit = context_limit(getattr(self.target, "context_length", None) or None)
@@ -465,7 +481,7 @@ class ChatSession:
             fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
                                        reserve=reserve, tools=rs.tools, **kwargs)
         except ContextOverflowError as exc:
-            raise GenerationError(
+            raise PromptTooLongError(
                 f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "
                 "reply: Max tokens reserves up to half the context). Shorten the message, or "
                 "lower Max tokens in File › Settings.") from exc

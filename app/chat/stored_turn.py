@@ -13,7 +13,9 @@ A turn, asked for by a :class:`TurnRequest`:
    reply rows (``generating``: one reply, a sibling version of a stored reply, or the rows
    of a Compare turn: plain, DFlash and, when asked, DFlash2); :class:`TurnBegun` gives
    their ids. When this fails nothing is stored and nothing runs (:class:`TurnNotStarted`):
-   the conversation stays as it was;
+   the conversation stays as it was. So too when the prompt read back (step 2) does not fit
+   the model's context (``backend.check_prompt``, :class:`TurnRefused`): the rows are
+   rolled back, and a refused message never becomes an earlier turn of the next prompt;
 2. the prompt from the stored rows (:func:`prompt_for`: earlier turns' tool calls, tool
    results and reasoning as they were generated);
 3. each side's reply (``backend.reply``), its events passed on as :class:`TaggedEvent`, its
@@ -40,7 +42,7 @@ from typing import Any
 from app.chat.events import ReplyDone
 from app.chat.storage import Store
 from app.chat.turns import TOP2_GAP_KEY, PartialReply, ReplyResult
-from app.engine.errors import EngineError
+from app.engine.errors import EngineError, PromptTooLongError
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,12 @@ class TurnNotStarted:
     ``message`` says why."""
 
     message: str
+
+
+@dataclass(frozen=True)
+class TurnRefused(TurnNotStarted):
+    """The turn's prompt does not fit the model's context (``PromptTooLongError``), so its
+    rows were rolled back and no reply ran; ``message`` says why and what to change."""
 
 
 @dataclass(frozen=True)
@@ -268,10 +276,18 @@ class _Turn:
 
     def run(self) -> Iterator[TaggedEvent]:
         req = self.request
+        check = getattr(self.backend, "check_prompt", None)  # scripted sessions have none
         try:
-            begun = begin_turn(self.store, req, self._drafter_blocks())
-            first = begun.reply_ids[req.keys[0]]
-            messages = prompt_for(self.store, first, req.system_prompt)
+            with self.store.transaction():  # a refused prompt rolls the rows back
+                begun = begin_turn(self.store, req, self._drafter_blocks())
+                first = begun.reply_ids[req.keys[0]]
+                messages = prompt_for(self.store, first, req.system_prompt)
+                if check is not None:
+                    check(messages, dict(req.settings, mode=req.tags[0] or
+                                         req.settings.get("mode")))
+        except PromptTooLongError as exc:
+            yield TaggedEvent(TurnRefused(str(exc)))
+            return
         except Exception as exc:
             log.exception("saving the new turn")
             yield TaggedEvent(TurnNotStarted(str(exc)))

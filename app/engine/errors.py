@@ -47,5 +47,10 @@ class GenerationError(EngineError):
     setting such as a block size outside 1..drafter block size)."""
 
 
+class PromptTooLongError(GenerationError):
+    """The prompt does not fit the model's context even without earlier turns, so no reply
+    was started (the message says by how much and what to change)."""
+
+
 class WrongThreadError(EngineError):
     """An MLX entry point was called on the GUI thread (see ``app.engine.threads``)."""

@@ -28,7 +28,13 @@ from app.chat.events import (
     tool_call_dict,
 )
 from app.chat.session import Notice
-from app.chat.stored_turn import TurnBegun, TurnNotStarted, TurnRequest, TurnStored
+from app.chat.stored_turn import (
+    TurnBegun,
+    TurnNotStarted,
+    TurnRefused,
+    TurnRequest,
+    TurnStored,
+)
 from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.ui import settings as settings_mod
@@ -306,6 +312,7 @@ class ReplyFlow:
 
     def _on_not_started(self, side: SideRun, ev: TurnNotStarted) -> None:
         self._run.not_started = ev.message
+        self._run.refused = isinstance(ev, TurnRefused)
 
     def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
         self._run.stored = ev
@@ -394,10 +401,14 @@ class ReplyFlow:
         self.replyFinished.emit(msg)
 
     def _not_started(self, run: ReplyRun) -> None:
-        """The turn could not be stored: the view goes back to what it was, the message goes
-        back to the composer, and the banner says why."""
-        self.show_banner("Could not save this turn, so no reply was started: "
-                         f"{run.not_started or 'the worker stopped'}")
+        """The turn could not be stored, or its prompt does not fit the context
+        (``TurnRefused``): the view and the figures go back to what they were, the message
+        goes back to the composer, and the banner says why."""
+        if run.refused:
+            self.show_banner(run.not_started)
+        else:
+            self.show_banner("Could not save this turn, so no reply was started: "
+                             f"{run.not_started or 'the worker stopped'}")
         run.conv.messages, chosen = run.previous
         if run.msg.versions:  # a regenerated reply shows its earlier version again
             run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))
@@ -409,6 +420,7 @@ class ReplyFlow:
             last = next((m for m in reversed(self.conv.messages) if m.role == "assistant"),
                         None)
             self._show_compare_of(last)
+            self.show_message_details(last)  # not the empty figures of the run that never ran
         elif run.compare:
             self.compare_view.hide()
 

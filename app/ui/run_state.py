@@ -78,6 +78,8 @@ class ReplyRun:
     """The worker's :class:`~app.chat.stored_turn.TurnStored` once every row is final."""
     not_started: str | None = None
     """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
+    refused: bool = False
+    """The turn was refused as too long for the context (``TurnRefused``; nothing stored)."""
 
     @classmethod
     def start(cls, req_id: int, conv: ConversationView, msg: Turn, tags: list[str], mode: str,
