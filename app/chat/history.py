@@ -60,14 +60,18 @@ class FittedHistory:
     budget: int = 0
 
     def notice(self) -> str | None:
-        """A sentence for the user when turns were left out, else None."""
+        """A sentence for the user when turns were left out, else None. Its token figure is
+        this prompt's as sent (tool schema and generation prompt included); a reply's tool
+        rounds add their calls and results to later rounds' prompts, which the Prompt figure
+        of the whole reply counts."""
         if not self.left_out_turns:
             return None
         n = self.left_out_turns
         what = "1 earlier turn was" if n == 1 else f"{n} earlier turns were"
         return (
             f"{what} left out of the prompt to fit the model's context "
-            f"({self.prompt_tokens:,} of {self.budget:,} tokens used)."
+            f"(the prompt takes {self.prompt_tokens:,} of the {self.budget:,} tokens left for "
+            "it, before any tool results)."
         )
 
 
