@@ -370,6 +370,58 @@ def test_tool_reply_figures_are_the_reply_total_and_per_round(qtbot, qs):
         win.shutdown()
 
 
+class SlowPlainToolBackend(ToolReplyBackend):
+    """The tool reply, its plain side taking ``plain_s`` seconds before its first round (a
+    Compare's DFlash side starts that much after the turn); DFlash's second round paced."""
+
+    plain_s = 0.6
+
+    def _events(self, turn, mode, cancel):
+        if mode == "plain":
+            time.sleep(self.plain_s)
+        yield from super()._events(turn, mode, cancel)
+
+
+def test_compare_first_token_is_the_sides_own_live_and_after(qtbot, qs):
+    """Time to first token of a Compare side is timed from that side's start: while DFlash
+    runs the card does not count the plain side's time (it said 1.37 s, then 19 ms when the
+    reply finished); once its first round is done it shows that round's time, which the
+    finished reply's total shows too; Round k shows round k's own; the Compare caption
+    writes it as the card does."""
+    from app.ui.panels import format_figure
+
+    backend = SlowPlainToolBackend(delay_s=0.03)
+    backend.r2_cycles = 10
+    win, backend = loaded_window(qtbot, qs, backend)
+    seen = []  # (side running, rounds done, first token value shown, its text)
+    show = win.live.show_stats
+
+    def record(stats, *a, **k):
+        show(stats, *a, **k)
+        if win._run is not None and stats.summary is None and stats.tokens:
+            seen.append((win._run.current, len(stats.round_summaries),
+                         win.live.shown["ttft"], win.live.labels["ttft"].text()))
+
+    win.live.show_stats = record
+    try:
+        msg = send_and_wait(qtbot, win, "What is 2+3?", compare=True)
+        r1, r2 = backend.round_summaries
+        dflash = [s for s in seen if s[0] == "dflash"]
+        assert dflash and all(v < backend.plain_s for _, _, v, _ in dflash), dflash
+        after_round1 = [text for _, done, _, text in dflash if done]
+        assert after_round1 and set(after_round1) == {"10 ms"}, dflash
+        assert msg.chosen == "dflash"
+        assert win.live.round_box.currentText() == "Reply total"
+        assert win.live.labels["ttft"].text() == "10 ms" == format_figure("ttft", r1.ttft_s)
+        win.live.round_box.activated.emit(1)
+        assert win.live.labels["ttft"].text() == "10 ms"
+        win.live.round_box.activated.emit(2)
+        assert win.live.labels["ttft"].text() == "20 ms" == format_figure("ttft", r2.ttft_s)
+        assert "first token 10 ms" in win.compare_view.figs["dflash"].text()
+    finally:
+        win.shutdown()
+
+
 def test_stop_keeps_figures_reasoning_and_chart_in_agreement(qtbot, qs):
     win, backend = _slow(qtbot, qs)
     try:

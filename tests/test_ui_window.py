@@ -1265,6 +1265,11 @@ def test_compare_side_without_tokens_has_no_first_token_figure():
     some = SimpleNamespace(mode="plain", summary=Summary(mode="plain", ttft_s=0.75,
                                                          generated_tokens=3))
     assert "first token 750 ms" in side_figures(some)
+    # the live card's format: seconds with two decimals from one second on
+    slow = SimpleNamespace(mode="dflash2", summary=Summary(mode="dflash2", ttft_s=1.314,
+                                                           generated_tokens=3))
+    assert "first token 1.31 s" in side_figures(slow)
+    assert format_figure("ttft", 1.314) == "1.31 s"
 
 
 def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):

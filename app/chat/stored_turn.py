@@ -93,10 +93,13 @@ class TurnRequest:
 @dataclass(frozen=True)
 class TaggedEvent:
     """One event of a turn and the ``tag`` of the Compare side it belongs to ("plain" /
-    "dflash" / "dflash2"; "" for one reply or the turn as a whole)."""
+    "dflash" / "dflash2"; "" for one reply or the turn as a whole). ``at``: when the backend
+    produced it (seconds, ``time.monotonic``, the worker's clock, which the GUI thread shares),
+    so the window times first tokens by when they were made, not when it drew them."""
 
     event: Any
     tag: str = ""
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -319,16 +322,16 @@ class _Turn:
         last_save = 0.0
         try:
             for ev in self.backend.reply(messages, settings, self.cancel):
+                at = time.monotonic()
                 if isinstance(ev, ReplyDone):
                     result = ReplyResult.from_reply(ev.reply, settings, self.pieces)
                     self.replies[tag] = ev.reply
                 else:
                     partial.add(ev)
-                    now = time.monotonic()
-                    if now - last_save >= self.store.partial_interval_s:
-                        last_save = now
+                    if at - last_save >= self.store.partial_interval_s:
+                        last_save = at
                         self._save_growth(row_id, partial)
-                yield TaggedEvent(ev, tag)
+                yield TaggedEvent(ev, tag, at)
         except EngineError as exc:
             error = str(exc)
         except Exception as exc:

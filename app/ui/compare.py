@@ -48,7 +48,7 @@ from app.ui.render import (
     sections_html,
     spells_its_text,
 )
-from app.ui.text import DRAFTING_MODES, mode_label
+from app.ui.text import DRAFTING_MODES, mode_label, seconds_text
 
 SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
@@ -196,7 +196,7 @@ def side_figures(result) -> str:
     stopped = " (stopped)" if getattr(result, "finish_reason", "") == "cancelled" else ""
     parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens{stopped}"]
     if s.generated_tokens:  # stopped before its first token: no time to first token
-        parts.append(f"first token {s.ttft_s * 1000:.0f} ms")
+        parts.append(f"first token {seconds_text(s.ttft_s)}")
     if result.mode in DRAFTING_MODES:
         if s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")

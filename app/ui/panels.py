@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.events import CycleEvent, Summary
+from app.ui.text import seconds_text
 from app.ui.theme import FIGURE_VALUE_PX
 
 FIGURES: list[tuple[str, str, str]] = [
@@ -79,8 +80,11 @@ DFLASH_ONLY = ("acceptance", "tau", "replays", "rollback_share", "cycles")
 class LiveStats:
     """Figures accumulated from the event stream while a reply is generated.
 
-    Times are the GUI's clock (seconds, ``time.monotonic``) and are replaced by the engine's
-    :class:`Summary` figures when the reply finishes (:meth:`apply_summary`).
+    Times are seconds on ``time.monotonic`` (the worker's stamps of the events, when given)
+    and are replaced by the engine's :class:`Summary` figures when the reply finishes
+    (:meth:`apply_summary`). Time to first token is the reply's: from the start of its first
+    round (``started``, its prefill included) to its first token; once the first round's
+    :class:`Summary` is in, its ``ttft_s`` (what the finished reply shows too).
     """
 
     started: float = field(default_factory=time.monotonic)
@@ -124,10 +128,13 @@ class LiveStats:
         self.running.add_cycle(ev)
         self.committed += ev.committed
 
-    def on_round(self, index: int, prompt_tokens: int) -> None:
-        """A generation round started (``index`` 0-based)."""
+    def on_round(self, index: int, prompt_tokens: int, now: float | None = None) -> None:
+        """A generation round started (``index`` 0-based) at ``now`` (seconds,
+        ``time.monotonic``); the first one starts the clock of the time to first token."""
         self.rounds = max(self.rounds, index + 1)
         self.prompt_tokens = prompt_tokens
+        if index == 0 and self.first_token_at is None:
+            self.started = time.monotonic() if now is None else now
 
     def on_done(self, s: Summary) -> None:
         """A round finished with the engine's figures ``s`` (the reply may go on)."""
@@ -170,6 +177,9 @@ class LiveStats:
         if self.tokens:
             committed = min(committed, max(0, self.tokens - self.rounds))
         r.set_rates(committed)
+        ttft = (self.first_token_at - self.started) if self.first_token_at else None
+        if self.round_summaries and self.round_summaries[0].generated_tokens:
+            ttft = self.round_summaries[0].ttft_s  # the engine's, as the finished reply shows
         rate = None
         if self.first_token_at is not None and self.last_token_at is not None \
                 and self.tokens > 1 and self.last_token_at > self.first_token_at:
@@ -180,7 +190,7 @@ class LiveStats:
             "replays": r.replays,
             "rollback_share": r.rollback_share,
             "tok_per_s": rate,
-            "ttft": (self.first_token_at - self.started) if self.first_token_at else None,
+            "ttft": ttft,
             "cycles": r.cycles,
             "tokens": self.tokens,
             "context": ((self.prompt_tokens or 0) + self.tokens, self.context_limit),
@@ -199,7 +209,7 @@ def format_figure(key: str, value) -> str:
     if key == "tok_per_s":
         return f"{value:.1f}"
     if key == "ttft":
-        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+        return seconds_text(value)
     if key == "prompt":
         reused, prefilled = value
         return f"{reused:,} reused + {prefilled:,}"

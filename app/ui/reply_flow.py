@@ -225,8 +225,10 @@ class ReplyFlow:
         self._details_changed = False
         for ui in batch:
             side = run.side(ui.tag)
+            self._event_at = ui.at  # when the worker had it (first token, tok/s clocks)
             if side.tag != run.current:
                 run.current = side.tag
+                side.stats.started = ui.at  # this side's clock starts with it, not the turn's
                 self.reasoning.clear()
                 self.compare_view.show_running(side.tag)
             for cls, handler in self._HANDLERS:
@@ -253,7 +255,7 @@ class ReplyFlow:
 
     # one handler per event type
     def _on_token(self, side: SideRun, ev: TokenEvent) -> None:
-        side.stats.on_token()
+        side.stats.on_token(self._event_at)
         side.tokens.append(ev.token_id)
         side.flags.append(ev.from_draft)
 
@@ -279,7 +281,7 @@ class ReplyFlow:
         side.stats.on_done(ev.summary)  # one round; the reply's total comes at its end
 
     def _on_round(self, side: SideRun, ev: RoundStarted) -> None:
-        side.stats.on_round(ev.index, ev.prompt_tokens)
+        side.stats.on_round(ev.index, ev.prompt_tokens, self._event_at)
         if ev.index > 0 and side.reasoning and not side.reasoning.endswith("\n\n"):
             side.reasoning += "\n\n"  # the next round thinks anew: its own paragraph
             self.details.append_reasoning("\n\n")

@@ -35,6 +35,12 @@ def group_digits(text: str) -> str:
     return _BIG_INT.sub(lambda m: f"{int(m.group(1)):,}", text)
 
 
+def seconds_text(seconds: float) -> str:
+    """A duration in ``seconds`` as the figures show it: whole milliseconds under a second
+    (``"19 ms"``), seconds with two decimals from one second on (``"1.37 s"``)."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 DRAFTING_MODES = ("dflash", "dflash2")
 """The decoding modes in which a drafter drafts (tau, block size and rollback apply)."""
 
