@@ -32,15 +32,21 @@ def _side(mode, tokens, finish="stop", tok_per_s=100.0, **kw):
                                        tok_per_s=tok_per_s), **kw)
 
 
+def _loaded_window(qtbot, qs):
+    """A window with the scripted pair loaded, its replies long enough to stop (400 cycles
+    of 4 tokens, 4 ms each)."""
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=400, block=4, delay_s=0.004))
+    win.load_model("t", "d")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+    return win
+
+
 # ------------------------------------------------------------------ 1. a stopped side
 def test_compare_stopped_in_the_dflash_side_is_not_called_a_divergence(qtbot, qs):
     """Stop while the DFlash side runs: its tokens are plain's first ones, so the header says
     it stopped (not "differs from token N"), nothing is marked and no speed-up is claimed."""
-    backend = ScriptedBackend(cycles=400, block=4, delay_s=0.004)
-    win = make_window(qtbot, qs, backend)
+    win = _loaded_window(qtbot, qs)
     try:
-        win.load_model("t", "d")
-        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         with qtbot.waitSignal(win.replyFinished, timeout=60_000) as blocker:
             assert win.compare(PROMPT)
             qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
@@ -129,11 +135,8 @@ def test_earlier_rounds_note_reads_without_a_count_of_one():
 
 # ------------------------------------------------------------------ 2. captions while it runs
 def test_a_finished_side_shows_its_figures_while_the_next_side_runs(qtbot, qs):
-    backend = ScriptedBackend(cycles=400, block=4, delay_s=0.004)
-    win = make_window(qtbot, qs, backend)
+    win = _loaded_window(qtbot, qs)
     try:
-        win.load_model("t", "d")
-        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         view = win.compare_view
         with qtbot.waitSignal(win.replyFinished, timeout=60_000):
             assert win.compare(PROMPT)
