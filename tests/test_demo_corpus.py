@@ -238,3 +238,21 @@ def test_mental_arithmetic_steps_are_true_one_digit_facts():
         t = g.arithmetic_fact(False)
         for x, op, y, z in step.findall(t.replies[0]["reasoning_content"]):
             assert ops[op](int(x), int(y)) == int(z), t.replies[0]
+
+
+def test_tool_error_answers_do_not_double_the_final_mark():
+    """An error that ends in a question ("... did you mean Rwanda?") is quoted without a
+    full stop after it; one without a final mark gets one (corpus v4f)."""
+    g = corpus.Generator(11)
+    texts, asked = [], 0
+    for _ in range(400):
+        turn = g.bad_country(True)
+        err = turn.expect["contains"][1]
+        asked += err.endswith("?")
+        texts += [m.get("content", "") for m in turn.replies if m["role"] == "assistant"]
+        texts += [m.get("reasoning_content", "") for m in turn.replies
+                  if m["role"] == "assistant"]
+    assert asked > 0  # the seed makes suggestions ("did you mean ...?")
+    joined = "\n".join(texts)
+    assert "?." not in joined and ".." not in joined
+    assert "in the app's data." in joined

@@ -970,11 +970,15 @@ class Generator:
                 return v
 
     def _error_answer(self, err: str) -> tuple[str, str]:
+        """(reasoning, answer) for a tool error ``err``, quoted as the tool gave it; a final
+        full stop is added only where ``err`` has no final mark (corpus v4f: "did you mean
+        Rwanda?" is not followed by "." any more)."""
+        e = err if err.endswith((".", "?", "!")) else err + "."
         r = self.rng.choice([
-            "The tool returned an error: {e}. I tell the user what went wrong.",
-            "The call failed with the error {e}. I explain that politely.",
-        ]).format(e=err)
-        a = f"Sorry, I could not get that: {err}."
+            "The tool returned an error: {e} I tell the user what went wrong.",
+            "The call failed with the error {e} I explain that politely.",
+        ]).format(e=e)
+        a = f"Sorry, I could not get that: {e}"
         return r, a
 
     # ---- country facts
