@@ -367,3 +367,24 @@ def test_builtin_tools_with_a_frozen_clock():
     got = run_tool("current_time", {"timezone": "Asia/Tokyo"}, tools=tools)
     assert got.ok and got.result["time"] == "00:26:35" and got.result["date"] == "2026-12-02"
     assert builtin_tools() == BUILTIN_TOOLS
+
+
+def test_chat_and_compare_warm_up_on_a_gpu_only(capsys, pair_paths, monkeypatch):
+    from app.engine import warmup
+
+    calls = []
+
+    def fake_warm_up(target, drafters, every_drafter=False):
+        calls.append(([d is not None for d in drafters], every_drafter))
+        return warmup.WarmUpReport(0.5, [0.25], 3)
+
+    monkeypatch.setattr(warmup, "warm_up", fake_warm_up)
+    argv = [*pair_args(pair_paths), "--prompt", "Hi", "--max-tokens", "4", "--tools", "none"]
+    assert run_cli(capsys, "compare", *argv, "--json")[0] == 0
+    assert calls == []  # the CPU: nothing to build
+    monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
+    code, _, err = run_cli(capsys, "compare", *argv, "--json")
+    assert code == 0 and calls == [([True, False], True)]
+    assert "note: warmed up in 0.8 s (building GPU kernels)" in err
+    assert run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")[0] == 0
+    assert calls[-1] == ([False], True)  # plain mode loads no drafter

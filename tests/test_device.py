@@ -88,3 +88,25 @@ def test_cudnn_attention_is_turned_off_on_cuda_only_and_never_over_the_users_cho
     for mx in (fake_mx("gpu", metal=True), fake_mx("cpu")):
         env = {}
         assert device.configure_cuda_attention(mx, env) is False and env == {}
+
+
+def test_kernel_cache_goes_to_the_users_cache_folder_on_cuda_only(tmp_path):
+    env: dict = {}
+    gpu = fake_mx("gpu", cuda=True)
+    assert device.configure_cuda_kernel_cache(gpu, env, folder=tmp_path) == str(tmp_path)
+    assert env == {device.PTX_CACHE_ENV: str(tmp_path)}
+    mine = {device.PTX_CACHE_ENV: "/somewhere/else"}
+    assert device.configure_cuda_kernel_cache(gpu, mine, folder=tmp_path) is None
+    assert mine == {device.PTX_CACHE_ENV: "/somewhere/else"}
+    for mx in (fake_mx("gpu", metal=True), fake_mx("cpu")):
+        env = {}
+        assert device.configure_cuda_kernel_cache(mx, env, folder=tmp_path) is None
+        assert env == {}
+
+
+def test_kernel_cache_default_folder_is_per_mlx_version(monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
+    gpu = fake_mx("gpu", cuda=True)
+    gpu.__version__ = "9.9.9"
+    env: dict = {}
+    assert device.configure_cuda_kernel_cache(gpu, env) == str(tmp_path / "mlx-kernels" / "9.9.9")

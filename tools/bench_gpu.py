@@ -7,10 +7,14 @@
 Made for issue #21 (DFlash off Apple GPUs): the same figures on any device, so a GPU host and
 this CPU can be compared. A benchmark, not a test: nothing is asserted.
 
-* ``load``: seconds to load the bundled pair in this process and to warm it up as the app does
-  after a load on a GPU (``app/engine/warmup.py``; ``--no-warm-up`` skips it), then the first
-  plain and first DFlash reply (cold: tok/s, time to first token) against the same replies run
-  again (warm).
+* ``load``: seconds to load the bundled pair (with its DFlash2 drafter, as the window loads it)
+  in this process and to warm it up as the app does after a load on a GPU
+  (``app/engine/warmup.py``, its parallel kernel build on CUDA included; ``--no-warm-up``
+  skips it), the kernels MLX compiled to its disk cache during the warm-up and after it
+  (``kernels_compiled_in_warm_up``, ``kernels_compiled_after``: what a warm-up missed), then
+  the first plain and first DFlash reply (cold: tok/s, time to first token) against the same
+  replies run again (warm). With ``MLX_PTX_CACHE_DIR`` set to an empty folder, a process
+  compiles every kernel as on a fresh host (``tools/gpu_measure.sh warmup``).
 * ``pair``: on the bundled pair (demo prompt, greedy, exact defaults), plain tok/s, DFlash
   (tape, the drafter's block size) tok/s and their ratio, per-cycle draft / verify / rollback
   ms (the engine's ``Summary`` totals over its cycles, from a second run with
@@ -115,6 +119,22 @@ def count_host_syncs():
         yield counter
     finally:
         mx.eval, mx.array.item, mx.array.tolist = eval_, item, tolist
+
+
+def ptx_cache_summary(since: float, directory: Path | None = None) -> dict:
+    """The kernels MLX compiled since the wall-clock time ``since`` (``time.time()``): how
+    many, and each module's name with the seconds after ``since`` at which it was written
+    (in order; the gap before a module is about its compile time). Empty on a backend
+    without a PTX cache (CPU, Metal)."""
+    from app.engine.kernel_prebuild import ptx_cache_dir
+
+    directory = directory or ptx_cache_dir()
+    if not directory.is_dir():
+        return {"dir": str(directory), "modules": 0, "written_s": {}}
+    new = sorted((f.stat().st_mtime - since, f.stem) for f in directory.glob("*.ptx")
+                 if f.stat().st_mtime >= since)
+    return {"dir": str(directory), "modules": len(new),
+            "written_s": {name: round(t, 3) for t, name in new}}
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -290,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.engine.device import device_description
     from app.engine.gdn_kernel import kernel_active
     from app.engine.loader import load_drafter, load_target
-    from app.paths import demo_pair_dirs
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     result: dict = {"header": {"app": __version__, "mlx": mx.__version__,
                                "device": str(mx.default_device()),
@@ -301,16 +321,28 @@ def main(argv: list[str] | None = None) -> int:
     t_dir, d_dir = demo_pair_dirs()
     t0 = time.perf_counter()
     target, drafter = load_target(t_dir), load_drafter(d_dir)
+    # the window loads the pair's DFlash2 drafter too, and warms it up with the others
+    drafter2 = load_drafter(demo_dflash2_dir()) if demo_dflash2_dir().is_dir() else None
     load_s = time.perf_counter() - t0
     result["header"]["cudnn_sdpa"] = os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1")
-    warm_up_s = None
+    warm_up_s = warm_up_parts = None
+    since = time.time()
     if not args.no_warm_up:
         from app.engine.warmup import warm_up
 
-        warm_up_s = warm_up(target, [drafter]).seconds
+        report = warm_up(target, [drafter, drafter2])
+        warm_up_s = report.seconds
+        built = report.prebuild
+        warm_up_parts = {"plain_s": report.plain_s, "dflash_s": report.drafted_s,
+                         "prebuild_s": built.seconds if built else None,
+                         "prebuild_processes": built.processes if built else 0,
+                         "prebuild_failed": built.failed if built else []}
+    compiled = ptx_cache_summary(since)
     cold = pair_figures(target, drafter, args.max_tokens)
     warm = pair_figures(target, drafter, args.max_tokens)
     result["load"] = {"load_s": load_s, "warm_up_s": warm_up_s,
+                      "warm_up_parts": warm_up_parts, "kernels_compiled_in_warm_up": compiled,
+                      "kernels_compiled_after": ptx_cache_summary(since + (warm_up_s or 0)),
                       "cold_plain_tok_per_s": cold["plain_tok_per_s"],
                       "cold_dflash_tok_per_s": cold["dflash_tok_per_s"],
                       "cold_plain_ttft_s": cold["plain_ttft_s"],

@@ -9,6 +9,8 @@
 #   bash tools/gpu_measure.sh exact   # exactness report and engine tests on the GPU
 #   bash tools/gpu_measure.sh bench   # python -m app bench (block 16) on the GPU
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
+#   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
+#                                     # host), with and without the parallel kernel build
 #
 # Results go to $OUT (or /tmp/gpu-out): JSON and text files named after what made them.
 set -u
@@ -58,6 +60,34 @@ case "${1:-}" in
     timeout 300 $py tools/profile_verify.py --repeats 10 --out "$O/profile.json" >/dev/null
     stamp done
     ;;
+  warmup)
+    # An empty MLX_PTX_CACHE_DIR stands for a fresh host: every kernel is compiled again.
+    # fresh: the app's warm-up (parallel kernel build first); serial: without that build
+    # (DFLASH_KERNEL_PREBUILD=0); again: a second process on the first one's kernels;
+    # fresh-nolayers (only when named in VARIANTS): fresh without warm_layers.
+    first=$(mktemp -d)
+    for variant in ${VARIANTS:-fresh serial again}; do
+      case $variant in
+        fresh) dir=$first; extra= ;;
+        serial) dir=$(mktemp -d); extra="DFLASH_KERNEL_PREBUILD=0" ;;
+        fresh-nolayers) dir=$(mktemp -d); extra="DFLASH_WARM_LAYERS=0" ;;
+        again) dir=$first; extra= ;;
+      esac
+      stamp "load + warm-up, $variant (MLX_PTX_CACHE_DIR=$dir $extra)"
+      env MLX_PTX_CACHE_DIR="$dir" $extra timeout 200 $py tools/bench_gpu.py --shapes "" \
+        --repeats 3 --out "$O/warmup_$variant.json" >/dev/null
+      $py - "$O/warmup_$variant.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["load"]
+keys = ("load_s", "warm_up_s", "warm_up_parts", "cold_plain_tok_per_s", "cold_dflash_tok_per_s",
+        "cold_plain_ttft_s", "cold_dflash_ttft_s", "cold_identical")
+print({k: d[k] for k in keys})
+print("modules compiled in the warm-up:", d["kernels_compiled_in_warm_up"]["modules"],
+      "after it:", d["kernels_compiled_after"]["modules"])
+PY
+    done
+    stamp done
+    ;;
   *)
-    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile" >&2; exit 2 ;;
+    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|warmup" >&2; exit 2 ;;
 esac

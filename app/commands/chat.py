@@ -21,6 +21,7 @@ from app.commands.generation import (
     default_thinking,
     load_tools,
     settings_from_args,
+    warm_up_on_gpu,
 )
 
 
@@ -106,6 +107,7 @@ def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
     target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
+    warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
     if args.json:

@@ -27,6 +27,7 @@ from app.commands.generation import (
     default_thinking,
     load_tools,
     settings_from_args,
+    warm_up_on_gpu,
 )
 from app.engine.compare import first_divergence
 
@@ -63,6 +64,7 @@ def _compare(args) -> int:
         if getattr(drafter2.config, "kind", "dflash") != "dflash2":
             raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 drafter")
         check_pair(target, drafter2)
+    warm_up_on_gpu(target, [drafter, drafter2])
     only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
     results = {}
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]

@@ -207,6 +207,17 @@ def _load(args, need_drafter: bool):
     return target, drafter, tpath, dpath
 
 
+def warm_up_on_gpu(target, drafters: list) -> None:
+    """On a GPU backend, warm the loaded pair up as the window does after a load
+    (:func:`app.engine.warmup.warm_up`, every drafter included), so that the first reply's
+    figures are not a kernel build's; says so on stderr. Nothing on the CPU."""
+    from app.engine.warmup import needs_warm_up, warm_up
+
+    if needs_warm_up():
+        report = warm_up(target, drafters, every_drafter=True)
+        _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
+
+
 def keep_quantized_arg(args) -> bool | None:
     """``load_target``'s ``keep_quantized`` for parsed arguments: True with
     ``--keep-quantized``, else None (the loader decides)."""

@@ -125,3 +125,42 @@ def configure_cuda_attention(mx: Any = None, environ: Any = None) -> bool:
         return False
     environ[CUDNN_SDPA_ENV] = "0"
     return True
+
+
+#: MLX's folder for the CUDA kernels it compiles (``ptx_cache_dir`` in MLX 0.32's
+#: ``mlx/backend/cuda/jit_module.cpp``; default ``<temp dir>/mlx/<version>/ptx``).
+PTX_CACHE_ENV = "MLX_PTX_CACHE_DIR"
+
+
+def configure_cuda_kernel_cache(mx: Any = None, environ: Any = None,
+                                folder: Any = None) -> str | None:
+    """On MLX's CUDA backend, keep the kernels MLX compiles in the user's cache folder.
+
+    Why: MLX compiles some CUDA kernels with NVRTC on first use and keeps them in
+    ``<temp dir>/mlx/<version>/ptx`` unless ``MLX_PTX_CACHE_DIR`` names a folder. Many Linux
+    systems empty the temp folder at every boot, and each compile then runs again: 25.9 s of
+    a fresh host's warm-up of the bundled pair on an H200 against 1.8 s once the kernels were
+    on disk (docs/performance.md, "MLX on CUDA"). ``folder`` (default
+    ``app.paths.cache_dir() / "mlx-kernels" / <MLX version>``) survives a reboot.
+
+    Sets ``MLX_PTX_CACHE_DIR`` in ``environ`` (default ``os.environ``) only on CUDA and when
+    the user has not set it; MLX reads it once, at its first compile, so call this before
+    the first forward pass (``load_target`` does). Child processes inherit it
+    (:mod:`app.engine.kernel_prebuild`).
+
+    Returns:
+        The folder it set, or None when it set nothing.
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    if PTX_CACHE_ENV in environ or backend(mx) != "CUDA":
+        return None
+    if folder is None:
+        if mx is None:
+            import mlx.core as mx
+        from app.paths import cache_dir
+
+        folder = cache_dir() / "mlx-kernels" / str(mx.__version__)
+    environ[PTX_CACHE_ENV] = str(folder)
+    return str(folder)

@@ -342,9 +342,10 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
         raise ModelLoadError(f"could not load {folder.name}: {msg}") from exc
     except Exception as exc:  # mlx-lm raises many kinds for bad files; all are load errors
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
-    from app.engine.device import configure_cuda_attention
+    from app.engine.device import configure_cuda_attention, configure_cuda_kernel_cache
 
     configure_cuda_attention()  # before the first attention pass (its docstring says why)
+    configure_cuda_kernel_cache()  # before MLX's first kernel compile (likewise)
     if keep_dtype is None:
         keep_dtype = not _on_cpu()
     note = ""

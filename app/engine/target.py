@@ -222,15 +222,19 @@ class TargetRunner:
 
     def forward(
         self,
-        ids: mx.array,
+        ids: mx.array | None,
         cache: list,
         taps: list[int] | None = None,
         tapes: list[GDNTape] | None = None,
         all_logits: bool = True,
+        embeds: mx.array | None = None,
     ) -> tuple[mx.array, mx.array | None]:
         """Run ``ids`` ``(1, S)`` int32 through the target, updating ``cache``.
 
         Args:
+            embeds: ``(1, S, hidden)`` inputs to the first layer instead of the embeddings of
+                ``ids`` (``ids`` may then be None); the warm-up uses it to run the layers
+                without the embedding's gather.
             taps: 0-based layer ids whose outputs to return, concatenated on the last axis.
             tapes: a list that receives one :class:`GDNTape` per GDN layer (a verify pass; with
                 ``fast_verify`` its recurrence runs chunked).
@@ -240,7 +244,7 @@ class TargetRunner:
             logits ``(1, S, V)`` (or ``(1, 1, V)``) and taps ``(1, S, len(taps) * hidden)``
             (None when ``taps`` is None).
         """
-        h = self.inner.embed_tokens(ids)
+        h = self.inner.embed_tokens(ids) if embeds is None else embeds
         ssm_cache = next((c for c, lin in zip(cache, self.linear) if lin), None)
         ssm_mask = create_ssm_mask(h, ssm_cache) if ssm_cache is not None else None
         masks: dict = {}  # one attention mask per kind of cache, as mlx-lm's models build them

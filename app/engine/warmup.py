@@ -6,6 +6,13 @@ kernels were built. :func:`warm_up` runs one short plain reply and one short DFl
 each loaded drafter on a fixed prompt, so the first real reply finds the step, prefill-chunk,
 verify, rollback and drafter kernels built.
 
+On MLX's CUDA backend it first compiles the kernels that MLX caches on disk in parallel child
+processes (:mod:`app.engine.kernel_prebuild`), and meanwhile builds the project's Gated DeltaNet
+kernel in this process (:func:`build_gdn_kernel`; MLX keeps custom kernels in memory only), so
+that the replies then only read what was built: on an H200 a fresh host's warm-up of the
+bundled pair went from 25.9 s, one compile after another, to the figure in docs/performance.md
+("MLX on CUDA").
+
 It leaves no state behind: no prompt cache (``session`` is None), and the models' weights are
 not touched; only MLX's kernel caches grow. On the CPU there is nothing to build (no JIT
 beyond what the first reply does in microseconds), so :func:`needs_warm_up` is False there and
@@ -14,9 +21,11 @@ callers skip it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
+from app.engine import kernel_prebuild
 from app.engine.device import backend
 from app.engine.events import Done
 from app.engine.generate import GenerationConfig, generate
@@ -28,21 +37,78 @@ WARM_UP_TEXT = "Warm-up: say hello in one short sentence, then stop."
 @dataclass
 class WarmUpReport:
     """What :func:`warm_up` did: seconds of the plain reply and of each DFlash reply
-    (``drafted_s``, one entry per drafter), and the tokens generated in all."""
+    (``drafted_s``, one entry per drafter), the tokens generated in all, and the parallel
+    kernel build before them (``prebuild``; None where none ran)."""
 
     plain_s: float
     drafted_s: list[float]
     tokens: int
+    prebuild: kernel_prebuild.PrebuildReport | None = None
 
     @property
     def seconds(self) -> float:
-        """Total seconds."""
-        return self.plain_s + sum(self.drafted_s)
+        """Total seconds, the kernel build included."""
+        built = self.prebuild.seconds if self.prebuild else 0.0
+        return built + self.plain_s + sum(self.drafted_s)
 
 
 def needs_warm_up() -> bool:
     """True on GPU backends (Metal, CUDA), whose kernels are built on first use."""
     return backend() != "CPU"
+
+
+def build_gdn_kernel(target) -> bool:
+    """Compile :mod:`app.engine.gdn_kernel`'s kernel for ``target``'s Gated DeltaNet shapes
+    and dtype by running it once on a one-token input (nothing is kept). Returns False, doing
+    nothing, when the kernel is not active here or the target has no such layer."""
+    import mlx.core as mx
+
+    from app.engine.gdn_kernel import cuda_gated_delta, kernel_active
+
+    gdn = next((layer.linear_attn for layer in getattr(target.model, "layers", [])
+                if hasattr(getattr(layer, "linear_attn", None), "A_log")), None)
+    if gdn is None or not kernel_active():
+        return False
+    dtype = kernel_prebuild.activation_dtype(target.model)
+    hk, dk, hv, dv = gdn.num_k_heads, gdn.head_k_dim, gdn.num_v_heads, gdn.head_v_dim
+    qk = mx.zeros((1, 1, hk, dk), dtype=dtype)
+    gates = mx.zeros((1, 1, hv), dtype=dtype)
+    mx.eval(cuda_gated_delta(qk, qk, mx.zeros((1, 1, hv, dv), dtype=dtype), gates, gates,
+                             mx.zeros((1, hv, dv, dk), dtype=mx.float32)))
+    return True
+
+
+def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
+    """Run ``target``'s layers and head once per length in ``lengths`` (a short prefill, a
+    16-token verify, a one-token step) on zero inputs, with ``mx.compile`` off and without
+    the embedding look-up (nothing is kept).
+
+    Why: while child processes compile the fused kernels and gathers
+    (:mod:`app.engine.kernel_prebuild`), this process can already do the first-use work that
+    needs none of them (loading MLX's built-in kernels, cuBLAS set-up for these matrix
+    shapes), which the first warm-up reply would otherwise do after the children. With
+    ``mx.compile`` off, mlx-lm's compiled functions run as separate built-in operations, so
+    no fused module is built here.
+    """
+    import mlx.core as mx
+
+    from app.engine.errors import UnsupportedArchitectureError
+    from app.engine.target import TargetRunner
+
+    try:
+        runner = TargetRunner(target.model, target.model_type)
+    except UnsupportedArchitectureError:  # a plain-only family: its reply warms it
+        return
+    dtype = kernel_prebuild.activation_dtype(target.model)
+    mx.disable_compile()
+    try:
+        for n in lengths:
+            cache = runner.make_cache()
+            zeros = mx.zeros((1, n, runner.hidden_size), dtype=dtype)
+            mx.eval(runner.forward(None, cache, all_logits=n > 1, embeds=zeros)[0])
+    finally:
+        if not os.environ.get("MLX_DISABLE_COMPILE"):  # the user's own switch stays
+            mx.enable_compile()
 
 
 def _prompt_ids(target) -> list[int]:
@@ -54,7 +120,8 @@ def _prompt_ids(target) -> list[int]:
         return list(tok.encode(WARM_UP_TEXT))
 
 
-def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None) -> WarmUpReport:
+def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
+            prebuild: bool | None = None, every_drafter: bool = False) -> WarmUpReport:
     """Run one plain and one greedy DFlash reply per drafter, to build their kernels.
 
     Args:
@@ -62,6 +129,18 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None) 
         drafters: loaded drafters (``LoadedDrafter``; None entries are skipped).
         max_tokens: new tokens per reply; default twice the largest block size plus one, so
             a full block's verify and a partial block's rollback both run.
+        prebuild: compile the disk-cached kernels in parallel processes first
+            (:mod:`app.engine.kernel_prebuild`); default: on MLX's CUDA backend, unless
+            :func:`app.engine.kernel_prebuild.enabled` says no. Then only the first drafter
+            gets a warm-up reply: the kernels that only the other drafters need (a DFlash2
+            drafter's candidate walk) are built by child processes left running in the
+            background (``WarmUpReport.prebuild.background``). While the children compile,
+            this process builds the GDN kernel (:func:`build_gdn_kernel`) and runs
+            :func:`warm_layers` (``DFLASH_WARM_LAYERS=0`` skips it, for measurements). A
+            failed child is only reported (``WarmUpReport.prebuild.failed``): the replies
+            build what it missed.
+        every_drafter: with a prebuild, still build every drafter's kernels and run its
+            reply before returning (a headless comparison runs them all at once).
 
     Returns:
         A :class:`WarmUpReport`.
@@ -70,6 +149,33 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None) 
         whatever ``generate`` raises (an ``EngineError`` for a pair that cannot run).
     """
     drafters = [d for d in drafters if d is not None]
+    if prebuild is None:
+        prebuild = backend() == "CUDA" and kernel_prebuild.enabled()
+    built, later = None, []
+    if prebuild:
+        # The first drafter's kernels before its reply; the others' in the background (their
+        # first reply reads them from disk, or builds what is not there yet).
+        if not every_drafter:
+            drafters, later = drafters[:1], drafters[1:]
+        kernel_prebuild.reap_background()
+        done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
+        todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
+        try:
+            job = kernel_prebuild.start(todo) if todo else None
+        except OSError:  # no child could be started: the replies build everything
+            job = None
+        build_gdn_kernel(target)  # in this process, while the children compile
+        if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
+            warm_layers(target)
+        built = job.wait() if job is not None else kernel_prebuild.PrebuildReport(0.0, 0, [])
+        rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
+                if r not in done and r not in built.recipes]
+        if rest:
+            try:
+                kernel_prebuild.start_background(rest)
+                built.background = rest
+            except OSError:
+                pass
     blocks = [int(getattr(d.config, "block_size", 16) or 16) for d in drafters]
     n = max_tokens or 2 * max(blocks or [8]) + 1
     ids = _prompt_ids(target)
@@ -85,4 +191,4 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None) 
 
     plain = one("plain", None)
     drafted = [one("dflash", d) for d in drafters]
-    return WarmUpReport(plain, drafted, tokens)
+    return WarmUpReport(plain, drafted, tokens, built)

@@ -1,0 +1,351 @@
+"""Build MLX's CUDA kernels for a loaded pair in parallel processes, before its warm-up.
+
+Why (issue #21): MLX's CUDA backend compiles some kernels with NVRTC the first time they run
+and keeps them on disk (``ptx_cache_dir`` in MLX 0.32's ``mlx/backend/cuda/jit_module.cpp``:
+``MLX_PTX_CACHE_DIR``, else ``<temp dir>/mlx/<version>/ptx``). For the bundled pair in float16
+on an H200 these were seven modules, one after another: four fused element-wise kernels of
+mlx-lm's ``mx.compile`` functions (``nn.silu``, ``swiglu``, ``precise_swiglu``, ``compute_g``;
+about 4.5 s each) and three gathers (embedding look-ups; about 2 s each), so a fresh host's
+warm-up took 25.9 s, of which 1.8 s was not compiling (``tools/gpu_measure.sh warmup``,
+docs/performance.md "MLX on CUDA"); a DFlash2 drafter's candidate walk adds five more. NVRTC runs on one CPU core; compiling the modules side by
+side in separate processes, each writing to the shared disk cache, leaves the warm-up's own
+run only cache reads.
+
+What: :func:`recipes_for` lists, from a loaded pair's dtypes, small MLX programs
+(:data:`RECIPES`) that build exactly those modules: the same mlx-lm functions on tiny arrays
+of the same dtypes (a fused module is named after its graph and dtypes, not its shapes; a
+gather after its source and index dtypes). :func:`start` runs them in child processes
+(``python -m app.engine.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait` waits for
+them. A recipe that fails or builds a module the pair does not use costs only its process:
+whatever the recipes miss, the warm-up builds as before, and no computed value depends on
+which process compiled a kernel. :meth:`Prebuild.wait` records the recipes that succeeded in
+the cache folder (:data:`MARKER`), so that a later start skips them (:func:`built_before`).
+Modules that MLX does not cache on disk (``mx.fast``'s custom kernels, such as
+:mod:`app.engine.gdn_kernel`) must be built in the process that runs them.
+
+Switch: ``DFLASH_KERNEL_PREBUILD=0`` turns it off (:func:`enabled`), for measurements.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+#: A recipe: (kind, dtype names); kinds are the keys of :data:`RECIPES`.
+Recipe = tuple[str, tuple[str, ...]]
+
+#: What each kind builds and which dtypes it takes (names of ``mlx.core`` dtypes).
+RECIPES = {
+    "gather": "x[idx]: MLX's gather module for (source dtype, index dtype)",
+    "gather2": "x[i, j]: the gather module with two index arrays, (source, index) dtypes",
+    "gather_axis": "mx.take_along_axis: MLX's gather_axis module, (source, index) dtypes",
+    "silu": "mlx.nn.silu (compiled) on one dtype",
+    "swiglu": "mlx_lm.models.activations.swiglu on one dtype",
+    "precise_swiglu": "mlx_lm.models.activations.precise_swiglu on one dtype",
+    "compute_g": "mlx_lm.models.gated_delta.compute_g on (A_log, a, dt_bias) dtypes",
+}
+
+#: Kinds that took about twice as long as a gather to compile (4-4.5 s against about 2 s on
+#: the H200 host, NVRTC 13): the fused ones and ``gather_axis``.
+_SLOW = {"silu", "swiglu", "precise_swiglu", "compute_g", "gather_axis"}
+
+
+#: The file, in MLX's kernel cache folder, that lists the recipes already built there.
+MARKER = "dflash-prebuilt.json"
+
+
+def ptx_cache_dir() -> Path:
+    """Where MLX's CUDA backend keeps the kernels it compiles: ``MLX_PTX_CACHE_DIR``, else
+    ``<temp dir>/mlx/<MLX version>/ptx`` (``ptx_cache_dir`` in MLX 0.32's
+    ``mlx/backend/cuda/jit_module.cpp``). Not created here."""
+    import tempfile
+
+    import mlx.core as mx
+
+    env = os.environ.get("MLX_PTX_CACHE_DIR")
+    return Path(env) if env else Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "ptx"
+
+
+def built_before(folder: Path | None = None) -> set[Recipe]:
+    """The recipes :func:`mark_built` recorded in ``folder`` (default :func:`ptx_cache_dir`)
+    for this MLX version; empty when there is no readable record (a fresh or emptied
+    cache)."""
+    import mlx.core as mx
+
+    try:
+        data = json.loads(((folder or ptx_cache_dir()) / MARKER).read_text())
+        if data.get("mlx") != mx.__version__:
+            return set()
+        return {(kind, tuple(dtypes)) for kind, dtypes in data["recipes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def mark_built(recipes: list[Recipe], folder: Path | None = None) -> None:
+    """Add ``recipes`` to the record in ``folder`` (default :func:`ptx_cache_dir`), so a
+    later process skips them (:func:`built_before`). Never raises: a cache folder that
+    cannot be written only means the next start builds them again."""
+    import mlx.core as mx
+
+    folder = folder or ptx_cache_dir()
+    done = sorted(built_before(folder) | set(recipes))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MARKER).write_text(json.dumps({"mlx": mx.__version__, "recipes": done}))
+    except OSError:
+        pass
+
+
+def enabled() -> bool:
+    """True unless ``DFLASH_KERNEL_PREBUILD`` is ``"0"``, and not in a frozen bundle (whose
+    executable cannot run ``-m``)."""
+    return os.environ.get("DFLASH_KERNEL_PREBUILD", "1") != "0" and not getattr(
+        sys, "frozen", False)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float16" -> "float16"
+
+
+def _embedding(model: Any) -> Any:
+    inner = model.model if hasattr(model, "model") else model
+    return inner.embed_tokens
+
+
+def activation_dtype(model: Any) -> Any:
+    """The dtype an mlx-lm ``model`` computes in (an ``mlx.core.Dtype``): its embedding's
+    weight dtype, or its scales' dtype when the embedding is quantized."""
+    embed = _embedding(model)
+    scales = getattr(embed, "scales", None)
+    return scales.dtype if scales is not None else embed.weight.dtype
+
+
+def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
+    """The recipes that build the JIT modules a reply on ``target`` (a ``LoadedTarget``) with
+    ``drafters`` (``LoadedDrafter``; None entries skipped) compiles on MLX's CUDA backend,
+    in no particular order, without repeats.
+
+    Gathers: the target's embedding (its weight, and its scales when quantized) indexed by
+    int32 ids (the prompt) and uint32 ids (argmax output fed back), and a uint32 array by
+    uint32 indices. Fused: ``silu`` and ``swiglu`` in each model's dtype; for a Gated DeltaNet
+    target also ``precise_swiglu`` (its gated norm) and ``compute_g`` in its layers' dtypes.
+    A DFlash2 drafter's candidate walk (``app.engine.dflash2.CandidateSelector.walk``):
+    ``take_along_axis`` on float32 logits and uint32 top-k ids (uint32 and int32 indices),
+    a float32 gather by uint32 ids, ``cand[i, j]`` (int32, two indices), and its codebooks
+    indexed by uint32 and int32 ids: the modules a fresh H200 compiled for it.
+    """
+    from mlx.utils import tree_flatten
+
+    embed = _embedding(target.model)
+    act = _dtype_name(activation_dtype(target.model))
+    out: list[Recipe] = []
+    sources = [_dtype_name(embed.weight.dtype)]
+    if getattr(embed, "scales", None) is not None:
+        sources.append(_dtype_name(embed.scales.dtype))
+    for src in sources:
+        out += [("gather", (src, "int32")), ("gather", (src, "uint32"))]
+    out.append(("gather", ("uint32", "uint32")))
+    for model in [target.model] + [d.model for d in drafters if d is not None]:
+        dt = act
+        if model is not target.model:
+            floats = [v.dtype for _, v in tree_flatten(model.parameters())
+                      if "float" in str(v.dtype)]
+            dt = _dtype_name(floats[0]) if floats else act
+        out += [("silu", (dt,)), ("swiglu", (dt,))]
+    for d in drafters:
+        selector = getattr(getattr(d, "model", None), "candidate_selector", None)
+        if selector is not None:
+            book = _dtype_name(selector.predecessor_codebook.dtype)
+            out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
+                    ("gather_axis", ("float32", "int32")), ("gather", ("float32", "uint32")),
+                    ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
+                    ("gather", (book, "int32"))]
+    for layer in getattr(target.model, "layers", []):
+        gdn = getattr(layer, "linear_attn", None)
+        if gdn is not None and hasattr(gdn, "A_log"):
+            out.append(("precise_swiglu", (act,)))
+            out.append(("compute_g", (_dtype_name(gdn.A_log.dtype), act,
+                                      _dtype_name(gdn.dt_bias.dtype))))
+            break
+    seen: set = set()
+    return [r for r in out if not (r in seen or seen.add(r))]
+
+
+def _mlx_lm_file(name: str) -> ModuleType:
+    """``mlx_lm/models/<name>.py`` loaded by path: the two files used here import only
+    ``mlx``, and importing them as ``mlx_lm.models.<name>`` would first run ``mlx_lm``'s
+    ``__init__`` (which imports transformers: about 2 s)."""
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("mlx_lm is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "models" / f"{name}.py"
+    mod_spec = importlib.util.spec_from_file_location(f"_dflash_prebuild_{name}", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def run_recipe(kind: str, dtypes: tuple[str, ...] | list[str]) -> None:
+    """Run one recipe on MLX's default device and wait for it (in a child process).
+
+    Raises:
+        KeyError: an unknown kind; AttributeError: an unknown dtype name.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    dt = [getattr(mx, d) for d in dtypes]
+
+    def arr(shape, dtype):
+        return mx.ones(shape, dtype=dtype)
+
+    if kind == "gather":
+        out = [arr((8, 4), dt[0])[mx.array([[1, 2]], dtype=dt[1])]]
+    elif kind == "gather2":
+        i, j = mx.array([0, 1], dtype=dt[1]), mx.array([1, 2], dtype=dt[1])
+        out = [arr((4, 4), dt[0])[i, j]]
+    elif kind == "gather_axis":
+        out = [mx.take_along_axis(arr((2, 8), dt[0]), mx.zeros((2, 4), dtype=dt[1]), axis=-1)]
+    elif kind == "silu":
+        out = [nn.silu(arr((1, 2, 8), dt[0]))]
+    elif kind == "swiglu":
+        out = [_mlx_lm_file("activations").swiglu(arr((1, 2, 8), dt[0]), arr((1, 2, 8), dt[0]))]
+    elif kind == "precise_swiglu":
+        x = [arr((1, 2, 2, 8), dt[0]) for _ in range(3)]
+        out = [_mlx_lm_file("activations").precise_swiglu(*x)]
+    elif kind == "compute_g":
+        out = [_mlx_lm_file("gated_delta").compute_g(arr((4,), dt[0]), arr((1, 2, 4), dt[1]),
+                                                     arr((4,), dt[2]))]
+    else:
+        raise KeyError(f"unknown kernel recipe {kind!r}; known: {', '.join(RECIPES)}")
+    mx.eval(out)
+
+
+@dataclass
+class PrebuildReport:
+    """What a prebuild did: wall seconds from :func:`start` to the end of :meth:`Prebuild.
+    wait`, the processes run, the recipes given, and ``failed`` (one line per process that
+    exited non-zero or timed out, with the end of its stderr)."""
+
+    seconds: float
+    processes: int
+    recipes: list[Recipe]
+    failed: list[str] = field(default_factory=list)
+    #: recipes handed to :func:`start_background` afterwards (not waited for)
+    background: list[Recipe] = field(default_factory=list)
+
+
+@dataclass
+class Prebuild:
+    """Child processes started by :func:`start`; :meth:`wait` collects them."""
+
+    started: float
+    groups: list[list[Recipe]]
+    procs: list[subprocess.Popen]
+
+    def wait(self, timeout_s: float = 180.0) -> PrebuildReport:
+        """Wait for every child (killing those still running after ``timeout_s`` seconds
+        from the start) and record the recipes of those that succeeded (:func:`mark_built`).
+        Never raises for a failed child: it is listed in ``failed``."""
+        failed = []
+        for group, proc in zip(self.groups, self.procs):
+            left = max(0.1, timeout_s - (time.perf_counter() - self.started))
+            try:
+                _, err = proc.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                failed.append(f"{group}: timed out after {timeout_s:.0f} s")
+                continue
+            if proc.returncode:
+                tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:]
+                failed.append(f"{group}: exit {proc.returncode} {' '.join(tail)}")
+            else:
+                mark_built(group)
+        recipes = [r for g in self.groups for r in g]
+        return PrebuildReport(time.perf_counter() - self.started, len(self.procs), recipes,
+                              failed)
+
+
+def split(recipes: list[Recipe], workers: int) -> list[list[Recipe]]:
+    """Deal ``recipes`` to at most ``workers`` groups, slow (fused) kinds first, each to the
+    group with the least estimated work (fused 2, gather 1). Empty groups are dropped."""
+    groups: list[list[Recipe]] = [[] for _ in range(max(1, workers))]
+    load = [0] * len(groups)
+    for r in sorted(recipes, key=lambda r: r[0] not in _SLOW):
+        i = load.index(min(load))
+        groups[i].append(r)
+        load[i] += 2 if r[0] in _SLOW else 1
+    return [g for g in groups if g]
+
+
+def start(recipes: list[Recipe], workers: int | None = None, stderr: Any = subprocess.PIPE
+          ) -> Prebuild:
+    """Start child processes that run ``recipes`` (see :func:`split`; ``workers`` defaults
+    to the CPU count less one, at most 12: each child holds a CUDA context, a few hundred MB
+    of GPU memory, until it exits). They inherit the environment, so they write to the same
+    kernel cache as this process. Returns at once.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    cpus = os.cpu_count() or 2
+    groups = split(recipes, workers or max(1, min(12, cpus - 1)))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-m", "app.engine.kernel_prebuild",
+                               json.dumps(g)], stdout=subprocess.DEVNULL,
+                              stderr=stderr, env=os.environ.copy())
+             for g in groups]
+    return Prebuild(t0, groups, procs)
+
+
+#: Jobs started by :func:`start_background` whose children may still run.
+_BACKGROUND: list[Prebuild] = []
+
+
+def start_background(recipes: list[Recipe], workers: int | None = None) -> Prebuild:
+    """:func:`start`, without waiting and with the children's stderr discarded (nothing
+    reads it): the job is kept until :func:`reap_background` (called here and by the warm-up)
+    finds all its children done. Returns the job.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    reap_background()
+    job = start(recipes, workers, stderr=subprocess.DEVNULL)
+    _BACKGROUND.append(job)
+    return job
+
+
+def reap_background() -> None:
+    """Forget the background jobs whose children have all exited, recording the recipes of
+    those that succeeded (:func:`mark_built`)."""
+    running = []
+    for job in _BACKGROUND:
+        if any(p.poll() is None for p in job.procs):
+            running.append(job)
+            continue
+        for group, proc in zip(job.groups, job.procs):
+            if proc.returncode == 0:
+                mark_built(group)
+    _BACKGROUND[:] = running
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry: run the recipes given as one JSON list of ``[kind, [dtype, ...]]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    for kind, dtypes in json.loads(argv[0]):
+        run_recipe(kind, tuple(dtypes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The parallel kernel build before a warm-up (app/engine/kernel_prebuild.py).
+
+Its recipes must build the very modules a reply compiles. MLX names a fused (``mx.compile``)
+kernel after its graph and dtypes on every backend alike (``build_lib_name``), and the CPU
+backend writes its compiled kernels to ``$TMPDIR/mlx/<version>/cpu`` as the CUDA one writes its
+own to ``.../ptx``: so a CPU run compares the names a recipe builds with those a real reply
+builds, in float16 as the bundled pair runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.engine import kernel_prebuild as kp
+from app.engine.loader import load_drafter, load_target
+from app.paths import demo_pair_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REPLY = """
+from app.engine.generate import GenerationConfig, generate
+from app.engine.loader import load_drafter, load_target
+from app.paths import demo_pair_dirs
+t, d = demo_pair_dirs()
+target, drafter = load_target(t, keep_dtype=True), load_drafter(d, keep_dtype=True)
+ids = list(target.tokenizer.encode("What is the capital of France?"))
+for mode, dr in (("plain", None), ("dflash", drafter)):
+    for _ in generate(target, ids, GenerationConfig(mode=mode, max_tokens=20), dr):
+        pass
+"""
+
+
+def _compiled_names(tmp: Path) -> set[str]:
+    """Fused-kernel names the CPU backend compiled under ``tmp`` (variant suffixes cut)."""
+    files = tmp.glob("mlx/*/cpu/*.cpp")
+    return {re.sub(r"_(contiguous|strided_\d+)$", "", f.stem) for f in files}
+
+
+def _run(code_or_args: list[str], tmp: Path) -> None:
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, *code_or_args], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def float16_pair():
+    t, d = demo_pair_dirs()
+    return load_target(t, keep_dtype=True), load_drafter(d, keep_dtype=True)
+
+
+def test_recipes_for_the_bundled_pair_in_float16(float16_pair):
+    target, drafter = float16_pair
+    assert kp.recipes_for(target, [drafter, None]) == [
+        ("gather", ("float16", "int32")), ("gather", ("float16", "uint32")),
+        ("gather", ("uint32", "uint32")), ("silu", ("float16",)), ("swiglu", ("float16",)),
+        ("precise_swiglu", ("float16",)), ("compute_g", ("float16", "float16", "float16")),
+    ]
+
+
+def test_a_dflash2_drafter_adds_its_candidate_walk(float16_pair):
+    from app.paths import demo_dflash2_dir
+
+    target, drafter = float16_pair
+    dflash2 = load_drafter(demo_dflash2_dir(), keep_dtype=True)
+    extra = [r for r in kp.recipes_for(target, [drafter, dflash2])
+             if r not in kp.recipes_for(target, [drafter])]
+    # the codebooks are float16 here, as the embedding: their gathers are listed already
+    assert extra == [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
+                     ("gather_axis", ("float32", "int32")), ("gather", ("float32", "uint32")),
+                     ("gather2", ("int32", "uint32"))]
+    for kind, dtypes in extra:
+        kp.run_recipe(kind, dtypes)  # each runs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None,
+                    reason="MLX compiles CPU kernels with g++ (without it, compile is off)")
+def test_fused_recipes_build_the_kernels_a_reply_compiles(float16_pair, tmp_path):
+    target, drafter = float16_pair
+    fused = [r for r in kp.recipes_for(target, [drafter]) if r[0] != "gather"]
+    (tmp_path / "reply").mkdir()
+    (tmp_path / "recipes").mkdir()
+    _run(["-c", REPLY], tmp_path / "reply")
+    _run(["-m", "app.engine.kernel_prebuild", json.dumps(fused)], tmp_path / "recipes")
+    reply, built = _compiled_names(tmp_path / "reply"), _compiled_names(tmp_path / "recipes")
+    assert len(built) == len(fused) == 4
+    assert built <= reply, built - reply
+
+
+def test_split_deals_slow_kinds_first_to_the_least_loaded_group():
+    recipes = [("gather", ("float16", "int32")), ("silu", ("float16",)),
+               ("gather", ("uint32", "uint32")), ("compute_g", ("float16",) * 3),
+               ("swiglu", ("float16",))]
+    groups = kp.split(recipes, 2)
+    assert groups == [[("silu", ("float16",)), ("swiglu", ("float16",))],
+                      [("compute_g", ("float16",) * 3), ("gather", ("float16", "int32")),
+                       ("gather", ("uint32", "uint32"))]]
+    assert kp.split(recipes, 8) == [[r] for r in sorted(recipes, key=lambda r: r[0] not in kp._SLOW)]
+    assert kp.split([], 4) == []
+
+
+def test_children_run_their_recipes_and_a_failure_is_reported_not_raised(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path))
+    job = kp.start([("silu", ("float32",)), ("no_such_kind", ("float32",))], workers=2)
+    report = job.wait(timeout_s=300)
+    assert report.processes == 2
+    assert len(report.failed) == 1 and "no_such_kind" in report.failed[0]
+    assert "unknown kernel recipe" in report.failed[0]
+    assert kp.built_before() == {("silu", ("float32",))}  # only what succeeded
+
+
+def test_the_record_of_built_recipes(tmp_path, monkeypatch):
+    assert kp.built_before(tmp_path) == set()
+    kp.mark_built([("silu", ("float16",))], tmp_path)
+    kp.mark_built([("gather", ("float16", "int32"))], tmp_path)
+    assert kp.built_before(tmp_path) == {("silu", ("float16",)),
+                                         ("gather", ("float16", "int32"))}
+    marker = tmp_path / kp.MARKER
+    marker.write_text(json.dumps({"mlx": "0.0.1", "recipes": [["silu", ["float16"]]]}))
+    assert kp.built_before(tmp_path) == set()  # another MLX version's kernels
+    marker.write_text("not json")
+    assert kp.built_before(tmp_path) == set()
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "mine"))
+    assert kp.ptx_cache_dir() == tmp_path / "mine"
+    kp.mark_built([("silu", ("float32",))], tmp_path / "not" / "there")  # created
+    assert kp.built_before(tmp_path / "not" / "there") == {("silu", ("float32",))}
+
+
+def test_run_recipe_rejects_an_unknown_kind():
+    with pytest.raises(KeyError, match="unknown kernel recipe 'nope'"):
+        kp.run_recipe("nope", ("float32",))
+
+
+def test_prebuild_switch(monkeypatch):
+    monkeypatch.setenv("DFLASH_KERNEL_PREBUILD", "0")
+    assert kp.enabled() is False
+    monkeypatch.setenv("DFLASH_KERNEL_PREBUILD", "1")
+    assert kp.enabled() is True
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert kp.enabled() is False
