@@ -44,9 +44,11 @@ FIGURES: list[tuple[str, str, str]] = [
      "tokens committed per verify cycle (accepted drafts + 1, at most the block size); the "
      "prefill's first token is not a cycle."),
     ("replays", "Replays",
-     "Times the model's memory had to be rewound because the draft was only partly right. "
-     "Cycles whose recurrent state was rolled back and the committed tokens run again "
-     "(through the recurrence only under 'tape', through the whole target under 'replay')."),
+     "Times the model's memory had to be rewound because the draft was only partly right, "
+     "or because the reply ended inside a drafted block (so a fully accepted reply can show "
+     "one per round). Cycles whose recurrent state was rolled back and the committed tokens "
+     "run again (through the recurrence only under 'tape', through the whole target under "
+     "'replay')."),
     ("rollback_share", "Rollback share",
      "How much of the time went into rewinding after wrong guesses. Rollback seconds / "
      "(draft + verify + rollback seconds). A greedy reply waits for the device once per "
