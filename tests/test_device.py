@@ -104,9 +104,19 @@ def test_kernel_cache_goes_to_the_users_cache_folder_on_cuda_only(tmp_path):
         assert env == {}
 
 
-def test_kernel_cache_default_folder_is_per_mlx_version(monkeypatch, tmp_path):
+def test_kernel_cache_default_folder_is_per_mlx_version_and_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path))
-    gpu = fake_mx("gpu", cuda=True)
+    gpu = fake_mx("gpu", {"architecture": "sm 90/x"}, cuda=True)
     gpu.__version__ = "9.9.9"
     env: dict = {}
-    assert device.configure_cuda_kernel_cache(gpu, env) == str(tmp_path / "mlx-kernels" / "9.9.9")
+    want = tmp_path / "mlx-kernels" / "9.9.9-sm_90_x"
+    assert device.configure_cuda_kernel_cache(gpu, env) == str(want) and want.is_dir()
+
+
+def test_kernel_cache_is_left_to_mlx_when_the_folder_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env: dict = {}
+    gpu = fake_mx("gpu", cuda=True)
+    assert device.configure_cuda_kernel_cache(gpu, env, folder=blocker / "cache") is None
+    assert env == {}

@@ -115,24 +115,46 @@ def test_children_run_their_recipes_and_a_failure_is_reported_not_raised(tmp_pat
     assert report.processes == 2
     assert len(report.failed) == 1 and "no_such_kind" in report.failed[0]
     assert "unknown kernel recipe" in report.failed[0]
-    assert kp.built_before() == {("silu", ("float32",))}  # only what succeeded
+    # a child records its recipes only when all of them ran
+    assert kp.built_before() == {("silu", ("float32",))}
+    assert not list(tmp_path.glob(".prebuild-*"))  # no private folder left behind
 
 
 def test_the_record_of_built_recipes(tmp_path, monkeypatch):
+    import mlx.core as mx
+
     assert kp.built_before(tmp_path) == set()
     kp.mark_built([("silu", ("float16",))], tmp_path)
-    kp.mark_built([("gather", ("float16", "int32"))], tmp_path)
+    kp.mark_built([("gather", ("float16", "int32")), ("silu", ("float16",))], tmp_path)
     assert kp.built_before(tmp_path) == {("silu", ("float16",)),
                                          ("gather", ("float16", "int32"))}
-    marker = tmp_path / kp.MARKER
-    marker.write_text(json.dumps({"mlx": "0.0.1", "recipes": [["silu", ["float16"]]]}))
-    assert kp.built_before(tmp_path) == set()  # another MLX version's kernels
-    marker.write_text("not json")
-    assert kp.built_before(tmp_path) == set()
+    record = tmp_path / kp.MARKER
+    (record / "0.0.1--silu--bfloat16").touch()  # another MLX version's kernels
+    (record / "stray-file").touch()
+    (record / f"{mx.__version__}--no_such_kind--float16").touch()
+    assert len(kp.built_before(tmp_path)) == 2
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "mine"))
     assert kp.ptx_cache_dir() == tmp_path / "mine"
     kp.mark_built([("silu", ("float32",))], tmp_path / "not" / "there")  # created
     assert kp.built_before(tmp_path / "not" / "there") == {("silu", ("float32",))}
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    kp.mark_built([("silu", ("float32",))], blocker)  # cannot be written: no error
+    assert kp.built_before(blocker) == set()
+
+
+def test_publish_moves_each_module_whole(tmp_path):
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir()
+    shared.mkdir()
+    for ext, text in ((".ptx", "code"), (".txt", "kernel\tmangled"), (".cu", "source")):
+        (private / f"gather_float16_int32_1{ext}").write_text(text)
+    (private / "half.txt").write_text("a module whose .ptx was never written")
+    assert kp.publish(private, shared) == 1
+    assert sorted(f.name for f in shared.iterdir()) == [
+        "gather_float16_int32_1.cu", "gather_float16_int32_1.ptx", "gather_float16_int32_1.txt"]
+    assert (shared / "gather_float16_int32_1.txt").read_text() == "kernel\tmangled"
+    assert [f.name for f in private.iterdir()] == ["half.txt"]  # not published
 
 
 def test_run_recipe_rejects_an_unknown_kind():

@@ -27,12 +27,18 @@ def test_warm_up_runs_plain_and_each_drafter_and_leaves_replies_unchanged(tiny_h
     assert run(target, ids, drafter, mode="dflash", max_tokens=20).tokens == before
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def kernel_cache(tmp_path, monkeypatch):
-    """An empty MLX kernel cache folder of this test's own (the prebuild records its work
-    there; the children inherit the variable)."""
-    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path))
-    return tmp_path
+    """An empty MLX kernel cache folder of each test's own (the prebuild records its work
+    there; the children inherit the variable); background children are waited for after
+    the test, so none outlives it or writes into a later test's folder."""
+    from app.engine import kernel_prebuild
+
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "ptx"))
+    yield tmp_path / "ptx"
+    for job in kernel_prebuild._BACKGROUND:
+        job.wait()
+    kernel_prebuild._BACKGROUND.clear()
 
 
 def test_warm_up_can_build_kernels_in_child_processes_first(tiny_hybrid, kernel_cache):
@@ -53,7 +59,6 @@ def test_warm_up_can_build_kernels_in_child_processes_first(tiny_hybrid, kernel_
 
 
 def test_a_prebuild_that_cannot_start_leaves_the_warm_up_to_the_replies(tiny_hybrid,
-                                                                         kernel_cache,
                                                                          monkeypatch):
     from app.engine import kernel_prebuild
 
@@ -64,18 +69,57 @@ def test_a_prebuild_that_cannot_start_leaves_the_warm_up_to_the_replies(tiny_hyb
     target, drafter = tiny_hybrid
     report = warmup.warm_up(target, [drafter], prebuild=True)
     assert report.prebuild.processes == 0 and report.prebuild.recipes == []
+    assert report.prebuild.failed == ["OSError: cannot start a process"]
     assert report.tokens >= 2 and len(report.drafted_s) == 1
 
 
-def test_warm_layers_runs_the_layers_on_zeros_and_leaves_compile_on(tiny_hybrid):
+def test_nothing_in_the_kernel_build_stops_the_warm_up(tiny_hybrid, monkeypatch):
+    from app.engine import kernel_prebuild
+
+    def broken(*_a, **_k):
+        raise AttributeError("a model without what the recipes read")
+
+    monkeypatch.setattr(kernel_prebuild, "recipes_for", broken)
+    target, drafter = tiny_hybrid
+    report = warmup.warm_up(target, [drafter], prebuild=True)
+    assert report.prebuild.failed == ["AttributeError: a model without what the recipes read"]
+    assert report.tokens >= 2 and len(report.drafted_s) == 1
+
+
+def test_build_gdn_kernel_passes_the_dtypes_a_reply_passes(tiny_hybrid, monkeypatch):
+    import mlx.core as mx
+
+    from app.engine import gdn_kernel
+
+    target, _ = tiny_hybrid
+    gdn = next(layer.linear_attn for layer in target.model.layers
+               if hasattr(getattr(layer, "linear_attn", None), "A_log"))
+    seen = []
+    monkeypatch.setattr(gdn_kernel, "kernel_active", lambda: True)
+    monkeypatch.setattr(gdn_kernel, "cuda_gated_delta",
+                        lambda *a: seen.append([x.dtype for x in a]) or a[-1])
+    if gdn.head_k_dim % 32:  # the tiny pair's key heads: the kernel does not take them
+        assert warmup.build_gdn_kernel(target) is False and seen == []
+        monkeypatch.setattr(gdn, "head_k_dim", 32)
+    assert warmup.build_gdn_kernel(target) is True
+    act = target.model.parameters()["language_model"]["model"]["norm"]["weight"].dtype
+    # q, k, v, g, beta, state: g as compute_g gives it, the state as the cache holds it
+    assert seen == [[act, act, act, mx.float32, act, mx.float32]]
+
+
+def test_warm_layers_runs_the_layers_on_zeros_and_leaves_compile_on(tiny_hybrid, monkeypatch):
     import mlx.core as mx
 
     target, drafter = tiny_hybrid
     ids = prompt_ids(target)
     before = run(target, ids, drafter, mode="dflash", max_tokens=12).tokens
-    calls = []
+    calls, switches = [], []
     compiled = mx.compile(lambda x: calls.append(1) or x * 2)
+    off, on = mx.disable_compile, mx.enable_compile
+    monkeypatch.setattr(mx, "disable_compile", lambda: switches.append("off") or off())
+    monkeypatch.setattr(mx, "enable_compile", lambda: switches.append("on") or on())
     warmup.warm_layers(target, lengths=(3, 1))
+    assert switches == ["off", "on"]
     compiled(mx.ones(2))
     compiled(mx.ones(2))
     assert calls == [1]  # traced once: compile is on again
@@ -96,8 +140,11 @@ def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kerne
     assert walk and report.prebuild.background == walk
     job = kernel_prebuild._BACKGROUND[-1]
     assert sorted(r for g in job.groups for r in g) == sorted(walk)
-    assert job.wait().failed == []
-    assert set(walk) <= kernel_prebuild.built_before(kernel_cache)  # recorded by wait
+    for proc in job.procs:  # as in the app: nobody calls job.wait()
+        proc.wait(timeout=300)
+    # each child recorded its own recipes, and left no private folder behind
+    assert set(walk) <= kernel_prebuild.built_before(kernel_cache)
+    assert not list(kernel_cache.glob(".prebuild-*"))
 
 
 def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):
@@ -156,3 +203,24 @@ def test_the_worker_says_nothing_on_the_cpu(qtbot):
     worker._on_load(PairSpec(tiny=True))
     assert not any(s.startswith("Warming up") for s in said)
     assert backend.calls == ["load", "warm_up"]  # asked; the session answers None there
+
+
+def test_a_quantized_target_is_warmed_and_its_embedding_gathers_listed(tiny_root):
+    import mlx.nn as nn
+
+    from app.engine import kernel_prebuild
+    from app.engine.loader import load_target
+    from app.engine.tiny import build_tiny_pair
+
+    t, _ = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    target = load_target(t)
+    nn.quantize(target.model, group_size=32, bits=4,
+                class_predicate=lambda _, m: hasattr(m, "to_quantized")
+                and m.weight.shape[-1] % 32 == 0)
+    embed = target.model.language_model.model.embed_tokens
+    assert embed.weight.shape[-1] == 64 // 8  # packed: narrower than the residual stream
+    warmup.warm_layers(target, lengths=(2, 1))  # the width comes from the final norm
+    recipes = kernel_prebuild.recipes_for(target)
+    assert ("gather", ("uint32", "int32")) in recipes  # the packed weight
+    assert ("gather", ("float32", "int32")) in recipes  # its scales
+    assert ("silu", ("float32",)) in recipes  # the activation dtype, not the packed one

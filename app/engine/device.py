@@ -141,26 +141,45 @@ def configure_cuda_kernel_cache(mx: Any = None, environ: Any = None,
     systems empty the temp folder at every boot, and each compile then runs again: 25.9 s of
     a fresh host's warm-up of the bundled pair on an H200 against 1.8 s once the kernels were
     on disk (docs/performance.md, "MLX on CUDA"). ``folder`` (default
-    ``app.paths.cache_dir() / "mlx-kernels" / <MLX version>``) survives a reboot.
+    ``app.paths.cache_dir() / "mlx-kernels" / "<MLX version>-<GPU architecture>"``) survives
+    a reboot. The architecture is in the name because MLX stores machine code for this GPU
+    under names that do not say which GPU (a home folder shared by two machines).
 
-    Sets ``MLX_PTX_CACHE_DIR`` in ``environ`` (default ``os.environ``) only on CUDA and when
-    the user has not set it; MLX reads it once, at its first compile, so call this before
-    the first forward pass (``load_target`` does). Child processes inherit it
+    Sets ``MLX_PTX_CACHE_DIR`` in ``environ`` (default ``os.environ``) only on CUDA, when the
+    user has not set it, and when the folder can be created and written (else MLX would
+    silently keep nothing). MLX reads it once, at its first compile, so call this before the
+    first forward pass (``load_target`` does). Child processes inherit it
     (:mod:`app.engine.kernel_prebuild`).
 
     Returns:
         The folder it set, or None when it set nothing.
     """
     import os
+    import re
+    from pathlib import Path
 
     environ = os.environ if environ is None else environ
     if PTX_CACHE_ENV in environ or backend(mx) != "CUDA":
         return None
+    if mx is None:
+        import mlx.core as mx
     if folder is None:
-        if mx is None:
-            import mlx.core as mx
         from app.paths import cache_dir
 
-        folder = cache_dir() / "mlx-kernels" / str(mx.__version__)
+        try:
+            info = mx.device_info()
+            arch = str(info.get("architecture") or info.get("device_name") or "gpu")
+        except Exception:  # an MLX that cannot say
+            arch = "gpu"
+        arch = re.sub(r"[^A-Za-z0-9_.-]+", "_", arch)
+        folder = cache_dir() / "mlx-kernels" / f"{mx.__version__}-{arch}"
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        return None
     environ[PTX_CACHE_ENV] = str(folder)
     return str(folder)

@@ -18,8 +18,10 @@ gather after its source and index dtypes). :func:`start` runs them in child proc
 (``python -m app.engine.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait` waits for
 them. A recipe that fails or builds a module the pair does not use costs only its process:
 whatever the recipes miss, the warm-up builds as before, and no computed value depends on
-which process compiled a kernel. :meth:`Prebuild.wait` records the recipes that succeeded in
-the cache folder (:data:`MARKER`), so that a later start skips them (:func:`built_before`).
+which process compiled a kernel. Each child compiles into a private folder and then
+publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
+there (:data:`MARKER`), so that a later start skips them (:func:`built_before`), also those
+of children left running in the background (:func:`start_background`).
 Modules that MLX does not cache on disk (``mx.fast``'s custom kernels, such as
 :mod:`app.engine.gdn_kernel`) must be built in the process that runs them.
 
@@ -58,8 +60,9 @@ RECIPES = {
 _SLOW = {"silu", "swiglu", "precise_swiglu", "compute_g", "gather_axis"}
 
 
-#: The file, in MLX's kernel cache folder, that lists the recipes already built there.
-MARKER = "dflash-prebuilt.json"
+#: The folder, inside MLX's kernel cache folder, that records the recipes built there: one
+#: empty file per recipe and MLX version (created whole, so concurrent writers never clash).
+MARKER = "dflash-prebuilt"
 
 
 def ptx_cache_dir() -> Path:
@@ -74,34 +77,62 @@ def ptx_cache_dir() -> Path:
     return Path(env) if env else Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "ptx"
 
 
+def _record_name(recipe: Recipe) -> str:
+    import mlx.core as mx
+
+    kind, dtypes = recipe
+    return f"{mx.__version__}--{kind}--{'-'.join(dtypes)}"
+
+
 def built_before(folder: Path | None = None) -> set[Recipe]:
     """The recipes :func:`mark_built` recorded in ``folder`` (default :func:`ptx_cache_dir`)
-    for this MLX version; empty when there is no readable record (a fresh or emptied
-    cache)."""
+    for this MLX version; empty when there is no record (a fresh or emptied cache)."""
     import mlx.core as mx
 
     try:
-        data = json.loads(((folder or ptx_cache_dir()) / MARKER).read_text())
-        if data.get("mlx") != mx.__version__:
-            return set()
-        return {(kind, tuple(dtypes)) for kind, dtypes in data["recipes"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        names = [f.name for f in ((folder or ptx_cache_dir()) / MARKER).iterdir()]
+    except OSError:
         return set()
+    out = set()
+    for name in names:
+        parts = name.split("--")
+        if len(parts) == 3 and parts[0] == mx.__version__ and parts[1] in RECIPES:
+            out.add((parts[1], tuple(parts[2].split("-"))))
+    return out
 
 
 def mark_built(recipes: list[Recipe], folder: Path | None = None) -> None:
-    """Add ``recipes`` to the record in ``folder`` (default :func:`ptx_cache_dir`), so a
-    later process skips them (:func:`built_before`). Never raises: a cache folder that
-    cannot be written only means the next start builds them again."""
-    import mlx.core as mx
-
-    folder = folder or ptx_cache_dir()
-    done = sorted(built_before(folder) | set(recipes))
+    """Record ``recipes`` in ``folder`` (default :func:`ptx_cache_dir`), so a later process
+    skips them (:func:`built_before`). Never raises: a cache folder that cannot be written
+    only means the next start builds them again."""
+    record = (folder or ptx_cache_dir()) / MARKER
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / MARKER).write_text(json.dumps({"mlx": mx.__version__, "recipes": done}))
+        record.mkdir(parents=True, exist_ok=True)
+        for r in recipes:
+            (record / _record_name(r)).touch()
     except OSError:
         pass
+
+
+def publish(private: Path, shared: Path) -> int:
+    """Move the kernel files MLX wrote to ``private`` into ``shared`` (same file system), so
+    that each module appears whole: its ``.txt`` (kernel names) and ``.cu`` first, its
+    ``.ptx`` last, each by an atomic rename. MLX reads a module only when its ``.ptx`` exists
+    (``read_cached_ptx``), so a reader never sees one half written. Returns the modules
+    moved.
+
+    Raises:
+        OSError: a file could not be moved.
+    """
+    moved = 0
+    for ptx in private.glob("*.ptx"):
+        for ext in (".txt", ".cu"):
+            side = ptx.with_suffix(ext)
+            if side.exists():
+                os.replace(side, shared / side.name)
+        os.replace(ptx, shared / ptx.name)
+        moved += 1
+    return moved
 
 
 def enabled() -> bool:
@@ -115,17 +146,30 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float16" -> "float16"
 
 
-def _embedding(model: Any) -> Any:
-    inner = model.model if hasattr(model, "model") else model
-    return inner.embed_tokens
+def _inner(model: Any) -> Any:
+    return model.model if hasattr(model, "model") else model
+
+
+def _embedding(model: Any) -> Any | None:
+    return getattr(_inner(model), "embed_tokens", None)
 
 
 def activation_dtype(model: Any) -> Any:
-    """The dtype an mlx-lm ``model`` computes in (an ``mlx.core.Dtype``): its embedding's
-    weight dtype, or its scales' dtype when the embedding is quantized."""
+    """The dtype an mlx-lm ``model`` computes in (an ``mlx.core.Dtype``): its final norm's
+    weight dtype (a norm is never quantized), else its embedding's, else its first floating
+    parameter's; float32 when it has none."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    norm = getattr(getattr(_inner(model), "norm", None), "weight", None)
+    if norm is not None:
+        return norm.dtype
     embed = _embedding(model)
-    scales = getattr(embed, "scales", None)
-    return scales.dtype if scales is not None else embed.weight.dtype
+    if embed is not None and getattr(embed, "scales", None) is None:
+        return embed.weight.dtype
+    floats = [v.dtype for _, v in tree_flatten(model.parameters())
+              if mx.issubdtype(v.dtype, mx.floating)]
+    return floats[0] if floats else mx.float32
 
 
 def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
@@ -142,23 +186,19 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
     a float32 gather by uint32 ids, ``cand[i, j]`` (int32, two indices), and its codebooks
     indexed by uint32 and int32 ids: the modules a fresh H200 compiled for it.
     """
-    from mlx.utils import tree_flatten
-
     embed = _embedding(target.model)
     act = _dtype_name(activation_dtype(target.model))
     out: list[Recipe] = []
-    sources = [_dtype_name(embed.weight.dtype)]
-    if getattr(embed, "scales", None) is not None:
-        sources.append(_dtype_name(embed.scales.dtype))
+    sources = []
+    if embed is not None:
+        sources.append(_dtype_name(embed.weight.dtype))
+        if getattr(embed, "scales", None) is not None:
+            sources.append(_dtype_name(embed.scales.dtype))
     for src in sources:
         out += [("gather", (src, "int32")), ("gather", (src, "uint32"))]
     out.append(("gather", ("uint32", "uint32")))
     for model in [target.model] + [d.model for d in drafters if d is not None]:
-        dt = act
-        if model is not target.model:
-            floats = [v.dtype for _, v in tree_flatten(model.parameters())
-                      if "float" in str(v.dtype)]
-            dt = _dtype_name(floats[0]) if floats else act
+        dt = _dtype_name(activation_dtype(model))
         out += [("silu", (dt,)), ("swiglu", (dt,))]
     for d in drafters:
         selector = getattr(getattr(d, "model", None), "candidate_selector", None)
@@ -253,8 +293,8 @@ class Prebuild:
 
     def wait(self, timeout_s: float = 180.0) -> PrebuildReport:
         """Wait for every child (killing those still running after ``timeout_s`` seconds
-        from the start) and record the recipes of those that succeeded (:func:`mark_built`).
-        Never raises for a failed child: it is listed in ``failed``."""
+        from the start; a killed child has published nothing). Never raises for a failed
+        child: it is listed in ``failed``."""
         failed = []
         for group, proc in zip(self.groups, self.procs):
             left = max(0.1, timeout_s - (time.perf_counter() - self.started))
@@ -268,8 +308,6 @@ class Prebuild:
             if proc.returncode:
                 tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:]
                 failed.append(f"{group}: exit {proc.returncode} {' '.join(tail)}")
-            else:
-                mark_built(group)
         recipes = [r for g in self.groups for r in g]
         return PrebuildReport(time.perf_counter() - self.started, len(self.procs), recipes,
                               failed)
@@ -297,13 +335,23 @@ def start(recipes: list[Recipe], workers: int | None = None, stderr: Any = subpr
     Raises:
         OSError: the interpreter could not be started.
     """
-    cpus = os.cpu_count() or 2
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the cores this process may use
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 2
     groups = split(recipes, workers or max(1, min(12, cpus - 1)))
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "app.engine.kernel_prebuild",
-                               json.dumps(g)], stdout=subprocess.DEVNULL,
-                              stderr=stderr, env=os.environ.copy())
-             for g in groups]
+    procs: list[subprocess.Popen] = []
+    try:
+        for g in groups:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "app.engine.kernel_prebuild", json.dumps(g)],
+                stdout=subprocess.DEVNULL, stderr=stderr, env=os.environ.copy()))
+    except OSError:
+        for proc in procs:  # none left behind unwaited
+            proc.kill()
+            proc.communicate()
+        raise
     return Prebuild(t0, groups, procs)
 
 
@@ -326,24 +374,33 @@ def start_background(recipes: list[Recipe], workers: int | None = None) -> Prebu
 
 
 def reap_background() -> None:
-    """Forget the background jobs whose children have all exited, recording the recipes of
-    those that succeeded (:func:`mark_built`)."""
-    running = []
-    for job in _BACKGROUND:
-        if any(p.poll() is None for p in job.procs):
-            running.append(job)
-            continue
-        for group, proc in zip(job.groups, job.procs):
-            if proc.returncode == 0:
-                mark_built(group)
-    _BACKGROUND[:] = running
+    """Forget the background jobs whose children have all exited (``poll`` reaps them)."""
+    _BACKGROUND[:] = [job for job in _BACKGROUND if any(p.poll() is None for p in job.procs)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child entry: run the recipes given as one JSON list of ``[kind, [dtype, ...]]``."""
+    """Child entry: run the recipes given as one JSON list of ``[kind, [dtype, ...]]``.
+
+    MLX writes what it compiles to a private folder inside the shared cache folder (set
+    before its first compile in this process); the modules are then published whole
+    (:func:`publish`) and the recipes recorded (:func:`mark_built`), so that no reader, and
+    no later start, ever sees a module half written by a child that was killed or is still
+    writing."""
     argv = sys.argv[1:] if argv is None else argv
-    for kind, dtypes in json.loads(argv[0]):
-        run_recipe(kind, tuple(dtypes))
+    recipes = [(kind, tuple(dtypes)) for kind, dtypes in json.loads(argv[0])]
+    shared = ptx_cache_dir()
+    private = shared / f".prebuild-{os.getpid()}"
+    private.mkdir(parents=True, exist_ok=True)
+    os.environ["MLX_PTX_CACHE_DIR"] = str(private)
+    try:
+        for kind, dtypes in recipes:
+            run_recipe(kind, dtypes)
+        publish(private, shared)
+        mark_built(recipes, shared)
+    finally:
+        for f in private.iterdir():
+            f.unlink()
+        private.rmdir()
     return 0
 
 

@@ -69,11 +69,16 @@ def build_gdn_kernel(target) -> bool:
                 if hasattr(getattr(layer, "linear_attn", None), "A_log")), None)
     if gdn is None or not kernel_active():
         return False
-    dtype = kernel_prebuild.activation_dtype(target.model)
     hk, dk, hv, dv = gdn.num_k_heads, gdn.head_k_dim, gdn.num_v_heads, gdn.head_v_dim
+    if dk % 32 or hv % hk:  # shapes the kernel does not take: mlx-lm's loop runs instead
+        return False
+    dtype = kernel_prebuild.activation_dtype(target.model)
+    # the dtypes a reply passes: q, k, v and beta (sigmoid of b) in the activation dtype,
+    # g (mlx-lm's compute_g) and the state in float32; the kernel's source names them
     qk = mx.zeros((1, 1, hk, dk), dtype=dtype)
-    gates = mx.zeros((1, 1, hv), dtype=dtype)
-    mx.eval(cuda_gated_delta(qk, qk, mx.zeros((1, 1, hv, dv), dtype=dtype), gates, gates,
+    g = mx.zeros((1, 1, hv), dtype=mx.float32)
+    beta = mx.zeros((1, 1, hv), dtype=dtype)
+    mx.eval(cuda_gated_delta(qk, qk, mx.zeros((1, 1, hv, dv), dtype=dtype), g, beta,
                              mx.zeros((1, hv, dv, dk), dtype=mx.float32)))
     return True
 
@@ -100,15 +105,49 @@ def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
     except UnsupportedArchitectureError:  # a plain-only family: its reply warms it
         return
     dtype = kernel_prebuild.activation_dtype(target.model)
+    # the residual width (a quantized embedding's packed weight is narrower)
+    width = int(runner.inner.norm.weight.shape[-1])
     mx.disable_compile()
     try:
         for n in lengths:
             cache = runner.make_cache()
-            zeros = mx.zeros((1, n, runner.hidden_size), dtype=dtype)
+            zeros = mx.zeros((1, n, width), dtype=dtype)
             mx.eval(runner.forward(None, cache, all_logits=n > 1, embeds=zeros)[0])
     finally:
         if not os.environ.get("MLX_DISABLE_COMPILE"):  # the user's own switch stays
             mx.enable_compile()
+
+
+def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildReport:
+    """The CUDA part of :func:`warm_up`: children build the kernels of ``target`` and
+    ``drafters`` not recorded as built, while this process builds the GDN kernel and runs
+    :func:`warm_layers`; then children are left building ``later``'s in the background.
+    Never raises: whatever fails is listed in the report's ``failed`` and left to the
+    replies, and the children started are always waited for."""
+    kernel_prebuild.reap_background()
+    job, errors = None, []
+    todo, rest = [], []
+    try:
+        done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
+        todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
+        rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
+                if r not in done and r not in todo]
+        job = kernel_prebuild.start(todo) if todo else None
+        build_gdn_kernel(target)  # in this process, while the children compile
+        if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
+            warm_layers(target)
+    except Exception as exc:  # a warm-up aid only: the replies build what it missed
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        built = job.wait() if job is not None else kernel_prebuild.PrebuildReport(0.0, 0, [])
+    built.failed += errors
+    if rest and not errors:
+        try:
+            kernel_prebuild.start_background(rest)
+            built.background = rest
+        except OSError as exc:
+            built.failed.append(f"background: {exc}")
+    return built
 
 
 def _prompt_ids(target) -> list[int]:
@@ -146,36 +185,19 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         A :class:`WarmUpReport`.
 
     Raises:
-        whatever ``generate`` raises (an ``EngineError`` for a pair that cannot run).
+        whatever ``generate`` raises in the warm-up replies (an ``EngineError`` for a pair
+        that cannot run); nothing from the kernel build.
     """
     drafters = [d for d in drafters if d is not None]
     if prebuild is None:
         prebuild = backend() == "CUDA" and kernel_prebuild.enabled()
-    built, later = None, []
+    built = None
     if prebuild:
         # The first drafter's kernels before its reply; the others' in the background (their
         # first reply reads them from disk, or builds what is not there yet).
-        if not every_drafter:
-            drafters, later = drafters[:1], drafters[1:]
-        kernel_prebuild.reap_background()
-        done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
-        todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
-        try:
-            job = kernel_prebuild.start(todo) if todo else None
-        except OSError:  # no child could be started: the replies build everything
-            job = None
-        build_gdn_kernel(target)  # in this process, while the children compile
-        if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
-            warm_layers(target)
-        built = job.wait() if job is not None else kernel_prebuild.PrebuildReport(0.0, 0, [])
-        rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
-                if r not in done and r not in built.recipes]
-        if rest:
-            try:
-                kernel_prebuild.start_background(rest)
-                built.background = rest
-            except OSError:
-                pass
+        later = [] if every_drafter else drafters[1:]
+        drafters = drafters if every_drafter else drafters[:1]
+        built = _prebuild(target, drafters, later)
     blocks = [int(getattr(d.config, "block_size", 16) or 16) for d in drafters]
     n = max_tokens or 2 * max(blocks or [8]) + 1
     ids = _prompt_ids(target)
