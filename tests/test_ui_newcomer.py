@@ -729,7 +729,7 @@ def test_figure_tooltips_start_in_plain_words(qtbot, qs):
             assert win.live.labels[key].toolTip() == tip
         assert win.live.tiles["replays"].toolTip().startswith(
             "Times the model's memory had to be rewound because the draft was only partly "
-            "right.")
+            "right, or because the reply ended inside a drafted block")
     finally:
         win.shutdown()
 
