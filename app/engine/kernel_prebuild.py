@@ -272,8 +272,9 @@ def run_recipe(kind: str, dtypes: tuple[str, ...] | list[str]) -> None:
 @dataclass
 class PrebuildReport:
     """What a prebuild did: wall seconds from :func:`start` to the end of :meth:`Prebuild.
-    wait`, the processes run, the recipes given, and ``failed`` (one line per process that
-    exited non-zero or timed out, with the end of its stderr)."""
+    wait`, the processes run, the recipes given, and ``failed``: one line per process that
+    exited non-zero or timed out (with the end of its stderr), and per error of the build's
+    own part of the warm-up (``app.engine.warmup``)."""
 
     seconds: float
     processes: int
