@@ -60,7 +60,8 @@ endif
 x11libs:
 ifeq ($(UNAME),Linux)
 	@if [ -n "$$DISPLAY" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		! ldconfig -p | grep -q libxcb-cursor.so.0; then \
+		! { ldconfig -p | grep -q libxcb-cursor.so.0 && ldconfig -p | grep -q libxcb-icccm.so.4 && \
+		    ldconfig -p | grep -q libxcb-keysyms.so.1; }; then \
 		echo "Installing the xcb libraries Qt needs for a window (libxcb-cursor0 ...)"; \
 		apt-get install -y -qq libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 >/dev/null 2>&1 || \
 		(apt-get update -qq >/dev/null 2>&1 && \
