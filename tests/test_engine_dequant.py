@@ -97,6 +97,20 @@ def test_dflash_on_a_dequantized_4bit_target_gives_plains_tokens(q4_dirs):
     assert {c.accepted for c in spec.cycles} >= {0, 3, 7}
 
 
+def test_a_kept_quantized_target_pairs_with_its_drafter_and_keeps_plains_tokens(q4_dirs):
+    # as on Apple GPUs and CUDA, where quantized layers stay quantized: the packed embedding
+    # (128 / 8 = 16 columns of uint32) once made check_pair read hidden_size 16
+    t_dir, d_dir = q4_dirs
+    target, drafter = load_target(t_dir, keep_quantized=True), load_drafter(d_dir)
+    assert target.model.model.embed_tokens.weight.shape[-1] == 16
+    assert target.hidden_size == drafter.config.hidden_size == 128
+    loader.check_pair(target, drafter)
+    ids = prompt_ids(target)
+    plain = run(target, ids, mode="plain", max_tokens=24).tokens
+    spec = run(target, ids, drafter, mode="dflash", max_tokens=24)
+    assert spec.tokens == plain and spec.summary.cycles > 0
+
+
 def test_kept_quantized_when_the_float32_copy_does_not_fit(q4_dirs, monkeypatch, caplog):
     t_dir, _ = q4_dirs
     monkeypatch.setattr(loader, "available_memory_bytes", lambda: 1000)

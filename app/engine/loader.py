@@ -260,8 +260,14 @@ class LoadedTarget:
 
     @property
     def hidden_size(self) -> int:
-        """Residual stream width."""
-        return int(self.model.model.embed_tokens.weight.shape[1])
+        """Residual stream width: the final norm's weight width (a quantized embedding's
+        weight is packed, 32 / bits values per column, so its width is not the model's);
+        the embedding's width for a family without a final ``norm``."""
+        inner = self.model.model
+        norm = getattr(inner, "norm", None)
+        if norm is not None and hasattr(norm, "weight"):
+            return int(norm.weight.shape[-1])
+        return int(inner.embed_tokens.weight.shape[1])
 
 
 @dataclass

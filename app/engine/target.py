@@ -207,8 +207,9 @@ class TargetRunner:
 
     @property
     def hidden_size(self) -> int:
-        """Width of the residual stream."""
-        return int(self.inner.embed_tokens.weight.shape[1])
+        """Width of the residual stream: the final norm's weight width (a quantized
+        embedding's weight is packed, so its width is not the model's)."""
+        return int(self.inner.norm.weight.shape[-1])
 
     def lm_head(self, h: mx.array) -> mx.array:
         """Logits ``(..., V)`` from final-normed hidden states ``(..., hidden)``."""

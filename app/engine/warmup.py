@@ -105,13 +105,11 @@ def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
     except UnsupportedArchitectureError:  # a plain-only family: its reply warms it
         return
     dtype = kernel_prebuild.activation_dtype(target.model)
-    # the residual width (a quantized embedding's packed weight is narrower)
-    width = int(runner.inner.norm.weight.shape[-1])
     mx.disable_compile()
     try:
         for n in lengths:
             cache = runner.make_cache()
-            zeros = mx.zeros((1, n, width), dtype=dtype)
+            zeros = mx.zeros((1, n, runner.hidden_size), dtype=dtype)
             mx.eval(runner.forward(None, cache, all_logits=n > 1, embeds=zeros)[0])
     finally:
         if not os.environ.get("MLX_DISABLE_COMPILE"):  # the user's own switch stays
