@@ -172,6 +172,12 @@ def activation_dtype(model: Any) -> Any:
     return floats[0] if floats else mx.float32
 
 
+def first_gdn_layer(model: Any) -> Any | None:
+    """The ``linear_attn`` module of ``model``'s first Gated DeltaNet layer, or None."""
+    return next((layer.linear_attn for layer in getattr(model, "layers", [])
+                 if hasattr(getattr(layer, "linear_attn", None), "A_log")), None)
+
+
 def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
     """The recipes that build the JIT modules a reply on ``target`` (a ``LoadedTarget``) with
     ``drafters`` (``LoadedDrafter``; None entries skipped) compiles on MLX's CUDA backend,
@@ -208,15 +214,12 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
                     ("gather_axis", ("float32", "int32")), ("gather", ("float32", "uint32")),
                     ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
                     ("gather", (book, "int32"))]
-    for layer in getattr(target.model, "layers", []):
-        gdn = getattr(layer, "linear_attn", None)
-        if gdn is not None and hasattr(gdn, "A_log"):
-            out.append(("precise_swiglu", (act,)))
-            out.append(("compute_g", (_dtype_name(gdn.A_log.dtype), act,
-                                      _dtype_name(gdn.dt_bias.dtype))))
-            break
-    seen: set = set()
-    return [r for r in out if not (r in seen or seen.add(r))]
+    gdn = first_gdn_layer(target.model)
+    if gdn is not None:
+        out.append(("precise_swiglu", (act,)))
+        out.append(("compute_g", (_dtype_name(gdn.A_log.dtype), act,
+                                  _dtype_name(gdn.dt_bias.dtype))))
+    return list(dict.fromkeys(out))
 
 
 def _mlx_lm_file(name: str) -> ModuleType:

@@ -60,13 +60,13 @@ def needs_warm_up() -> bool:
 def build_gdn_kernel(target) -> bool:
     """Compile :mod:`app.engine.gdn_kernel`'s kernel for ``target``'s Gated DeltaNet shapes
     and dtype by running it once on a one-token input (nothing is kept). Returns False, doing
-    nothing, when the kernel is not active here or the target has no such layer."""
+    nothing, when the kernel is not active here, the target has no such layer, or its shapes
+    are ones the kernel does not take (key head dim not a multiple of 32)."""
     import mlx.core as mx
 
     from app.engine.gdn_kernel import cuda_gated_delta, kernel_active
 
-    gdn = next((layer.linear_attn for layer in getattr(target.model, "layers", [])
-                if hasattr(getattr(layer, "linear_attn", None), "A_log")), None)
+    gdn = kernel_prebuild.first_gdn_layer(target.model)
     if gdn is None or not kernel_active():
         return False
     hk, dk, hv, dv = gdn.num_k_heads, gdn.head_k_dim, gdn.num_v_heads, gdn.head_v_dim
