@@ -643,3 +643,23 @@ def test_benchmark_table_shows_all_its_rows_without_scrolling(qtbot, smallest):
         for col in (0, table.columnCount() - 1):
             rect = table.visualRect(table.model().index(row, col))
             assert view.contains(rect), (row, col, rect, view)
+
+
+# ------------------------------------------------------------------ narrowing the window
+def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
+    # found under Xvfb: from 1280 to 880 px, the conversation lost all 400 px (640 -> 280)
+    # while the chat list and the side panel kept theirs, so it was narrower than the panel
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(1280, 800)
+        settle(qtbot)
+        win.resize(880, 640)
+        settle(qtbot)
+        left, centre, right = win.split.sizes()
+        assert centre >= right and centre > 300, (left, centre, right)
+        assert right >= win.details_scroll.minimumWidth()  # three figure tiles still fit
+        win.resize(1280, 800)  # and widening gives the space back
+        settle(qtbot)
+        assert win.split.sizes()[1] >= 600, win.split.sizes()
+    finally:
+        win.shutdown()

@@ -69,6 +69,40 @@ buttons wrap onto more lines) and the figures column still fit, nothing cut."""
 
 
 
+class PaneSplitter(QSplitter):
+    """The window's three panes (chat list, conversation, side panel) side by side.
+
+    As a plain ``QSplitter`` with only the conversation stretching, a narrower window took
+    all its lost width from the conversation: from 1280 to 880 px it went from 640 to 288 px,
+    narrower than the side panel beside it (seen under Xvfb). After every resize this one
+    keeps the conversation at least as wide as the side panel where it can, by narrowing the
+    side panel, then the chat list, down to their minimum widths. A layout whose
+    conversation is already the wider is left exactly as it is (a restored layout keeps the
+    user's panel widths).
+    """
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self.keep_conversation_widest()
+
+    def keep_conversation_widest(self) -> None:
+        """Apply the rule above to the current sizes (no change when it already holds)."""
+        if self.count() != 3:
+            return
+        left, centre, right = self.sizes()
+        if centre >= right:
+            return
+        total = left + centre + right
+        right_min = self.widget(2).minimumSizeHint().width()
+        right_min = max(right_min, self.widget(2).minimumWidth())
+        left_min = max(self.widget(0).minimumSizeHint().width(), 120)
+        new_right = max(right_min, (total - left) // 2)
+        new_left = left
+        if total - left - new_right < new_right:  # the side panel is at its minimum
+            new_left = max(left_min, min(left, total - 2 * new_right))
+        self.setSizes([new_left, total - new_left - new_right, new_right])
+
+
 class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     """The DFlash Chat window.
 
@@ -220,7 +254,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.reasoning_section = d.reasoning_section
         self.tools_section = d.tools_section
 
-        self.split = QSplitter(Qt.Horizontal)
+        self.split = PaneSplitter(Qt.Horizontal)
         self.split.addWidget(left)
         self.split.addWidget(centre)
         self.split.addWidget(right)
