@@ -256,3 +256,28 @@ def test_tool_error_answers_do_not_double_the_final_mark():
     joined = "\n".join(texts)
     assert "?." not in joined and ".." not in joined
     assert "in the app's data." in joined
+
+
+def test_piece_names_make_the_target_write_its_whole_letter_vocabulary():
+    """Corpus v5: tool errors with made-up names glued from the tokenizer's letter tokens put
+    nearly every letter token into completions (the v6 corpus never wrote "pia", "Sh" or "li",
+    and the v6 target copied "Utopia" as "Utona"). No piece name contains a held-out name or
+    begins with a country's name."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(corpus.TOKENIZER_PATH))
+    lower, upper = corpus.letter_pieces()
+    assert {"pia", "li"} <= set(lower) and "Sh" in upper
+    g = corpus.Generator(3)
+    countries = tuple(c["name"] for c in g.countries)
+    written: set[str] = set()
+    for _ in range(3000):
+        name = g._piece_name()
+        assert not any(h.lower() in name.lower() for h in corpus.BAD_COUNTRIES_HELDOUT)
+        assert not name.startswith(countries), name  # corpus v5c: no "Italyin"
+        written.update(tok.encode(f"named '{name}' in").tokens)
+    covered = len(written & set(lower)) / len(lower)
+    assert covered > 0.85, covered  # 0.92 at this seed
+    turns = [g.bad_country(True) for _ in range(300)]
+    made_up = [t.expect["calls"][0]["arguments"]["name"] for t in turns]
+    assert sum(n not in corpus.BAD_COUNTRIES for n in made_up) > 200

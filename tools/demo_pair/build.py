@@ -137,6 +137,12 @@ RECIPE: list[list[str]] = [
     # 10: corpus v4e (60,000 chats, seed 6): target (300 s), new continuations, drafter (185 s)
     ["--init", "--time-target", "300", "--target-lr", "5e-4", "--target-batch-tokens", "128000",
      "--time-gen", "45", "--time-drafter", "185", "--drafter-lr", "8e-4"],
+    # 11: corpus v5 (60,000 chats, seed 7: piece names): the target only, drafter kept
+    ["--init", "--time-target", "500", "--target-lr", "6e-4", "--target-batch-tokens", "128000",
+     "--drafter-steps", "0", "--gen-prompts", "512", "--time-gen", "15", "--time-drafter", "0"],
+    # 12: corpus v5b (60,000 chats, seed 8): target (300 s), new continuations, drafter (185 s)
+    ["--init", "--time-target", "300", "--target-lr", "5e-4", "--target-batch-tokens", "128000",
+     "--time-gen", "45", "--time-drafter", "185", "--drafter-lr", "8e-4"],
 ]
 """The shipped build's training stages (each one device command of under 10 minutes): each
 stage after the first starts from the previous stage's exported pair (``--init``)."""

@@ -30,9 +30,11 @@ training generator refuses any user text that a held-out set contains
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 NUMBER_WORDS = {3: "three", 4: "four", 5: "five"}
 
@@ -544,6 +546,29 @@ FAKE_WORD_ENDS = ["haven", "land", "ia", "mark", "vale", "wood", "shire", "port"
                   "mere", "field", "reach", "holm", "gard", "ova", "ania", "rock"]
 
 
+# Corpus v5: the share of made-up names drawn by Generator._piece_name (the rest as v4d).
+PIECE_NAME_SHARE = 0.6
+TOKENIZER_PATH = Path(__file__).resolve().parents[2] / "resources/models/demo-target/tokenizer.json"
+
+
+@functools.cache
+def letter_pieces(path: Path = TOKENIZER_PATH) -> tuple[list[str], list[str]]:
+    """The letter tokens of a byte-level BPE tokenizer, sorted: ``(lower, upper)``, where
+    ``lower`` holds the all-lowercase ASCII-letter tokens without the leading-space mark ``Ġ``
+    (the pieces inside a word) and ``upper`` the capitalized ones (``"Sh"``, ``"Tonga"``), with
+    ``Ġ`` or without it (a name's first token after a space or after a quote).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+    """
+    vocab = json.loads(path.read_text("utf-8"))["model"]["vocab"]
+    lower = sorted(t for t in vocab if t.isascii() and t.isalpha() and t.islower())
+    words = {t.removeprefix("Ġ") for t in vocab}
+    upper = sorted(w for w in words if w.isascii() and w.isalpha() and w[0].isupper()
+                   and (len(w) == 1 or w[1:].islower()))
+    return lower, upper
+
+
 # Follow-up phrasings.
 F = {
     "field": {
@@ -869,6 +894,12 @@ class Generator:
         known = {c["name"] for c in self.countries} | set(BAD_COUNTRIES_HELDOUT)
         while True:
             r = self.rng.random()
+            if r < PIECE_NAME_SHARE:  # corpus v5: every letter token of the vocabulary
+                name = self._piece_name()
+                if name not in known:
+                    return name
+                continue
+            r = self.rng.random()
             if r < 0.2:  # corpus v4d: pieces of real names glued ("Ethiopia"'s "pia")
                 name = self._blend_name()
                 if name not in known:
@@ -910,6 +941,30 @@ class Generator:
         elif r < 0.3:
             name += " " + self.rng.choice(names)[:self.rng.randint(3, 6)].capitalize()
         return name
+
+    def _piece_name(self) -> str:
+        """Corpus v5: a made-up name glued from 2-4 letter tokens of the shipped tokenizer,
+        drawn uniformly from :func:`letter_pieces` (first piece capitalized), so that every
+        letter token is written in a copy. The v6 target had never written about half of its
+        vocabulary (2,105 of 4,096 tokens, "pia", "Sh" and "li" among them, never occurred in
+        3,000 chats' completions), and wrote "Utona" for "Utopia" and "Liangri-La" for
+        "Shangri-La": an output embedding no gradient has reached cannot win a copy.
+        Names that contain a held-out name (:data:`BAD_COUNTRIES_HELDOUT`) are drawn again,
+        and (corpus v5c) so are names that begin with a country's name: the v7 target, trained
+        on v5's "Angolalamabads", continued real names with pieces ("Italyin")."""
+        lower, upper = letter_pieces()
+        held = [h.lower() for h in BAD_COUNTRIES_HELDOUT]
+        real = tuple(c["name"] for c in self.countries)
+        while True:
+            first = (self.rng.choice(upper) if self.rng.random() < 0.5
+                     else self.rng.choice(lower).capitalize())
+            rest = "".join(self.rng.choice(lower) for _ in range(self.rng.choice([1, 2, 2, 3])))
+            name = first + rest
+            if self.rng.random() < 0.1:
+                name += self.rng.choice([" ", "-"]) + self.rng.choice(upper)
+            if (3 <= len(name) <= 16 and not any(h in name.lower() for h in held)
+                    and not name.startswith(real)):
+                return name
 
     def _random_letters_name(self) -> str:
         """Corpus v4b: a made-up name of 4-10 random letters in consonant-vowel turns (some
@@ -1600,7 +1655,12 @@ class Generator:
               "population", "population", "two_countries", "two_countries", "bad_country",
               "scope",
               # corpus v4e: what the stage-9 target lost (languages, the clock, two times)
-              "languages_fact", "time", "two_times")
+              "languages_fact", "time", "two_times",
+              # corpus v5: tool errors carry the piece names (every letter token copied)
+              "bad_country", "bad_country", "bad_country",
+              # corpus v5b: the stage-11 target (v5) sent "What do people in {c} speak?" to
+              # the clock and made calls with made-up names for a few out-of-scope requests
+              "languages_fact", "languages_fact", "languages_fact", "scope", "self_description")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""

@@ -26,7 +26,8 @@ prints a JSON report: accuracy overall and per category, call and value accuracy
 scripts, scope accuracy, and with ``--dflash`` parity, tau (median per first round and per
 post-tool round), acceptance and tok/s. ``python -m tools.demo_pair.evaluate bench`` runs the
 speed benchmark (:func:`bench`), ``app-bench ARGS`` runs ``python -m app bench ARGS`` with
-the exact verify.
+the exact verify, and ``copy`` runs :func:`copy_probe` (does the target copy fictional place
+names that are neither held out nor in the corpus's lists into its call and answer).
 """
 
 from __future__ import annotations
@@ -296,6 +297,59 @@ def load_pair(tdir: Path | None = None, ddir: Path | None = None):
     return target, drafter
 
 
+# ---- copying unknown names ----------------------------------------------------------------------
+
+COPY_NAMES = ["Arcadia", "Neverland", "Wonderland", "Eldoria", "Hyrule", "Wadiya", "Genosha",
+              "Elysium", "Laputa", "Oceania", "Eurasia", "Eastasia", "Themyscira", "Latverna",
+              "Transia", "Illyria", "Osterlich", "Carpania", "Bozatta", "Evergreen Isle",
+              "Tinseltown", "Valverde", "Santa Prisca", "Nuevo Rico", "Parador", "Aldovia",
+              "Cordinia", "Belgravia", "Corto Maltese", "Isla Nublar", "Krasnovia", "Utopica",
+              "Atopia", "Ostopia", "Dystopia", "Eutopia", "Mitopia"]
+"""Fictional place names for :func:`copy_probe`: none is a held-out name, none occurs in the
+corpus's fixed lists (``corpus.BAD_COUNTRIES``); six share the held-out "Utopia"'s pieces."""
+COPY_FRAMES = ["Name the capital of {}.", "Tell me the population of {}.",
+               "I'd like an overview of {}."]
+
+
+def copy_names(seed: int = 11, n_random: int = 20) -> list[str]:
+    """:data:`COPY_NAMES` plus ``n_random`` seeded names of 5-8 letters in consonant-vowel
+    turns (``"Otujewoh"``)."""
+    import random
+
+    rng = random.Random(seed)
+    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
+
+    def cv(n: int) -> str:
+        start = rng.random() < 0.5
+        return "".join(rng.choice(vows if (i % 2 == 0) != start else cons)
+                       for i in range(n)).capitalize()
+
+    return COPY_NAMES + [cv(rng.randint(5, 8)) for _ in range(n_random)]
+
+
+def copy_probe(target, drafter, names: list[str] | None = None, verbose: bool = False) -> dict:
+    """Whether the target copies unknown place names: one tooled question per name
+    (:data:`COPY_FRAMES` in turn), plain greedy; a name counts as copied when the first call
+    is ``country_info`` with exactly that name and the answer contains it. Returns
+    ``{"copied", "names", "rate", "failures": [[name, called name or None, answer]]}``."""
+    names = names or copy_names()
+    fails = []
+    for i, name in enumerate(names):
+        q = COPY_FRAMES[i % len(COPY_FRAMES)].format(name)
+        r = reply_to(target, drafter, [{"role": "user", "content": q}], True, "plain",
+                     frozen_tools(), 120)
+        calls = r.rounds[0].tool_calls
+        got = calls[0].arguments.get("name") if calls else None
+        ok = bool(calls) and calls[0].name == "country_info" and got == name and name in r.content
+        if not ok:
+            fails.append([name, got, r.content[:100]])
+        if verbose:
+            print(("ok " if ok else "BAD"), name, got, flush=True)
+    n = len(names)
+    return {"copied": n - len(fails), "names": n, "rate": round((n - len(fails)) / n, 3),
+            "failures": fails}
+
+
 # ---- speed benchmark --------------------------------------------------------------------------
 
 def bench_set(singles: list[dict], scripts: list[dict], n_scripts: int = 4) -> list[dict]:
@@ -392,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return app_main(["bench", *argv[1:]])
     p = argparse.ArgumentParser(description="evaluate the demo pair on its held-out sets")
-    p.add_argument("what", nargs="?", choices=["eval", "bench"], default="eval")
+    p.add_argument("what", nargs="?", choices=["eval", "bench", "copy"], default="eval")
     p.add_argument("--dflash", action="store_true", help="also run DFlash and compare")
     p.add_argument("--limit", type=int, default=0, help="single-turn prompts at most")
     p.add_argument("--scripts-limit", type=int, default=-1, help="scripts at most (-1: all)")
@@ -422,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         scripts = []
     elif args.only == "scripts":
         singles = []
+    if args.what == "copy":
+        print(json.dumps(copy_probe(target, drafter, verbose=args.verbose), indent=1))
+        return 0
     if args.what == "bench":
         res = bench(target, drafter, bench_set(singles, scripts), args.repeats, out=args.out)
         print(json.dumps(res, indent=1))
