@@ -382,6 +382,14 @@ class ChatSession:
             return _prepend(Notice(notice), events)
         return iter(events)
 
+    def cap_next_reuse(self, n: int | None) -> None:
+        """Let the next reply's first prefill reuse at most ``n`` prompt tokens of the kept
+        cache (None: no cap); see :meth:`app.engine.prefix.PromptCache.cap_next_reuse`. A
+        Compare's later sides are capped at what its first side reused."""
+        cap = getattr(self.cache, "cap_next_reuse", None)  # None before a load
+        if cap is not None:
+            cap(n)
+
     def check_prompt(self, messages: list[dict], settings: dict) -> None:
         """Check that ``messages`` fit the context as :meth:`reply` fits them (earlier turns
         may be left out), without generating anything; ``app.chat.stored_turn.run_turn``

@@ -302,13 +302,24 @@ class _Turn:
             from app.chat.tools import builtin_tools
 
             frozen = builtin_tools(datetime.datetime.now(datetime.UTC))
+        # A Compare's later sides reuse no more of the kept cache than its first side did
+        # (PromptCache.cap_next_reuse): the same prefill, so their first tokens compare fairly.
+        cap = getattr(self.backend, "cap_next_reuse", None) if req.compare else None
+        first_reuse: int | None = None
         for tag, key in zip(req.tags, req.keys, strict=True):
             settings = dict(req.settings)
             if tag:
                 settings["mode"] = tag
             if frozen is not None:
                 settings["runnable_tools"] = frozen
+            if cap is not None and first_reuse is not None:
+                cap(first_reuse)
             yield from self._side(tag, begun.reply_ids[key], messages, settings)
+            if cap is not None:
+                cap(None)  # a side that failed before its prefill leaves no cap behind
+                done = self.replies.get(tag)
+                if first_reuse is None and done is not None and done.summary is not None:
+                    first_reuse = done.summary.reused_tokens
             if self.cancel.is_set():
                 break
         yield TaggedEvent(self._store_final(begun))

@@ -77,6 +77,8 @@ class PromptCache:
         kept_contexts: the context caches of the target's other drafters (a pair with a DFlash
             and a DFlash2 drafter), put aside by :meth:`switch_drafter` and kept in step with
             the target by :meth:`update_kept`: key -> :class:`KeptContext`.
+        reuse_cap: the most prompt tokens the next :meth:`prepare` may reuse (once; None: no
+            cap), set by :meth:`cap_next_reuse`.
     """
 
     max_snapshot_bytes: int = 512 * 1024 * 1024
@@ -86,6 +88,7 @@ class PromptCache:
     drafter_len: int = 0
     snapshots: list[_Snapshot] = field(default_factory=list)
     kept_contexts: dict = field(default_factory=dict)
+    reuse_cap: int | None = None
 
     @property
     def snapshot_bytes(self) -> int:
@@ -178,6 +181,15 @@ class PromptCache:
                 mx.eval(cache_arrays(kept.cache))  # no lazy graph growing over the turns
                 kept.length, kept.ids = len(ids), list(ids)
 
+    def cap_next_reuse(self, n: int | None) -> None:
+        """Let the next :meth:`prepare` reuse at most ``n`` prompt tokens (None: no cap).
+
+        The sides of a Compare run one after another on the same prompt, and the first side's
+        prefill leaves turn-boundary snapshots that the later sides could resume from; capped
+        at what the first side reused, every side prefills from the same position, so their
+        times to first token compare like with like. The cap is used once."""
+        self.reuse_cap = None if n is None else max(0, int(n))
+
     # -- used by the generator -------------------------------------------------------------
     def prepare(self, prompt: list[int], need_drafter: bool) -> int:
         """Position the kept caches for ``prompt``; returns how many prompt tokens are reused.
@@ -187,9 +199,12 @@ class PromptCache:
         With nothing reusable the caches are dropped (the caller makes fresh ones), as when a
         sliding-window (rotating) cache would have to be cut back after it has rotated.
         """
+        cap, self.reuse_cap = self.reuse_cap, None
         if self.target_cache is None:
             return 0
         limit = min(common_prefix(self.ids, prompt), len(prompt) - 1)
+        if cap is not None:
+            limit = min(limit, cap)
         if need_drafter:
             limit = min(limit, self.drafter_len if self.drafter_cache is not None else 0)
         linear = [isinstance(c, ArraysCache) for c in self.target_cache]
