@@ -254,3 +254,29 @@ def test_a_compare_keeps_its_top_two_gap_with_the_drafting_row(store):
     # a stored value that is not a number is no gap
     store.update_generation(begun.reply_ids["dflash"], {"top2_gap": "?"})
     assert ReplyResult.from_row(store.get_message(begun.reply_ids["dflash"])).top2_gap is None
+
+
+def test_a_tool_replys_round_figures_survive_reopening(store):
+    """A reply of two rounds keeps each round's figures in its stored summary, so a reopened
+    chat shows "Reply total over 2 rounds" with the round picker, as the live reply did
+    (before, it said "This reply": only the total was stored; seen in a new-user pass)."""
+    from app.chat.stored_turn import finish_row
+    from app.chat.turns import ReplyResult, TurnStore
+    from app.engine.events import Summary
+
+    conv = store.new_conversation()
+    row = store.begin_reply(conv.id, mode="dflash", block_size=4, rollback="tape")
+    r1 = Summary(mode="dflash", generated_tokens=20, cycles=3, drafted=9, accepted=7,
+                 prompt_tokens=100)
+    r2 = Summary(mode="dflash", generated_tokens=12, cycles=2, drafted=6, accepted=5,
+                 prompt_tokens=160)
+    result = ReplyResult(content="42.", summary=Summary.reply_total([r1, r2]),
+                         round_summaries=[r1, r2], rounds=2, mode="dflash")
+    finish_row(store, row.id, result, "complete")
+    back = ReplyResult.from_row(store.get_message(row.id))
+    assert [s.generated_tokens for s in back.round_summaries] == [20, 12]
+    assert [s.prompt_tokens for s in back.round_summaries] == [100, 160]
+    assert back.summary.generated_tokens == 32
+    view = TurnStore.__new__(TurnStore)
+    view.db = store
+    assert len(view.get(conv.id).messages[-1].version.result.round_summaries) == 2

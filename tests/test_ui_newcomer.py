@@ -481,6 +481,26 @@ def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
         win.shutdown()
 
 
+def test_new_chat_reuses_an_empty_chat_instead_of_piling_them_up(qtbot, qs):
+    """Ctrl+N on an empty chat, or after leaving one, shows that chat again: three presses
+    with a click on an older chat between them had left three "New chat" rows (seen in a
+    new-user pass)."""
+    win, backend = loaded_window(qtbot, qs)
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        old = win.conv
+        empty = win.new_chat()
+        assert win.new_chat().id == empty.id  # pressed again on the empty chat
+        win.select_conversation(win.store.get(old.id))
+        assert win.new_chat().id == empty.id  # after leaving it for an older chat
+        assert [c.title for c in win.store.list()].count("New chat") == 1
+        send_and_wait(qtbot, win, "Another question", mode="dflash")
+        assert win.new_chat().id != empty.id  # a chat with messages is never reused
+        assert len(win.store.list()) == 3
+    finally:
+        win.shutdown()
+
+
 def test_stop_in_the_second_round_of_a_tool_reply_keeps_both_rounds(qtbot, qs):
     win, backend = loaded_window(qtbot, qs, endless_tool_backend())
     try:
@@ -520,6 +540,7 @@ def test_chat_list_is_disabled_with_a_reason_during_a_reply(qtbot, qs):
     try:
         win.new_chat()
         other = win.conv.id
+        win.rename_conversation("An earlier chat")  # named: the next new chat is another one
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
             win.new_chat()
             assert win.send(PROMPT)

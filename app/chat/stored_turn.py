@@ -232,9 +232,21 @@ def finish_row(store: Store, row_id: int, result: ReplyResult, status: str,
         tool_calls=[{k: c.get(k) for k in ("id", "name", "arguments", "result", "error",
                                             "duration_s")} for c in r.tool_calls],
         token_ids=list(r.tokens), from_draft=list(r.from_draft),
-        summary=r.summary.to_dict() if r.summary is not None else None,
+        summary=_summary_dict(r),
         finish_reason=r.finish_reason, error=error,
         rounds=r.messages if r.rounds > 1 else None)
+
+
+def _summary_dict(r: ReplyResult) -> dict | None:
+    """The stored ``summary`` of a reply: the reply total's fields, plus ``round_summaries``
+    (each round's, same fields) when it ran more than one round, so that a reopened tool reply
+    keeps the window's round picker."""
+    if r.summary is None:
+        return None
+    d = r.summary.to_dict()
+    if len(r.round_summaries) > 1:
+        d["round_summaries"] = [s.to_dict() for s in r.round_summaries]
+    return d
 
 
 def run_turn(store: Store, backend: Any, request: TurnRequest,

@@ -124,8 +124,9 @@ class ReplyResult:
             length as ``tokens``; "" for a token that only completes a later character).
         summary: the engine :class:`Summary` of the whole reply (``Summary.reply_total`` over
             its rounds; None when no round ran).
-        round_summaries: each round's :class:`Summary` (known while the app runs; a reply
-            read back from storage has only the total).
+        round_summaries: each round's :class:`Summary` when it ran more than one round
+            (stored in the row's ``summary`` as ``round_summaries``; rows stored before that
+            have only the total).
         rounds: generation rounds (tool calls make more than one).
         mode, block_size, rollback: how the reply was generated.
         messages: the chat-template messages of every round when tools ran (stored as the
@@ -218,6 +219,8 @@ class ReplyResult:
             tokens=list(m.token_ids or []),
             from_draft=list(m.from_draft or []),
             summary=summary_from_dict(m.summary),
+            round_summaries=[summary_from_dict(d) for d in
+                             (m.summary or {}).get("round_summaries") or [] if d],
             rounds=max(1, sum(1 for r in m.rounds if r.get("role") == "assistant")),
             mode=m.mode or "plain",
             block_size=m.block_size,

@@ -434,7 +434,9 @@ class Composer(QWidget):
         self.colour_box = QCheckBox("Colour drafts")
         self.colour_box.setToolTip("Colour drafts: tint the answer's words the drafter guessed "
                                    "right. Tinted: a draft token the target accepted; plain: "
-                                   "a token the target produced itself.")
+                                   "a token the target produced itself. The answer is shown as "
+                                   "the tokens the model wrote (no Markdown formatting, numbers "
+                                   "without thousands separators).")
         self.colour_box.setAccessibleName("Colour drafter tokens")
         self.send_btn = QPushButton("Send")
         self.send_btn.setObjectName("send")

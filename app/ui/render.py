@@ -184,7 +184,8 @@ def draft_legend_html(palette: dict) -> str:
             f'Colour drafts: <span style="background-color:{palette.get("draft_bg", "#d6f0dd")};'
             f' color:{palette.get("text", "#000")};">&nbsp;accepted draft token&nbsp;</span>'
             f'&nbsp; <span style="color:{palette.get("text", "#000")};">target token</span>'
-            " (only the answer is coloured; reasoning is in its pane)</p>")
+            " (only the answer is coloured, as the tokens the model wrote: no Markdown, numbers"
+            " as written; reasoning is in its pane)</p>")
 
 
 def call_text(call: dict) -> str:

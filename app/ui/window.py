@@ -397,15 +397,29 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.conv_side.refresh(self.conv.id if self.conv is not None else None)
 
     def new_chat(self) -> ConversationView:
-        """Start a new conversation and show it."""
+        """Start a new conversation and show it; an empty one already in the list (no
+        messages, no title of its own) is shown instead of adding another "New chat"."""
         if self.busy:
             self.stop()
-        conv = self.store.new()
+        conv = self._empty_chat() or self.store.new()
         self._save(conv)
         self.clear_banner()  # a message about the previous chat does not belong here
         self.select_conversation(conv)
         self.composer.edit.setFocus()
         return conv
+
+    def _empty_chat(self) -> ConversationView | None:
+        """The shown conversation when it has no messages and no title of its own, else the
+        newest such one in the list (None when there is none)."""
+        if self.conv is not None and not self.conv.messages and self.conv.title == "New chat" \
+                and not self.busy:
+            return self.conv
+        for c in self.store.list():
+            if c.title == "New chat":
+                full = self.store.get(c.id)
+                if full is not None and not full.messages:
+                    return full
+        return None
 
     def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
