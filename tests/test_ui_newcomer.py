@@ -859,7 +859,7 @@ def test_dflash_footer_shows_speedup_only_against_a_comparable_plain_reply(qtbot
     try:
         _speed(backend, 40.0)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")  # no plain measured yet
-        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
         assert "same pair, dtype and Max tokens" in win.chat.tooltip_of("no plain baseline")
         _speed(backend, 20.0)
         send_and_wait(qtbot, win, PROMPT, mode="plain")
@@ -874,13 +874,13 @@ def test_dflash_footer_shows_speedup_only_against_a_comparable_plain_reply(qtbot
         win.new_chat()
         win.defaults["max_tokens"] = 99
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
         # a prompt more than 50% longer: not comparable either
         win.defaults["max_tokens"] = 12
         win.new_chat()
         _speed(backend, 38.0, prompt_tokens=200)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert "no plain baseline yet: Compare" in win.chat.toPlainText()
+        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
         # a plain reply's footer has no speed-up
         win.new_chat()
         send_and_wait(qtbot, win, PROMPT, mode="plain")

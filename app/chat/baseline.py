@@ -67,7 +67,7 @@ class SpeedUp:
                 f"{b.context_tokens:,}-token prompt.")
 
 
-NO_BASELINE = "no plain baseline yet: Compare"
+NO_BASELINE = "no plain baseline yet (Compare measures one)"
 """The footer's text when no comparable plain speed was measured."""
 
 
