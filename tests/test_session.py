@@ -314,7 +314,7 @@ def test_a_compares_sides_start_from_the_same_reused_prefix_on_the_demo_pair():
     store = Store(":memory:")
     s = ChatSession(store)
     s.load(PairSpec(target=str(t), drafter=str(d), drafter2=str(demo_dflash2_dir())))
-    settings = {"mode": "dflash", "max_tokens": 24, "use_tools": True, "temperature": 0.0}
+    settings = {"mode": "dflash", "max_tokens": 200, "use_tools": True, "temperature": 0.0}
     conv = store.new_conversation()
 
     def turn(text, tags=("",)):
@@ -325,8 +325,10 @@ def test_a_compares_sides_start_from_the_same_reused_prefix_on_the_demo_pair():
     turn("What is the capital of Chile?")
     sides = turn("What is the currency of Peru?", ("plain", "dflash", "dflash2"))
     assert [r.summary.mode for r in sides] == ["plain", "dflash", "dflash2"]
-    reused = [r.summary.reused_tokens for r in sides]
+    assert all(len(r.round_summaries) == 2 for r in sides)  # a tool call, then the answer
+    reused = [r.round_summaries[0].reused_tokens for r in sides]
     assert reused[0] > 0 and len(set(reused)) == 1, reused
+    assert len({tuple(r.tokens) for r in sides}) == 1
     # a later single reply reuses as before (the cap held for the Compare's sides only)
     after = turn("And its capital?")
     assert after[0].summary.reused_tokens > 0

@@ -330,8 +330,10 @@ class _Turn:
             if cap is not None:
                 cap(None)  # a side that failed before its prefill leaves no cap behind
                 done = self.replies.get(tag)
-                if first_reuse is None and done is not None and done.summary is not None:
-                    first_reuse = done.summary.reused_tokens
+                first = next((r.summary for r in done.rounds if r.summary is not None),
+                             None) if done is not None else None
+                if first_reuse is None and first is not None:
+                    first_reuse = first.reused_tokens  # its first round's: later rounds follow
             if self.cancel.is_set():
                 break
         yield TaggedEvent(self._store_final(begun))
