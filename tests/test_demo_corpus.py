@@ -281,3 +281,11 @@ def test_piece_names_make_the_target_write_its_whole_letter_vocabulary():
     turns = [g.bad_country(True) for _ in range(300)]
     made_up = [t.expect["calls"][0]["arguments"]["name"] for t in turns]
     assert sum(n not in corpus.BAD_COUNTRIES for n in made_up) > 200
+
+
+def test_the_copy_probe_names_are_neither_held_out_nor_in_the_corpus_lists():
+    from tools.demo_pair.evaluate import COPY_NAMES
+
+    assert len(COPY_NAMES) == len(set(COPY_NAMES)) == 57
+    fixed = set(corpus.BAD_COUNTRIES) | set(corpus.BAD_COUNTRIES_HELDOUT)
+    assert not fixed & set(COPY_NAMES)

@@ -304,27 +304,16 @@ COPY_NAMES = ["Arcadia", "Neverland", "Wonderland", "Eldoria", "Hyrule", "Wadiya
               "Transia", "Illyria", "Osterlich", "Carpania", "Bozatta", "Evergreen Isle",
               "Tinseltown", "Valverde", "Santa Prisca", "Nuevo Rico", "Parador", "Aldovia",
               "Cordinia", "Belgravia", "Corto Maltese", "Isla Nublar", "Krasnovia", "Utopica",
-              "Atopia", "Ostopia", "Dystopia", "Eutopia", "Mitopia"]
-"""Fictional place names for :func:`copy_probe`: none is a held-out name, none occurs in the
-corpus's fixed lists (``corpus.BAD_COUNTRIES``); six share the held-out "Utopia"'s pieces."""
+              "Atopia", "Ostopia", "Dystopia", "Eutopia", "Mitopia",
+              # consonant-vowel names (seeded once, kept as text so the set stays frozen)
+              "Otujewoh", "Gazar", "Uhubudac", "Ubonoj", "Obatis", "Ikuma", "Aramo", "Ajeco",
+              "Osajinam", "Sagefac", "Ezetujes", "Sebimaje", "Ufagetib", "Odadeka", "Tevugoh",
+              "Kukehu", "Ovudoc", "Wikol", "Uviwedek", "Udijebal"]
+"""Fictional place names for :func:`copy_probe` (57): none is a held-out name, none occurs
+in the corpus's fixed lists (``corpus.BAD_COUNTRIES``; ``tests/test_demo_corpus.py``); six
+share the held-out "Utopia"'s pieces."""
 COPY_FRAMES = ["Name the capital of {}.", "Tell me the population of {}.",
                "I'd like an overview of {}."]
-
-
-def copy_names(seed: int = 11, n_random: int = 20) -> list[str]:
-    """:data:`COPY_NAMES` plus ``n_random`` seeded names of 5-8 letters in consonant-vowel
-    turns (``"Otujewoh"``)."""
-    import random
-
-    rng = random.Random(seed)
-    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
-
-    def cv(n: int) -> str:
-        start = rng.random() < 0.5
-        return "".join(rng.choice(vows if (i % 2 == 0) != start else cons)
-                       for i in range(n)).capitalize()
-
-    return COPY_NAMES + [cv(rng.randint(5, 8)) for _ in range(n_random)]
 
 
 def copy_probe(target, drafter, names: list[str] | None = None, verbose: bool = False) -> dict:
@@ -332,7 +321,7 @@ def copy_probe(target, drafter, names: list[str] | None = None, verbose: bool = 
     (:data:`COPY_FRAMES` in turn), plain greedy; a name counts as copied when the first call
     is ``country_info`` with exactly that name and the answer contains it. Returns
     ``{"copied", "names", "rate", "failures": [[name, called name or None, answer]]}``."""
-    names = names or copy_names()
+    names = names or COPY_NAMES
     fails = []
     for i, name in enumerate(names):
         q = COPY_FRAMES[i % len(COPY_FRAMES)].format(name)
