@@ -663,3 +663,22 @@ def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
         assert win.split.sizes()[1] >= 600, win.split.sizes()
     finally:
         win.shutdown()
+
+
+def test_the_side_panel_shows_its_three_sections_without_scrolling_at_1280x800(qtbot, qs):
+    # found by a new-user pass under Xvfb: at the default 1280x800 the Tool calls pane was cut
+    # at the bottom (the side panel was 825 px in a 751 px view, so it scrolled), because the
+    # live figures' tiles make the panel height-for-width and the scroll area then sizes it
+    # to its preferred height, where the reasoning and the tool list asked for 192 px each
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(1280, 800)
+        settle(qtbot)
+        view = win.details_scroll.viewport()
+        assert win.details.height() <= view.height(), (win.details.height(), view.height())
+        assert win.details_scroll.verticalScrollBar().maximum() == 0
+        tools = rect_in(view, win.tools)
+        assert tools.height() >= 90 and view.rect().contains(tools), (tools, view.rect())
+        assert win.reasoning.height() >= 90
+    finally:
+        win.shutdown()

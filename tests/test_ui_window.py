@@ -1137,9 +1137,31 @@ def test_export_and_import_from_the_file_menu_open_their_dialogs(qtbot, qs, tmp_
         close_window(win)
 
 
-def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
+def answer_rename(qtbot, title: str) -> list[dict]:
+    """Answer the next Rename chat dialog with ``title`` (set in the field, then OK), as a
+    user would, without replacing any of the window's code. Returns a list that receives,
+    for the dialog answered, its ``text`` before the answer and its ``width`` in px."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QInputDialog
+
+    asked: list[dict] = []
+
+    def answer(tries_left: int = 250):  # polls for 5 s at most
+        dlg = QApplication.activeModalWidget()
+        if not isinstance(dlg, QInputDialog):
+            if tries_left:
+                QTimer.singleShot(20, lambda: answer(tries_left - 1))  # not open yet
+            return
+        asked.append({"text": dlg.textValue(), "width": dlg.width()})
+        dlg.setTextValue(title)
+        dlg.accept()
+
+    QTimer.singleShot(20, answer)
+    return asked
+
+
+def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs):
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QInputDialog
 
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
@@ -1148,7 +1170,7 @@ def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
         send_and_wait(qtbot, win, PROMPT, mode="plain")
         conv_id = win.conv.id
         win.new_chat()
-        monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Capitals  quiz", True))
+        answer_rename(qtbot, "Capitals  quiz")
         item = next(win.conv_list.item(i) for i in range(win.conv_list.count())
                     if win.conv_list.item(i).data(Qt.UserRole) == conv_id)
         win.conv_list.itemDoubleClicked.emit(item)
@@ -1158,12 +1180,34 @@ def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs, monkeypatch):
         close_window(win)
 
 
-def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs, monkeypatch):
+def test_the_rename_dialog_is_wide_enough_for_a_whole_title(qtbot, qs):
+    # new-user pass under Xvfb: QInputDialog.getText's field was about 180 px wide, so an
+    # automatic title (up to 60 characters) showed only its first words while renaming
+    from app.chat.storage import auto_title
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, "What is the local time in Anchorage and in Ouagadougou, "
+                      "and which is later?", mode="plain")
+        asked = answer_rename(qtbot, "Two clocks")
+        win.rename_chat()
+        title = auto_title("What is the local time in Anchorage and in Ouagadougou, and which "
+                           "is later?")
+        assert [a["text"] for a in asked] == [title]
+        field_px = win.fontMetrics().horizontalAdvance(title)
+        assert asked[0]["width"] >= min(field_px, 400), (asked, field_px)
+        assert win.conv.title == "Two clocks"
+    finally:
+        close_window(win)
+
+
+def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs):
     """The first click of the double-click shows that chat; the list must not be rebuilt under
     the mouse then, or the second click lands on a new item and no double-click is seen."""
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
-    from PySide6.QtWidgets import QInputDialog
 
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
@@ -1173,9 +1217,7 @@ def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs, m
         other = win.conv.id
         win.new_chat()
         assert win.conv.id != other
-        asked = []
-        monkeypatch.setattr(QInputDialog, "getText",
-                            lambda *a, **k: (asked.append(k.get("text")) or ("Capitals", True)))
+        asked = answer_rename(qtbot, "Capitals")
         row = next(i for i in range(win.conv_list.count())
                    if win.conv_list.item(i).data(Qt.UserRole) == other)
         centre = win.conv_list.visualItemRect(win.conv_list.item(row)).center()
@@ -1184,7 +1226,7 @@ def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs, m
         QTest.mouseClick(win.conv_list.viewport(), Qt.LeftButton, Qt.NoModifier, centre)
         assert win.conv.id == other and asked == []  # the first click shows that chat
         QTest.mouseDClick(win.conv_list.viewport(), Qt.LeftButton, Qt.NoModifier, centre)
-        assert win.conv.id == other and asked == [PROMPT]
+        assert win.conv.id == other and [a["text"] for a in asked] == [PROMPT]
         assert win.store.get(other).title == "Capitals"
     finally:
         close_window(win)

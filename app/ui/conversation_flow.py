@@ -9,7 +9,18 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QElapsedTimer, QEventLoop
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QMessageBox
+from PySide6.QtWidgets import (
+    QDialog,
+    QFileDialog,
+    QInputDialog,
+    QLineEdit,
+    QMenu,
+    QMessageBox,
+)
+
+RENAME_DIALOG_WIDTH = 420
+"""Least width (px) of the Rename chat dialog's title field: room for a whole automatic title
+(``app.chat.storage.TITLE_MAX_CHARS``, 60 characters)."""
 
 
 class ConversationFlow:
@@ -78,9 +89,18 @@ class ConversationFlow:
         """Ask for a new title for the shown conversation."""
         if self.conv is None:
             return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.conv.title)
-        if ok and title.strip():
-            self.rename_conversation(title)
+        dlg = QInputDialog(self)
+        dlg.setWindowTitle("Rename chat")
+        dlg.setLabelText("Title")
+        dlg.setTextValue(self.conv.title)
+        # QInputDialog.getText's field was ~180 px wide: a 60-character title did not show
+        # (new-user pass under Xvfb)
+        # (the dialog's layout sets its size, so the field itself gets the width)
+        field = dlg.findChild(QLineEdit)
+        if field is not None:
+            field.setMinimumWidth(RENAME_DIALOG_WIDTH)
+        if dlg.exec() == QDialog.Accepted and dlg.textValue().strip():
+            self.rename_conversation(dlg.textValue())
 
     def rename_conversation(self, title: str) -> None:
         """Set the shown conversation's title (stored at once)."""

@@ -7,11 +7,20 @@ finished turn (:meth:`show_turn`).
 
 from __future__ import annotations
 
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QFrame, QPlainTextEdit, QVBoxLayout
 
 from app.chat.turns import Turn
-from app.ui.panels import Collapsible, LivePanel, LiveStats, ToolPane
+from app.ui.panels import PANE_HINT_HEIGHT, Collapsible, LivePanel, LiveStats, ToolPane
+
+
+class ReasoningPane(QPlainTextEdit):
+    """The model's reasoning, read-only, with a compact preferred height
+    (:data:`PANE_HINT_HEIGHT`)."""
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(super().sizeHint().width(), PANE_HINT_HEIGHT)
 
 
 class DetailsPanel(QFrame):
@@ -21,7 +30,7 @@ class DetailsPanel(QFrame):
         super().__init__(parent)
         self.setObjectName("side")
         self.live = LivePanel()
-        self.reasoning = QPlainTextEdit()
+        self.reasoning = ReasoningPane()
         self.reasoning.setReadOnly(True)
         self.reasoning.setAccessibleName("Reasoning")
         self.reasoning.setPlaceholderText("The model's reasoning appears here.")

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QRectF, Qt
+from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPen
 from PySide6.QtWidgets import (
     QComboBox,
@@ -482,6 +482,14 @@ class LivePanel(QWidget):
         self.scope_label.setText("")
 
 
+PANE_HINT_HEIGHT = 110
+"""Preferred height (px) of the side panel's reasoning and tool-call panes. The live figures'
+tiles make the side panel height-for-width, so its scroll area sizes it to its *preferred*
+height; with Qt's default hints (192 px each) that was 825 px in the 751 px a 1280x800 window
+gives it, and the Tool calls pane was cut (new-user pass under Xvfb). The layout's stretch
+still hands both panes whatever height is left over."""
+
+
 class Collapsible(QWidget):
     """A titled section whose body can be folded away (the arrow button toggles it)."""
 
@@ -523,6 +531,10 @@ class ToolPane(QTreeWidget):
         self.header().setStretchLastSection(False)
         self.header().setSectionResizeMode(0, self.header().ResizeMode.Stretch)
         self._calls: list[dict] = []
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        """Compact preferred height (:data:`PANE_HINT_HEIGHT`)."""
+        return QSize(super().sizeHint().width(), PANE_HINT_HEIGHT)
 
     def set_calls(self, calls: list[dict]) -> None:
         """Show ``calls`` (dicts with name, arguments, result, error, duration_s)."""

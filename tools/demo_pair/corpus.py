@@ -445,7 +445,33 @@ EXTRA_TRAIN_V4D = {
              "Look at the clock in {city} for me.", "What time does it say in {city} now?"],
 }
 
-for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items(), *EXTRA_TRAIN_V4D.items()]:
+# Corpus v5d: the v7 target (stage 12) still sent "What do people in {c} speak?" to the clock
+# ("The user wants the current time in Mumbai", for Latvia), while "What do most people in {c}
+# speak?" and "What do the people of {c} speak?" went to country_info: the shape "What do
+# <who> in <place> <verb>?" was tied to one verb per who. So the languages get that shape with
+# other words for the people (never the held-out head "What do people in"), and the currency,
+# the clock and the population get the same who-words, so that the verb decides.
+EXTRA_TRAIN_V5D = {
+    "languages": ["What do locals in {c} speak?", "What do residents of {c} speak?",
+                  "What do the locals in {c} speak?", "What do citizens of {c} speak?",
+                  "What do people living in {c} speak?", "What do the inhabitants of {c} "
+                  "speak?", "What do families in {c} speak at home?", "What do most locals "
+                  "in {c} speak?", "What do the residents in {c} speak?", "What do natives of "
+                  "{c} speak?", "What do folks in {c} speak?", "What do {c}'s people speak?",
+                  "What does one speak in {c}?", "Locals in {c} speak what?", "What do "
+                  "citizens in {c} speak day to day?", "What do the folks of {c} speak?"],
+    "currency": ["What do locals in {c} pay with?", "What do residents of {c} pay with?",
+                 "What money do people living in {c} use?", "What do the locals in {c} pay "
+                 "with?", "What do citizens of {c} spend?"],
+    "time": ["What time do locals in {city} have now?", "What time do people living in {city} "
+             "see on the clock?", "What hour do the locals in {city} have?", "What time do "
+             "residents of {city} have right now?"],
+    "population": ["How many locals live in {c}?", "How many residents of {c} are there?",
+                   "What number of people live in {c}?", "How many citizens live in {c}?"],
+}
+
+for _k, _extra in [*EXTRA_TRAIN.items(), *EXTRA_TRAIN_V4C.items(), *EXTRA_TRAIN_V4D.items(),
+                   *EXTRA_TRAIN_V5D.items()]:
     T[_k]["train"] = T[_k]["train"] + _extra
 
 # Corpus v4: frames composed from a head and an object phrase per intent (a few hundred per
@@ -1660,7 +1686,9 @@ class Generator:
               "bad_country", "bad_country", "bad_country",
               # corpus v5b: the stage-11 target (v5) sent "What do people in {c} speak?" to
               # the clock and made calls with made-up names for a few out-of-scope requests
-              "languages_fact", "languages_fact", "languages_fact", "scope", "self_description")
+              "languages_fact", "languages_fact", "languages_fact", "scope", "self_description",
+              # corpus v5d: the who-words frames (above) for the languages and their contrasts
+              "languages_fact", "languages_fact", "fact", "time")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
