@@ -1137,7 +1137,7 @@ def test_export_and_import_from_the_file_menu_open_their_dialogs(qtbot, qs, tmp_
         close_window(win)
 
 
-def answer_rename(qtbot, title: str) -> list[dict]:
+def answer_rename(title: str) -> list[dict]:
     """Answer the next Rename chat dialog with ``title`` (set in the field, then OK), as a
     user would, without replacing any of the window's code. Returns a list that receives,
     for the dialog answered, its ``text`` before the answer and its ``width`` in px."""
@@ -1170,7 +1170,7 @@ def test_double_click_on_a_chat_in_the_list_renames_it(qtbot, qs):
         send_and_wait(qtbot, win, PROMPT, mode="plain")
         conv_id = win.conv.id
         win.new_chat()
-        answer_rename(qtbot, "Capitals  quiz")
+        answer_rename("Capitals  quiz")
         item = next(win.conv_list.item(i) for i in range(win.conv_list.count())
                     if win.conv_list.item(i).data(Qt.UserRole) == conv_id)
         win.conv_list.itemDoubleClicked.emit(item)
@@ -1191,7 +1191,7 @@ def test_the_rename_dialog_is_wide_enough_for_a_whole_title(qtbot, qs):
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         send_and_wait(qtbot, win, "What is the local time in Anchorage and in Ouagadougou, "
                       "and which is later?", mode="plain")
-        asked = answer_rename(qtbot, "Two clocks")
+        asked = answer_rename("Two clocks")
         win.rename_chat()
         title = auto_title("What is the local time in Anchorage and in Ouagadougou, and which "
                            "is later?")
@@ -1217,7 +1217,7 @@ def test_a_real_double_click_on_a_chat_that_is_not_shown_renames_it(qtbot, qs):
         other = win.conv.id
         win.new_chat()
         assert win.conv.id != other
-        asked = answer_rename(qtbot, "Capitals")
+        asked = answer_rename("Capitals")
         row = next(i for i in range(win.conv_list.count())
                    if win.conv_list.item(i).data(Qt.UserRole) == other)
         centre = win.conv_list.visualItemRect(win.conv_list.item(row)).center()

@@ -94,8 +94,7 @@ class ConversationFlow:
         dlg.setLabelText("Title")
         dlg.setTextValue(self.conv.title)
         # QInputDialog.getText's field was ~180 px wide: a 60-character title did not show
-        # (new-user pass under Xvfb)
-        # (the dialog's layout sets its size, so the field itself gets the width)
+        # (new-user pass under Xvfb). The dialog's layout sets its size, so the field gets it.
         field = dlg.findChild(QLineEdit)
         if field is not None:
             field.setMinimumWidth(RENAME_DIALOG_WIDTH)

@@ -645,7 +645,17 @@ F_EXTRA = {
                           "If that is in {frm}, how much is it in {to}?",
                           "Say that number is {frm}. Convert it to {to}.",
                           "Use that result as {frm} and convert it to {to}.",
-                          "Read that as {frm}; what is it in {to}?"],
+                          "Read that as {frm}; what is it in {to}?",
+                          # corpus v5e (not trained yet): the v8 target sent the held-out
+                          # "Treat that as {frm} and give it in {to}." to the clock in 5 of 10
+                          # scripts; more "as {frm} ... give/show it in {to}" frames, none
+                          # with the held-out head "Treat that as"
+                          "Take the result as {frm} and give it in {to}.",
+                          "Call that {frm} and give it in {to}.",
+                          "Let that be {frm} and show it in {to}.",
+                          "Count that number as {frm}; give it in {to}.",
+                          "As {frm}, what is that in {to}?",
+                          "Regard the answer as {frm} and express it in {to}."],
 }
 for _k, _extra in F_EXTRA.items():
     F[_k]["train"] = F[_k]["train"] + _extra
@@ -1688,7 +1698,10 @@ class Generator:
               # the clock and made calls with made-up names for a few out-of-scope requests
               "languages_fact", "languages_fact", "languages_fact", "scope", "self_description",
               # corpus v5d: the who-words frames (above) for the languages and their contrasts
-              "languages_fact", "languages_fact", "fact", "time")
+              "languages_fact", "languages_fact", "fact", "time",
+              # corpus v5e (not trained yet): more calculator chats, so more of their
+              # follow-ups (40% of them convert the result, above)
+              "calc", "calc")
 
     def turn(self, tools: bool) -> Turn:
         """A first-turn exchange of a random category."""
