@@ -289,3 +289,25 @@ def test_the_copy_probe_names_are_neither_held_out_nor_in_the_corpus_lists():
     assert len(COPY_NAMES) == len(set(COPY_NAMES)) == 57
     fixed = set(corpus.BAD_COUNTRIES) | set(corpus.BAD_COUNTRIES_HELDOUT)
     assert not fixed & set(COPY_NAMES)
+
+
+def test_listing_questions_without_a_number_are_answered_with_five(heldout):
+    # the v8 target answered "List the countries of Africa." with two current_time calls:
+    # every listing frame had a number ("Name {n} countries in {cont}.") until corpus v5e
+    held = [p["messages"][0]["content"] for p in heldout[0]]
+    open_frames = [f for frames in corpus.LIST_OPEN.values() for f in frames]
+    assert not any(f.format(cont=c) in held for f in open_frames
+                   for c in ("Africa", "Asia", "Europe", "North America", "South America",
+                             "Oceania"))
+    g = corpus.Generator(3, split="train")
+    open_turns = []
+    for _ in range(400):
+        t = g.listing(True)
+        bare = t.user.split(": ")[-1]  # without a noise opener
+        if any(f.split("{")[0] in bare for f in open_frames):
+            open_turns.append(t)
+    assert 60 <= len(open_turns) <= 180  # about 30%
+    for t in open_turns:
+        assert t.expect["count"] == 5 and t.expect["calls"] == []
+        answer = t.replies[-1]["content"]
+        assert answer.startswith("Here are five ") and answer.count("\n") == 5

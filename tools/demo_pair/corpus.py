@@ -843,6 +843,21 @@ def assistant(reasoning: str, content: str = "", calls: list[tuple[str, dict]] |
     return m
 
 
+# Corpus v5e (not trained yet): listing questions that give no number. Every listing frame
+# before had one ("Name {n} countries in {cont}."), and the v8 target answered "List the
+# countries of Africa." with two current_time calls (v7: five countries). Answered with five.
+LIST_OPEN = {
+    "country": ["List the countries of {cont}.", "Which countries are in {cont}?",
+                "What countries are there in {cont}?", "Countries of {cont}?",
+                "Name the countries in {cont}.", "Give me the countries of {cont}.",
+                "Show me countries in {cont}.", "Some countries of {cont}, please."],
+    "capital": ["List the capitals of {cont}.", "What are the capitals in {cont}?",
+                "Capitals of {cont}?", "Name the capital cities in {cont}.",
+                "Give me the capital cities of {cont}.", "Show me capitals in {cont}.",
+                "Some capitals of {cont}, please."],
+}
+
+
 @dataclass
 class Turn:
     """One user turn and the messages answering it (assistant and tool messages).
@@ -1469,18 +1484,28 @@ class Generator:
                     {"calls": [], "contains": [str(v * f)]})
 
     def listing(self, tools: bool, kind: str | None = None) -> Turn:
-        """Name three to five capitals or countries of a continent."""
+        """Name three to five capitals or countries of a continent (five when the question
+        gives no number: :data:`LIST_OPEN`, training split only)."""
         kind = kind or self.rng.choice(["capital", "country"])
         cont = self.rng.choice([k for k, v in self.by_continent.items() if len(v) >= 5])
         n = self.rng.choice([3, 4, 5])
+        if self.split == "train" and self.rng.random() < 0.3:
+            q = self._user(self.rng.choice(LIST_OPEN[kind]).format(cont=cont))
+            return self._listing_answer(kind, cont, self.by_continent[cont][:5], q)
         if self.split == "train":
             # Corpus v3: always the continent's first countries in the data's order, so the
             # list is one memorised sequence (random picks made the small model repeat items).
             picks = self.by_continent[cont][:n]
         else:
             picks = self.rng.sample(self.by_continent[cont], n)
+        q = self._user(self._pick(T[f"list_{kind}"]).format(n=NUMBER_WORDS[n], cont=cont))
+        return self._listing_answer(kind, cont, picks, q)
+
+    def _listing_answer(self, kind: str, cont: str, picks: list[dict], q: str) -> Turn:
+        """The reply to listing question ``q``: the capitals or names of ``picks`` (country
+        records of ``cont``)."""
+        n = len(picks)
         w = NUMBER_WORDS[n]
-        q = self._user(self._pick(T[f"list_{kind}"]).format(n=w, cont=cont))
         if kind == "capital":
             items = [f"{c['capital']} ({c['name']})" for c in picks]
             r = (f"The user wants {w} capitals in {cont}. I pick {w} countries in {cont}: "
