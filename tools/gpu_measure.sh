@@ -9,6 +9,7 @@
 #   bash tools/gpu_measure.sh exact   # exactness report and engine tests on the GPU
 #   bash tools/gpu_measure.sh bench   # python -m app bench (block 16) on the GPU
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
+#   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
 #                                     # host), with and without the parallel kernel build
 #
@@ -58,6 +59,13 @@ case "${1:-}" in
   profile)
     stamp "tools/profile_verify.py (Qwen3.5-4B shape, bf16 and 4-bit)"
     timeout 300 $py tools/profile_verify.py --repeats 10 --out "$O/profile.json" >/dev/null
+    stamp done
+    ;;
+  kernels)
+    stamp "tools/bench_small_m.py (Qwen3.5-4B shapes, bf16 and 4-bit; attention with cuDNN off, on)"
+    timeout 90 $py tools/bench_small_m.py --out "$O/small_m.json" >/dev/null
+    MLX_CUDA_USE_CUDNN_SDPA=1 timeout 60 $py tools/bench_small_m.py --dtypes "" \
+      --out "$O/small_m_cudnn.json" >/dev/null
     stamp done
     ;;
   warmup)

@@ -146,6 +146,9 @@ RECIPE: list[list[str]] = [
     # 13: corpus v5d (60,000 chats, seed 10): target (300 s), new continuations, drafter (185 s)
     ["--init", "--time-target", "300", "--target-lr", "5e-4", "--target-batch-tokens", "128000",
      "--time-gen", "45", "--time-drafter", "185", "--drafter-lr", "8e-4"],
+    # 14: corpus v5e (60,000 chats, seed 12): target (300 s), new continuations, drafter (185 s)
+    ["--init", "--time-target", "300", "--target-lr", "5e-4", "--target-batch-tokens", "128000",
+     "--time-gen", "45", "--time-drafter", "185", "--drafter-lr", "8e-4"],
 ]
 """The shipped build's training stages (each one device command of under 10 minutes): each
 stage after the first starts from the previous stage's exported pair (``--init``)."""
