@@ -19,10 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
-from app.chat.scripted import ScriptedSession, ScriptedTurn  # noqa: E402
+from app.chat.scripted import DEFAULT_TURN, ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
 from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
+from app.ui.chat import NO_ANSWER_IN_REASONING  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
 from app.ui.worker import assert_not_gui_thread  # noqa: E402
@@ -1442,3 +1443,24 @@ def test_a_message_too_long_for_the_context_stays_in_the_composer(qtbot, engine_
     assert len(win.store.db.messages(win.conv.id)) == stored
     assert win.live.shown == shown  # the last reply's figures, not "Context 0 / …"
     assert win.shown_message is first
+
+
+def test_reply_that_ends_inside_its_reasoning_says_there_is_no_answer(qtbot, qs):
+    """A reply whose text all went to the reasoning (the model never closed it, as demo pair
+    v9 did once in 96 script turns) ends with no answer: the chat says so and points to the
+    reasoning, instead of showing a figures line under nothing."""
+    backend = ScriptedBackend(turns=[ScriptedTurn("The user wants the population of", ""),
+                                     DEFAULT_TURN], filler=lambda i: "")
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        text = win.chat.toPlainText()
+        assert NO_ANSWER_IN_REASONING in text
+        send_and_wait(qtbot, win, "And its population?", mode="dflash")
+        text = win.chat.toPlainText()
+        assert text.count(NO_ANSWER_IN_REASONING) == 1  # the answered reply has no such note
+        assert "Paris" in text
+    finally:
+        close_window(win)

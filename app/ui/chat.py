@@ -47,6 +47,10 @@ COMPARE_TIPS = {
 NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
                    "reply, Compare or the short benchmark on the same pair, dtype and Max "
                    "tokens, with a prompt within ±50% of this one's length.")
+NO_ANSWER_IN_REASONING = "No answer: the model's reply ended inside its reasoning (above)."
+"""Shown where a finished reply has reasoning but no answer, no tool call and no error."""
+NO_ANSWER = "No answer: the model ended its reply without writing one."
+"""Shown where a finished reply has no text at all, no tool call and no error."""
 
 
 def compare_label(three: bool) -> str:
@@ -301,6 +305,9 @@ class ChatView(QTextBrowser):
                      f"Called {names} (see the tool pane)</p>")
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
+        elif not (streaming or v.stopped or r.content.strip() or r.tool_calls):
+            note = NO_ANSWER_IN_REASONING if reasoning else NO_ANSWER
+            body += f'<p style="color:{c.get("muted")};"><i>{note}</i></p>'
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
         if r.mode in DRAFTING_MODES and r.speed_checked and not v.stopped and not v.error:
             if r.speedup is not None:
