@@ -1,7 +1,7 @@
 """What one kernel costs for 1 row against 16 rows, at Qwen3.5-4B's shapes (JSON).
 
     python tools/bench_small_m.py [--dtypes bfloat16,4bit] [--chain 64] [--repeats 10]
-                                  [--keys 144] [--out FILE]
+                                  [--keys 144] [--no-mixer] [--out FILE]
 
 Made for issue #21's last goal (a 16-token verify <= 1.5x a 1-token step on the H200 through
 MLX's CUDA backend). ``tools/profile_verify.py`` found the extra cost of 16 tokens spread over
@@ -14,11 +14,18 @@ included, host round trip amortised):
   ``tools/bench_gpu.py``: hidden 2560, MLP 9216, GDN in/out projections, attention q/k/v/o),
   ``x`` of 1 and of 16 rows; for ``4bit``, ``mx.quantized_matmul`` (group 64, bf16 scales);
 * ``sdpa``: ``mx.fast.scaled_dot_product_attention`` with 1 and 16 queries (16 query heads,
-  4 key/value heads, head dim 256) over ``--keys`` cached positions, causal for 16.
+  4 key/value heads, head dim 256) over ``--keys`` cached positions, causal for 16;
+* ``mixer`` (bf16, one Gated DeltaNet layer's parts that grow with the positions, 1 and 16):
+  ``recurrence`` (``app.engine.gdn_kernel.gated_delta_update``: the project's CUDA kernel on
+  CUDA, mlx-lm's function elsewhere; 16 key / 32 value heads of 128, float32 state),
+  ``conv`` (the depthwise causal convolution over 3 + S positions of 8,192 channels, kernel
+  4, then SiLU), ``rms_norm`` (``mx.fast.rms_norm`` over 2,560).
 
 Milliseconds per call, medians over ``--repeats`` chains. A benchmark: nothing is asserted.
 """
 
+# Every closure below is timed at once, inside the loop iteration that made it:
+# ruff: noqa: B023
 from __future__ import annotations
 
 import argparse
@@ -27,6 +34,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (name, out features, in features) of one layer's products at Qwen3.5-4B's shapes.
 SHAPES = [
@@ -52,7 +61,40 @@ def _per_call_ms(make, chain: int, repeats: int) -> float:
     return round(statistics.median(times), 4)
 
 
-def run(dtypes: list[str], chain: int, repeats: int, keys: int) -> dict:
+def mixer(chain: int, repeats: int) -> dict:
+    """The ``mixer`` rows (see the module doc): ms per call for 1 and 16 positions."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from app.engine.gdn_kernel import gated_delta_update, kernel_active
+
+    bf = mx.bfloat16
+    hk, hv, d, channels, hidden = 16, 32, 128, 2 * 16 * 128 + 32 * 128, 2560
+    conv = nn.Conv1d(channels, channels, 4, groups=channels, bias=False)
+    conv.set_dtype(bf)
+    a_log, dt_bias = mx.zeros((hv,), dtype=bf), mx.ones((hv,), dtype=bf)
+    state = mx.zeros((1, hv, d, d), dtype=mx.float32)
+    norm_w = mx.ones((hidden,), dtype=bf)
+    mx.eval(conv.parameters(), a_log, dt_bias, state, norm_w)
+    out: dict = {"recurrence_impl": "cuda kernel" if kernel_active() else "mlx-lm"}
+    for S in (1, 16):
+        def r(*shape):
+            return [mx.random.normal(shape).astype(bf) for _ in range(chain)]
+
+        q, k, v, a, b = r(1, S, hk, d), r(1, S, hk, d), r(1, S, hv, d), r(1, S, hv), r(1, S, hv)
+        xs, hs = r(1, S + 3, channels), r(1, S, hidden)
+        mx.eval(q, k, v, a, b, xs, hs)
+        out[f"recurrence_s{S}_ms"] = _per_call_ms(
+            lambda i: gated_delta_update(q[i], k[i], v[i], a[i], b[i], a_log, dt_bias, state),
+            chain, repeats)
+        out[f"conv_s{S}_ms"] = _per_call_ms(lambda i: nn.silu(conv(xs[i])), chain, repeats)
+        out[f"rms_norm_s{S}_ms"] = _per_call_ms(
+            lambda i: mx.fast.rms_norm(hs[i], norm_w, 1e-6), chain, repeats)
+    return out
+
+
+def run(dtypes: list[str], chain: int, repeats: int, keys: int, with_mixer: bool = True
+        ) -> dict:
     """The JSON result: per dtype and shape, ms per call for 1 and 16 rows and their ratio."""
     import mlx.core as mx
 
@@ -90,6 +132,8 @@ def run(dtypes: list[str], chain: int, repeats: int, keys: int) -> dict:
             lambda i, qs=qs, mask=mask: mx.fast.scaled_dot_product_attention(
                 qs[i], k, v, scale=256 ** -0.5, mask=mask), chain, repeats)
     out["sdpa"]["ratio"] = round(out["sdpa"]["q16_ms"] / out["sdpa"]["q1_ms"], 2)
+    if with_mixer:
+        out["mixer"] = mixer(chain, repeats)
     return out
 
 
@@ -100,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain", type=int, default=64)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--keys", type=int, default=144)
+    p.add_argument("--no-mixer", action="store_true", help="leave out the mixer rows")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    result = run([d for d in a.dtypes.split(",") if d], a.chain, a.repeats, a.keys)
+    result = run([d for d in a.dtypes.split(",") if d], a.chain, a.repeats, a.keys,
+                 not a.no_mixer)
     text = json.dumps(result, indent=1)
     print(text)
     if a.out:

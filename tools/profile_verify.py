@@ -2,6 +2,7 @@
 
     python tools/profile_verify.py [--demo] [--dtypes bfloat16,4bit] [--prefix 128] [--repeats 20]
                                    [--layers N] [--hidden N] [--vocab N] [--out FILE]
+    python tools/profile_verify.py --count-ops [--layers N] [--hidden N] [--vocab N] [--out FILE]
 
 Made for issue #21: on an H200 through MLX's CUDA backend, a random Qwen3.5-4B-shaped target
 (``tools/bench_gpu.py``'s ``QWEN35_4B``) verifies 16 tokens for several steps' cost. For S = 1
@@ -17,6 +18,12 @@ and S = 16 after ``--prefix`` cached tokens, median milliseconds (each part wait
 * ``lm_head``: final norm and logits of S rows;
 * ``st1_proj`` .. ``st6_out_proj``: what each stage of the GDN mixer adds, timed as prefixes
   of its operations (:func:`gdn_stages`), summed over the GDN layers.
+
+``--count-ops`` times nothing: it counts the operations (nodes of MLX's lazy graph, by
+primitive, from ``mx.export_to_dot``) of ``forward`` and ``verify`` for S = 1 and S = 16,
+each after the previous one was evaluated, bf16. Off CUDA the GDN recurrence is replaced
+by a one-operation stand-in (``"recurrence": "stand-in"`` in the output), so that the graph is
+the one the CUDA path builds around its kernel and not mlx-lm's per-token loop.
 
 A benchmark, not a test: nothing is asserted.
 """
@@ -175,6 +182,71 @@ def profile(model, hidden: int, prefix: int, repeats: int) -> dict:
     return out
 
 
+def count_ops(model) -> dict:
+    """``--count-ops``: graph nodes of ``forward`` and ``verify`` for S = 1 and 16 (see the
+    module doc): per pass the total and the per-primitive counts that differ from S = 1."""
+    import collections
+    import os
+    import re
+    import tempfile
+
+    import mlx.core as mx
+
+    import app.engine.gdn_kernel as gk
+    from app.engine.target import TargetRunner, trim_attention
+
+    out: dict = {"recurrence": "kernel" if gk.kernel_active() else "stand-in"}
+    if not gk.kernel_active():  # the CUDA path's graph: one node where the kernel would be
+        gk.kernel_active = lambda: True
+        gk._kernel_fits = lambda k, mask: True
+        gk.cuda_gated_delta = lambda q, k, v, g, beta, state: (mx.tanh(v), mx.tanh(state))
+    runner = TargetRunner(model, "qwen3_5")
+    n = runner.num_layers
+    taps = sorted({1, n // 3, (2 * n) // 3, n - 2} & set(range(n)))
+    cache = runner.make_cache()
+
+    def settle(*arrays):
+        mx.eval(*arrays, [c.state for c in cache])
+
+    settle(runner.forward(mx.array([[1 + i % 50 for i in range(128)]], dtype=mx.int32), cache,
+                          all_logits=False))
+    saved = [list(c.cache) if lin else None for c, lin in zip(cache, runner.linear)]
+
+    def nodes(outputs) -> collections.Counter:
+        fd, path = tempfile.mkstemp(suffix=".dot")
+        os.close(fd)
+        arrays = [a for a in outputs if isinstance(a, mx.array)]
+        for c in cache:
+            arrays += [a for a in (c.state if isinstance(c.state, (list, tuple)) else [c.state])
+                       if isinstance(a, mx.array)]
+        mx.export_to_dot(path, *arrays)
+        text = Path(path).read_text()
+        os.unlink(path)
+        return collections.Counter(
+            lab for lab in re.findall(r'label\s*=\s*"([^"]+)"', text)
+            if re.fullmatch(r"[A-Za-z]\w*", lab))
+
+    counts = {}
+    for S in (1, 16):
+        block = mx.array([[7] * S], dtype=mx.int32)
+        for name, kw in (("forward", {"all_logits": False}), ("verify", {"taps": taps,
+                                                                          "tapes": []})):
+            r = list(runner.forward(block, cache, **kw))
+            counts[(name, S)] = nodes(r)
+            settle(r)
+            for c, kept in zip(cache, saved):
+                if kept is not None:
+                    c.cache = list(kept)
+            trim_attention(cache, runner.linear, S)
+            settle()
+    for name in ("forward", "verify"):
+        one, many = counts[(name, 1)], counts[(name, 16)]
+        out[name] = {"S1": sum(one.values()), "S16": sum(many.values()),
+                     "differs": {k: many[k] - one[k] for k in sorted(set(one) | set(many))
+                                 if many[k] != one[k]}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtypes", default="bfloat16,4bit")
@@ -186,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--demo", action="store_true",
                    help="profile the bundled demo target instead of the 4B shape")
+    p.add_argument("--count-ops", action="store_true",
+                   help="count the graph's operations for S = 1 and 16 instead of timing")
     args = p.parse_args(argv)
 
     import mlx.core as mx
@@ -201,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                                "gdn_kernel": kernel_active(),
                                "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1")}}
     config = qwen35_4b_config(args.layers, args.hidden, args.vocab)
+    if args.count_ops:
+        result["ops"] = count_ops(random_target(config, "bfloat16"))
+        return emit_json(result, args.out)
     if args.demo:  # the bundled target as the app loads it on this device
         from app.engine.loader import load_target
         from app.paths import demo_pair_dirs
