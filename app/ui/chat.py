@@ -305,7 +305,7 @@ class ChatView(QTextBrowser):
                      f"Called {names} (see the tool pane)</p>")
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
-        elif not (streaming or v.stopped or r.content.strip() or r.tool_calls):
+        elif not ((streaming and is_last) or v.stopped or r.content.strip() or r.tool_calls):
             note = NO_ANSWER_IN_REASONING if reasoning else NO_ANSWER
             body += f'<p style="color:{c.get("muted")};"><i>{note}</i></p>'
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
