@@ -214,3 +214,41 @@ def test_parse_json_reads_without_storing():
     assert (conv.title, conv.title_auto, conv.settings) == ("t", False, {})
     assert (msgs[0].role, msgs[0].content, msgs[0].created_at) == ("user", "hi", 1.0)
     assert msgs[0].status == "complete" and msgs[0].parent_id is None
+
+
+def test_markdown_of_a_tool_reply_has_every_round_and_the_tool_result(tmp_path):
+    """A reply that called a tool is stored as one row whose ``rounds`` hold the first round
+    (its reasoning and call) and whose ``tool_calls`` carry the results: the Markdown shows the
+    reasoning of both rounds, the call's result, and says which figures are the last round's
+    (found exporting a demo-pair chat: only the last round's reasoning, no result, and "55 of 59
+    tokens from the drafter" under "110 tokens")."""
+    first = "I need the clock in Anchorage, so I call current_time."
+    last = "I report the time and date from the result."
+    result = {"timezone": "America/Anchorage", "time": "06:39:34"}
+    with Store(tmp_path / "a.db") as s:
+        conv = s.new_conversation("tools")
+        s.add_message(conv.id, "user", "What is the local time in Anchorage?")
+        r = s.begin_reply(conv.id, mode="dflash", block_size=16, rollback="tape")
+        s.finish_reply(
+            r.id, content="It is 06:39:34 in Anchorage.", reasoning=last,
+            tool_calls=[{"id": "call_0", "name": "current_time",
+                         "arguments": {"timezone": "America/Anchorage"}, "result": result,
+                         "error": None, "duration_s": 0.008}],
+            token_ids=[1, 2, 3, 4], from_draft=[False, True, True, True],
+            summary=Summary(mode="dflash", generated_tokens=9, tok_per_s=300.0, cycles=2,
+                            drafted=30, accepted=7, acceptance_rate=7 / 30, tau=4.0).to_dict(),
+            rounds=[{"role": "assistant", "content": "", "reasoning_content": first,
+                     "tool_calls": [{"id": "call_0", "type": "function", "function": {
+                         "name": "current_time",
+                         "arguments": {"timezone": "America/Anchorage"}}}]},
+                    {"role": "tool", "tool_call_id": "call_0", "name": "current_time",
+                     "content": json.dumps({"ok": True, "result": result})},
+                    {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
+                     "reasoning_content": last}])
+        md = export_markdown(s, conv.id)
+    assert f"<details><summary>Reasoning</summary>\n\n{first}\n\n{last}\n\n</details>" in md
+    assert "**Tool call** `current_time`" in md and '"timezone": "America/Anchorage"' in md
+    assert "**Result**" in md and '"time": "06:39:34"' in md
+    assert "9 tokens · 300.0 tok/s" in md
+    assert "last round: 3 of 4 tokens from the drafter" in md
+    assert "3 of 4 tokens from the drafter" not in md.replace("last round: 3 of 4", "")

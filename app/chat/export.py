@@ -31,6 +31,7 @@ from pathlib import Path
 
 from app.chat.conversation import Conversation, Message
 from app.chat.storage import Store
+from app.chat.turns import ReplyResult
 
 FORMAT = "dflash-chat.conversation"
 FORMAT_VERSION = 1
@@ -276,7 +277,9 @@ def _figures(m: Message) -> str:
     if s.get("tau") is not None:
         bits.append(f"{s['tau']:.2f} tokens per cycle")
     if m.token_ids and any(m.from_draft):
-        bits.append(f"{sum(m.from_draft)} of {len(m.token_ids)} tokens from the drafter")
+        # a tool reply stores the last round's tokens only, under figures over every round
+        where = "last round: " if m.rounds and len(m.token_ids) != n else ""
+        bits.append(f"{where}{sum(m.from_draft)} of {len(m.token_ids)} tokens from the drafter")
     if m.status != "complete":
         bits.append(m.status + (f": {m.error}" if m.error else ""))
     return " \u00b7 ".join(bits)
@@ -291,8 +294,10 @@ def _message_md(m: Message, store: Store, heading: str | None = None) -> list[st
     else:
         out.append(f"## {m.role.capitalize()}")
     out.append("")
-    if m.reasoning:
-        out += ["<details><summary>Reasoning</summary>", "", m.reasoning.strip(), "", "</details>"]
+    # every round's reasoning, as the window shows it
+    reasoning = ReplyResult.from_row(m).all_reasoning() if m.role == "assistant" else m.reasoning
+    if reasoning.strip():
+        out += ["<details><summary>Reasoning</summary>", "", reasoning.strip(), "", "</details>"]
         out.append("")
     if m.role == "tool":
         out += [_fence(m.content), ""]
@@ -302,6 +307,11 @@ def _message_md(m: Message, store: Store, heading: str | None = None) -> list[st
         args = call.get("arguments")
         text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, indent=2)
         out += [f"**Tool call** `{call.get('name', '')}`", "", _fence(text, "json"), ""]
+        if call.get("error"):
+            out += [f"**Error**: {call['error']}", ""]
+        elif call.get("result") is not None:
+            result = json.dumps(call["result"], ensure_ascii=False, indent=2)
+            out += ["**Result**", "", _fence(result, "json"), ""]
     if m.role == "assistant":
         figures = _figures(m)
         if figures:
@@ -311,8 +321,10 @@ def _message_md(m: Message, store: Store, heading: str | None = None) -> list[st
 
 def export_markdown(store: Store, conversation_id: int) -> str:
     """The conversation as shown (its active path) in Markdown: a heading per message,
-    reasoning in a collapsed ``<details>`` block, tool calls and results in code blocks, and a
-    line of figures under each reply. The other reply of a Compare turn follows the one the
+    reasoning in a collapsed ``<details>`` block (every round's, for a reply that ran tools),
+    tool calls and their results or errors in code blocks, and a line of figures under each
+    reply (over every round; the drafter's share of a tool reply's tokens is its last
+    round's, and says so). The other reply of a Compare turn follows the one the
     conversation continues from."""
     conv = store.get_conversation(conversation_id)
     lines = [f"# {conv.title or 'Untitled conversation'}", ""]
