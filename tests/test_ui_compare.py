@@ -180,3 +180,35 @@ def test_compare_shows_tool_call_arguments_as_json(qtbot):
         text = view.texts[key].toPlainText()
         assert all(s in text for s in shown), text
         assert "{'value'" not in text
+
+
+def test_compare_sides_show_the_earlier_rounds_of_a_tool_reply(qtbot):
+    """Each side of a Compare on a tool reply shows its earlier rounds (the reasoning before
+    the call, the call and its result) above the last round's tokens: found on the demo pair,
+    where a side showed only "I have the result for Kazakhstan now, so I can answer."."""
+    rounds = [{"role": "assistant", "content": "",
+               "reasoning_content": "I should check Kazakhstan with country_info.",
+               "tool_calls": [{"id": "c", "type": "function", "function": {
+                   "name": "country_info", "arguments": {"name": "Kazakhstan"}}}]},
+              {"role": "tool", "tool_call_id": "c", "name": "country_info",
+               "content": '{"ok": true, "result": {"currency": "Kazakhstani tenge"}}'},
+              {"role": "assistant", "content": "The currency is the Kazakhstani tenge.",
+               "reasoning_content": "I have the result for Kazakhstan now."}]
+    call = {"id": "c", "name": "country_info", "arguments": {"name": "Kazakhstan"},
+            "result": {"currency": "Kazakhstani tenge"}}
+    plain = ReplyResult(mode="plain", tokens=[1, 2], content="The currency is the tenge.",
+                        rounds=2, messages=rounds, tool_calls=[call])
+    dflash = dataclasses.replace(plain, mode="dflash", pieces=["The currency", " is the tenge."])
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash)
+    for key in ("plain", "dflash"):
+        text = view.texts[key].toPlainText()
+        assert "Earlier round" in text, text
+        assert "I should check Kazakhstan with country_info." in text
+        assert text.count('country_info({"name": "Kazakhstan"})') == 1  # not again below
+        assert "Kazakhstani tenge" in text  # the tool's result
+        assert text.index("I should check") < text.index("the tenge.")
+        # the last round's reasoning is the stored reply's own, not repeated from the rounds
+        assert "I have the result for Kazakhstan now." not in text

@@ -44,6 +44,7 @@ from app.ui.fit import WrapLabel
 from app.ui.render import (
     SECTION_TITLES,
     call_text,
+    earlier_rounds_html,
     mark_section,
     sections_html,
     spells_its_text,
@@ -465,11 +466,19 @@ class CompareView(QFrame):
         self.set_choice(chosen)
 
     def _show_result(self, key: str, r, mark: int | None) -> None:
-        """A side's text (token ``mark`` highlighted) and its figures."""
+        """A side's text (its earlier rounds, then the last round with token ``mark``
+        highlighted) and its figures."""
+        earlier = earlier_rounds_html(r.messages, self.colours)
+        # the calls an earlier round made are listed there, not again under the last round
+        made = {c.get("id") for m in r.messages if m.get("role") == "assistant"
+                for c in m.get("tool_calls") or []}
+        r = dataclasses.replace(r, tool_calls=[c for c in r.tool_calls
+                                               if c.get("id") not in made])
         if r.pieces:
-            self.texts[key].setHtml(sections_html(r.pieces, mark, self.colours, r.tool_calls))
+            last = sections_html(r.pieces, mark, self.colours, r.tool_calls)
         else:  # no token texts: the stored text, sections from the reply's fields
-            self.texts[key].setHtml(text_sections_html(r, self.colours))
+            last = text_sections_html(r, self.colours)
+        self.texts[key].setHtml(earlier + last)
         self.figs[key].setText(side_figures(r))
 
     def show_turn(self, turn) -> None:

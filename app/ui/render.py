@@ -197,6 +197,35 @@ def call_text(call: dict) -> str:
     return f"{call.get('name')}({args})"
 
 
+def earlier_rounds_html(messages: list[dict], palette: dict) -> str:
+    """The rounds of a tool reply before its last one, as one muted section: each round's
+    reasoning, its tool calls (``name({...})``) and each result ("→ name: content").
+    ``messages``: the reply's chat-template messages (``ReplyResult.messages``; the last
+    assistant message is the last round, shown elsewhere, and left out). "" when there is no
+    earlier round."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    lines, rounds = [], 0
+    for m in messages[:last]:
+        if m.get("role") == "assistant":
+            rounds += 1
+            if str(m.get("reasoning_content") or "").strip():
+                lines.append(html.escape(str(m["reasoning_content"]).strip()))
+            for c in m.get("tool_calls") or []:
+                f = c.get("function") or c
+                lines.append('<span style="font-family:monospace;">'
+                             f"{html.escape(call_text(f))}</span>")
+        elif m.get("role") == "tool":
+            lines.append('<span style="font-family:monospace;">'
+                         f"→ {html.escape(str(m.get('name') or 'tool'))}: "
+                         f"{html.escape(str(m.get('content') or ''))}</span>")
+    if not rounds:
+        return ""
+    muted = palette.get("muted", "#667085")
+    title = "Earlier round" if rounds == 1 else f"Earlier rounds ({rounds})"
+    return (f'<p style="color:{muted}; font-size:small; margin-bottom:2px;"><b>{title}</b></p>'
+            f'<p style="color:{muted};">{"<br>".join(lines)}</p>')
+
+
 def sections_html(pieces: list[str], mark: int | None, palette: dict,
                   tool_calls: list[dict] | None = None) -> str:
     """A reply's tokens as separate sections (Reasoning, Answer, Tool calls; empty ones left
