@@ -32,6 +32,15 @@ def _side(mode, tokens, finish="stop", tok_per_s=100.0, **kw):
                                        tok_per_s=tok_per_s), **kw)
 
 
+def side_texts(qtbot, plain, dflash) -> dict[str, str]:
+    """The plain text of each side of a two-sided Compare view showing ``plain``/``dflash``."""
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash)
+    return {key: view.texts[key].toPlainText() for key in ("plain", "dflash")}
+
+
 def _loaded_window(qtbot, qs):
     """A window with the scripted pair loaded, its replies long enough to stop (400 cycles
     of 4 tokens, 4 ms each)."""
@@ -172,12 +181,7 @@ def test_compare_shows_tool_call_arguments_as_json(qtbot):
                         tool_calls=[call, degrees], finish_reason="tool_calls")
     dflash = ReplyResult(mode="dflash", tokens=[1, 2], pieces=["10 km is", " 6.2 miles."],
                          content="10 km is 6.2 miles.", tool_calls=[call, degrees])
-    view = CompareView()
-    qtbot.addWidget(view)
-    view.colours = COLOURS
-    view.set_results(plain, dflash)
-    for key in ("plain", "dflash"):
-        text = view.texts[key].toPlainText()
+    for text in side_texts(qtbot, plain, dflash).values():
         assert all(s in text for s in shown), text
         assert "{'value'" not in text
 
@@ -199,12 +203,7 @@ def test_compare_sides_show_the_earlier_rounds_of_a_tool_reply(qtbot):
     plain = ReplyResult(mode="plain", tokens=[1, 2], content="The currency is the tenge.",
                         rounds=2, messages=rounds, tool_calls=[call])
     dflash = dataclasses.replace(plain, mode="dflash", pieces=["The currency", " is the tenge."])
-    view = CompareView()
-    qtbot.addWidget(view)
-    view.colours = COLOURS
-    view.set_results(plain, dflash)
-    for key in ("plain", "dflash"):
-        text = view.texts[key].toPlainText()
+    for text in side_texts(qtbot, plain, dflash).values():
         assert "Earlier round" in text, text
         assert "I should check Kazakhstan with country_info." in text
         assert text.count('country_info({"name": "Kazakhstan"})') == 1  # not again below
