@@ -44,6 +44,7 @@ from app.ui.fit import WrapLabel
 from app.ui.render import (
     SECTION_TITLES,
     call_text,
+    earlier_rounds,
     earlier_rounds_html,
     mark_section,
     sections_html,
@@ -470,7 +471,7 @@ class CompareView(QFrame):
         highlighted) and its figures."""
         earlier = earlier_rounds_html(r.messages, self.colours)
         # the calls an earlier round made are listed there, not again under the last round
-        made = {c.get("id") for m in r.messages if m.get("role") == "assistant"
+        made = {c.get("id") for m in earlier_rounds(r.messages)
                 for c in m.get("tool_calls") or []}
         r = dataclasses.replace(r, tool_calls=[c for c in r.tool_calls
                                                if c.get("id") not in made])

@@ -197,15 +197,20 @@ def call_text(call: dict) -> str:
     return f"{call.get('name')}({args})"
 
 
-def earlier_rounds_html(messages: list[dict], palette: dict) -> str:
-    """The rounds of a tool reply before its last one, as one muted section: each round's
-    reasoning, its tool calls (``name({...})``) and each result ("→ name: content").
-    ``messages``: the reply's chat-template messages (``ReplyResult.messages``; the last
-    assistant message is the last round, shown elsewhere, and left out). "" when there is no
-    earlier round."""
+def earlier_rounds(messages: list[dict]) -> list[dict]:
+    """The chat-template messages of a tool reply's rounds before its last one (its calls'
+    results included): ``messages`` (``ReplyResult.messages``) up to its last assistant
+    message; [] for a reply of one round."""
     last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    return messages[:last]
+
+
+def earlier_rounds_html(messages: list[dict], palette: dict) -> str:
+    """The rounds of a tool reply before its last one (:func:`earlier_rounds`), as one muted
+    section: each round's reasoning, its tool calls (``name({...})``) and each result
+    ("→ name: content"). "" when there is no earlier round."""
     lines, rounds = [], 0
-    for m in messages[:last]:
+    for m in earlier_rounds(messages):
         if m.get("role") == "assistant":
             rounds += 1
             if str(m.get("reasoning_content") or "").strip():
