@@ -1007,6 +1007,9 @@ def test_benchmark_headers_and_chart_explain_in_plain_words(qtbot, qs):
         for col in range(table.columnCount()):
             tip = table.horizontalHeaderItem(col).toolTip()
             assert tip.startswith(("How", "Times", "Whether")), tip
+            if table.horizontalHeaderItem(col).text() == "τ":
+                # a new user saw 100% acceptance beside τ 14.78 with block 16 and asked why
+                assert "below the block size at 100% acceptance" in tip, tip
         assert win.live.chart.toolTip().startswith("How many of the drafter's guesses")
     finally:
         win.shutdown()

@@ -37,7 +37,9 @@ HEADER_TIPS = {
     "ratio_to_plain": "How many times as fast as plain on the same prompts. Median of the "
                       "per-prompt ratios tok/s / plain tok/s.",
     "tau": "How many tokens each check by the big model gave on average. Tokens committed "
-           "per verify cycle.",
+           "per verify cycle, at most the block size; a reply's last cycle, cut short by Max "
+           "tokens or the reply's end, drafts and commits fewer, so τ can be below the block "
+           "size at 100% acceptance.",
     "acceptance_rate": "How often the drafter's guesses were right. Accepted draft tokens / "
                        "drafted tokens.",
     "replays": "Times the model's memory had to be rewound because the draft was only partly "
