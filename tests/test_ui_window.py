@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -1462,5 +1463,34 @@ def test_reply_that_ends_inside_its_reasoning_says_there_is_no_answer(qtbot, qs)
         text = win.chat.toPlainText()
         assert text.count(NO_ANSWER_IN_REASONING) == 1  # the answered reply has no such note
         assert "Paris" in text
+    finally:
+        close_window(win)
+
+
+def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
+        qtbot, qs, tmp_path, monkeypatch):
+    """The title "Convert km/h: 2 < 3?" suggested "Convert km/h: 2 < 3?.md" in the folder the app
+    was started from (a new user saw the repository): the "/" made it a subfolder that does
+    not exist. The suggestion is one safe file name in the Documents folder."""
+    from PySide6.QtCore import QStandardPaths
+    from PySide6.QtWidgets import QFileDialog
+
+    from app.ui.text import file_name
+
+    assert file_name("Convert km/h: 2 < 3?") == "Convert km-h- 2 - 3-"
+    assert file_name("  \t ") == "chat" and file_name("a" * 100) == "a" * 40
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        win.rename_conversation("Convert km/h: 2 < 3?")
+        asked = []
+        monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                            lambda parent, caption, start, filters: (asked.append(start),
+                                                                     ("", ""))[1])
+        assert not win.export_chat()
+        docs = QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation)
+        assert asked == [str(Path(docs) / "Convert km-h- 2 - 3-.md")]
     finally:
         close_window(win)

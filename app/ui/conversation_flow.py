@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QElapsedTimer, QEventLoop
+from PySide6.QtCore import QElapsedTimer, QEventLoop, QStandardPaths
 from PySide6.QtWidgets import (
     QDialog,
     QFileDialog,
@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
 )
+
+from app.ui.text import file_name
 
 RENAME_DIALOG_WIDTH = 420
 """Least width (px) of the Rename chat dialog's title field: room for a whole automatic title
@@ -116,9 +118,11 @@ class ConversationFlow:
             self.show_banner("Export needs a saved conversation.")
             return False
         if path is None:
+            # one safe file name, in Documents (not the folder the app was started from)
+            folder = QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation)
+            start = Path(folder or Path.home()) / f"{file_name(self.conv.title)}.md"
             path, _ = QFileDialog.getSaveFileName(
-                self, "Export chat", f"{self.conv.title[:40] or 'chat'}.md",
-                "Markdown (*.md);;JSON (*.json)")
+                self, "Export chat", str(start), "Markdown (*.md);;JSON (*.json)")
             if not path:
                 return False
         try:
