@@ -147,6 +147,19 @@ class Message:
         return out
 
 
+def all_reasoning(rounds: list[dict], last: str) -> str:
+    """The reasoning of every round of a reply, in order, one blank line between rounds (a
+    tool reply thinks before its call and again before its answer). ``rounds``: the reply's
+    chat-template messages (``Message.rounds``; [] for a reply of one round); ``last``: the
+    reply's own reasoning (its last round's), added when the rounds do not end with it."""
+    parts = [str(m.get("reasoning_content") or "").strip() for m in rounds
+             if m.get("role") == "assistant"]
+    parts = [p for p in parts if p]
+    if last.strip() and (not parts or parts[-1] != last.strip()):
+        parts.append(last.strip())
+    return "\n\n".join(parts) if parts else last
+
+
 def _arguments_dict(arguments) -> dict:
     """Tool-call arguments as a dict, as chat templates expect them."""
     import json

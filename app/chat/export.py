@@ -29,9 +29,8 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.chat.conversation import Conversation, Message
+from app.chat.conversation import Conversation, Message, all_reasoning
 from app.chat.storage import Store
-from app.chat.turns import ReplyResult
 
 FORMAT = "dflash-chat.conversation"
 FORMAT_VERSION = 1
@@ -295,7 +294,7 @@ def _message_md(m: Message, store: Store, heading: str | None = None) -> list[st
         out.append(f"## {m.role.capitalize()}")
     out.append("")
     # every round's reasoning, as the window shows it
-    reasoning = ReplyResult.from_row(m).all_reasoning() if m.role == "assistant" else m.reasoning
+    reasoning = all_reasoning(m.rounds, m.reasoning)
     if reasoning.strip():
         out += ["<details><summary>Reasoning</summary>", "", reasoning.strip(), "", "</details>"]
         out.append("")

@@ -32,6 +32,7 @@ from typing import Any
 
 from app.chat.baseline import SpeedUp
 from app.chat.conversation import Message as StoredMessage
+from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
     ReasoningDelta,
@@ -164,15 +165,8 @@ class ReplyResult:
     """True once a baseline was looked for (the footer then says what it found)."""
 
     def all_reasoning(self) -> str:
-        """The reasoning of every round, in order, one blank line between rounds (a tool
-        reply thinks before its call and again before its answer)."""
-        parts = [str(m.get("reasoning_content") or "").strip() for m in self.messages
-                 if m.get("role") == "assistant"]
-        parts = [p for p in parts if p]
-        last = self.reasoning.strip()
-        if last and (not parts or parts[-1] != last):
-            parts.append(last)
-        return "\n\n".join(parts) if parts else self.reasoning
+        """The reasoning of every round, in order (:func:`app.chat.conversation.all_reasoning`)."""
+        return all_reasoning(self.messages, self.reasoning)
 
     @classmethod
     def from_reply(cls, reply: Reply, settings: dict,
