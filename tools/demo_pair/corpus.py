@@ -646,7 +646,7 @@ F_EXTRA = {
                           "Say that number is {frm}. Convert it to {to}.",
                           "Use that result as {frm} and convert it to {to}.",
                           "Read that as {frm}; what is it in {to}?",
-                          # corpus v5e (not trained yet): the v8 target sent the held-out
+                          # corpus v5e (stage 14, demo pair v9): the v8 target sent the held-out
                           # "Treat that as {frm} and give it in {to}." to the clock in 5 of 10
                           # scripts; more "as {frm} ... give/show it in {to}" frames, none
                           # with the held-out head "Treat that as"
@@ -843,7 +843,7 @@ def assistant(reasoning: str, content: str = "", calls: list[tuple[str, dict]] |
     return m
 
 
-# Corpus v5e (not trained yet): listing questions that give no number. Every listing frame
+# Corpus v5e (stage 14, demo pair v9): listing questions that give no number. Every listing frame
 # before had one ("Name {n} countries in {cont}."), and the v8 target answered "List the
 # countries of Africa." with two current_time calls (v7: five countries). Answered with five.
 LIST_OPEN = {
@@ -1724,7 +1724,7 @@ class Generator:
               "languages_fact", "languages_fact", "languages_fact", "scope", "self_description",
               # corpus v5d: the who-words frames (above) for the languages and their contrasts
               "languages_fact", "languages_fact", "fact", "time",
-              # corpus v5e (not trained yet): more calculator chats, so more of their
+              # corpus v5e (stage 14, demo pair v9): more calculator chats, so more of their
               # follow-ups (40% of them convert the result, above)
               "calc", "calc")
 
