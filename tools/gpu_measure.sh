@@ -10,6 +10,9 @@
 #   bash tools/gpu_measure.sh bench   # python -m app bench (block 16) on the GPU
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
 #   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
+#   bash tools/gpu_measure.sh rows    # the row-stable products: tests, exactness, launch, trace
+#   bash tools/gpu_measure.sh launch  # tools/bench_launch.py under MLX's launch settings
+#                                     # (CUDA graphs on/off, ops per graph), one process each
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
 #                                     # host), with and without the parallel kernel build
 #
@@ -68,6 +71,30 @@ case "${1:-}" in
       --out "$O/small_m_cudnn.json" >/dev/null
     stamp done
     ;;
+  rows)
+    stamp "kernel tests (row-stable products, GDN)"
+    timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_rows_kernel.py \
+      tests/test_gdn_kernel.py 2>&1 | tail -12
+    stamp "exactness report"
+    timeout 150 $py tools/exactness_report.py > "$O/exact.txt" 2>&1; tail -22 "$O/exact.txt"
+    SETTINGS="default DFLASH_ROWS_KERNEL=0 default DFLASH_ROWS_KERNEL=0" bash "$0" launch
+    stamp "tools/trace_verify.py"
+    timeout 120 $py tools/trace_verify.py --out "$O/trace.json" >/dev/null 2>"$O/trace.err"
+    $py -c "import json; d=json.load(open('$O/trace.json')); [print(k, S, round(d[k][S]['wall_ms'], 2), d[k][S]['kernels'], round(d[k][S]['gpu_busy_ms'], 2), [(t['count'], round(t['ms'], 3), t['kernel'][:40]) for t in d[k][S]['top'][:4]]) for k in ('bfloat16', '4bit') for S in ('S1', 'S16')]"
+    stamp done
+    ;;
+  launch)
+    # One process per setting: MLX reads these variables once. SETTINGS overrides the list.
+    for setting in ${SETTINGS:-default MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=20 \
+        MLX_MAX_OPS_PER_BUFFER=400}; do
+      stamp "tools/bench_launch.py, $setting"
+      name=$(echo "$setting" | tr '=' '_')
+      [ "$setting" = default ] && setting=
+      env $setting timeout 150 $py tools/bench_launch.py --out "$O/launch_$name.json" \
+        | $py -c "import json,sys; d=json.load(sys.stdin); [print(k, {n: round(v, 2) for n, v in d[k].items()}) for k in ('bfloat16', '4bit') if k in d]"
+    done
+    stamp done
+    ;;
   warmup)
     # An empty MLX_PTX_CACHE_DIR stands for a fresh host: every kernel is compiled again.
     # fresh: the app's warm-up (parallel kernel build first); serial: without that build
@@ -97,5 +124,5 @@ PY
     stamp done
     ;;
   *)
-    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|warmup" >&2; exit 2 ;;
+    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|kernels|launch|rows|warmup" >&2; exit 2 ;;
 esac

@@ -1,0 +1,126 @@
+"""A 16-token verify pass against a 1-token step under this process's MLX launch settings (JSON).
+
+    python tools/bench_launch.py [--dtypes bfloat16,4bit] [--repeats 10] [--prefix 128]
+                                 [--layers N] [--hidden N] [--vocab N] [--out FILE]
+
+Made for issue #21's last goal (a Qwen3.5-4B-shaped target verifies 16 tokens for at most 1.5
+steps on MLX's CUDA backend). Both passes are bound by launching ~3,300 small kernels, not by
+memory, and MLX's CUDA backend records kernels into CUDA graphs of ``MLX_MAX_OPS_PER_BUFFER``
+operations (100 on an H100/H200), each updated in place from a cache or, when one of its
+nodes cannot be updated (a kernel with a cluster shape other than ``(x, 1, 1)``, which
+cuBLASLt's 16-row products may pick), instantiated anew at every launch. The environment
+variables ``MLX_USE_CUDA_GRAPHS``, ``MLX_MAX_OPS_PER_BUFFER`` and
+``MLX_CUDA_GRAPH_CACHE_SIZE`` are read once per process, so ``tools/gpu_measure.sh launch``
+runs this script once per setting.
+
+Per dtype (``bfloat16``; ``4bit``: affine, group 64, bf16 scales) of ``tools/bench_gpu.py``'s
+random Qwen3.5-4B-shaped target, after ``--prefix`` cached tokens, median ms of:
+
+* ``step_ms`` / ``verify16_ms``: a 1-token step and a 16-token verify pass (taps and tapes),
+  each built and waited for (what ``bench_gpu.py`` reports), and ``verify16_over_step``;
+* ``build_step_ms`` / ``build_verify16_ms``: the Python side only (building the lazy graph);
+* ``pipelined_step_ms``: 16 steps queued back to back with ``mx.async_eval`` and waited for
+  once, per step (how plain decoding runs).
+
+A benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: The MLX environment variables that shape how the CUDA backend launches kernels.
+LAUNCH_VARIABLES = ("MLX_USE_CUDA_GRAPHS", "MLX_MAX_OPS_PER_BUFFER", "MLX_MAX_MB_PER_BUFFER",
+                    "MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA")
+
+
+def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
+    """The figures of the module docstring for one loaded ``qwen3_5`` model."""
+    import mlx.core as mx
+
+    from app.engine.target import TargetRunner, trim_attention
+
+    runner = TargetRunner(model, "qwen3_5")
+    cache = runner.make_cache()
+    ids = mx.array([[1 + i % 50 for i in range(prefix)]], dtype=mx.int32)
+    mx.eval(runner.forward(ids, cache, taps=taps, all_logits=False))
+    snapshot = [list(c.cache) if lin else None for c, lin in zip(cache, runner.linear)]
+
+    def restore(length: int) -> None:
+        for c, kept in zip(cache, snapshot):
+            if kept is not None:
+                c.cache = list(kept)
+        trim_attention(cache, runner.linear, length)
+
+    def build(length: int) -> list:
+        block = mx.array([[7] * length], dtype=mx.int32)
+        if length == 1:
+            return [runner.forward(block, cache, all_logits=False)[0]]
+        return list(runner.forward(block, cache, taps=taps, tapes=[]))
+
+    out: dict = {}
+    for length, name in ((1, "step"), (16, "verify16")):
+        mx.eval(build(length))  # this shape's kernels
+        restore(length)
+        whole, graph = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            arrays = build(length)
+            t1 = time.perf_counter()
+            mx.eval(arrays)
+            whole.append(1000 * (time.perf_counter() - t0))
+            graph.append(1000 * (t1 - t0))
+            restore(length)
+        out[f"{name}_ms"] = statistics.median(whole)
+        out[f"build_{name}_ms"] = statistics.median(graph)
+    out["verify16_over_step"] = out["verify16_ms"] / out["step_ms"]
+    runs = []
+    for _ in range(max(3, repeats // 3)):
+        t0 = time.perf_counter()
+        for _ in range(16):
+            mx.async_eval(build(1))
+        mx.eval(build(1))
+        runs.append(1000 * (time.perf_counter() - t0) / 17)
+        restore(17)
+    out["pipelined_step_ms"] = statistics.median(runs)
+    out["verify16_over_pipelined_step"] = out["verify16_ms"] / out["pipelined_step_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtypes", default="bfloat16,4bit")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--prefix", type=int, default=128)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+
+    import mlx.core as mx
+    from bench_gpu import emit_json, qwen35_4b_config, random_target
+
+    result: dict = {"device": str(mx.default_device()), "mlx": mx.__version__,
+                    "env": {k: os.environ[k] for k in LAUNCH_VARIABLES if k in os.environ}}
+    config = qwen35_4b_config(args.layers, args.hidden, args.vocab)
+    n = config["num_hidden_layers"]
+    taps = sorted({1, n // 3, (2 * n) // 3, n - 2} & set(range(n)))
+    for dtype in [d for d in args.dtypes.split(",") if d]:
+        model = random_target(config, dtype)
+        result[dtype] = measure(model, taps, args.prefix, args.repeats)
+        del model
+        mx.clear_cache()
+    return emit_json(result, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
