@@ -56,3 +56,22 @@ def test_cast_floats_casts_floating_parameters_and_keeps_integer_ones():
     assert dtypes["layers.1.weight"] == mx.uint32
     bench_gpu.cast_floats(model, "float32")
     assert tree_flatten(model.parameters())[0][1].dtype == mx.float32
+
+
+def test_bench_launch_measures_step_verify_and_pipelined_steps(tiny_hybrid):
+    """tools/bench_launch.py's figures come from real passes and put the cache back."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_launch", Path(__file__).resolve().parent.parent / "tools" / "bench_launch.py")
+    bench_launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_launch)
+    target, _ = tiny_hybrid
+    out = bench_launch.measure(target.model, [1, 3], prefix=16, repeats=3)
+    for key in ("step_ms", "verify16_ms", "build_step_ms", "build_verify16_ms",
+                "pipelined_step_ms"):
+        assert out[key] > 0, key
+    assert out["build_step_ms"] < out["step_ms"]  # building is part of the waited pass
+    assert out["verify16_over_step"] == out["verify16_ms"] / out["step_ms"]
+    assert out["verify16_over_pipelined_step"] == out["verify16_ms"] / out["pipelined_step_ms"]

@@ -4,14 +4,14 @@
                                  [--layers N] [--hidden N] [--vocab N] [--out FILE]
 
 Made for issue #21's last goal (a Qwen3.5-4B-shaped target verifies 16 tokens for at most 1.5
-steps on MLX's CUDA backend). Both passes are bound by launching ~3,300 small kernels, not by
-memory, and MLX's CUDA backend records kernels into CUDA graphs of ``MLX_MAX_OPS_PER_BUFFER``
-operations (100 on an H100/H200), each updated in place from a cache or, when one of its
-nodes cannot be updated (a kernel with a cluster shape other than ``(x, 1, 1)``, which
-cuBLASLt's 16-row products may pick), instantiated anew at every launch. The environment
-variables ``MLX_USE_CUDA_GRAPHS``, ``MLX_MAX_OPS_PER_BUFFER`` and
-``MLX_CUDA_GRAPH_CACHE_SIZE`` are read once per process, so ``tools/gpu_measure.sh launch``
-runs this script once per setting.
+steps on MLX's CUDA backend). A step runs ~850 CUDA kernels and the GPU is busy for about half
+of its time (``tools/trace_verify.py``), so how MLX launches them may matter: its CUDA backend
+records kernels into CUDA graphs of ``MLX_MAX_OPS_PER_BUFFER`` operations (100 on an
+H100/H200), each updated in place from a cache of ``MLX_CUDA_GRAPH_CACHE_SIZE`` or, when one of
+its nodes cannot be updated (a kernel with a cluster shape other than ``(x, 1, 1)``),
+instantiated anew; ``MLX_USE_CUDA_GRAPHS=0`` launches every kernel on the stream instead.
+MLX reads these variables once per process, so ``tools/gpu_measure.sh launch`` runs this
+script once per setting (docs/performance.md, "Demo pair v9 on host 14").
 
 Per dtype (``bfloat16``; ``4bit``: affine, group 64, bf16 scales) of ``tools/bench_gpu.py``'s
 random Qwen3.5-4B-shaped target, after ``--prefix`` cached tokens, median ms of:

@@ -10,7 +10,7 @@
 #   bash tools/gpu_measure.sh bench   # python -m app bench (block 16) on the GPU
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
 #   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
-#   bash tools/gpu_measure.sh rows    # the row-stable products: tests, exactness, launch, trace
+#   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
 #   bash tools/gpu_measure.sh launch  # tools/bench_launch.py under MLX's launch settings
 #                                     # (CUDA graphs on/off, ops per graph), one process each
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
@@ -71,15 +71,9 @@ case "${1:-}" in
       --out "$O/small_m_cudnn.json" >/dev/null
     stamp done
     ;;
-  rows)
-    stamp "kernel tests (row-stable products, GDN)"
-    timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_rows_kernel.py \
-      tests/test_gdn_kernel.py 2>&1 | tail -12
-    stamp "exactness report"
-    timeout 150 $py tools/exactness_report.py > "$O/exact.txt" 2>&1; tail -22 "$O/exact.txt"
-    SETTINGS="default DFLASH_ROWS_KERNEL=0 default DFLASH_ROWS_KERNEL=0" bash "$0" launch
-    stamp "tools/trace_verify.py"
-    timeout 120 $py tools/trace_verify.py --out "$O/trace.json" >/dev/null 2>"$O/trace.err"
+  trace)
+    stamp "tools/trace_verify.py (Qwen3.5-4B shape, bf16 and 4-bit; needs PyTorch for CUPTI)"
+    timeout 150 $py tools/trace_verify.py --out "$O/trace.json" >/dev/null 2>"$O/trace.err"
     $py -c "import json; d=json.load(open('$O/trace.json')); [print(k, S, round(d[k][S]['wall_ms'], 2), d[k][S]['kernels'], round(d[k][S]['gpu_busy_ms'], 2), [(t['count'], round(t['ms'], 3), t['kernel'][:40]) for t in d[k][S]['top'][:4]]) for k in ('bfloat16', '4bit') for S in ('S1', 'S16')]"
     stamp done
     ;;
@@ -124,5 +118,5 @@ PY
     stamp done
     ;;
   *)
-    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|kernels|launch|rows|warmup" >&2; exit 2 ;;
+    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|kernels|launch|trace|warmup" >&2; exit 2 ;;
 esac
