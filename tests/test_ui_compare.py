@@ -114,7 +114,7 @@ def test_three_sided_compare_view_marks_nothing_for_a_stopped_prefix(qtbot):
     view.colours = COLOURS
     view.set_results(plain, dflash, "dflash", dflash2)
     assert view.header.text().split("\n") == [
-        "DFlash: identical, 10 tokens · DFlash 2.50× plain speed",
+        "DFlash: identical, 10 tokens · 2.50× plain speed",
         "DFlash2: stopped after 4 tokens (all equal to plain's)"]
     for key in ("plain", "dflash", "dflash2"):
         assert "#ffd7d5" not in view.texts[key].toHtml()
@@ -134,12 +134,11 @@ def test_earlier_rounds_note_reads_without_a_count_of_one():
 
     one = [ReplyResult(mode=m, tokens=[1, 2], rounds=2, messages=tool_round("1+1"))
            for m in ("plain", "dflash")]
-    assert verdict(*one) == ("identical, 2 tokens in the last round (the answer after the tool "
-                             "calls), its earlier round the same (text and tool calls)")
+    assert verdict(*one) == "identical in both rounds (2 tokens in the last)"
     two = [ReplyResult(mode=m, tokens=[1, 2], rounds=3,
                        messages=tool_round("1+1") + tool_round("2+2"))
            for m in ("plain", "dflash")]
-    assert verdict(*two).endswith(", its 2 earlier rounds the same (text and tool calls)")
+    assert verdict(*two) == "identical in all 3 rounds (2 tokens in the last)"
 
 
 # ------------------------------------------------------------------ 2. captions while it runs
@@ -211,3 +210,25 @@ def test_compare_sides_show_the_earlier_rounds_of_a_tool_reply(qtbot):
         assert text.index("I should check") < text.index("the tenge.")
         # the last round's reasoning is the stored reply's own, not repeated from the rounds
         assert "I have the result for Kazakhstan now." not in text
+
+
+def test_a_tool_replys_verdict_keeps_to_one_line_a_side_and_its_tooltip_explains(qtbot):
+    """A new user's Compare of a tool reply at 1280x800 got a four-line bold verdict ("identical,
+    59 tokens in the last round (the answer after the tool calls), its earlier round the same
+    (text and tool calls) · DFlash 3.25× plain speed", twice), which left the compared replies
+    about 140 px. The explanations now live in the header's tooltip."""
+    from app.ui.compare import VERDICT_HELP, CompareView
+
+    msgs = [{"role": "assistant", "content": "", "reasoning_content": "I look it up.",
+             "tool_calls": [{"id": "c", "type": "function", "function": {
+                 "name": "current_time", "arguments": {"timezone": "America/Anchorage"}}}]},
+            {"role": "tool", "tool_call_id": "c", "name": "current_time", "content": "{}"}]
+    sides = [ReplyResult(mode=m, tokens=list(range(59)), rounds=2, messages=msgs)
+             for m in ("plain", "dflash", "dflash2")]
+    for label in ("DFlash", "DFlash2"):
+        line = f"{label}: " + verdict(sides[0], sides[1], label, named=False) + " · 3.25× plain speed"
+        assert len(line) <= 80, line
+    view = CompareView()
+    qtbot.addWidget(view)
+    assert "the answer after the tool calls" in view.header.toolTip()
+    assert view.header.toolTip() == VERDICT_HELP

@@ -485,14 +485,14 @@ def test_a_reopened_compare_with_a_side_that_never_ran_or_is_gone_does_not_crash
         assert win.conv.id == stopped and view.isVisible()
         assert list(view.results) == ["plain", "dflash", "dflash2"]
         assert view.header.text().split("\n") == [
-            "DFlash: identical, 3 tokens · DFlash 1.50× plain speed",
+            "DFlash: identical, 3 tokens · 1.50× plain speed",
             "DFlash2: stopped before it ran"]
         assert view.figs["dflash2"].text() == "not run"
         assert not view.buttons["dflash2"].isEnabled()
         win.conv_side.selected.emit(gone)
         assert win.conv.id == gone and view.isVisible()
         assert view.header.text().split("\n") == [
-            "DFlash: not stored", "DFlash2: identical, 3 tokens · DFlash2 1.50× plain speed"]
+            "DFlash: not stored", "DFlash2: identical, 3 tokens · 1.50× plain speed"]
         assert view.figs["dflash"].text() == "not stored"
         assert view.buttons["plain"].isChecked()
         _load(qtbot, win)

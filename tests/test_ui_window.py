@@ -1494,3 +1494,27 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
         assert asked == [str(Path(docs) / "Convert km-h- 2 - 3-.md")]
     finally:
         close_window(win)
+
+
+def test_tool_pane_wraps_a_long_error_instead_of_cutting_it(qtbot):
+    """A new user's tool pane cut a long error after the first line ("… pin…"): a
+    QTreeWidget sizes a row spanned over its columns for the first column and elides the rest.
+    The detail rows now wrap to the pane's width, and re-wrap when it changes."""
+    from app.ui.panels import ToolPane
+
+    error = ("unknown unit 'furlongs_per_fortnight': pint could not parse it "
+             "(UndefinedUnitError: 'furlongs_per_fortnight' is not defined in the unit registry)")
+    pane = ToolPane()
+    qtbot.addWidget(pane)
+    pane.resize(350, 300)
+    pane.show()
+    pane.set_calls([{"name": "convert_units", "arguments": {"value": 10}, "error": error,
+                     "duration_s": 0.002}])
+    item = pane.topLevelItem(0)
+    row = item.child(1)
+    assert row.text(0) == "error: " + error
+    line = pane.fontMetrics().lineSpacing()
+    qtbot.waitUntil(lambda: pane.visualItemRect(row).height() >= 3 * line, timeout=2_000)
+    narrow = pane.visualItemRect(row).height()
+    pane.resize(900, 300)
+    qtbot.waitUntil(lambda: pane.visualItemRect(row).height() < narrow, timeout=2_000)

@@ -108,25 +108,37 @@ def generated_rounds(result) -> list[tuple]:
 
 def earlier_rounds_note(plain, dflash) -> str:
     """For a tool reply: whether the two sides' earlier rounds generated the same reasoning,
-    text and tool calls (:func:`generated_rounds`), e.g. "its earlier round the same", "its 2
-    earlier rounds the same" or "round 1 already differs"; "" for one-round replies."""
+    text and tool calls (:func:`generated_rounds`): "earlier round the same", "2 earlier
+    rounds the same" or "round 1 already differs"; "" for one-round replies. What the words
+    mean is in :data:`VERDICT_HELP`, the verdict's tooltip."""
     a, b = generated_rounds(plain), generated_rounds(dflash)
     if not a and not b:
         return ""
     if a == b:
-        rounds = "earlier round" if len(a) == 1 else f"{len(a)} earlier rounds"
-        return f"its {rounds} the same (text and tool calls)"
+        return "earlier round the same" if len(a) == 1 else f"{len(a)} earlier rounds the same"
     i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"round {i + 1} already differs (its text or tool calls)"
+    return f"round {i + 1} already differs"
 
 
-def verdict(plain, dflash, label: str = "DFlash") -> str:
+#: The verdict's tooltip: what its short words stand for (a verdict is kept to about one line
+#: a side, so that the compared replies keep their height in a 1280x800 window).
+VERDICT_HELP = (
+    "Identical: the drafting side generated exactly plain decoding's tokens.\n"
+    "For a reply with tool calls, the tokens compared are the last round's (the answer after "
+    "the tool calls); each earlier round is compared by what it generated: its reasoning, "
+    "text and tool calls (tool results are inputs, not generated).\n"
+    "Speed: the drafting side's tok/s over plain's, for the same reply.")
+
+
+def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
-    drafting side: "DFlash" or "DFlash2"). The tokens compared are the last round's; for a
+    drafting side: "DFlash" or "DFlash2"; ``named=False`` leaves it out of the speed-up, for
+    a header line that starts with it). The tokens compared are the last round's; for a
     tool reply the earlier rounds are compared by what they generated
-    (:func:`earlier_rounds_note`). A drafting side that was stopped gets no speed ratio; one
-    stopped before it differed says so instead of a divergence
-    (:func:`stopped_before_differing`)."""
+    (:func:`earlier_rounds_note`), and "identical in both rounds" means both. A drafting side
+    that was stopped gets no speed ratio; one stopped before it differed says so instead of a
+    divergence (:func:`stopped_before_differing`). Kept short (the tooltip,
+    :data:`VERDICT_HELP`, explains it)."""
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     earlier = earlier_rounds_note(plain, dflash) if rounds > 1 else ""
     stopped = dflash.finish_reason == "cancelled"
@@ -139,11 +151,15 @@ def verdict(plain, dflash, label: str = "DFlash") -> str:
         return text + (f", {earlier}" if earlier else "")
     diff = first_difference(plain.tokens, dflash.tokens)
     if diff is None:
-        text = f"identical, {len(plain.tokens)} tokens"
-        if rounds > 1:
-            text += " in the last round (the answer after the tool calls)"
-            if earlier:
-                text += f", {earlier}"
+        n = len(plain.tokens)
+        if rounds > 1 and earlier.endswith("the same"):
+            text = (f"identical in {'both' if rounds == 2 else f'all {rounds}'} rounds "
+                    f"({n} tokens in the last)")
+        elif rounds > 1:
+            text = f"identical, {n} tokens in the last round" + (f"; {earlier}" if earlier
+                                                                 else "")
+        else:
+            text = f"identical, {n} tokens"
     else:
         gap = getattr(dflash, "top2_gap", None)
         gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
@@ -156,7 +172,8 @@ def verdict(plain, dflash, label: str = "DFlash") -> str:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
-        text += f" · {label} {ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
+        name = f"{label} " if named else ""
+        text += f" · {name}{ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
     return text
 
 
@@ -279,6 +296,7 @@ class CompareView(QFrame):
         self.setObjectName("side")
         self.header = WrapLabel("")  # a long verdict wraps: it never widens the window
         self.header.setObjectName("sectionTitle")
+        self.header.setToolTip(VERDICT_HELP)
         self.header.setAccessibleName("Comparison result")
         self.colours: dict = {}
         self.texts: dict[str, QTextBrowser] = {}
@@ -511,7 +529,7 @@ class CompareView(QFrame):
         lines = []
         for key in SIDES[1:]:
             label, r = mode_label(key), res[key]
-            lines.append(f"{label}: " + (verdict(plain, r, label) if r is not None
+            lines.append(f"{label}: " + (verdict(plain, r, label, named=False) if r is not None
                                          else "not stored" if key in missing
                                          else "stopped before it ran"))
         return "\n".join(lines)

@@ -15,14 +15,25 @@ import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPen
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontMetricsF,
+    QPainter,
+    QPen,
+    QTextDocument,
+    QTextOption,
+)
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QSizePolicy,
+    QStyle,
+    QStyledItemDelegate,
     QToolButton,
     QTreeWidget,
     QTreeWidgetItem,
@@ -517,9 +528,60 @@ class Collapsible(QWidget):
         self.body.setVisible(on)
 
 
+class _WrappedDetailDelegate(QStyledItemDelegate):
+    """Draws a :class:`ToolPane` detail row (arguments, result, error: spanned over the three
+    columns) wrapped to the pane's width, and gives it the height that takes. A
+    ``QTreeWidget`` sizes a spanned row for its first column and elides the rest, so a long
+    error ended in "…" and could not be read."""
+
+    PAD = 4  #: px left and right of the text
+
+    def _document(self, option, index, width: float) -> QTextDocument:
+        doc = QTextDocument()
+        doc.setDocumentMargin(0)
+        doc.setDefaultFont(option.font)
+        wrap = QTextOption()
+        wrap.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        doc.setDefaultTextOption(wrap)
+        doc.setPlainText(str(index.data() or ""))
+        doc.setTextWidth(max(40.0, width))
+        return doc
+
+    def _spanned(self, index) -> bool:
+        tree = self.parent()
+        return index.parent().isValid() and tree.isFirstColumnSpanned(index.row(), index.parent())
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802 - Qt's name
+        """A detail row's wrapped height at the pane's width; other rows as Qt sizes them."""
+        if not self._spanned(index):
+            return super().sizeHint(option, index)
+        tree = self.parent()
+        width = tree.viewport().width() - tree.indentation() * 2 - 2 * self.PAD
+        doc = self._document(option, index, width)
+        return QSize(int(width), math.ceil(doc.size().height()) + 2)
+
+    def paint(self, painter, option, index) -> None:
+        if not self._spanned(index):
+            super().paint(painter, option, index)
+            return
+        self.initStyleOption(option, index)
+        text = option.text
+        option.text = ""
+        style = option.widget.style() if option.widget else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, option, painter, option.widget)
+        rect = option.rect.adjusted(self.PAD, 1, -self.PAD, 0)
+        doc = self._document(option, index, rect.width())
+        doc.setPlainText(text)
+        painter.save()
+        painter.translate(rect.topLeft())
+        doc.drawContents(painter)
+        painter.restore()
+
+
 class ToolPane(QTreeWidget):
     """Tool calls of the shown reply: one row per call (name, status, duration) with the
-    arguments as formatted JSON and the result as children."""
+    arguments as formatted JSON and the result (or error) as children, wrapped to the pane's
+    width (:class:`_WrappedDetailDelegate`)."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -530,7 +592,13 @@ class ToolPane(QTreeWidget):
         self.setWordWrap(True)
         self.header().setStretchLastSection(False)
         self.header().setSectionResizeMode(0, self.header().ResizeMode.Stretch)
+        self.setItemDelegate(_WrappedDetailDelegate(self))
         self._calls: list[dict] = []
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        """Re-wrap the detail rows to the new width."""
+        super().resizeEvent(event)
+        self.doItemsLayout()
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         """Compact preferred height (:data:`PANE_HINT_HEIGHT`)."""
