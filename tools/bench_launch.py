@@ -42,8 +42,11 @@ LAUNCH_VARIABLES = ("MLX_USE_CUDA_GRAPHS", "MLX_MAX_OPS_PER_BUFFER", "MLX_MAX_MB
                     "MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA")
 
 
-def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
-    """The figures of the module docstring for one loaded ``qwen3_5`` model."""
+def passes(model, taps: list[int], prefix: int):
+    """``(build, restore)`` for a ``qwen3_5`` model after ``prefix`` cached tokens:
+    ``build(length)`` returns the lazy outputs of a 1-token step (last logits) or of a
+    ``length``-token verify pass (taps and tapes); ``restore(length)`` puts the cache back as
+    it was before ``length`` positions were added."""
     import mlx.core as mx
 
     from app.engine.target import TargetRunner, trim_attention
@@ -66,6 +69,14 @@ def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
             return [runner.forward(block, cache, all_logits=False)[0]]
         return list(runner.forward(block, cache, taps=taps, tapes=[]))
 
+    return build, restore
+
+
+def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
+    """The figures of the module docstring for one loaded ``qwen3_5`` model."""
+    import mlx.core as mx
+
+    build, restore = passes(model, taps, prefix)
     out: dict = {}
     for length, name in ((1, "step"), (16, "verify16")):
         mx.eval(build(length))  # this shape's kernels
@@ -95,10 +106,15 @@ def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_per_dtype(doc: str, figures, argv: list[str] | None, count: str = "--repeats",
+                  count_default: int = 10) -> int:
+    """The command line shared by this script and ``tools/trace_verify.py``: build
+    ``bench_gpu.py``'s random Qwen3.5-4B-shaped target in each of ``--dtypes`` and print, as
+    JSON, the device, MLX's version, the :data:`LAUNCH_VARIABLES` set and
+    ``figures(model, taps, prefix, n)`` per dtype (``n`` from the ``count`` option)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--dtypes", default="bfloat16,4bit")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument(count, type=int, default=count_default)
     p.add_argument("--prefix", type=int, default=128)
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
@@ -116,10 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     taps = sorted({1, n // 3, (2 * n) // 3, n - 2} & set(range(n)))
     for dtype in [d for d in args.dtypes.split(",") if d]:
         model = random_target(config, dtype)
-        result[dtype] = measure(model, taps, args.prefix, args.repeats)
+        result[dtype] = figures(model, taps, args.prefix, getattr(args, count.lstrip("-")))
         del model
         mx.clear_cache()
     return emit_json(result, args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_per_dtype(__doc__, measure, argv)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ graph, launching kernels), not by the GPU. A benchmark, not a test: nothing is a
 
 from __future__ import annotations
 
-import argparse
 import collections
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,28 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def trace(model, taps: list[int], prefix: int, passes: int) -> dict:
     """Per-pass figures (module docstring) for S = 1 and S = 16 on one ``qwen3_5`` model."""
+    import bench_launch
     import mlx.core as mx
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from app.engine.target import TargetRunner, trim_attention
-
-    runner = TargetRunner(model, "qwen3_5")
-    cache = runner.make_cache()
-    ids = mx.array([[1 + i % 50 for i in range(prefix)]], dtype=mx.int32)
-    mx.eval(runner.forward(ids, cache, taps=taps, all_logits=False))
-    snapshot = [list(c.cache) if lin else None for c, lin in zip(cache, runner.linear)]
+    build, restore = bench_launch.passes(model, taps, prefix)
 
     def one_pass(length: int) -> None:
-        block = mx.array([[7] * length], dtype=mx.int32)
-        if length == 1:
-            mx.eval(runner.forward(block, cache, all_logits=False)[0])
-        else:
-            mx.eval(list(runner.forward(block, cache, taps=taps, tapes=[])))
-        for c, kept in zip(cache, snapshot):
-            if kept is not None:
-                c.cache = list(kept)
-        trim_attention(cache, runner.linear, length)
+        mx.eval(build(length))
+        restore(length)
 
     out: dict = {}
     for length in (1, 16):
@@ -82,31 +68,9 @@ def trace(model, taps: list[int], prefix: int, passes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtypes", default="bfloat16,4bit")
-    p.add_argument("--passes", type=int, default=5)
-    p.add_argument("--prefix", type=int, default=128)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--vocab", type=int)
-    p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
+    from bench_launch import run_per_dtype
 
-    import mlx.core as mx
-    from bench_gpu import emit_json, qwen35_4b_config, random_target
-    from bench_launch import LAUNCH_VARIABLES
-
-    result: dict = {"device": str(mx.default_device()), "mlx": mx.__version__,
-                    "env": {k: os.environ[k] for k in LAUNCH_VARIABLES if k in os.environ}}
-    config = qwen35_4b_config(args.layers, args.hidden, args.vocab)
-    n = config["num_hidden_layers"]
-    taps = sorted({1, n // 3, (2 * n) // 3, n - 2} & set(range(n)))
-    for dtype in [d for d in args.dtypes.split(",") if d]:
-        model = random_target(config, dtype)
-        result[dtype] = trace(model, taps, args.prefix, args.passes)
-        del model
-        mx.clear_cache()
-    return emit_json(result, args.out)
+    return run_per_dtype(__doc__, trace, argv, "--passes", 5)
 
 
 if __name__ == "__main__":
