@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import (
+    QAbstractTextDocumentLayout,
     QColor,
     QFont,
     QFontMetricsF,
     QPainter,
+    QPalette,
     QPen,
     QTextDocument,
     QTextOption,
@@ -555,7 +557,7 @@ class _WrappedDetailDelegate(QStyledItemDelegate):
         """A detail row's wrapped height at the pane's width; other rows as Qt sizes them."""
         if not self._spanned(index):
             return super().sizeHint(option, index)
-        tree = self.parent()
+        tree = self.parent()  # detail rows sit one level below a call: two indentations in
         width = tree.viewport().width() - tree.indentation() * 2 - 2 * self.PAD
         doc = self._document(option, index, width)
         return QSize(int(width), math.ceil(doc.size().height()) + 2)
@@ -565,16 +567,18 @@ class _WrappedDetailDelegate(QStyledItemDelegate):
             super().paint(painter, option, index)
             return
         self.initStyleOption(option, index)
-        text = option.text
-        option.text = ""
+        option.text = ""  # the background and focus as Qt draws them; the text wrapped below
         style = option.widget.style() if option.widget else QApplication.style()
         style.drawControl(QStyle.ControlElement.CE_ItemViewItem, option, painter, option.widget)
         rect = option.rect.adjusted(self.PAD, 1, -self.PAD, 0)
         doc = self._document(option, index, rect.width())
-        doc.setPlainText(text)
+        context = QAbstractTextDocumentLayout.PaintContext()
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        context.palette.setColor(QPalette.ColorRole.Text, option.palette.color(
+            QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text))
         painter.save()
         painter.translate(rect.topLeft())
-        doc.drawContents(painter)
+        doc.documentLayout().draw(painter, context)
         painter.restore()
 
 
