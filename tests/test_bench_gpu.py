@@ -58,15 +58,13 @@ def test_cast_floats_casts_floating_parameters_and_keeps_integer_ones():
     assert tree_flatten(model.parameters())[0][1].dtype == mx.float32
 
 
-def test_bench_launch_measures_step_verify_and_pipelined_steps(tiny_hybrid):
-    """tools/bench_launch.py's figures come from real passes and put the cache back."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+def test_bench_launch_measures_real_passes_and_puts_the_cache_back(tiny_hybrid):
+    """tools/bench_launch.py's figures come from real passes, and a pass's ``restore`` leaves
+    the cache as it was: the next step's logits are those of a step on the untouched cache."""
     spec = importlib.util.spec_from_file_location(
         "bench_launch", Path(__file__).resolve().parent.parent / "tools" / "bench_launch.py")
     bench_launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_launch)
+    spec.loader.exec_module(bench_launch)  # it puts tools/ on sys.path for bench_gpu
     target, _ = tiny_hybrid
     out = bench_launch.measure(target.model, [1, 3], prefix=16, repeats=3)
     for key in ("step_ms", "verify16_ms", "build_step_ms", "build_verify16_ms",
@@ -75,3 +73,11 @@ def test_bench_launch_measures_step_verify_and_pipelined_steps(tiny_hybrid):
     assert out["build_step_ms"] < out["step_ms"]  # building is part of the waited pass
     assert out["verify16_over_step"] == out["verify16_ms"] / out["step_ms"]
     assert out["verify16_over_pipelined_step"] == out["verify16_ms"] / out["pipelined_step_ms"]
+    build, restore = bench_launch.passes(target.model, [1, 3], prefix=16)
+    first = build(1)[0]
+    mx.eval(first)
+    restore(1)
+    mx.eval(build(16))
+    restore(16)
+    again = build(1)[0]
+    assert mx.array_equal(first, again).item()

@@ -106,18 +106,20 @@ def generated_rounds(result) -> list[tuple]:
     return out
 
 
-def earlier_rounds_note(plain, dflash) -> str:
-    """For a tool reply: whether the two sides' earlier rounds generated the same reasoning,
-    text and tool calls (:func:`generated_rounds`): "earlier round the same", "2 earlier
-    rounds the same" or "round 1 already differs"; "" for one-round replies. What the words
-    mean is in :data:`VERDICT_HELP`, the verdict's tooltip."""
+def earlier_rounds_note(plain, dflash) -> tuple[str, bool]:
+    """For a tool reply, the verdict's words on its earlier rounds and whether the two sides
+    generated the same reasoning, text and tool calls in all of them
+    (:func:`generated_rounds`): ("earlier round the same", True), ("2 earlier rounds the
+    same", True) or ("round 1 already differs", False); ("", False) when neither side has
+    earlier rounds. What the words mean is in :data:`VERDICT_HELP`."""
     a, b = generated_rounds(plain), generated_rounds(dflash)
     if not a and not b:
-        return ""
+        return "", False
     if a == b:
-        return "earlier round the same" if len(a) == 1 else f"{len(a)} earlier rounds the same"
+        return ("earlier round the same" if len(a) == 1
+                else f"{len(a)} earlier rounds the same"), True
     i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"round {i + 1} already differs"
+    return f"round {i + 1} already differs", False
 
 
 #: The verdict's tooltip: what its short words stand for (a verdict is kept to about one line
@@ -140,7 +142,7 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
     divergence (:func:`stopped_before_differing`). Kept short (the tooltip,
     :data:`VERDICT_HELP`, explains it)."""
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
-    earlier = earlier_rounds_note(plain, dflash) if rounds > 1 else ""
+    earlier, all_same = earlier_rounds_note(plain, dflash) if rounds > 1 else ("", False)
     stopped = dflash.finish_reason == "cancelled"
     if stopped_before_differing(plain, dflash):
         n = len(dflash.tokens)
@@ -152,7 +154,7 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
     diff = first_difference(plain.tokens, dflash.tokens)
     if diff is None:
         n = len(plain.tokens)
-        if rounds > 1 and earlier.endswith("the same"):
+        if all_same:
             text = (f"identical in {'both' if rounds == 2 else f'all {rounds}'} rounds "
                     f"({n} tokens in the last)")
         elif rounds > 1:
