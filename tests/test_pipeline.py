@@ -330,6 +330,31 @@ def test_malformed_call_warning_carries_raw_text(qwen_tokenizer):
     assert plain == "Try:" and flagged == [" <tool_call>\n<function=calculator>"]
 
 
+def test_a_call_the_user_stopped_is_not_called_malformed(qwen_tokenizer):
+    """Stopping a Compare while the model wrote its tool call showed a "Malformed tool call
+    kept as text" banner and "<tool_call>" as the answer (Xvfb pass): the call was cut by the
+    user, not written wrong by the model. It is now left out of the content, not run, and
+    the warning says the reply was stopped inside a call."""
+    text = "Try: <tool_call>\n<function=calculator>"
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)],
+                       stop_cause="cancelled")
+    (w,) = res.warnings
+    assert w.code == "stopped_in_tool_call"
+    assert w.message == "stopped while the model was writing a tool call: it was not run"
+    assert w.text == "<tool_call>\n<function=calculator>"
+    assert res.content == "Try:" and res.tool_calls == []
+    assert not any(isinstance(d, ContentDelta) and d.malformed for d in res.deltas)
+    assert res.finish_reason == "cancelled"
+    # a complete body the user cut before its end marker is not run either
+    done = "<tool_call>\n<function=calculator>\n<parameter=expression>\n1+1\n</parameter>\n</function>"
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, done)],
+                       stop_cause="cancelled")
+    assert res.tool_calls == [] and [w.code for w in res.warnings] == ["stopped_in_tool_call"]
+    # the model's own unclosed call (it ended) is still flagged as before
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)])
+    assert [w.code for w in res.warnings] == ["malformed_tool_call"]
+
+
 def test_unknown_tool_parser_name_is_a_clear_error(qwen_tokenizer):
     with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
         TextPipeline(qwen_tokenizer, tool_parser="nope")

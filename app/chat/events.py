@@ -72,7 +72,9 @@ class ToolCallDelta:
 class PipelineWarning:
     """Something in the text was not what it claimed to be.
 
-    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content).
+    ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content),
+    ``"unclosed_tool_call"`` (a complete body without its end marker, read as a call) or
+    ``"stopped_in_tool_call"`` (the user stopped the reply inside a call: dropped, not run).
     ``message``: one line for the user.
     """
 

@@ -24,7 +24,9 @@ produced them (issue 4). The stages, in order:
    template, or an override by name), with the tool definitions (the XML parser takes argument
    types from them). A call that cannot be parsed (invalid JSON/XML, or unclosed with an
    incomplete body) stays in the content as text, flagged, with a warning; an unclosed call
-   whose body is complete and parses is a call, with an ``unclosed_tool_call`` warning.
+   whose body is complete and parses is a call, with an ``unclosed_tool_call`` warning. A call
+   still open when the user stopped the reply is neither: it is dropped, with a
+   ``stopped_in_tool_call`` warning.
 
 Markers are matched in the decoded text, so they work whether the tokenizer has them as single
 special tokens or spells them over several ordinary tokens.
@@ -256,7 +258,7 @@ class TextPipeline:
             if segment:
                 self._split(segment, out)
             if self.stop_hit is None:
-                self._flush(out)
+                self._flush(out, user_stop=stop_cause == "cancelled")
         self._hold = {_CONTENT: "", _REASONING: ""}
         self._finished = True
         self.finish_reason = finish_reason_for(
@@ -274,13 +276,26 @@ class TextPipeline:
         if self._sm_state[0] is None:  # a stop string matched: the machine has ended
             self._on_stop(len(self._sm_state[3]), out)
 
-    def _flush(self, out: list[Delta]) -> None:
-        """Release text held as a possible marker/stop prefix (end of generation)."""
+    def _flush(self, out: list[Delta], user_stop: bool = False) -> None:
+        """Release text held as a possible marker/stop prefix (end of generation). A call
+        still open when the user stopped the reply is dropped (:meth:`_drop_open_call`);
+        one the model left open is closed (:meth:`_close_open_call`)."""
         self._sm_state, held, name = TextStateMachine.flush(self._sm_state)
         if held and name is not None:
             self._route_segments([(name, held)], out)
         if self._state == _TOOL:
-            self._close_open_call(out)
+            (self._drop_open_call if user_stop else self._close_open_call)(out)
+
+    def _drop_open_call(self, out: list[Delta]) -> None:
+        """The user stopped the reply inside a tool call: the call is not run and not shown as
+        content; a ``stopped_in_tool_call`` warning carries its raw text."""
+        raw = self._tool_start + self._tool_buf
+        self._state = _CONTENT
+        self._tool_buf = ""
+        self.warnings.append(PipelineWarning(
+            "stopped_in_tool_call",
+            "stopped while the model was writing a tool call: it was not run", raw))
+        out.append(self.warnings[-1])
 
     def _route_segments(self, segments: list[tuple[str | None, str]], out: list[Delta]) -> None:
         for name, text in segments:
