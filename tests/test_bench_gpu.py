@@ -68,7 +68,7 @@ def test_bench_launch_measures_real_passes_and_puts_the_cache_back(tiny_hybrid):
     target, _ = tiny_hybrid
     out = bench_launch.measure(target.model, [1, 3], prefix=16, repeats=3)
     for key in ("step_ms", "verify16_ms", "build_step_ms", "build_verify16_ms",
-                "pipelined_step_ms"):
+                "pipelined_step_ms", "product_build_us", "mlx_product_build_us"):
         assert out[key] > 0, key
     assert out["build_step_ms"] < out["step_ms"]  # building is part of the waited pass
     assert out["verify16_over_step"] == out["verify16_ms"] / out["step_ms"]

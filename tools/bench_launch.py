@@ -20,7 +20,11 @@ random Qwen3.5-4B-shaped target, after ``--prefix`` cached tokens, median ms of:
   each built and waited for (what ``bench_gpu.py`` reports), and ``verify16_over_step``;
 * ``build_step_ms`` / ``build_verify16_ms``: the Python side only (building the lazy graph);
 * ``pipelined_step_ms``: 16 steps queued back to back with ``mx.async_eval`` and waited for
-  once, per step (how plain decoding runs).
+  once, per step (how plain decoding runs);
+* ``product_build_us`` / ``mlx_product_build_us``: the host time to build one 1-row product of
+  the first linear layer as the model calls it and through MLX's own layer
+  (:func:`product_build_us`; they differ when ``DFLASH_ROW_PRODUCTS`` sends it to
+  ``app/engine/row_products.py``'s kernel).
 
 A benchmark, not a test: nothing is asserted.
 """
@@ -39,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: The MLX environment variables that shape how the CUDA backend launches kernels.
 LAUNCH_VARIABLES = ("MLX_USE_CUDA_GRAPHS", "MLX_MAX_OPS_PER_BUFFER", "MLX_MAX_MB_PER_BUFFER",
-                    "MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA")
+                    "MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_CUDA_USE_CUDNN_SDPA",
+                    "DFLASH_ROW_PRODUCTS")
 
 
 def passes(model, taps: list[int], prefix: int):
@@ -103,6 +108,32 @@ def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
         restore(17)
     out["pipelined_step_ms"] = statistics.median(runs)
     out["verify16_over_pipelined_step"] = out["verify16_ms"] / out["pipelined_step_ms"]
+    out.update(product_build_us(model))
+    return out
+
+
+def product_build_us(model, calls: int = 500) -> dict:
+    """Host time to build one 1-row product of the model's first linear layer (graph only,
+    not run), in microseconds: ``product_build_us`` through the layer as the model calls it
+    (``app/engine/row_products.py``'s kernel when ``DFLASH_ROW_PRODUCTS`` takes it) and
+    ``mlx_product_build_us`` through MLX's own layer class."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    layer = next(m for _, m in model.named_modules()
+                 if isinstance(m, (nn.Linear, nn.QuantizedLinear)))
+    base = nn.QuantizedLinear if isinstance(layer, nn.QuantizedLinear) else nn.Linear
+    dtype = layer["scales"].dtype if isinstance(layer, nn.QuantizedLinear) else layer["weight"].dtype
+    k = layer["weight"].shape[1] * (32 // layer.bits if isinstance(layer, nn.QuantizedLinear) else 1)
+    x = mx.zeros((1, 1, k), dtype)
+    out = {}
+    for name, fn in (("product_build_us", layer), ("mlx_product_build_us",
+                                                   lambda v: base.__call__(layer, v))):
+        fn(x)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        out[name] = 1e6 * (time.perf_counter() - t0) / calls
     return out
 
 

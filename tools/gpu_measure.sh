@@ -11,6 +11,8 @@
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
 #   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
 #   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
+#   bash tools/gpu_measure.sh rows    # the row products (app/engine/row_products.py): their
+#                                     # tests, trace and launch under DFLASH_ROW_PRODUCTS
 #   bash tools/gpu_measure.sh launch  # tools/bench_launch.py under MLX's launch settings
 #                                     # (CUDA graphs on/off, ops per graph), one process each
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
@@ -73,9 +75,21 @@ case "${1:-}" in
     ;;
   trace)
     stamp "tools/trace_verify.py (Qwen3.5-4B shape, bf16 and 4-bit; needs PyTorch for CUPTI)"
-    timeout 150 $py tools/trace_verify.py --out "$O/trace.json" >/dev/null 2>"$O/trace.err"
-    $py -c "import json; d=json.load(open('$O/trace.json')); [print(k, S, round(d[k][S]['wall_ms'], 2), d[k][S]['kernels'], round(d[k][S]['gpu_busy_ms'], 2), [(t['count'], round(t['ms'], 3), t['kernel'][:40]) for t in d[k][S]['top'][:4]]) for k in ('bfloat16', '4bit') for S in ('S1', 'S16')]"
+    # TAG names the output files (e.g. one per DFLASH_ROW_PRODUCTS setting)
+    timeout 150 $py tools/trace_verify.py --out "$O/trace${TAG:-}.json" >/dev/null \
+      2>"$O/trace${TAG:-}.err"
+    $py -c "import json; d=json.load(open('$O/trace${TAG:-}.json')); [print(k, S, round(d[k][S]['wall_ms'], 2), d[k][S]['kernels'], round(d[k][S]['gpu_busy_ms'], 2), [(t['count'], round(t['ms'], 3), t['kernel'][:40]) for t in d[k][S]['top'][:4]]) for k in ('bfloat16', '4bit') for S in ('S1', 'S16')]"
     stamp done
+    ;;
+  rows)
+    stamp "row product tests"
+    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py \
+      > "$O/pytest_rows.txt" 2>&1; tail -15 "$O/pytest_rows.txt"
+    DFLASH_ROW_PRODUCTS=all TAG=_all bash "$0" trace
+    DFLASH_ROW_PRODUCTS=quantized-verify TAG=_qverify bash "$0" trace
+    TAG=_off bash "$0" trace
+    SETTINGS=${SETTINGS:-"default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify \
+      default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify"} bash "$0" launch
     ;;
   launch)
     # One process per setting: MLX reads these variables once. SETTINGS overrides the list.
@@ -120,5 +134,5 @@ PY
     stamp done
     ;;
   *)
-    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|kernels|launch|trace|warmup" >&2; exit 2 ;;
+    echo "usage: bash tools/gpu_measure.sh fresh|exact|bench|profile|kernels|trace|rows|launch|warmup" >&2; exit 2 ;;
 esac

@@ -361,6 +361,9 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     if not keep_dtype and not quantized:
         _upcast_for_cpu(model)
     _eval_parameters(model)
+    from app.engine.row_products import use_row_stable_products
+
+    use_row_stable_products(model)  # CUDA: plain steps and verify passes multiply alike
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     return LoadedTarget(

@@ -30,6 +30,7 @@ from mlx_lm.models.gated_delta import normalize_qk
 from app.engine.errors import GenerationError, UnsupportedArchitectureError
 from app.engine.gdn_chunked import chunked_gated_delta_update
 from app.engine.gdn_kernel import gated_delta_update
+from app.engine.row_products import use_row_stable_products
 
 #: model_type values whose layer structure this module knows (taps and rollback).
 TAP_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"}
@@ -180,6 +181,7 @@ class TargetRunner:
                 f"DFlash needs tap capture, which this app implements for "
                 f"{', '.join(sorted(TAP_FAMILIES))}; {model_type!r} runs in plain mode only"
             )
+        use_row_stable_products(model)  # CUDA only; the loader did it already for its models
         self.model = model
         self.model_type = model_type
         self.inner = model.model  # qwen3_5: Model.model -> language_model.model
