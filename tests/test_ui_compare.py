@@ -234,3 +234,43 @@ def test_a_tool_replys_verdict_keeps_to_one_line_a_side_and_its_tooltip_explains
                      "DFlash2: identical in both rounds (59 tokens in the last)"]
     assert "the answer after the tool calls" in view.header.toolTip()
     assert view.header.toolTip() == VERDICT_HELP
+
+
+def test_a_narrow_compare_view_gives_the_short_verdict_and_the_full_one_in_its_tooltip(qtbot):
+    """At 900x650 a three-sided Compare of a tool reply wrapped its verdict onto six bold
+    lines (seen under Xvfb), leaving the compared replies a 60 px strip. Where the full lines
+    do not fit, the header now says only what happened and the speed, one line a side; the
+    tooltip keeps the full verdict, and a wider view shows it again."""
+    from app.ui.compare import VERDICT_HELP
+
+    def side(mode, tok_per_s):
+        return ReplyResult(mode=mode, tokens=list(range(59)), rounds=1,
+                           summary=Summary(mode=mode, generated_tokens=59,
+                                           tok_per_s=tok_per_s))
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.resize(1100, 400)
+    view.show()
+    qtbot.waitExposed(view)
+    view.set_results(side("plain", 100.0), side("dflash", 199.0), "dflash",
+                     side("dflash2", 188.0))
+    full = ["DFlash: identical, 59 tokens · 1.99× plain speed",
+            "DFlash2: identical, 59 tokens · 1.88× plain speed"]
+    assert view.header.text().split("\n") == full
+    assert view.header.toolTip() == VERDICT_HELP
+    view.resize(260, 400)
+    qtbot.waitUntil(lambda: view.header.text().split("\n") == [
+        "DFlash: identical · 1.99× plain", "DFlash2: identical · 1.88× plain"])
+    assert view.header.toolTip() == "\n".join(full) + "\n\n" + VERDICT_HELP
+    view.resize(1100, 400)
+    qtbot.waitUntil(lambda: view.header.text().split("\n") == full)
+
+
+def test_the_short_verdict_says_what_happened():
+    plain = ReplyResult(mode="plain", tokens=[1, 2, 3, 4])
+    assert verdict(plain, ReplyResult(mode="dflash", tokens=[1, 2, 9, 4]),
+                   short=True) == "differs from token 2"
+    stopped = ReplyResult(mode="dflash", tokens=[1, 2], finish_reason="cancelled")
+    assert verdict(plain, stopped, short=True) == "stopped after 2 tokens, all equal"

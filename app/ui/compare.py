@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.compare import first_divergence
-from app.ui.fit import WrapLabel
+from app.ui.fit import ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
     call_text,
@@ -132,7 +132,8 @@ VERDICT_HELP = (
     "Speed: the drafting side's tok/s over plain's, for the same reply.")
 
 
-def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
+def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: bool = False
+            ) -> str:
     """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
     drafting side: "DFlash" or "DFlash2"; ``named=False`` leaves it out of the speed-up, for
     a header line that starts with it). The tokens compared are the last round's; for a
@@ -140,19 +141,25 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
     (:func:`earlier_rounds_note`), and "identical in both rounds" means both. A drafting side
     that was stopped gets no speed ratio; one stopped before it differed says so instead of a
     divergence (:func:`stopped_before_differing`). Kept short (the tooltip,
-    :data:`VERDICT_HELP`, explains it)."""
+    :data:`VERDICT_HELP`, explains it). ``short=True``: only what happened ("identical",
+    "differs from token 12", "stopped after 9 tokens, all equal") and the speed ("1.99×
+    plain"), for a header too narrow for the full form."""
     rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
     earlier, all_same = earlier_rounds_note(plain, dflash) if rounds > 1 else ("", False)
     stopped = dflash.finish_reason == "cancelled"
     if stopped_before_differing(plain, dflash):
         n = len(dflash.tokens)
         text = f"stopped after {n} token{'' if n == 1 else 's'}"
+        if short:
+            return text + ", all equal"
         if rounds > 1:
             text += " of the last round"
         text += " (all equal to plain's)"
         return text + (f", {earlier}" if earlier else "")
     diff = first_difference(plain.tokens, dflash.tokens)
-    if diff is None:
+    if short:
+        text = "identical" if diff is None else f"differs from token {diff}"
+    elif diff is None:
         n = len(plain.tokens)
         if all_same:
             text = (f"identical in {'both' if rounds == 2 else f'all {rounds}'} rounds "
@@ -170,12 +177,12 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True) -> str:
         if earlier:
             text += f" in the last round; {earlier}"
     where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
-    if where:
+    if where and not short:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
         name = f"{label} " if named else ""
-        text += f" · {name}{ds.tok_per_s / ps.tok_per_s:.2f}× plain speed"
+        text += f" · {name}{ds.tok_per_s / ps.tok_per_s:.2f}× plain" + ("" if short else " speed")
     return text
 
 
@@ -296,9 +303,11 @@ class CompareView(QFrame):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setObjectName("side")
-        self.header = WrapLabel("")  # a long verdict wraps: it never widens the window
+        # a long verdict wraps and, when even one line a side would not fit, gives way to a
+        # short one (the full one in the tooltip): it never widens the window
+        self.header = ShortWhenNarrowLabel()
         self.header.setObjectName("sectionTitle")
-        self.header.setToolTip(VERDICT_HELP)
+        self.header.set_forms("", help=VERDICT_HELP)
         self.header.setAccessibleName("Comparison result")
         self.colours: dict = {}
         self.texts: dict[str, QTextBrowser] = {}
@@ -439,7 +448,7 @@ class CompareView(QFrame):
         sides after it "waiting" (a side done before it keeps its figures,
         :meth:`show_side`)."""
         name = mode_label(which) if which in DRAFTING_MODES else "plain"
-        self.header.setText(f"Comparing… running {name}")
+        self.header.set_forms(f"Comparing… running {name}", help=VERDICT_HELP)
         if which in self.sides:
             later = self.sides[self.sides.index(which) + 1:]
             self.figs[which].setText("running…")
@@ -475,7 +484,9 @@ class CompareView(QFrame):
                  for k, r in self.results.items()
                  if k != "plain" and plain is not None and r is not None}
         plain_mark = next((m for m in marks.values() if m is not None), None)
-        self.header.setText(self._header() + (f"\n{note}" if note else ""))
+        tail = f"\n{note}" if note else ""
+        self.header.set_forms(self._header() + tail, self._header(short=True) + tail,
+                              VERDICT_HELP)
         for key, r in self.results.items():
             if r is None:
                 self.texts[key].setPlainText("")
@@ -513,8 +524,9 @@ class CompareView(QFrame):
                          results.get("dflash2"), "dflash2" in results, missing, note)
         self.show()
 
-    def _header(self) -> str:
-        """The verdict: one line for two sides; one per drafting side for three."""
+    def _header(self, short: bool = False) -> str:
+        """The verdict: one line for two sides; one per drafting side for three (``short``:
+        :func:`verdict`'s short form)."""
         res = self.results
         plain = res["plain"]
         missing = self.missing
@@ -525,13 +537,14 @@ class CompareView(QFrame):
                 return "the DFlash side of this comparison is not stored"
             if plain is None or res["dflash"] is None:
                 return "comparison stopped before both sides ran"
-            return verdict(plain, res["dflash"])
+            return verdict(plain, res["dflash"], short=short)
         if plain is None:
             return "comparison stopped before the plain side ran"
         lines = []
         for key in SIDES[1:]:
             label, r = mode_label(key), res[key]
-            lines.append(f"{label}: " + (verdict(plain, r, label, named=False) if r is not None
+            lines.append(f"{label}: " + (verdict(plain, r, label, named=False, short=short)
+                                         if r is not None
                                          else "not stored" if key in missing
                                          else "stopped before it ran"))
         return "\n".join(lines)

@@ -3,7 +3,8 @@
 :class:`FlowLayout` lays its widgets out in a row and wraps them onto more lines when the row
 does not fit (each widget always gets its size hint, so no label is cut); :class:`ElidedLabel`
 is a one-line label that may be narrower than its text: it then ends in "…" and its tooltip
-gives the whole text.
+gives the whole text; :class:`ShortWhenNarrowLabel` wraps, and switches to a shorter form of
+its text when the full one would not keep to one line per line.
 """
 
 from __future__ import annotations
@@ -220,3 +221,46 @@ class WrapLabel(QLabel):
         w = math.ceil(max(fm.horizontalAdvance(line) for line in lines)) + 1
         w += m.left() + m.right() + 2 * self.margin()
         return QSize(w, self.heightForWidth(w))
+
+
+class ShortWhenNarrowLabel(WrapLabel):
+    """A :class:`WrapLabel` with a full and a short form of its text (:meth:`set_forms`): it
+    shows the full form while every line of it fits the label's width (or before the label is
+    shown), and the short form otherwise, with the full one in its tooltip. ``help`` is added
+    to the tooltip in either case."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("", parent)
+        self.full = ""
+        self.short = ""
+        self.help = ""
+
+    def set_forms(self, full: str, short: str | None = None, help: str = "") -> None:
+        """Set the two forms (``short`` None: the full one at every width) and the help."""
+        self.full, self.short, self.help = full, full if short is None else short, help
+        self._choose()
+
+    def fits(self) -> bool:
+        """Whether each line of the full form fits the label's current width."""
+        if not self.isVisible():
+            return True
+        fm = QFontMetricsF(self.font())
+        room = self.contentsRect().width() - 2 * self.margin()
+        return all(math.ceil(fm.horizontalAdvance(line)) + 1 <= room
+                   for line in self.full.split("\n"))
+
+    def _choose(self) -> None:
+        full = self.fits() or self.short == self.full
+        text = self.full if full else self.short
+        if text != self.text():
+            super().setText(text)
+        tip = self.help if full else "\n\n".join(t for t in (self.full, self.help) if t)
+        self.setToolTip(tip)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._choose()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        self._choose()
