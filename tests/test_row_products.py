@@ -126,6 +126,7 @@ def test_a_plan_is_built_once_per_dtype_and_width_and_follows_a_new_weight(monke
     monkeypatch.setattr(rp, "on_cuda", lambda: True)
     monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "quantized")
     layer = nn.QuantizedLinear(256, 80, bias=True, group_size=64, bits=4)
+    layer.update({"bias": mx.arange(80, dtype=mx.float32) + 1})
     layer.set_dtype(mx.bfloat16)
     rp.use_row_stable_products(layer)
     x = mx.zeros((1, 16, 256), mx.bfloat16)
@@ -133,6 +134,7 @@ def test_a_plan_is_built_once_per_dtype_and_width_and_follows_a_new_weight(monke
     first = rp._plan(layer, x)
     assert layer(x[:, :1]).shape == (1, 1, 80) and rp._plan(layer, x[:, :1]) is first
     assert y.shape == (1, 16, 80) and len(fake.calls) == 2
+    assert np.array_equal(_f32(y)[0, 5], _f32(layer["bias"]))  # the stub's zeros + the bias
     call = fake.calls[0]
     assert call["inputs"][0] is x  # x goes in as it is: no reshape, no copy
     assert call["template"] == {"T": mx.bfloat16, "Bits": 4, "Gs": 64, "NT": rp.TILES,

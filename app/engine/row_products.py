@@ -423,16 +423,23 @@ def _plan(module: nn.Module, x: mx.array) -> _Plan | None:
     return plans[key]
 
 
+def _linear_call(module: nn.Module, x: mx.array) -> mx.array:
+    """A switched linear layer's call: the kernel's product (and the bias) when its plan
+    takes ``x``, else the base class's own call."""
+    plan = _plan(module, x)
+    if plan is None:
+        return type(module).__mro__[1].__call__(module, x)
+    y = plan(x)
+    return y + module["bias"] if "bias" in module else y
+
+
 class RowStableLinear(nn.Linear):
     """``nn.Linear`` that multiplies 1-16 rows with :func:`rows_matmul` on MLX's CUDA
     backend in the ``all`` mode (a bias is added after the product) and as ``nn.Linear``
     otherwise."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        plan = _plan(self, x)
-        if plan is None:
-            return super().__call__(x)
-        return plan(x) + self["bias"] if "bias" in self else plan(x)
+        return _linear_call(self, x)
 
 
 class RowStableQuantizedLinear(nn.QuantizedLinear):
@@ -441,10 +448,7 @@ class RowStableQuantizedLinear(nn.QuantizedLinear):
     ``nn.QuantizedLinear`` otherwise."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        plan = _plan(self, x)
-        if plan is None:
-            return super().__call__(x)
-        return plan(x) + self["bias"] if "bias" in self else plan(x)
+        return _linear_call(self, x)
 
 
 class RowStableEmbedding(nn.Embedding):
