@@ -9,6 +9,8 @@ bit, however many 8-column tiles a block takes.
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -139,13 +141,31 @@ def test_a_plan_is_built_once_per_dtype_and_width_and_follows_a_new_weight(monke
     assert call["inputs"][0] is x  # x goes in as it is: no reshape, no copy
     assert call["template"] == {"T": mx.bfloat16, "Bits": 4, "Gs": 64, "NT": rp.TILES,
                                 "KSplit": rp.K_SPLIT}
-    assert call["grid"] == (32, rp.K_SPLIT * 10, 1) and call["shape"] == (1, 16, 80)
+    assert call["grid"] == (32, rp.K_SPLIT * math.ceil(80 / (8 * rp.TILES)), 1)
+    assert call["shape"] == (1, 16, 80)
     layer.update({"weight": mx.array(layer["weight"])})  # new weights: a new plan
     assert rp._plan(layer, x) is not first and rp._plan(layer, x).inputs[0] is layer["weight"]
+    plan = rp._plan(layer, x)
+    layer.update({"scales": layer["scales"] * 2})  # new scales alone: a new plan too
+    assert rp._plan(layer, x) is not plan and rp._plan(layer, x).inputs[1] is layer["scales"]
     assert rp._plan(layer, mx.zeros((1, 17, 256), mx.bfloat16)) is None  # prefill
     assert rp._plan(layer, mx.zeros((1, 2, 256))) is None  # float32: MLX's product
     monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "0")
     assert rp._plan(layer, x) is None
+
+
+def test_a_layer_called_before_its_cast_takes_the_kernel_once_cast(monkeypatch):
+    """A bfloat16 call before ``set_dtype(bfloat16)`` finds no plan (float32 scales); the
+    cast gives the layer new scales, so the next call works the answer out again instead of
+    keeping that None."""
+    monkeypatch.setattr(rp, "_kernel", lambda quantized: _FakeKernel())
+    monkeypatch.setattr(rp, "on_cuda", lambda: True)
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "quantized")
+    layer = nn.QuantizedLinear(256, 80, bias=False, group_size=64, bits=4)
+    rp.use_row_stable_products(layer)
+    assert rp._plan(layer, mx.zeros((1, 2, 256), mx.bfloat16)) is None
+    layer.set_dtype(mx.bfloat16)
+    assert rp._plan(layer, mx.zeros((1, 2, 256), mx.bfloat16)) is not None
 
 
 def test_bad_shapes_raise_value_error():
@@ -157,9 +177,12 @@ def test_bad_shapes_raise_value_error():
     with pytest.raises(ValueError, match="bits 3"):
         rp.rows_quantized_matmul(mx.zeros((1, 128), bf), mx.zeros((8, 12), mx.uint32),
                                  mx.zeros((8, 2), bf), mx.zeros((8, 2), bf), 64, 3)
-    with pytest.raises(ValueError, match="group size 64"):
+    with pytest.raises(ValueError, match="biases must be given"):
         rp.rows_quantized_matmul(mx.zeros((1, 128), bf), mx.zeros((8, 16), mx.uint32),
                                  mx.zeros((8, 2), bf), None, 64, 4)
+    with pytest.raises(ValueError, match=r"\(uint32, 2-D\)"):  # a dense weight: not packed
+        rp.rows_quantized_matmul(mx.zeros((1, 128), bf), mx.zeros((8, 16), bf),
+                                 mx.zeros((8, 2), bf), mx.zeros((8, 2), bf), 64, 4)
 
 
 def test_kernel_source_names_what_the_calls_pass():

@@ -341,12 +341,11 @@ def rows_matmul(x: mx.array, weight: mx.array) -> mx.array:
     Raises:
         ValueError: more rows than :data:`MAX_ROWS`, another dtype, or mismatched shapes.
     """
-    n, k = weight.shape
-    if not _fits(x, n, k) or weight.dtype != x.dtype:
+    if weight.ndim != 2 or x.ndim < 1 or not _fits(x, *weight.shape) or weight.dtype != x.dtype:
         raise ValueError(f"rows_matmul: x {tuple(x.shape)} {x.dtype} against weight "
                          f"{tuple(weight.shape)} {weight.dtype} (at most {MAX_ROWS} rows of "
                          f"float16 or bfloat16, K a multiple of 128)")
-    return _Plan(x.dtype, [weight], n, 0, 32)(x)
+    return _Plan(x.dtype, [weight], weight.shape[0], 0, 32)(x)
 
 
 def rows_quantized_matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array,
@@ -369,10 +368,15 @@ def rows_quantized_matmul(x: mx.array, weight: mx.array, scales: mx.array, biase
     Raises:
         ValueError: shapes, dtypes, bits or group size outside the above.
     """
+    if (x.ndim < 1 or weight.ndim != 2 or weight.dtype != mx.uint32 or scales is None
+            or biases is None):
+        raise ValueError(f"rows_quantized_matmul: x {tuple(x.shape)}, weight "
+                         f"{tuple(weight.shape)} {weight.dtype} (uint32, 2-D), scales and "
+                         f"biases must be given")
     k = x.shape[-1]
     n = weight.shape[0]
     if (not _fits(x, n, k) or bits not in (4, 8) or group_size not in (32, 64, 128)
-            or biases is None or weight.shape[1] * 32 // bits != k
+            or weight.shape[1] * 32 // bits != k
             or scales.shape != (n, k // group_size) or biases.shape != scales.shape
             or scales.dtype != x.dtype or biases.dtype != x.dtype):
         raise ValueError(
@@ -400,9 +404,12 @@ def _quantized_fits(module: nn.Module, x: mx.array) -> bool:
 
 
 def _plan(module: nn.Module, x: mx.array) -> _Plan | None:
-    """The module's plan for ``x`` when the kernel takes this call, else None. A plan is
-    built once per input dtype and width and kept on the module (``_row_plans``) while its
-    weight is the same array; what each call checks is cheap (mode, rows, the cache key)."""
+    """The module's plan for ``x`` when the kernel takes this call, else None. The answer is
+    worked out once per input dtype and width and kept on the module (``_row_plans``) while
+    its weight, scales and biases are the same arrays (a new array, e.g. after ``update`` or
+    ``set_dtype``, works it out again); what each call checks is cheap (mode, rows, the cache
+    key, the arrays' identity). Call it only for models on MLX's CUDA backend (what
+    :func:`use_row_stable_products` switches)."""
     way = mode()
     if way == "0" or x.ndim == 0 or x.size > x.shape[-1] * MAX_ROWS:
         return None
@@ -411,16 +418,19 @@ def _plan(module: nn.Module, x: mx.array) -> _Plan | None:
         return None
     plans = module.__dict__.setdefault("_row_plans", {})
     key = (x.dtype, x.shape[-1])
-    weight = module["weight"]
-    if key not in plans or (plans[key] is not None and plans[key].inputs[0] is not weight):
+    inputs = ((module["weight"], module["scales"], module.get("biases")) if quantized
+              else (module["weight"],))
+    entry = plans.get(key)
+    if entry is None or any(a is not b for a, b in zip(entry[0], inputs)):
+        weight = inputs[0]
         if quantized:
-            ok = _quantized_fits(module, x)
-            plans[key] = _Plan(x.dtype, [weight, module["scales"], module["biases"]],
-                               weight.shape[0], module.bits, module.group_size) if ok else None
+            plan = (_Plan(x.dtype, list(inputs), weight.shape[0], module.bits,
+                          module.group_size) if _quantized_fits(module, x) else None)
         else:
-            ok = _dense_fits(x, weight)
-            plans[key] = _Plan(x.dtype, [weight], weight.shape[0], 0, 32) if ok else None
-    return plans[key]
+            plan = _Plan(x.dtype, [weight], weight.shape[0], 0, 32) if _dense_fits(x, weight) \
+                else None
+        entry = plans[key] = (inputs, plan)
+    return entry[1]
 
 
 def _linear_call(module: nn.Module, x: mx.array) -> mx.array:
