@@ -345,8 +345,9 @@ def test_after_a_restart_the_context_card_shows_the_loaded_models_length(qtbot, 
 
 # ------------------------------------------------------------------ 7: a reopened Compare
 def _compare_shown(view) -> dict:
-    """What a Compare view says: header, sides, each side's figures and chosen button."""
-    return {"header": view.header.text(), "sides": list(view.results),
+    """What a Compare view says: its verdict (the full form; the header may show the short one
+    where it is narrow), sides, each side's figures and chosen button."""
+    return {"header": view.header.full, "sides": list(view.results),
             "figures": {k: view.figs[k].text() for k in view.results},
             "chosen": [k for k in view.results if view.buttons[k].isChecked()]}
 
@@ -447,7 +448,7 @@ def test_a_reopened_compare_says_what_storage_lacks_and_marks_once_the_model_loa
     try:
         view = win.compare_view
         assert win.conv.id == conv_id and view.isVisible()
-        verdict, note = view.header.text().split("\n")
+        verdict, note = view.header.full.split("\n")
         assert verdict.startswith("differs from token 1 (of 3 plain / 3 DFlash)")
         assert verdict.endswith("DFlash 1.50× plain speed")
         assert note == ("Reopened from storage: the top-two logit gap was not stored; the "
@@ -457,8 +458,8 @@ def test_a_reopened_compare_says_what_storage_lacks_and_marks_once_the_model_loa
         assert "axc" in view.texts["dflash"].toPlainText()
         assert view.buttons["dflash"].isChecked()
         _load(qtbot, win)  # the tokenizer gives the token texts back: the mark as live
-        qtbot.waitUntil(lambda: "(marked)" in view.header.text(), timeout=5_000)
-        verdict, note = view.header.text().split("\n")
+        qtbot.waitUntil(lambda: "(marked)" in view.header.full, timeout=5_000)
+        verdict, note = view.header.full.split("\n")
         assert "first divergence in the answer (marked)" in verdict
         assert note == "Reopened from storage: the top-two logit gap was not stored."
         assert "background-color" in view.texts["dflash"].toHtml()
