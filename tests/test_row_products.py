@@ -39,8 +39,18 @@ def test_switch_leaves_a_model_alone_off_cuda(monkeypatch):
     assert type(model.proj) is nn.Linear
 
 
+def test_switch_leaves_a_model_alone_by_default_on_cuda(monkeypatch):
+    """Off (the default), a CUDA model keeps MLX's layer classes: its products pay nothing."""
+    monkeypatch.setattr(rp, "on_cuda", lambda: True)
+    monkeypatch.delenv("DFLASH_ROW_PRODUCTS", raising=False)
+    model = _Tiny()
+    assert rp.use_row_stable_products(model) == 0
+    assert type(model.proj) is nn.Linear and type(model.embed) is nn.Embedding
+
+
 def test_switch_keeps_parameters_and_is_idempotent(monkeypatch):
     monkeypatch.setattr(rp, "on_cuda", lambda: True)
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
     model = _Tiny()
     nn.quantize(model, group_size=32, bits=4, class_predicate=lambda p, m: p == "proj")
     before = dict(tree_flatten(model.parameters()))
@@ -74,7 +84,8 @@ def test_switched_modules_compute_as_their_bases_when_off(monkeypatch):
     x = mx.random.normal((1, 4, 128)).astype(mx.bfloat16)
     want_out = model.out(model.proj(x))
     want_head = model.embed.as_linear(x)
-    rp.use_row_stable_products(model)
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
+    assert rp.use_row_stable_products(model) == 3
     monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "0")
     assert np.array_equal(_f32(model.out(model.proj(x))), _f32(want_out))
     assert np.array_equal(_f32(model.embed.as_linear(x)), _f32(want_head))

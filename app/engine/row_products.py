@@ -23,7 +23,8 @@ The catch: each call goes through ``mx.fast.cuda_kernel``'s Python and C++ front
 source text is assembled and hashed per call), which cost about 16 us of host time a product
 on that host against MLX's own operations: building a step's graph took 6.5 instead of 2.6 ms,
 and a pass on a fast GPU is bound by the host. So it is off unless asked for, with
-``DFLASH_ROW_PRODUCTS`` (read at each call):
+``DFLASH_ROW_PRODUCTS`` (read when a model is switched, at load; then at each call, to pick
+among the modes that are on):
 
 * ``0`` (the default): MLX's own products;
 * ``all``: dense (float16 / bfloat16) and quantized layers, 1-16 rows: plain steps and verify
@@ -484,17 +485,18 @@ _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLine
 
 
 def use_row_stable_products(model: nn.Module) -> int:
-    """On MLX's CUDA backend (:func:`on_cuda`), switch every
-    ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and ``nn.QuantizedEmbedding`` in
-    ``model`` to its row-stable subclass, in place (parameters, names and ``isinstance``
-    checks unchanged). Elsewhere nothing changes. Idempotent. The loader calls it for every
+    """On MLX's CUDA backend (:func:`on_cuda`) with ``DFLASH_ROW_PRODUCTS`` set to a mode
+    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
+    ``nn.QuantizedEmbedding`` in ``model`` to its row-stable subclass, in place (parameters,
+    names and ``isinstance`` checks unchanged). Otherwise (the default) nothing changes, so
+    the products pay no extra Python either. Idempotent. The loader calls it for every
     target and :class:`~app.engine.target.TargetRunner` for the models it is given, so plain
     decoding and verify passes multiply alike.
 
     Returns:
         How many modules were switched by this call.
     """
-    if not on_cuda():
+    if mode() == "0" or not on_cuda():
         return 0
     switched = 0
     for _, module in model.named_modules():
