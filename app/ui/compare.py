@@ -176,8 +176,9 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: boo
                f"{len(dflash.tokens)} {label}{', stopped' if stopped else ''}{gap})"
         if earlier:
             text += f" in the last round; {earlier}"
-    where = mark_section(plain.pieces or dflash.pieces, diff) if diff is not None else None
-    if where and not short:
+    where = (mark_section(plain.pieces or dflash.pieces, diff)
+             if diff is not None and not short else None)
+    if where:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
     ps, ds = plain.summary, dflash.summary
     if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
