@@ -19,10 +19,13 @@ an M-row call equals, bit for bit, a 1-row call on that row (the tests on the GP
 On the H200, per Qwen3.5-4B pass: 4-bit 3.4 ms for 1 row and 4.9 ms for 16 (MLX: 3.7 and
 13.5); bf16 3.8 and 6.2 ms (MLX: 3.6 and about 4.2).
 
-The catch: each call goes through ``mx.fast.cuda_kernel``'s Python and C++ front end (the
-source text is assembled and hashed per call), which cost about 16 us of host time a product
-on that host against MLX's own operations: building a step's graph took 6.5 instead of 2.6 ms,
-and a pass on a fast GPU is bound by the host. So it is off unless asked for, with
+The catch was host time: each ``mx.fast.cuda_kernel`` call goes through its Python and C++
+front end (the source text is assembled per call), and a pass on a fast GPU is bound by the
+host. A layer now calls the kernel through ``mx.compile`` (:class:`_Plan`), which replays the
+traced call; on an H200 a 16-token verify of a Qwen3.5-4B-shaped target then cost 1.05 (4-bit)
+and 1.34-1.38 (bf16) steps, but 4-bit plain decoding ran at 10.8-11.2 ms a step against
+6.3-7.5 with MLX's ``qmv`` (docs/performance.md, "The row kernel's host cost, traced away").
+So it is off unless asked for, with
 ``DFLASH_ROW_PRODUCTS`` (read when a model is switched, at load; then at each call, to pick
 among the modes that are on):
 
@@ -306,10 +309,20 @@ def _fits(x: mx.array, n: int, k: int) -> bool:
 
 class _Plan:
     """What one weight matrix's calls pass to the kernel besides x, built once per matrix
-    and dtype: a forward pass makes ~250 products, and the Python around each one is paid
-    on the host, which bounds a step on a fast GPU (docs/performance.md)."""
+    and dtype: a forward pass makes ~250 products, and the host time around each one is paid
+    on every step, which bounds a step on a fast GPU (docs/performance.md).
 
-    __slots__ = ("dtype", "inputs", "kernel", "n", "template", "grid")
+    A call goes through ``mx.compile`` (one trace per input shape, so per row count): replaying
+    the traced kernel skips ``mx.fast.cuda_kernel``'s front end, which assembles the kernel's
+    source text on every call. On an H200 host (``tools/bench_kernel_call.py``) that cut the
+    host cost of building one 1-row product from 4.3 to 2.2 us (bf16; MLX's own product:
+    3.0), and a chain of dependent 1-row products ran at 15.2 us each against 19.0 for MLX's.
+    The replay runs the same kernel on the same inputs, so the result is the same, bit for
+    bit. The weight arrays are inputs of the traced function, not constants: a constant that
+    is not evaluated yet would be traced with the operations that make it and computed anew,
+    perhaps fused and rounded otherwise, on every call."""
+
+    __slots__ = ("dtype", "inputs", "kernel", "n", "template", "grid", "_launch", "_compiled")
 
     def __init__(self, dtype: mx.Dtype, inputs: list, n: int, bits: int, group_size: int):
         self.dtype = dtype
@@ -319,12 +332,31 @@ class _Plan:
         self.template = [("T", dtype), ("Bits", bits), ("Gs", group_size), ("NT", TILES),
                          ("KSplit", K_SPLIT)]
         self.grid = (32, K_SPLIT * math.ceil(n / (8 * TILES)), 1)
+        self._launch = _launcher(self.kernel, self.template, self.grid, n, dtype)
+        self._compiled = None
+
+    def launch(self, x: mx.array) -> mx.array:
+        """The kernel's product of ``x`` through ``mx.fast.cuda_kernel`` itself (no trace)."""
+        return self._launch(x, *self.inputs)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.kernel(inputs=[x, *self.inputs], template=self.template, grid=self.grid,
-                           threadgroup=(32, K_SPLIT, 1),
-                           output_shapes=[(*x.shape[:-1], self.n)],
-                           output_dtypes=[self.dtype])[0]
+        if self._compiled is None:
+            self._compiled = mx.compile(self._launch)
+        return self._compiled(x, *self.inputs)
+
+
+def _launcher(kernel, template: list, grid: tuple, n: int, dtype: mx.Dtype):
+    """``(x, *weight arrays) -> x @ W.T`` by one call of ``kernel`` (a function, not a method
+    of the plan, so that its trace holds no reference to the plan)."""
+    threadgroup = (32, K_SPLIT, 1)
+    dtypes = [dtype]
+
+    def launch(x: mx.array, *weights: mx.array) -> mx.array:
+        return kernel(inputs=[x, *weights], template=template, grid=grid,
+                      threadgroup=threadgroup, output_shapes=[(*x.shape[:-1], n)],
+                      output_dtypes=dtypes)[0]
+
+    return launch
 
 
 def rows_matmul(x: mx.array, weight: mx.array) -> mx.array:
@@ -346,7 +378,7 @@ def rows_matmul(x: mx.array, weight: mx.array) -> mx.array:
         raise ValueError(f"rows_matmul: x {tuple(x.shape)} {x.dtype} against weight "
                          f"{tuple(weight.shape)} {weight.dtype} (at most {MAX_ROWS} rows of "
                          f"float16 or bfloat16, K a multiple of 128)")
-    return _Plan(x.dtype, [weight], weight.shape[0], 0, 32)(x)
+    return _Plan(x.dtype, [weight], weight.shape[0], 0, 32).launch(x)
 
 
 def rows_quantized_matmul(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array,
@@ -385,7 +417,7 @@ def rows_quantized_matmul(x: mx.array, weight: mx.array, scales: mx.array, biase
             f"{tuple(weight.shape)}, scales {tuple(scales.shape)} {scales.dtype}, bits {bits}, "
             f"group size {group_size} (affine 4 or 8 bits, group 32/64/128 with biases in x's "
             f"dtype, at most {MAX_ROWS} rows, K a multiple of 128)")
-    return _Plan(x.dtype, [weight, scales, biases], n, bits, group_size)(x)
+    return _Plan(x.dtype, [weight, scales, biases], n, bits, group_size).launch(x)
 
 
 def _dense_fits(x: mx.array, weight: mx.array) -> bool:
@@ -417,21 +449,24 @@ def _plan(module: nn.Module, x: mx.array) -> _Plan | None:
     quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
     if (not quantized and way != "all") or (way == "quantized-verify" and x.size == x.shape[-1]):
         return None
-    plans = module.__dict__.setdefault("_row_plans", {})
+    plans = module.__dict__.get("_row_plans")
+    if plans is None:
+        plans = module.__dict__["_row_plans"] = {}
     key = (x.dtype, x.shape[-1])
-    inputs = ((module["weight"], module["scales"], module.get("biases")) if quantized
-              else (module["weight"],))
+    weight = module["weight"]
+    scales = module["scales"] if quantized else None
+    biases = module.get("biases") if quantized else None
     entry = plans.get(key)
-    if entry is None or any(a is not b for a, b in zip(entry[0], inputs)):
-        weight = inputs[0]
+    if entry is None or entry[0] is not weight or entry[1] is not scales \
+            or entry[2] is not biases:
         if quantized:
-            plan = (_Plan(x.dtype, list(inputs), weight.shape[0], module.bits,
+            plan = (_Plan(x.dtype, [weight, scales, biases], weight.shape[0], module.bits,
                           module.group_size) if _quantized_fits(module, x) else None)
         else:
             plan = _Plan(x.dtype, [weight], weight.shape[0], 0, 32) if _dense_fits(x, weight) \
                 else None
-        entry = plans[key] = (inputs, plan)
-    return entry[1]
+        entry = plans[key] = (weight, scales, biases, plan)
+    return entry[3]
 
 
 def _linear_call(module: nn.Module, x: mx.array) -> mx.array:
