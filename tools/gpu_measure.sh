@@ -13,6 +13,7 @@
 #   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
 #   bash tools/gpu_measure.sh rows    # the row products (app/engine/row_products.py): their
 #                                     # tests, trace and launch under DFLASH_ROW_PRODUCTS
+#   bash tools/gpu_measure.sh calls   # tools/bench_kernel_call.py: host cost of one product
 #   bash tools/gpu_measure.sh launch  # tools/bench_launch.py under MLX's launch settings
 #                                     # (CUDA graphs on/off, ops per graph), one process each
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
@@ -90,6 +91,12 @@ case "${1:-}" in
     TAG=_off bash "$0" trace
     SETTINGS=${SETTINGS:-"default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify \
       default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify"} bash "$0" launch
+    ;;
+  calls)
+    stamp "tools/bench_kernel_call.py (PTX=FILE adds the precompiled row kernel)"
+    timeout 200 $py tools/bench_kernel_call.py ${PTX:+--ptx "$PTX"} --out "$O/kcall.json" \
+      >/dev/null 2>"$O/kcall.err"; tail -15 "$O/kcall.err"
+    stamp done
     ;;
   launch)
     # One process per setting: MLX reads these variables once. SETTINGS overrides the list.
