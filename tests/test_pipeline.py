@@ -355,6 +355,23 @@ def test_a_call_the_user_stopped_is_not_called_malformed(qwen_tokenizer):
     assert [w.code for w in res.warnings] == ["malformed_tool_call"]
 
 
+def test_a_call_cut_by_max_tokens_is_not_called_malformed(qwen_tokenizer):
+    """With Max tokens 20, a reply cut inside its tool call showed "Malformed tool call kept as
+    text: the tool call was not closed" (a new user's Xvfb pass): the model was not wrong, it
+    ran out of tokens. The cut call is left out of the content, not run, and the warning
+    says the limit ended the reply inside it; the finish reason stays ``length``."""
+    text = "Try: <tool_call>\n<function=calculator>"
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, text)], stop_cause="length")
+    (w,) = res.warnings
+    assert w.code == "cut_in_tool_call"
+    assert w.message == ("the reply reached Max tokens while the model was writing a tool "
+                         "call: it was not run")
+    assert w.text == "<tool_call>\n<function=calculator>"
+    assert res.content == "Try:" and res.tool_calls == []
+    assert not any(isinstance(d, ContentDelta) and d.malformed for d in res.deltas)
+    assert res.finish_reason == "length"
+
+
 def test_unknown_tool_parser_name_is_a_clear_error(qwen_tokenizer):
     with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
         TextPipeline(qwen_tokenizer, tool_parser="nope")

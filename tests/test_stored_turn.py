@@ -146,6 +146,28 @@ def test_stop_and_quit_mark_the_rows_stopped_and_interrupted(store):
     assert store.get_message(events[-1].reply_ids["dflash"]).status == "interrupted"
 
 
+@pytest.mark.parametrize("how", ["stop", "quit"])
+def test_a_compare_side_that_finished_before_stop_or_quit_stays_complete(store, how):
+    """Stop (or quitting) during a Compare's DFlash side cuts that side only: the plain side
+    had finished, so its row is complete (the chat footer then keeps its speed), while the
+    DFlash side is stopped (or interrupted)."""
+    conv = store.new_conversation()
+    cancel, interrupted = threading.Event(), threading.Event()
+    events = []
+    for item in run_turn(store, ScriptedSession(cycles=100),
+                         TurnRequest(conv.id, "q", SETTINGS, tags=("plain", "dflash")),
+                         cancel, interrupted):
+        events.append(item.event)
+        if isinstance(item.event, ReplyFinished) and item.event.result.mode == "plain":
+            cancel.set()
+            if how == "quit":
+                interrupted.set()
+    stored = events[-1]
+    statuses = {k: store.get_message(i).status for k, i in stored.reply_ids.items()}
+    cut = "stopped" if how == "stop" else "interrupted"
+    assert statuses == {"plain": "complete", "dflash": cut}
+
+
 def test_tool_rounds_are_stored_with_the_reply(store):
     conv = store.new_conversation()
     backend = ScriptedSession(turns=[ScriptedTurn("look it up", "Santiago.",

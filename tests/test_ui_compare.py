@@ -274,3 +274,11 @@ def test_the_short_verdict_says_what_happened():
                    short=True) == "differs from token 2"
     stopped = ReplyResult(mode="dflash", tokens=[1, 2], finish_reason="cancelled")
     assert verdict(plain, stopped, short=True) == "stopped after 2 tokens, all equal"
+
+
+def test_side_figures_count_replays_in_the_singular_and_plural():
+    one = _side("dflash", [1, 2, 3])
+    one.summary.replays = 1
+    assert "1 replay" in side_figures(one) and "1 replays" not in side_figures(one)
+    one.summary.replays = 2
+    assert "2 replays" in side_figures(one)

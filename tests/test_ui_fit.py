@@ -490,6 +490,14 @@ def test_a_reopened_compare_with_a_side_that_never_ran_or_is_gone_does_not_crash
             "DFlash2: stopped before it ran"]
         assert view.figs["dflash2"].text() == "not run"
         assert not view.buttons["dflash2"].isEnabled()
+        # the chat offers the sides that ran, not the one that never did, and its link (say,
+        # from an older window) leaves the choice alone
+        text = win.chat.toPlainText()
+        assert "continue from Plain instead" in text
+        assert "continue from DFlash2 instead" not in text
+        chosen = win.conv.messages[-1].chosen
+        win._on_chat_link("choose:dflash2")
+        assert win.conv.messages[-1].chosen == chosen
         win.conv_side.selected.emit(gone)
         assert win.conv.id == gone and view.isVisible()
         assert view.header.text().split("\n") == [
@@ -664,6 +672,38 @@ def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
         assert win.split.sizes()[1] >= 600, win.split.sizes()
     finally:
         win.shutdown()
+
+
+def test_widening_the_window_again_gives_the_side_panes_their_widths_back(qtbot, qs):
+    # found by a new user under Xvfb: 1400x900 -> 700x500 -> 1400x900 left the chat list at
+    # 118 px and the side panel at 285 px (tool names cut to "cou..."), and a restart kept them
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(1280, 800)
+        settle(qtbot)
+        before = win.split.sizes()
+        win.resize(700, 500)
+        settle(qtbot)
+        narrow = win.split.sizes()
+        assert narrow[0] < before[0] and narrow[2] < before[2], (before, narrow)
+        win.resize(1280, 800)
+        settle(qtbot)
+        left, centre, right = win.split.sizes()
+        assert (left, right) == tuple(win.split.preferred) == (210, 380), win.split.sizes()
+        assert centre >= right
+        win.resize(700, 500)
+        settle(qtbot)
+        win.save_layout()
+    finally:
+        win.shutdown()
+    win2, _ = loaded(qtbot, qs)  # the next start restores the narrow layout, then widens it
+    try:
+        win2.resize(1280, 800)
+        settle(qtbot)
+        left, centre, right = win2.split.sizes()
+        assert (left, right) == (210, 380), win2.split.sizes()
+    finally:
+        win2.shutdown()
 
 
 def test_the_side_panel_shows_its_three_sections_without_scrolling_at_1280x800(qtbot, qs):

@@ -481,6 +481,29 @@ def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
         win.shutdown()
 
 
+def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(qtbot, qs):
+    """New chat while a reply runs stops it; the events it sends while it finishes belong to
+    the chat it was in, so the new chat keeps its dashes, an empty chart and no banner, and
+    the stopped reply is stored with its own figures."""
+    win, backend = _slow(qtbot, qs)
+    try:
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+            assert win.send(PROMPT)
+            _wait_cycles(qtbot, win, 3)
+            old = win.conv
+            win.new_chat()
+        assert win.conv is not old and not win.conv.messages
+        assert win.live.labels["tokens"].text() == "–"
+        assert win.live.labels["tok_per_s"].text() == "–"
+        assert win.live.chart.values == []
+        assert not win.banner.isVisible()
+        assert win.chat.toPlainText().strip() == "" or PROMPT not in win.chat.toPlainText()
+        stopped = blocker.args[0]
+        assert stopped.version.stopped and stopped.version.result.summary.generated_tokens > 0
+    finally:
+        win.shutdown()
+
+
 def test_new_chat_reuses_an_empty_chat_instead_of_piling_them_up(qtbot, qs):
     """Ctrl+N on an empty chat, or after leaving one, shows that chat again: three presses
     with a click on an older chat between them had left three "New chat" rows (seen in a

@@ -806,6 +806,7 @@ def test_palette_follows_system_scheme_and_layout_is_restored(qtbot, qs, monkeyp
         win.composer.set_mode("plain")
         sizes = [200, 700, 300]
         win.split.setSizes(sizes)
+        win.split.splitterMoved.emit(0, 2)  # as when the user drags the handle
         kept = win.split.sizes()
     finally:
         close_window(win)

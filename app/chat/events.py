@@ -74,7 +74,8 @@ class PipelineWarning:
 
     ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content),
     ``"unclosed_tool_call"`` (a complete body without its end marker, read as a call) or
-    ``"stopped_in_tool_call"`` (the user stopped the reply inside a call: dropped, not run).
+    ``"stopped_in_tool_call"`` (the user stopped the reply inside a call: dropped, not run)
+    or ``"cut_in_tool_call"`` (the token limit ended the reply inside a call: dropped, not run).
     ``message``: one line for the user.
     """
 

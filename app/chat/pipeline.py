@@ -258,7 +258,7 @@ class TextPipeline:
             if segment:
                 self._split(segment, out)
             if self.stop_hit is None:
-                self._flush(out, user_stop=stop_cause == "cancelled")
+                self._flush(out, stop_cause)
         self._hold = {_CONTENT: "", _REASONING: ""}
         self._finished = True
         self.finish_reason = finish_reason_for(
@@ -276,15 +276,19 @@ class TextPipeline:
         if self._sm_state[0] is None:  # a stop string matched: the machine has ended
             self._on_stop(len(self._sm_state[3]), out)
 
-    def _flush(self, out: list[Delta], user_stop: bool = False) -> None:
+    def _flush(self, out: list[Delta], stop_cause: str | None = None) -> None:
         """Release text held as a possible marker/stop prefix (end of generation). A call
         still open when the user stopped the reply is dropped (:meth:`_drop_open_call`);
-        one the model left open is closed (:meth:`_close_open_call`)."""
+        one the model left open is closed (:meth:`_close_open_call`), and one the token
+        limit cut is dropped unless its body already parses."""
         self._sm_state, held, name = TextStateMachine.flush(self._sm_state)
         if held and name is not None:
             self._route_segments([(name, held)], out)
         if self._state == _TOOL:
-            (self._drop_open_call if user_stop else self._close_open_call)(out)
+            if stop_cause == "cancelled":
+                self._drop_open_call(out)
+            else:
+                self._close_open_call(out, cut=stop_cause == "length")
 
     def _drop_open_call(self, out: list[Delta]) -> None:
         """The user stopped the reply inside a tool call: the call is not run and not shown as
@@ -349,10 +353,12 @@ class TextPipeline:
         self._parts[kind].append(body)
         out.append(ContentDelta(body, malformed) if kind == _CONTENT else ReasoningDelta(body))
 
-    def _close_open_call(self, out: list[Delta]) -> None:
+    def _close_open_call(self, out: list[Delta], cut: bool = False) -> None:
         """An unclosed call at the end of the text. When its body is complete and parses (the
         model only left out the end marker), it is a call, with an ``unclosed_tool_call``
-        warning; otherwise it stays as flagged content (``malformed_tool_call``)."""
+        warning; otherwise it stays as flagged content (``malformed_tool_call``), or, when the
+        token limit cut it (``cut``), it is dropped with a ``cut_in_tool_call`` warning: the
+        model was not wrong, it ran out of tokens."""
         if self._state != _TOOL:
             return
         body = self._tool_buf
@@ -368,7 +374,13 @@ class TextPipeline:
             except ValueError:
                 calls = None
         if not calls:
-            self._malformed(raw, "the tool call was not closed", out)
+            if cut:
+                self.warnings.append(PipelineWarning(
+                    "cut_in_tool_call", "the reply reached Max tokens while the model was "
+                    "writing a tool call: it was not run", raw))
+                out.append(self.warnings[-1])
+            else:
+                self._malformed(raw, "the tool call was not closed", out)
             return
         self.warnings.append(PipelineWarning(
             "unclosed_tool_call",

@@ -399,15 +399,16 @@ class _Turn:
     def _store_final(self, begun: TurnBegun) -> TurnStored:
         """Every row's final state and the version the conversation continues from."""
         req = self.request
-        stopped_all = self.cancel.is_set()
         interrupted = self.interrupted.is_set()
         for tag, key in zip(req.tags, req.keys, strict=True):
             # a Compare side stopped before it ran: empty, stopped
             result = self.results.get(tag) or ReplyResult(mode=tag, finish_reason="cancelled")
             error = self.errors.get(tag)
-            stopped = stopped_all or result.finish_reason == "cancelled" or tag not in self.ran
-            status = ("error" if error else "interrupted" if interrupted else
-                      "stopped" if stopped else "complete")
+            # a side is stopped when the cancel cut it (its finish reason says so) or came
+            # before it ran; a Compare side that had finished when Stop was pressed is complete
+            stopped = result.finish_reason == "cancelled" or tag not in self.ran
+            status = ("error" if error else ("interrupted" if interrupted else "stopped")
+                      if stopped else "complete")
             try:
                 finish_row(self.store, begun.reply_ids[key], result, status, error)
                 if req.compare and tag in ("dflash", "dflash2") and tag in self.ran:

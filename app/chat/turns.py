@@ -310,6 +310,14 @@ class Version:
     saved: bool = False
     interrupted: bool = False
 
+    @property
+    def never_ran(self) -> bool:
+        """True for a Compare side that was stopped before it ran (stored as an empty row):
+        nothing to show and nothing to continue from."""
+        r = self.result
+        return (self.stopped and not r.tokens and not r.content and not r.reasoning
+                and not r.tool_calls and r.summary is None)
+
 
 @dataclass
 class Turn:

@@ -320,7 +320,8 @@ class ChatView(QTextBrowser):
             others = ["plain" if m.chosen == "dflash" else "dflash"]
             if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
                 others = [k for k in ("plain", "dflash", "dflash2")
-                          if k in m.versions and k != m.chosen]
+                          if k in m.versions and k != m.chosen
+                          and not m.versions[k].never_ran]
             foot += " · compare turn"
             for other in others:
                 label = "Plain" if other == "plain" else mode_label(other)

@@ -50,7 +50,7 @@ from app.ui.render import (
     sections_html,
     spells_its_text,
 )
-from app.ui.text import DRAFTING_MODES, mode_label, seconds_text
+from app.ui.text import DRAFTING_MODES, mode_label, plural, seconds_text
 
 SIDES = ("plain", "dflash", "dflash2")
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
@@ -231,15 +231,8 @@ def side_figures(result) -> str:
             parts.append(f"τ {s.tau:.2f}")
         if s.acceptance_rate is not None:
             parts.append(f"acceptance {s.acceptance_rate * 100:.0f}%")
-        parts.append(f"{s.replays} replays")
+        parts.append(plural(s.replays, "replay"))
     return " · ".join(parts)
-
-
-def _never_ran(version) -> bool:
-    """True for a stored Compare side that was stopped before it ran (an empty row)."""
-    r = version.result
-    return (version.stopped and not r.tokens and not r.content and not r.reasoning
-            and not r.tool_calls and r.summary is None)
 
 
 def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
@@ -263,7 +256,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
         r = v.result
         if r.pieces and not spells_its_text(r):
             r = dataclasses.replace(r, pieces=[])
-        results[key] = None if _never_ran(v) else r
+        results[key] = None if v.never_ran else r
     notes: list[str] = []
     plain = results.get("plain")
     differ = [r for k, r in results.items() if k != "plain" and r is not None

@@ -207,7 +207,6 @@ class ReplyFlow:
     def stop(self) -> None:
         """Stop the running reply (takes effect within one cycle or token)."""
         if self.busy and self._run is not None:
-            self._run.stopped = True
             self.worker.cancel(self._run.id, interrupted=self._run.interrupted)
             self.flash("Stopping…", 3000)
 
@@ -229,17 +228,27 @@ class ReplyFlow:
             if side.tag != run.current:
                 run.current = side.tag
                 side.stats.started = ui.at  # this side's clock starts with it, not the turn's
-                self.reasoning.clear()
-                self.compare_view.show_running(side.tag)
+                if self._shown(run):
+                    self.reasoning.clear()
+                    self.compare_view.show_running(side.tag)
             for cls, handler in self._HANDLERS:
                 if isinstance(ui.event, cls):
                     handler(self, side, ui.event)
                     break
         self._show_progress(run)
 
+    def _shown(self, run: ReplyRun | None) -> bool:
+        """Whether ``run`` fills the conversation on screen (True without a run: nothing
+        else to show it for). A reply keeps running (or finishing, after Stop) while the user
+        looks at another chat, e.g. a new one: its events then update the reply's own state,
+        not the views, which show that chat."""
+        return run is None or run.conv is self.conv
+
     def _show_progress(self, run: ReplyRun) -> None:
         """Stream text, tool calls and figures of the side running now (the worker saves
         its growth)."""
+        if not self._shown(run):
+            return
         if not run.compare:
             side = run.sides[""]
             shown = side.text
@@ -267,7 +276,8 @@ class ReplyFlow:
 
     def _on_reasoning(self, side: SideRun, ev: ReasoningDelta) -> None:
         side.reasoning += ev.text
-        self.details.append_reasoning(ev.text)
+        if self._shown(self._run):
+            self.details.append_reasoning(ev.text)
 
     def _on_tool_call(self, side: SideRun, ev: ToolCallDelta) -> None:
         side.merge_call(tool_call_dict(ev.call), is_result=False)
@@ -284,18 +294,21 @@ class ReplyFlow:
         side.stats.on_round(ev.index, ev.prompt_tokens, self._event_at)
         if ev.index > 0 and side.reasoning and not side.reasoning.endswith("\n\n"):
             side.reasoning += "\n\n"  # the next round thinks anew: its own paragraph
-            self.details.append_reasoning("\n\n")
+            if self._shown(self._run):
+                self.details.append_reasoning("\n\n")
 
     def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
-        if ev.message:
+        if ev.message and self._shown(self._run):
             self.flash(ev.message, 8000)
 
     def _on_notice(self, side: SideRun, ev: Notice) -> None:
-        self.show_note(ev.message)
+        if self._shown(self._run):
+            self.show_note(ev.message)
 
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
-        side.error = ev.message
-        self.show_banner(ev.message)
+        side.error = ev.message  # stored with the reply, shown when its chat is
+        if self._shown(self._run):
+            self.show_banner(ev.message)
 
     def _on_reply_finished(self, side: SideRun, ev: ReplyFinished) -> None:
         self._finish_side(side, ev.result)
@@ -351,12 +364,15 @@ class ReplyFlow:
         if result.summary is not None:
             side.stats.apply_summary(result.summary, result.round_summaries or
                                      side.stats.round_summaries)
+        calls_of_result = bool(result.tool_calls)  # else the pane has shown them live
+        if not calls_of_result and side.calls:
+            result.tool_calls = list(side.calls.values())
+        if not self._shown(self._run):
+            return
         if result.note:
             self.show_note(result.note)
-        if result.tool_calls:
+        if calls_of_result:
             self.tools.set_calls(result.tool_calls)
-        elif side.calls:
-            result.tool_calls = list(side.calls.values())
         if self._run is not None and self._run.compare:  # its figures while the next side runs
             self.compare_view.show_side(side.tag, result)
 
@@ -384,7 +400,7 @@ class ReplyFlow:
         except Exception as exc:
             log.exception("reading the stored turn back")
             self.show_banner(f"Could not read the conversation back: {exc}")
-        if run.compare:
+        if run.compare and run.conv is self.conv:
             third = run.sides.get("dflash2")
             self.compare_view.set_results(run.sides["plain"].result,
                                           run.sides["dflash"].result, msg.chosen,
@@ -438,8 +454,8 @@ class ReplyFlow:
             return
         for tag, side in run.sides.items():
             r = side.result
-            if r is None or r.summary is None or side.error or run.stopped or \
-                    r.finish_reason == "cancelled":
+            # a side the user's Stop cut is partial; one that had finished is measured
+            if r is None or r.summary is None or side.error or r.finish_reason == "cancelled":
                 continue
             s = r.summary
             key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
@@ -474,6 +490,9 @@ class ReplyFlow:
     def _on_compare_choice(self, key: str) -> None:
         for m in reversed(self.conv.messages if self.conv else []):
             if m.role == "assistant" and m.compare:
+                side = m.versions.get(key)
+                if side is None or side.never_ran:  # nothing to continue from
+                    return
                 m.chosen = key
                 self._save(self.conv)
                 self.chat.render(self.conv)

@@ -53,7 +53,7 @@ class ReplyRun:
     """One request: which conversation and turn it fills, its settings and its sides.
 
     ``key`` is the version key of an ordinary reply (``"dflash"``, ``"plain#2"``, ...);
-    ``current`` the tag of the side streaming now; ``stopped`` once the user pressed Stop.
+    ``current`` the tag of the side streaming now.
     """
 
     id: int
@@ -65,7 +65,6 @@ class ReplyRun:
     settings: dict
     sides: dict[str, SideRun]
     current: str = ""
-    stopped: bool = False
     interrupted: bool = False
     """Set when the app quits while this reply is written (stored as ``interrupted``)."""
     text: str = ""

@@ -79,11 +79,47 @@ class PaneSplitter(QSplitter):
     side panel, then the chat list, down to their minimum widths. A layout whose
     conversation is already the wider is left exactly as it is (a restored layout keeps the
     user's panel widths).
+
+    The chat list and the side panel also grow back: a window made narrow and then wide again
+    kept them at their narrow widths (118 and 285 px, tool names cut to "cou…", seen under
+    Xvfb), and so did the next start, which restores the layout. :attr:`preferred` keeps the
+    widths the user last dragged them to (210 and 380 px until then; the window saves and
+    restores it), and a wider window gives them back up to those widths, as far as the
+    conversation stays at least as wide as the side panel.
     """
+
+    #: Default widths of the chat list and the side panel, in pixels.
+    DEFAULT_PREFERRED = (210, 380)
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.preferred = list(self.DEFAULT_PREFERRED)
+        self.splitterMoved.connect(self._remember)
+
+    def _remember(self, *_args) -> None:
+        """The user dragged a handle: the side panes' widths now are the ones to keep."""
+        if self.count() == 3:
+            left, _, right = self.sizes()
+            self.preferred = [left, right]
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
+        self.grow_back()
         self.keep_conversation_widest()
+
+    def grow_back(self) -> None:
+        """Widen the side panel, then the chat list, towards :attr:`preferred` while the
+        conversation stays at least as wide as the side panel (never narrows anything)."""
+        if self.count() != 3:
+            return
+        left, centre, right = self.sizes()
+        total = left + centre + right
+        if total <= 0:
+            return
+        new_right = max(right, min(self.preferred[1], (total - left) // 2))
+        new_left = max(left, min(self.preferred[0], total - 2 * new_right))
+        if (new_left, new_right) != (left, right):
+            self.setSizes([new_left, total - new_left - new_right, new_right])
 
     def keep_conversation_widest(self) -> None:
         """Apply the rule above to the current sizes (no change when it already holds)."""
@@ -576,6 +612,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             val = self.qs.value(name)
             if isinstance(val, QByteArray):
                 split.restoreState(val)
+        panes = self.qs.value("window/panes")
+        try:
+            self.split.preferred = [int(panes[0]), int(panes[1])]
+        except (TypeError, ValueError, IndexError, KeyError):
+            pass  # none saved yet: the default widths
+        self.split.grow_back()
         self.composer.set_mode(str(self.qs.value("composer/mode", "dflash")))
         colour = self.qs.value("composer/colour_drafts", False)
         self.composer.colour_box.setChecked(colour in (True, "true", "1", 1))
@@ -596,6 +638,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         """Window geometry, splitter states, the switch and Colour drafts to QSettings."""
         self.qs.setValue("window/geometry", self.saveGeometry())
         self.qs.setValue("window/split", self.split.saveState())
+        self.qs.setValue("window/panes", list(self.split.preferred))
         self.qs.setValue("window/centre", self.centre_split.saveState())
         self.qs.setValue("composer/mode", self.composer.mode())
         self.qs.setValue("composer/colour_drafts", self.composer.colour_box.isChecked())
