@@ -147,9 +147,11 @@ def test_download_progress_then_delete(dialog, hub, qtbot, tmp_path, monkeypatch
     labels = []
     dialog.runner.progress.connect(lambda r, p: labels.append(progress_text(p)))
     dialog.repo_edit.setText(REPO)
+    assert not dialog.progress_bar.isVisibleTo(dialog)  # no idle "0%" bar
     with qtbot.waitSignal(dialog.runner.finished, timeout=30000):
         dialog.download_button.click()
         assert dialog.cancel_button.isEnabled() and not dialog.download_button.isEnabled()
+        assert dialog.progress_bar.isVisibleTo(dialog)
     qtbot.waitUntil(lambda: dialog.download_button.isEnabled(), timeout=5000)
     assert dialog.status_label.text() == f"Downloaded {REPO}."
     assert dialog.progress_bar.value() == 1000

@@ -723,3 +723,19 @@ def test_the_side_panel_shows_its_three_sections_without_scrolling_at_1280x800(q
         assert win.reasoning.height() >= 90
     finally:
         win.shutdown()
+
+
+def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_as_tooltip(qtbot, qs):
+    # a new user's Xvfb pass: a long status message was cut mid-letter beside "MLX memory"
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(900, 650)
+        settle(qtbot)
+        text = "Could not read line 1 of the imported file: " + "a long reason " * 20
+        win.flash(text, 60_000)
+        settle(qtbot)
+        assert win.flash_label.text().endswith(text)  # the whole text is kept
+        assert win.flash_label.elided()
+        assert win.flash_label.toolTip() == win.flash_label.text()
+    finally:
+        win.shutdown()

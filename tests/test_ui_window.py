@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -647,9 +646,14 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         win.search_box.setText("Compare this")
         assert [win.conv_list.item(i).data(0x0100) for i in range(win.conv_list.count())] == \
             [conv_id]
+        assert not win.conv_side.no_match.isVisibleTo(win)
         win.search_box.setText("no such words anywhere")
         assert win.conv_list.count() == 0
+        # an empty list says why (a new user's Xvfb pass saw just an empty list)
+        assert win.conv_side.no_match.isVisibleTo(win)
+        assert win.conv_side.no_match.text() == "No chats match “no such words anywhere”."
         win.search_box.setText("")
+        assert not win.conv_side.no_match.isVisibleTo(win)
         assert "Exported to" in win.flash_label.text()
         assert win.import_chat(str(out))
         assert win.conv.id != conv_id and win.conv.title == "Capitals"
@@ -1472,10 +1476,11 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
         qtbot, qs, tmp_path, monkeypatch):
     """The title "Convert km/h: 2 < 3?" suggested "Convert km/h: 2 < 3?.md" in the folder the app
     was started from (a new user saw the repository): the "/" made it a subfolder that does
-    not exist. The suggestion is one safe file name in the Documents folder."""
-    from PySide6.QtCore import QStandardPaths
+    not exist. The suggestion is one safe file name in the Documents folder (home when there is
+    none)."""
     from PySide6.QtWidgets import QFileDialog
 
+    from app.ui.conversation_flow import documents_folder
     from app.ui.text import file_name
 
     assert file_name("Convert km/h: 2 < 3?") == "Convert km-h- 2 - 3-"
@@ -1491,8 +1496,7 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
                             lambda parent, caption, start, filters: (asked.append(start),
                                                                      ("", ""))[1])
         assert not win.export_chat()
-        docs = QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation)
-        assert asked == [str(Path(docs) / "Convert km-h- 2 - 3-.md")]
+        assert asked == [str(documents_folder() / "Convert km-h- 2 - 3-.md")]
     finally:
         close_window(win)
 
@@ -1519,3 +1523,18 @@ def test_tool_pane_wraps_a_long_error_instead_of_cutting_it(qtbot):
     narrow = pane.visualItemRect(row).height()
     pane.resize(900, 300)
     qtbot.waitUntil(lambda: pane.visualItemRect(row).height() < narrow, timeout=2_000)
+
+
+def test_export_and_import_open_in_a_folder_that_exists(tmp_path, monkeypatch):
+    """A new user's Xvfb pass: Export and Import opened in the folder the app was started
+    from, because the platform's Documents folder did not exist; they now fall back to home."""
+    from PySide6.QtCore import QStandardPaths
+
+    from app.ui.conversation_flow import documents_folder
+
+    docs = tmp_path / "Documents"
+    monkeypatch.setattr(QStandardPaths, "writableLocation", lambda kind: str(docs))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert documents_folder() == tmp_path  # Documents missing: home
+    docs.mkdir()
+    assert documents_folder() == docs

@@ -25,6 +25,14 @@ RENAME_DIALOG_WIDTH = 420
 (``app.chat.storage.TITLE_MAX_CHARS``, 60 characters)."""
 
 
+def documents_folder() -> Path:
+    """Where Export and Import open: the user's Documents folder when it exists, else the home
+    folder (the platform's Documents path may name a folder that was never made, and a file
+    dialog then opens in the folder the app was started from)."""
+    folder = QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation)
+    return Path(folder) if folder and Path(folder).is_dir() else Path.home()
+
+
 class ConversationFlow:
     """Delete, rename, export, import (see the module doc). Needs the attributes
     :class:`~app.ui.window.MainWindow` sets up."""
@@ -119,8 +127,7 @@ class ConversationFlow:
             return False
         if path is None:
             # one safe file name, in Documents (not the folder the app was started from)
-            folder = QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation)
-            start = Path(folder or Path.home()) / f"{file_name(self.conv.title)}.md"
+            start = documents_folder() / f"{file_name(self.conv.title)}.md"
             path, _ = QFileDialog.getSaveFileName(
                 self, "Export chat", str(start), "Markdown (*.md);;JSON (*.json)")
             if not path:
@@ -136,7 +143,8 @@ class ConversationFlow:
     def import_chat(self, path: str | None = None) -> bool:
         """Import a conversation exported as JSON and show it."""
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
+            path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(documents_folder()),
+                                                  "JSON (*.json)")
             if not path:
                 return False
         try:

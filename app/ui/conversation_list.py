@@ -66,10 +66,15 @@ class ConversationList(QFrame):
         self.search_box.setClearButtonEnabled(True)
         self.search_box.setAccessibleName("Search chats")
         self.search_box.textChanged.connect(lambda _t: self.refresh())
+        self.no_match = QLabel("")  # a search that finds nothing says so (not an empty list)
+        self.no_match.setWordWrap(True)
+        self.no_match.setObjectName("muted")
+        self.no_match.hide()
         ll = QVBoxLayout(self)
         ll.setContentsMargins(8, 10, 8, 8)
         ll.addWidget(title)
         ll.addWidget(self.search_box)
+        ll.addWidget(self.no_match)
         ll.addWidget(self.list, 1)
         ll.addWidget(new_btn)
 
@@ -90,6 +95,8 @@ class ConversationList(QFrame):
                 hits = set()
             convs = [c for c in convs if c.id in hits]
         rows = [(conv.id, conv.title) for conv in convs]
+        self.no_match.setText(f"No chats match “{query}”." if query and not rows else "")
+        self.no_match.setVisible(bool(query and not rows))
         self.list.blockSignals(True)
         if rows != self.rows():
             self.list.clear()

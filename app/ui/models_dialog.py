@@ -236,6 +236,12 @@ class ModelsDialog(QDialog):
         self.progress_bar = QProgressBar()
         self.progress_bar.setRange(0, 1000)
         self.progress_bar.setValue(0)
+        # shown while a download runs (an idle "0%" bar read as a stalled download); its
+        # room is kept, so the dialog does not jump when it appears
+        keep = self.progress_bar.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)
+        self.progress_bar.setSizePolicy(keep)
+        self.progress_bar.hide()
         self.progress_label = QLabel()
         layout.addWidget(self.progress_bar)
         layout.addWidget(self.progress_label)
@@ -510,6 +516,7 @@ class ModelsDialog(QDialog):
         """Start downloading ``repo_ids`` in order on the download thread."""
         self._downloading = list(repo_ids)
         self.progress_bar.setValue(0)
+        self.progress_bar.show()
         self.progress_label.setText(f"Contacting the hub for {repo_ids[0]}…")
         self.status_label.clear()
         self.runner.start(repo_ids)
@@ -535,6 +542,7 @@ class ModelsDialog(QDialog):
             self.status_label.setText(f"Downloaded {', '.join(self._downloading)}.")
         else:
             self.progress_bar.setValue(0)
+            self.progress_bar.hide()
             if isinstance(error, dl.DownloadCancelled):
                 self.status_label.setText(
                     "Download cancelled; files already fetched are kept for the next try."

@@ -308,7 +308,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.progress.setMaximumWidth(140)
         self.progress.setAccessibleName("Loading progress")
         self.progress.hide()
-        self.flash_label = QLabel("")
+        # long messages end in "…" (they were cut mid-letter) with the whole one as tooltip
+        self.flash_label = ElidedLabel("")
         self.flash_label.setAccessibleName("Status message")
         self.flash_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self._flash_timer = QTimer(self)
