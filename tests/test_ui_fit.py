@@ -677,31 +677,26 @@ def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
 def test_widening_the_window_again_gives_the_side_panes_their_widths_back(qtbot, qs):
     # found by a new user under Xvfb: 1400x900 -> 700x500 -> 1400x900 left the chat list at
     # 118 px and the side panel at 285 px (tool names cut to "cou..."), and a restart kept them
+    def sizes_at(win, width, height):
+        win.resize(width, height)
+        settle(qtbot)
+        return win.split.sizes()
+
     win, _ = loaded(qtbot, qs)
     try:
-        win.resize(1280, 800)
-        settle(qtbot)
-        before = win.split.sizes()
-        win.resize(700, 500)
-        settle(qtbot)
-        narrow = win.split.sizes()
+        before, narrow = sizes_at(win, 1280, 800), sizes_at(win, 700, 500)
         assert narrow[0] < before[0] and narrow[2] < before[2], (before, narrow)
-        win.resize(1280, 800)
-        settle(qtbot)
-        left, centre, right = win.split.sizes()
-        assert (left, right) == tuple(win.split.preferred) == (210, 380), win.split.sizes()
+        left, centre, right = sizes_at(win, 1280, 800)
+        assert (left, right) == tuple(win.split.preferred) == (210, 380), (left, right)
         assert centre >= right
-        win.resize(700, 500)
-        settle(qtbot)
+        sizes_at(win, 700, 500)
         win.save_layout()
     finally:
         win.shutdown()
     win2, _ = loaded(qtbot, qs)  # the next start restores the narrow layout, then widens it
     try:
-        win2.resize(1280, 800)
-        settle(qtbot)
-        left, centre, right = win2.split.sizes()
-        assert (left, right) == (210, 380), win2.split.sizes()
+        left, _, right = sizes_at(win2, 1280, 800)
+        assert (left, right) == (210, 380)
     finally:
         win2.shutdown()
 
