@@ -1538,3 +1538,24 @@ def test_export_and_import_open_in_a_folder_that_exists(tmp_path, monkeypatch):
     assert documents_folder() == tmp_path  # Documents missing: home
     docs.mkdir()
     assert documents_folder() == docs
+
+
+def test_a_reply_max_tokens_cut_before_its_answer_says_so(qtbot):
+    """A new user's Xvfb pass: a reply cut by Max tokens inside its tool call (the call is
+    dropped) said "the model's reply ended inside its reasoning", which was done; the note
+    now names the limit."""
+    from app.chat.turns import ConversationView, ReplyResult, Turn, Version
+    from app.ui.chat import NO_ANSWER_AT_LIMIT, ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    reply = Turn("assistant", versions={"plain": Version(ReplyResult(
+        mode="plain", reasoning="The user asks for Japan's population.", content="",
+        finish_reason="length"))}, chosen="plain")
+    conv = ConversationView(1, "Japan", messages=[Turn("user", "Population of Japan?"), reply])
+    view.render(conv)
+    text = view.toPlainText()
+    assert NO_ANSWER_AT_LIMIT in text and NO_ANSWER_IN_REASONING not in text
+    reply.versions["plain"].result.finish_reason = "stop"  # the model itself ended there
+    view.render(conv)
+    assert NO_ANSWER_IN_REASONING in view.toPlainText()

@@ -51,6 +51,9 @@ NO_ANSWER_IN_REASONING = "No answer: the model's reply ended inside its reasonin
 """Shown where a finished reply has reasoning but no answer, no tool call and no error."""
 NO_ANSWER = "No answer: the model ended its reply without writing one."
 """Shown where a finished reply has no text at all, no tool call and no error."""
+NO_ANSWER_AT_LIMIT = "No answer: the reply reached Max tokens before the model wrote one."
+"""Shown instead of the two above when Max tokens ended the reply (in its reasoning, or in a
+tool call that was then not run): the model was not done."""
 
 
 def compare_label(three: bool) -> str:
@@ -306,7 +309,8 @@ class ChatView(QTextBrowser):
         if v.error:
             body += (f'<p style="color:{c.get("error")};">Error: {html.escape(v.error)}</p>')
         elif not ((streaming and is_last) or v.stopped or r.content.strip() or r.tool_calls):
-            note = NO_ANSWER_IN_REASONING if reasoning else NO_ANSWER
+            note = (NO_ANSWER_AT_LIMIT if r.finish_reason == "length" else
+                    NO_ANSWER_IN_REASONING if reasoning else NO_ANSWER)
             body += f'<p style="color:{c.get("muted")};"><i>{note}</i></p>'
         foot = f'<p style="color:{c.get("muted")}; font-size:small;">{figures_line(m)}'
         if r.mode in DRAFTING_MODES and r.speed_checked and not v.stopped and not v.error:

@@ -204,11 +204,14 @@ class ReplyFlow:
         self.worker.replyRequested.emit(self._req, request)
         return True
 
+    STOPPING = "Stopping…"
+    """The status message from Stop until the reply has ended."""
+
     def stop(self) -> None:
         """Stop the running reply (takes effect within one cycle or token)."""
         if self.busy and self._run is not None:
             self.worker.cancel(self._run.id, interrupted=self._run.interrupted)
-            self.flash("Stopping…", 3000)
+            self.flash(self.STOPPING, 3000)
 
     def _on_events(self, req_id: int, batch: list) -> None:
         if self._run is not None and req_id == self._run.id:
@@ -386,6 +389,8 @@ class ReplyFlow:
         msg: Turn = run.msg
         self.busy = False
         self._run = None
+        if self.flash_label.text().endswith(self.STOPPING):  # it has stopped: not "Stopping…"
+            self.flash("", 0)
         self.composer.set_busy(False)
         self.conv_side.set_busy(False)
         if run.not_started is not None or run.stored is None:
