@@ -128,6 +128,7 @@ def stylesheet(c: dict) -> str:
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: {FIGURE_VALUE_PX}px; font-weight: 600; color: {c['text']}; }}
     QLabel#figureName {{ color: {c['muted']}; font-size: 11px; }}
+    QLabel#muted {{ color: {c['muted']}; }}
     QFrame#figure {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 8px; }}
     QLabel#banner {{ background: {c['diff_bg']}; color: {c['text']}; padding: 6px 10px;
