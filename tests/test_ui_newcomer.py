@@ -483,11 +483,17 @@ def test_new_chat_does_not_show_the_previous_figures(qtbot, qs):
         win.shutdown()
 
 
-def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(qtbot, qs):
-    """New chat while a reply runs stops it; the events it sends while it finishes belong to
-    the chat it was in, so the new chat keeps its dashes, an empty chart and no banner, and
-    the stopped reply is stored with its own figures."""
+@pytest.mark.parametrize("stops_in_time", [True, False])
+def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(
+        qtbot, qs, monkeypatch, stops_in_time):
+    """New chat while a reply runs stops it and waits for it to be stored, so the new chat is
+    the newest in the list. Should the reply take longer to stop (``stops_in_time`` False:
+    the wait gives up at once), the events it sends while it finishes still belong to the
+    chat it was in: either way the new chat keeps its dashes, an empty chart and no banner,
+    and the stopped reply is stored with its own figures."""
     win, backend = _slow(qtbot, qs)
+    if not stops_in_time:
+        monkeypatch.setattr(win, "wait_until_idle", lambda *a: win.stop() or False)
     try:
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
@@ -495,11 +501,13 @@ def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(q
             old = win.conv
             win.new_chat()
         assert win.conv is not old and not win.conv.messages
+        if stops_in_time:
+            assert win.conv_list.item(0).data(Qt.UserRole) == win.conv.id  # newest, on top
         assert win.live.labels["tokens"].text() == "–"
         assert win.live.labels["tok_per_s"].text() == "–"
         assert win.live.chart.values == []
         assert not win.banner.isVisible()
-        assert win.chat.toPlainText().strip() == "" or PROMPT not in win.chat.toPlainText()
+        assert PROMPT not in win.chat.toPlainText()
         stopped = blocker.args[0]
         assert stopped.version.stopped and stopped.version.result.summary.generated_tokens > 0
     finally:

@@ -437,7 +437,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         """Start a new conversation and show it; an empty one already in the list (no
         messages, no title of its own) is shown instead of adding another "New chat"."""
         if self.busy:
-            self.stop()
+            # the reply stops and is stored first (within a cycle, events keep flowing), so
+            # the new chat is the newest in the list, not second below the stopped one
+            self.wait_until_idle(5000)
         conv = self._empty_chat() or self.store.new()
         self._save(conv)
         self.clear_banner()  # a message about the previous chat does not belong here
