@@ -95,6 +95,53 @@ def test_switched_modules_compute_as_their_bases_when_off(monkeypatch):
                           _f32(nn.Embedding.as_linear(model.embed, big)))
 
 
+def _steps_of(conv, x: mx.array) -> mx.array:
+    """A convolution over ``x`` ``(1, K - 1 + S, C)`` as S one-position calls (plain steps)."""
+    k = conv["weight"].shape[1]
+    return mx.concatenate([conv(x[:, t:t + k]) for t in range(x.shape[1] - k + 1)], axis=1)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+def test_depthwise_conv_agrees_with_conv1d_and_rows_are_independent(dtype):
+    """The Gated DeltaNet convolution (4 taps, one channel a group) as shifted multiply-adds:
+    MLX's conv1d to rounding, and a 3 + 16 position call equals 16 one-position calls bit
+    for bit."""
+    mx.random.seed(4)
+    x = mx.random.normal((1, 19, 384)).astype(dtype)
+    w = (0.5 * mx.random.normal((384, 4, 1))).astype(dtype)
+    y = rp.rows_depthwise_conv1d(x, w)
+    assert y.shape == (1, 16, 384) and y.dtype == dtype
+    want = mx.conv1d(x.astype(mx.float32), w.astype(mx.float32), groups=384)
+    tol = 1e-5 if dtype == mx.float32 else 2e-2
+    assert np.allclose(_f32(y), _f32(want), atol=tol, rtol=tol)
+    steps = mx.concatenate([rp.rows_depthwise_conv1d(x[:, t:t + 4], w) for t in range(16)], 1)
+    assert np.array_equal(_f32(steps), _f32(y))
+    with pytest.raises(ValueError, match="rows_depthwise_conv1d"):
+        rp.rows_depthwise_conv1d(x[:, :3], w)
+    with pytest.raises(ValueError, match="rows_depthwise_conv1d"):
+        rp.rows_depthwise_conv1d(x, mx.zeros((384, 4, 2), dtype))
+
+
+def test_a_switched_depthwise_conv_uses_the_row_form_only_when_on(monkeypatch):
+    monkeypatch.setattr(rp, "on_cuda", lambda: True)
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
+    mx.random.seed(5)
+    depthwise = nn.Conv1d(256, 256, kernel_size=4, groups=256, bias=False)
+    dense = nn.Conv1d(8, 8, kernel_size=4, bias=True)
+    for conv in (depthwise, dense):
+        conv.set_dtype(mx.bfloat16)
+        assert rp.use_row_stable_products(conv) == 1
+        assert type(conv) is rp.RowStableConv1d
+    x = mx.random.normal((1, 19, 256)).astype(mx.bfloat16)
+    want = rp.rows_depthwise_conv1d(x, depthwise["weight"])
+    assert np.array_equal(_f32(depthwise(x)), _f32(want))
+    assert np.array_equal(_f32(_steps_of(depthwise, x)), _f32(want))  # the traced form too
+    small = mx.random.normal((1, 6, 8)).astype(mx.bfloat16)
+    assert np.array_equal(_f32(dense(small)), _f32(nn.Conv1d.__call__(dense, small)))
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "0")
+    assert np.array_equal(_f32(depthwise(x)), _f32(nn.Conv1d.__call__(depthwise, x)))
+
+
 def test_dense_products_the_kernel_does_not_take():
     bf = mx.bfloat16
     assert rp._dense_fits(mx.zeros((1, 1, 128), bf), mx.zeros((96, 128), bf))
@@ -233,6 +280,18 @@ def test_kernel_source_names_what_the_calls_pass():
     assert "mma.sync.aligned.m16n8k16" in rp.HEADER
 
 
+
+@pytest.mark.parametrize("text", [rp.HEADER, rp.SOURCE])
+def test_the_kernel_is_built_from_its_source_less_comments(text):
+    """``compact`` drops comments, indentation and blank lines and nothing else: the tokens
+    are those of the source with its comments removed, and preprocessor lines stay lines."""
+    short = rp.compact(text)
+    uncommented = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+    assert short.split() == uncommented.split()
+    assert "//" not in short and len(short) < 0.75 * len(text)
+    assert "#pragma unroll" in short.splitlines()
+
+
 cuda = pytest.mark.skipif(not rp.on_cuda(), reason="needs MLX's CUDA backend")
 
 
@@ -295,3 +354,17 @@ def test_a_layers_traced_calls_equal_the_kernel_called_directly(monkeypatch):
             direct = rp.rows_quantized_matmul(x, layer["weight"], layer["scales"],
                                               layer["biases"], 64, 4)
             assert np.array_equal(_f32(layer(x)), _f32(direct)), rows
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_gdn_convolution_rows_equal_steps_on_cuda(dtype, monkeypatch):
+    """Qwen3.5-4B's GDN convolution (8192 channels, 4 taps) through the switched layer: a
+    verify pass's 3 + 16 positions give the 16 one-token steps' values, bit for bit."""
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
+    mx.random.seed(6)
+    conv = nn.Conv1d(8192, 8192, kernel_size=4, groups=8192, bias=False)
+    conv.set_dtype(dtype)
+    assert rp.use_row_stable_products(conv) == 1
+    x = mx.random.normal((1, 19, 8192)).astype(dtype)
+    assert np.array_equal(_f32(_steps_of(conv, x)), _f32(conv(x)))

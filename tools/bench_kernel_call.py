@@ -19,6 +19,10 @@ takes that cost apart on one 2560 x 2560 weight (bf16, and 4-bit affine with gro
   (``mx.fast.precompiled_cuda_kernel`` on a 1 KB PTX), ``precompiled`` (the row kernel's PTX
   from ``--ptx``, if given), ``compiled_mlx`` (MLX's product through ``mx.compile``) and
   ``compiled_group4`` (four products sharing x in one compiled function, per product);
+* ``encode_us`` / ``run_us``: microseconds per product inside ``mx.async_eval`` of 256
+  independent 1-row products built beforehand (where MLX's CUDA backend does its per-operation
+  host work: for a custom kernel it hashes the whole kernel source on every call), and until
+  they have all run;
 * ``chain_us``: microseconds per product of ``--chain`` dependent products built and run
   (1 and 16 rows), for the ways that compute the product.
 """
@@ -132,6 +136,26 @@ def chain_us(prod, x, n: int) -> float:
     return sorted(rounds)[2]
 
 
+def encode_us(fn, inputs: list) -> tuple[float, float]:
+    """``(encode, run)``: microseconds per product spent inside ``mx.async_eval`` for
+    ``len(inputs)`` independent products built beforehand (the backend's per-operation work:
+    kernel lookup, arguments, graph node) and per product until all have run (median of 5)."""
+    import mlx.core as mx
+
+    mx.eval([fn(v) for v in inputs[:2]])
+    enc, run = [], []
+    for _ in range(5):
+        outs = [fn(v) for v in inputs]
+        t0 = time.perf_counter()
+        mx.async_eval(outs)
+        t1 = time.perf_counter()
+        mx.eval(outs)
+        t2 = time.perf_counter()
+        enc.append(1e6 * (t1 - t0) / len(inputs))
+        run.append(1e6 * (t2 - t0) / len(inputs))
+    return sorted(enc)[2], sorted(run)[2]
+
+
 def measure_dtype(label: str, calls: int, chain: int, ptx_text: bytes | None) -> dict:
     """The figures of one weight (``bfloat16`` or ``4bit``), per way (see the module doc)."""
     import os
@@ -180,7 +204,10 @@ def measure_dtype(label: str, calls: int, chain: int, ptx_text: bytes | None) ->
                                      mlx_prod(v - 0)])
     xr = mx.random.normal((1, 16, k)).astype(dtype)
     mx.eval(xr)
-    block = {"build_us": {}, "chain1_us": {}, "chain16_us": {}, "max_abs_vs_plan": {}}
+    block = {"build_us": {}, "encode_us": {}, "run_us": {}, "chain1_us": {}, "chain16_us": {},
+             "max_abs_vs_plan": {}}
+    singles = [mx.random.normal((1, 1, k)).astype(dtype) for _ in range(256)]
+    mx.eval(singles)
     for name, fn in ways.items():
         ref = plan(xr) if name != "mlx" else None
         out = fn(xr)
@@ -188,6 +215,7 @@ def measure_dtype(label: str, calls: int, chain: int, ptx_text: bytes | None) ->
             block["max_abs_vs_plan"][name] = float(mx.max(mx.abs(
                 out.astype(mx.float32) - ref.astype(mx.float32))).item())
         block["build_us"][name] = per_call_us(lambda fn=fn: fn(x1), calls)
+        block["encode_us"][name], block["run_us"][name] = encode_us(fn, singles)
         x16 = xr / 16
         block["chain1_us"][name] = chain_us(fn, x1 + 0.01, chain)
         block["chain16_us"][name] = chain_us(fn, x16, chain)
@@ -221,10 +249,16 @@ def main(argv=None) -> int:
     triv_in = mx.zeros((32,), mx.float32)
     trivial = mx.fast.cuda_kernel(name="dflash_triv", input_names=["x"], output_names=["y"],
                                   source="y[threadIdx.x] = x[threadIdx.x];")
+    trivial_8k = mx.fast.cuda_kernel(name="dflash_triv8k", input_names=["x"],
+                                     output_names=["y"], header="//" + " " * 8000 + "\n",
+                                     source="y[threadIdx.x] = x[threadIdx.x];")
     ptx = TRIVIAL_PTX.encode()
     fixed = {
         "trivial": lambda: trivial(inputs=[triv_in], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                                    output_shapes=[(32,)], output_dtypes=[mx.float32]),
+        "trivial_8k": lambda: trivial_8k(inputs=[triv_in], grid=(32, 1, 1),
+                                         threadgroup=(32, 1, 1), output_shapes=[(32,)],
+                                         output_dtypes=[mx.float32]),
         "precompiled_trivial": lambda: mx.fast.precompiled_cuda_kernel(
             name="dflash_copy", compiled_source=ptx, inputs=[triv_in],
             output_shapes=[(32,)], output_dtypes=[mx.float32], scalars=[32],
@@ -239,6 +273,11 @@ def main(argv=None) -> int:
     mx.eval(fixed["trivial"]()[0], fixed["precompiled_trivial"]()[0])
     result["fixed_build_us"] = {name: per_call_us(fn, args.calls) for name, fn in fixed.items()}
     print(json.dumps(result["fixed_build_us"]), file=sys.stderr, flush=True)
+    result["fixed_encode_us"] = {
+        name: encode_us(lambda _v, fn=fn: (lambda o: o[0] if isinstance(o, list) else o)(fn()),
+                        [None] * 256)[0]
+        for name, fn in fixed.items()}
+    print(json.dumps(result["fixed_encode_us"]), file=sys.stderr, flush=True)
 
     ptx_text = args.ptx.read_bytes() if args.ptx else None
     for label in ("bfloat16", "4bit"):

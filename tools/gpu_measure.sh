@@ -13,6 +13,8 @@
 #   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
 #   bash tools/gpu_measure.sh rows    # the row products (app/engine/row_products.py): their
 #                                     # tests, trace and launch under DFLASH_ROW_PRODUCTS
+#   bash tools/gpu_measure.sh probe   # tools/probe_rows.py (which operation's result depends
+#                                     # on the row count) and the exactness report, row kernel on
 #   bash tools/gpu_measure.sh calls   # tools/bench_kernel_call.py: host cost of one product
 #   bash tools/gpu_measure.sh launch  # tools/bench_launch.py under MLX's launch settings
 #                                     # (CUDA graphs on/off, ops per graph), one process each
@@ -92,6 +94,19 @@ case "${1:-}" in
     SETTINGS=${SETTINGS:-"default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify \
       default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify"} bash "$0" launch
     ;;
+  probe)
+    stamp "row tests; tools/probe_rows.py: which operation depends on the row count"
+    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py \
+      > "$O/pytest_rows.txt" 2>&1; tail -4 "$O/pytest_rows.txt"
+    for way in 0 all; do
+      DFLASH_ROW_PRODUCTS=$way timeout 120 $py tools/probe_rows.py --mlx-conv 2>&1 | grep -v INFO
+      DFLASH_ROW_PRODUCTS=$way timeout 120 $py tools/probe_rows.py 2>&1 | grep -v INFO
+    done | tee "$O/probe.txt"
+    stamp "exactness report, DFLASH_ROW_PRODUCTS=all"
+    DFLASH_ROW_PRODUCTS=all timeout 200 $py tools/exactness_report.py > "$O/exact_all.txt" 2>&1
+    tail -22 "$O/exact_all.txt"
+    stamp done
+    ;;
   calls)
     stamp "tools/bench_kernel_call.py (PTX=FILE adds the precompiled row kernel)"
     timeout 200 $py tools/bench_kernel_call.py ${PTX:+--ptx "$PTX"} --out "$O/kcall.json" \
@@ -99,12 +114,14 @@ case "${1:-}" in
     stamp done
     ;;
   launch)
-    # One process per setting: MLX reads these variables once. SETTINGS overrides the list.
+    # One process per setting: MLX reads these variables once. SETTINGS overrides the list;
+    # a setting may join several variables with commas.
     for setting in ${SETTINGS:-default MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=20 \
         MLX_MAX_OPS_PER_BUFFER=400}; do
       stamp "tools/bench_launch.py, $setting"
-      name=$(echo "$setting" | tr '=' '_')
+      name=$(echo "$setting" | tr '=,' '__')
       [ "$setting" = default ] && setting=
+      setting=${setting//,/ }  # A=1,B=2: two variables in one process
       # the host's first MLX process also builds every kernel (on host 14 it ran past 150 s)
       env $setting timeout 300 $py tools/bench_launch.py --out "$O/launch_$name.json" \
         >/dev/null 2>"$O/launch_$name.err" || { tail -3 "$O/launch_$name.err"; continue; }

@@ -54,8 +54,8 @@ import mlx.nn as nn
 
 from app.engine.device import backend
 
-__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_matmul",
-           "rows_quantized_matmul", "use_row_stable_products"]
+__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_depthwise_conv1d",
+           "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
 
 #: The most rows a call takes (a verify pass's block, the M of one m16n8k16 MMA); more rows
 #: go to MLX's own product.
@@ -257,6 +257,20 @@ SOURCE = r"""
 _KERNELS: dict = {}
 
 
+def compact(text: str) -> str:
+    """CUDA source without its ``//`` comments, indentation and blank lines: what the kernel
+    is built from. MLX's CUDA backend hashes a custom kernel's whole source each time it runs
+    the kernel (``CustomKernel::eval_gpu`` names its module by ``std::hash`` of the source,
+    MLX 0.32), so every character costs host time on each of a step's ~250 products. The text
+    must not put ``//`` inside a string literal."""
+    lines = []
+    for line in text.splitlines():
+        line = line.split("//", 1)[0].strip()
+        if line:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def on_cuda() -> bool:
     """True when MLX's default device is a GPU of its CUDA backend
     (:func:`app.engine.device.backend`)."""
@@ -270,12 +284,12 @@ def _kernel(quantized: bool):
         if quantized:
             _KERNELS[quantized] = mx.fast.cuda_kernel(
                 name="dflash_rows_q", input_names=["x", "w", "scales", "biases"],
-                output_names=["y"], source=SOURCE, header=HEADER)
+                output_names=["y"], source=compact(SOURCE), header=compact(HEADER))
         else:
             _KERNELS[quantized] = mx.fast.cuda_kernel(
                 name="dflash_rows_d", input_names=["x", "w"], output_names=["y"],
-                source="const T* scales = nullptr;\n    const T* biases = nullptr;\n" + SOURCE,
-                header=HEADER)
+                source=compact("const T* scales = nullptr;\nconst T* biases = nullptr;\n" + SOURCE),
+                header=compact(HEADER))
     return _KERNELS[quantized]
 
 
@@ -513,16 +527,70 @@ class RowStableQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if plan is None else plan(x)
 
 
+def rows_depthwise_conv1d(x: mx.array, weight: mx.array) -> mx.array:
+    """A depthwise 1-D convolution (stride 1, no padding or dilation) as K shifted
+    multiply-adds in float32, so that each output position is the same sum in the same order
+    whatever the number of positions.
+
+    MLX's ``conv1d`` may pick its algorithm by length (on CUDA it goes to cuDNN), so a verify
+    pass's convolution over 3 + 16 positions need not equal, in the last bit, sixteen
+    one-token steps' convolutions over 3 + 1 (the Gated DeltaNet layers' ``conv1d``; found
+    with ``tools/probe_rows.py``). Elementwise operations compute each element alone, so this
+    form has no such dependence.
+
+    Args:
+        x: ``(B, L, C)``, any float dtype; L >= K.
+        weight: ``(C, K, 1)``, MLX's depthwise layout (``groups == C``).
+
+    Returns:
+        ``(B, L - K + 1, C)`` in x's dtype: ``sum_j x[:, t + j] * weight[:, j]`` summed in
+        float32 for j = 0 .. K - 1 in that order, then rounded. It agrees with ``mx.conv1d``
+        to rounding.
+
+    Raises:
+        ValueError: a weight that is not depthwise for x, or L < K.
+    """
+    if (x.ndim != 3 or weight.ndim != 3 or weight.shape[0] != x.shape[-1]
+            or weight.shape[2] != 1 or x.shape[1] < weight.shape[1]):
+        raise ValueError(f"rows_depthwise_conv1d: x {tuple(x.shape)} against weight "
+                         f"{tuple(weight.shape)} (x (B, L, C), weight (C, K, 1), L >= K)")
+    k = weight.shape[1]
+    n = x.shape[1] - k + 1
+    w = weight[:, :, 0].astype(mx.float32)
+    y = x[:, 0:n, :].astype(mx.float32) * w[:, 0]
+    for j in range(1, k):
+        y = y + x[:, j:j + n, :].astype(mx.float32) * w[:, j]
+    return y.astype(x.dtype)
+
+
+class RowStableConv1d(nn.Conv1d):
+    """``nn.Conv1d`` that computes a depthwise convolution (the Gated DeltaNet layers') with
+    :func:`rows_depthwise_conv1d` on MLX's CUDA backend while :func:`mode` is not ``0``, and
+    as ``nn.Conv1d`` otherwise (and for any other convolution)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        w = self["weight"]
+        if (mode() == "0" or self.stride != 1 or self.padding != 0 or self.dilation != 1
+                or w.shape[2] != 1 or self.groups != w.shape[0] or x.ndim != 3
+                or x.shape[-1] != w.shape[0] or x.shape[1] < w.shape[1]):
+            return super().__call__(x)
+        y = _depthwise(x, w)
+        return y + self["bias"] if "bias" in self else y
+
+
+_depthwise = mx.compile(rows_depthwise_conv1d)
+
 #: Module class -> its row-stable subclass (exact classes only: a subclass of these from a
 #: model file may compute something else and is left alone).
 _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLinear,
-          nn.Embedding: RowStableEmbedding, nn.QuantizedEmbedding: RowStableQuantizedEmbedding}
+          nn.Embedding: RowStableEmbedding, nn.QuantizedEmbedding: RowStableQuantizedEmbedding,
+          nn.Conv1d: RowStableConv1d}
 
 
 def use_row_stable_products(model: nn.Module) -> int:
     """On MLX's CUDA backend (:func:`on_cuda`) with ``DFLASH_ROW_PRODUCTS`` set to a mode
-    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
-    ``nn.QuantizedEmbedding`` in ``model`` to its row-stable subclass, in place (parameters,
+    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding``,
+    ``nn.QuantizedEmbedding`` and ``nn.Conv1d`` in ``model`` to its row-stable subclass, in place (parameters,
     names and ``isinstance`` checks unchanged). Otherwise (the default) nothing changes, so
     the products pay no extra Python either. Idempotent. The loader calls it for every
     target and :class:`~app.engine.target.TargetRunner` for the models it is given, so plain
