@@ -99,7 +99,6 @@ case "${1:-}" in
     timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py \
       > "$O/pytest_rows.txt" 2>&1; tail -4 "$O/pytest_rows.txt"
     for way in 0 all; do
-      DFLASH_ROW_PRODUCTS=$way timeout 120 $py tools/probe_rows.py --mlx-conv 2>&1 | grep -v INFO
       DFLASH_ROW_PRODUCTS=$way timeout 120 $py tools/probe_rows.py 2>&1 | grep -v INFO
     done | tee "$O/probe.txt"
     stamp "exactness report, DFLASH_ROW_PRODUCTS=all"

@@ -211,12 +211,8 @@ def main() -> int:
     parser.add_argument("variants", nargs="*",
                         default=["qwen3_5-float16", "qwen3_5-4bit-bf16"])
     parser.add_argument("--block", type=int, default=16, help="tokens of the pass (16)")
-    parser.add_argument("--mlx-conv", action="store_true",
-                        help="keep MLX's conv1d (do not switch convolutions to the row form)")
     args = parser.parse_args()
-    if args.mlx_conv:
-        rp._SWAPS.pop(nn.Conv1d, None)
-    print(f"DFLASH_ROW_PRODUCTS={rp.mode()}" + (" (MLX's conv1d)" if args.mlx_conv else ""))
+    print(f"DFLASH_ROW_PRODUCTS={rp.mode()}")
     print(f"device: {mx.default_device()}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants:

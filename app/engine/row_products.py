@@ -48,13 +48,15 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
 
 from app.engine.device import backend
 
-__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_depthwise_conv1d",
+__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_attention",
            "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
 
 #: The most rows a call takes (a verify pass's block, the M of one m16n8k16 MMA); more rows
@@ -483,12 +485,13 @@ def _plan(module: nn.Module, x: mx.array) -> _Plan | None:
     return entry[3]
 
 
-def _linear_call(module: nn.Module, x: mx.array) -> mx.array:
+def _linear_call(module: nn.Module, x: mx.array, base: type) -> mx.array:
     """A switched linear layer's call: the kernel's product (and the bias) when its plan
-    takes ``x``, else the base class's own call."""
+    takes ``x``, else ``base``'s own call (named, not looked up on the instance's class: a
+    subclass of the switched class, e.g. a probe's, must not call back into this)."""
     plan = _plan(module, x)
     if plan is None:
-        return type(module).__mro__[1].__call__(module, x)
+        return base.__call__(module, x)
     y = plan(x)
     return y + module["bias"] if "bias" in module else y
 
@@ -499,7 +502,7 @@ class RowStableLinear(nn.Linear):
     otherwise."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _linear_call(self, x)
+        return _linear_call(self, x, nn.Linear)
 
 
 class RowStableQuantizedLinear(nn.QuantizedLinear):
@@ -508,7 +511,7 @@ class RowStableQuantizedLinear(nn.QuantizedLinear):
     ``nn.QuantizedLinear`` otherwise."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _linear_call(self, x)
+        return _linear_call(self, x, nn.QuantizedLinear)
 
 
 class RowStableEmbedding(nn.Embedding):
@@ -527,72 +530,86 @@ class RowStableQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if plan is None else plan(x)
 
 
-def rows_depthwise_conv1d(x: mx.array, weight: mx.array) -> mx.array:
-    """A depthwise 1-D convolution (stride 1, no padding or dilation) as K shifted
-    multiply-adds in float32, so that each output position is the same sum in the same order
-    whatever the number of positions.
+def rows_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+                   sinks: mx.array | None = None) -> mx.array:
+    """Causal attention of L new queries over a cache, one query at a time, so that each
+    query's result is the one a one-token step computes at that position.
 
-    MLX's ``conv1d`` may pick its algorithm by length (on CUDA it goes to cuDNN), so a verify
-    pass's convolution over 3 + 16 positions need not equal, in the last bit, sixteen
-    one-token steps' convolutions over 3 + 1 (the Gated DeltaNet layers' ``conv1d``; found
-    with ``tools/probe_rows.py``). Elementwise operations compute each element alone, so this
-    form has no such dependence.
+    Why (issue #21): on MLX's CUDA backend ``mx.fast.scaled_dot_product_attention`` takes one
+    kernel for a single query and another for a causal block of queries, and they round
+    differently: ``tools/probe_rows.py`` found it the only operation of a Qwen3.5-shaped
+    target whose 16-query result differed from sixteen 1-query steps' (float16 by up to
+    2.4e-4, bf16 by 3.9e-3 on host 21), with every product on the row kernel.
 
     Args:
-        x: ``(B, L, C)``, any float dtype; L >= K.
-        weight: ``(C, K, 1)``, MLX's depthwise layout (``groups == C``).
+        queries: ``(B, H, L, D)``, the last L positions of the cache.
+        keys, values: ``(B, H_kv, T, D)`` with ``T >= L``: the cache after these positions
+            were added.
+        scale: the attention scale; sinks: as ``mx.fast.scaled_dot_product_attention``.
 
     Returns:
-        ``(B, L - K + 1, C)`` in x's dtype: ``sum_j x[:, t + j] * weight[:, j]`` summed in
-        float32 for j = 0 .. K - 1 in that order, then rounded. It agrees with ``mx.conv1d``
-        to rounding.
+        ``(B, H, L, D)``: query i attends to the first ``T - L + i + 1`` keys, unmasked, as a
+        step at that position does.
 
     Raises:
-        ValueError: a weight that is not depthwise for x, or L < K.
+        ValueError: fewer keys than queries.
     """
-    if (x.ndim != 3 or weight.ndim != 3 or weight.shape[0] != x.shape[-1]
-            or weight.shape[2] != 1 or x.shape[1] < weight.shape[1]):
-        raise ValueError(f"rows_depthwise_conv1d: x {tuple(x.shape)} against weight "
-                         f"{tuple(weight.shape)} (x (B, L, C), weight (C, K, 1), L >= K)")
-    k = weight.shape[1]
-    n = x.shape[1] - k + 1
-    w = weight[:, :, 0].astype(mx.float32)
-    y = x[:, 0:n, :].astype(mx.float32) * w[:, 0]
-    for j in range(1, k):
-        y = y + x[:, j:j + n, :].astype(mx.float32) * w[:, j]
-    return y.astype(x.dtype)
+    n, t = queries.shape[2], keys.shape[2]
+    if t < n:
+        raise ValueError(f"rows_attention: {n} queries over {t} keys")
+    outs = []
+    for i in range(n):
+        end = t - n + i + 1
+        outs.append(mx.fast.scaled_dot_product_attention(
+            queries[:, :, i:i + 1], keys[:, :, :end], values[:, :, :end], scale=scale,
+            mask=None, sinks=sinks))
+    return mx.concatenate(outs, axis=2)
 
 
-class RowStableConv1d(nn.Conv1d):
-    """``nn.Conv1d`` that computes a depthwise convolution (the Gated DeltaNet layers') with
-    :func:`rows_depthwise_conv1d` on MLX's CUDA backend while :func:`mode` is not ``0``, and
-    as ``nn.Conv1d`` otherwise (and for any other convolution)."""
+def _row_attention(original):
+    """mlx-lm's ``scaled_dot_product_attention`` (``mlx_lm.models.base``) that sends a causal
+    block of 2-16 queries over a plain ``KVCache`` to :func:`rows_attention` while
+    :func:`mode` is ``all``, and everything else to ``original``."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        w = self["weight"]
-        if (mode() == "0" or self.stride != 1 or self.padding != 0 or self.dilation != 1
-                or w.shape[2] != 1 or self.groups != w.shape[0] or x.ndim != 3
-                or x.shape[-1] != w.shape[0] or x.shape[1] < w.shape[1]):
-            return super().__call__(x)
-        y = _depthwise(x, w)
-        return y + self["bias"] if "bias" in self else y
+    def attention(queries, keys, values, cache, scale, mask, sinks=None):
+        n = queries.shape[2]
+        if (1 < n <= MAX_ROWS and isinstance(mask, str) and mask == "causal"
+                and type(cache) is KVCache and keys.shape[2] >= n and mode() == "all"):
+            return rows_attention(queries, keys, values, scale, sinks)
+        return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+    attention.dflash_rows = True
+    return attention
 
 
-_depthwise = mx.compile(rows_depthwise_conv1d)
+def _use_row_attention(model: nn.Module) -> int:
+    """Point the attention function of each model file that ``model``'s modules come from at
+    :func:`_row_attention` (mlx-lm's model files import ``scaled_dot_product_attention`` by
+    name). Process-wide and idempotent; with :func:`mode` other than ``all`` the wrapper
+    calls mlx-lm's own function. Returns how many files were switched."""
+    switched = 0
+    for name in {type(m).__module__ for _, m in model.named_modules()}:
+        file = sys.modules.get(name)
+        fn = getattr(file, "scaled_dot_product_attention", None)
+        if fn is not None and not getattr(fn, "dflash_rows", False):
+            file.scaled_dot_product_attention = _row_attention(fn)
+            switched += 1
+    return switched
+
 
 #: Module class -> its row-stable subclass (exact classes only: a subclass of these from a
 #: model file may compute something else and is left alone).
 _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLinear,
-          nn.Embedding: RowStableEmbedding, nn.QuantizedEmbedding: RowStableQuantizedEmbedding,
-          nn.Conv1d: RowStableConv1d}
+          nn.Embedding: RowStableEmbedding, nn.QuantizedEmbedding: RowStableQuantizedEmbedding}
 
 
 def use_row_stable_products(model: nn.Module) -> int:
     """On MLX's CUDA backend (:func:`on_cuda`) with ``DFLASH_ROW_PRODUCTS`` set to a mode
-    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding``,
-    ``nn.QuantizedEmbedding`` and ``nn.Conv1d`` in ``model`` to its row-stable subclass, in place (parameters,
-    names and ``isinstance`` checks unchanged). Otherwise (the default) nothing changes, so
-    the products pay no extra Python either. Idempotent. The loader calls it for every
+    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
+    ``nn.QuantizedEmbedding`` in ``model`` to its row-stable subclass, in place (parameters,
+    names and ``isinstance`` checks unchanged), and route its model files' attention of a
+    2-16 token causal block through :func:`rows_attention` in the ``all`` mode. Otherwise
+    (the default) nothing changes, so the products pay no extra Python either. Idempotent. The loader calls it for every
     target and :class:`~app.engine.target.TargetRunner` for the models it is given, so plain
     decoding and verify passes multiply alike.
 
@@ -601,6 +618,7 @@ def use_row_stable_products(model: nn.Module) -> int:
     """
     if mode() == "0" or not on_cuda():
         return 0
+    _use_row_attention(model)
     switched = 0
     for _, module in model.named_modules():
         swap = _SWAPS.get(type(module))
