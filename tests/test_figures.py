@@ -49,3 +49,27 @@ def test_reply_total_keeps_the_drafting_mode_of_its_rounds():
         assert total.generated_tokens == 21
     plain = [Summary(mode="plain", generated_tokens=4, tok_per_s=10.0) for _ in range(2)]
     assert Summary.reply_total(plain).mode == "plain"
+
+
+def test_a_continued_generation_counts_both_runs_over_the_first_prompt():
+    """Continue after Max tokens: the reply's figures are over both runs (tokens, cycles and
+    seconds summed, tok/s over the two runs' generation seconds, not the pause between them),
+    with the first run's prompt, time to first token and reuse (the continuation's prompt
+    holds the first run's tokens, which are counted as generated)."""
+    from app.engine.events import CycleEvent, Summary
+
+    before = Summary(mode="dflash", prompt_tokens=40, reused_tokens=0, generated_tokens=12,
+                     tok_per_s=120.0, ttft_s=0.3, total_s=0.4, prefill_s=0.3,
+                     stop_cause="length")
+    before.add_cycle(CycleEvent(0, 7, 7, 8, False, 0.01, 0.02, 0.0))
+    after = Summary(mode="dflash", prompt_tokens=52, reused_tokens=51, generated_tokens=12,
+                    tok_per_s=60.0, ttft_s=0.01, total_s=0.2, prefill_s=0.01,
+                    stop_cause="length")
+    after.add_cycle(CycleEvent(0, 7, 3, 4, True, 0.01, 0.02, 0.01))
+    whole = Summary.continued(before, after)
+    assert whole.mode == "dflash" and whole.generated_tokens == 24
+    assert whole.prompt_tokens == 40 and whole.reused_tokens == 0 and whole.ttft_s == 0.3
+    assert whole.tok_per_s == 24 / (12 / 120.0 + 12 / 60.0)
+    assert (whole.cycles, whole.drafted, whole.accepted, whole.replays) == (2, 14, 10, 1)
+    assert whole.accepted_lengths == [7, 3] and whole.stop_cause == "length"
+    assert abs(whole.total_s - 0.6) < 1e-12

@@ -1559,3 +1559,104 @@ def test_a_reply_max_tokens_cut_before_its_answer_says_so(qtbot):
     reply.versions["plain"].result.finish_reason = "stop"  # the model itself ended there
     view.render(conv)
     assert NO_ANSWER_IN_REASONING in view.toPlainText()
+
+
+def click_link(qtbot, view, href: str) -> None:
+    """Click the chat view's link ``href`` with the mouse, as a user does (it must be on
+    screen: the footer of the last reply, where the view follows to)."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QTextCursor
+
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.isValid() and frag.charFormat().anchorHref() == href:
+                cursor = QTextCursor(view.document())
+                cursor.setPosition(frag.position() + max(1, frag.length() // 2))
+                point = view.cursorRect(cursor).center()
+                assert view.viewport().rect().contains(point)
+                qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=point)
+                return
+            it += 1
+        block = block.next()
+    raise AssertionError(f"no link {href!r} in the chat")
+
+
+def test_continue_link_extends_the_same_reply_and_adds_no_user_turn(qtbot, engine_window):
+    """Continue under a reply Max tokens cut resumes that reply, in the mode that made it
+    (DFlash here, though the switch says Plain now): no user message, the same turn grows,
+    and the stored chat keeps one reply, the one a reply with twice the Max tokens gives.
+    Before, the link sent a user message "Continue from where you stopped." and a new reply."""
+    win = engine_window
+    win.new_chat()
+    msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+    first = msg.version.result
+    assert first.finish_reason == "length" and len(first.tokens) == 12
+    conv = win.conv
+    turns = list(conv.messages)
+    win.composer.set_mode("plain")
+    with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
+        click_link(qtbot, win.chat, "continue:")
+    assert blocker.args[0] is msg and win.conv is conv
+    assert len(conv.messages) == len(turns) == 2
+    assert all(a is b for a, b in zip(conv.messages, turns))
+    assert [t.role for t in conv.messages] == ["user", "assistant"]
+    result = msg.version.result
+    assert result.mode == "dflash" and result.summary.mode == "dflash"
+    assert result.tokens[:12] == first.tokens and len(result.tokens) == 24
+    assert result.summary.generated_tokens == 24
+    assert "continued after 12 tokens" in win.chat.toPlainText()
+    assert "continued after 12 tokens" in win.live.scope_label.text()
+    assert win.live.shown["tokens"] == 24
+    stored = win.store.get(conv.id)
+    assert [t.role for t in stored.messages] == ["user", "assistant"]
+    assert stored.messages[-1].version.result.tokens == result.tokens
+    # the same as one reply with Max tokens 24
+    win.new_chat()
+    win.defaults["max_tokens"] = 24
+    one = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    assert one.tokens == result.tokens
+    assert (one.content, one.reasoning) == (result.content, result.reasoning)
+
+
+def test_continue_without_the_mode_that_made_the_reply_says_so_and_keeps_it(
+        qtbot, engine_window, tiny_dirs):
+    """A DFlash reply's Continue with the target loaded alone (no drafter): the banner says
+    why, and the reply stays as it was, shown and stored."""
+    win = engine_window
+    win.new_chat()
+    msg = send_and_wait(qtbot, win, PROMPT, mode="dflash")
+    before = msg.version.result
+    assert before.finish_reason == "length"
+    with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+        win.load_model(str(tiny_dirs[0]), "")
+    click_link(qtbot, win.chat, "continue:")
+    qtbot.waitUntil(lambda: not win.busy, timeout=30_000)
+    assert "made in DFlash" in win.banner.text()
+    assert win.conv.messages[-1] is msg and msg.version is not None
+    assert msg.version.result.tokens == before.tokens and len(win.conv.messages) == 2
+    stored = win.store.get(win.conv.id).messages[-1].version.result
+    assert stored.tokens == before.tokens and stored.finish_reason == "length"
+    assert not stored.continued
+    assert "Continue" in win.chat.toPlainText()  # it can be continued once DFlash is back
+
+
+def test_a_compare_turn_cut_by_max_tokens_offers_no_continue_and_says_why(qtbot):
+    from app.chat.turns import ConversationView, ReplyResult, Turn, Version
+    from app.ui.chat import NO_CONTINUE_COMPARE, NO_CONTINUE_COMPARE_TIP, ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    sides = {k: Version(ReplyResult(mode=k, content="Paris is the", finish_reason="length",
+                                    resumable=True)) for k in ("plain", "dflash")}
+    reply = Turn("assistant", versions=sides, chosen="dflash", compare=True)
+    conv = ConversationView(1, "France", messages=[Turn("user", PROMPT), reply])
+    view.render(conv)
+    assert 'href="continue:"' not in view.toHtml()
+    assert NO_CONTINUE_COMPARE in view.toPlainText()
+    assert view.tooltip_of(NO_CONTINUE_COMPARE) == NO_CONTINUE_COMPARE_TIP
+    reply.compare = False  # the same reply alone is continued
+    view.render(conv)
+    assert 'href="continue:"' in view.toHtml()

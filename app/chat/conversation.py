@@ -68,7 +68,9 @@ class Message:
         generation: the generation settings used (JSON-ready dict: temperature, max_tokens, ...);
             a drafting reply's also holds ``speedup`` once the window measured it against plain
             (``app.chat.baseline.SpeedUp.to_dict()``, None when no comparable plain speed was
-            known), so a reloaded reply says what it said live.
+            known), so a reloaded reply says what it said live; a reply Max tokens ended also
+            holds what Continue resumes it from (``resume``: ``app.chat.turns.RESUME_KEY``),
+            and a continued one its continuations (``continued``: :data:`CONTINUED_KEY`).
         summary: ``app.engine.events.Summary.to_dict()`` of the finished run (None until then).
         token_ids: generated token ids (list[int]); from_draft: one bool per token, True when the
             drafter proposed it (``TokenEvent.from_draft``), so highlighting survives a reload.
@@ -158,6 +160,25 @@ def all_reasoning(rounds: list[dict], last: str) -> str:
     if last.strip() and (not parts or parts[-1] != last.strip()):
         parts.append(last.strip())
     return "\n\n".join(parts) if parts else last
+
+
+CONTINUED_KEY = "continued"
+"""Where a reply row's generation record (``Message.generation``) lists its continuations
+(Continue after Max tokens), oldest first: ``[{"after_tokens": int, "tokens": int,
+"max_tokens": int}]``, the reply's generated tokens before each, the tokens each added and
+its Max tokens."""
+
+
+def continued_text(continued: list[dict]) -> str:
+    """A reply's continuations (:data:`CONTINUED_KEY`, ``ReplyResult.continued``) in words:
+    ``"continued after 12 tokens"``, ``"continued after 12 and 24 tokens"`` (each the reply's
+    generated tokens when it was continued); "" for none."""
+    counts = [f"{int(c.get('after_tokens') or 0):,}" for c in continued
+              if isinstance(c, dict)]
+    if not counts:
+        return ""
+    joined = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    return f"continued after {joined} tokens"
 
 
 def _arguments_dict(arguments) -> dict:

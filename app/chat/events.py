@@ -3,6 +3,7 @@
 The text pipeline (:mod:`app.chat.pipeline`) emits :class:`ContentDelta`,
 :class:`ReasoningDelta`, :class:`ToolCallDelta`, :class:`PipelineWarning` and
 :class:`StopStringHit`; the reply runner (:mod:`app.chat.reply`) adds :class:`RoundStarted`,
+:class:`RoundResumed` (when it continues a round Max tokens cut, :class:`ResumeRound`),
 :class:`ToolResultEvent`, :class:`RoundFinished` and ends with :class:`ReplyDone` carrying the
 :class:`Reply`. Engine events (``TokenEvent``, ``CycleEvent``, ``Done``) come from
 :mod:`app.engine.events`. Consumers match them with ``isinstance``, never by class name.
@@ -131,6 +132,11 @@ class ReplyRound:
     ``text``: raw decoded text of the kept tokens. ``summary``: the engine's figures with
     ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
     round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
+    ``starts_in_reasoning``: that prompt pre-opened the thinking block
+    (``RenderedPrompt.starts_in_reasoning``). A round that continued one Max tokens cut
+    (:class:`ResumeRound`) holds the whole round: ``tokens``, ``from_draft``, ``text`` and the
+    texts include the cut part, ``prompt_ids`` is the cut round's prompt, while ``summary``
+    counts only what the continuation generated.
     """
 
     index: int
@@ -146,6 +152,7 @@ class ReplyRound:
     prompt_ids: list[int]
     warnings: list[PipelineWarning] = field(default_factory=list)
     tool_runs: list[ToolRun] = field(default_factory=list)
+    starts_in_reasoning: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
@@ -228,6 +235,48 @@ class RoundStarted:
 
 
 @dataclass(frozen=True)
+class ResumeRound:
+    """A generation round that Max tokens cut, to be continued where it stopped
+    (``app.chat.reply.run_reply``'s ``resume``): the continuation's prompt is ``prompt_ids``
+    followed by ``tokens``, token ids as the first run built and generated them (no text is
+    tokenized again), so with greedy decoding the continued round is exactly the round one
+    run with the two runs' Max tokens summed would have given.
+
+    Attributes:
+        prompt_ids: the cut round's prompt (list[int], as rendered when it was generated).
+        tokens: the ids the round generated (list[int]; no end token: Max tokens ended it).
+        from_draft: one bool per token, True where the drafter proposed it.
+        starts_in_reasoning: the prompt pre-opened the thinking block.
+        index: the round's index in its reply (0 for a reply without tool rounds).
+        first_call_index: number of the round's first tool-call id (``call_<n>``): the calls
+            of the reply's earlier rounds.
+    """
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    from_draft: list[bool] = field(default_factory=list)
+    starts_in_reasoning: bool = False
+    index: int = 0
+    first_call_index: int = 0
+
+
+@dataclass(frozen=True)
+class RoundResumed:
+    """The round being continued (:class:`ResumeRound`) as its text pipeline holds it after
+    reading the cut round's tokens again, sent right after its :class:`RoundStarted` and
+    before any new token: ``content`` and ``reasoning`` are the round's texts so far (the
+    deltas that follow extend exactly these), ``tokens``/``from_draft`` its ids and flags so
+    far. Text the pipeline still holds back (a possible marker or trailing whitespace) is not
+    in them; it comes with the next deltas."""
+
+    index: int
+    content: str
+    reasoning: str
+    tokens: list[int]
+    from_draft: list[bool]
+
+
+@dataclass(frozen=True)
 class ToolResultEvent:
     """A tool call ran (``round``: the round whose call it was)."""
 
@@ -258,6 +307,7 @@ ReplyEvent = (
     | PipelineWarning
     | StopStringHit
     | RoundStarted
+    | RoundResumed
     | ToolResultEvent
     | RoundFinished
     | ReplyDone

@@ -29,7 +29,13 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.chat.conversation import Conversation, Message, all_reasoning
+from app.chat.conversation import (
+    CONTINUED_KEY,
+    Conversation,
+    Message,
+    all_reasoning,
+    continued_text,
+)
 from app.chat.storage import Store
 
 FORMAT = "dflash-chat.conversation"
@@ -275,6 +281,9 @@ def _figures(m: Message) -> str:
         bits.append(f"acceptance {100 * s['acceptance_rate']:.0f}%")
     if s.get("tau") is not None:
         bits.append(f"{s['tau']:.2f} tokens per cycle")
+    continued = continued_text((m.generation or {}).get(CONTINUED_KEY) or [])
+    if continued:
+        bits.append(continued)
     if m.token_ids and any(m.from_draft):
         # a tool reply stores the last round's tokens only, under figures over every round
         where = "last round: " if m.rounds and len(m.token_ids) != n else ""

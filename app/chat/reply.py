@@ -24,7 +24,9 @@ from app.chat.events import (  # noqa: F401 (re-exported: the reply's events and
     ReplyDone,
     ReplyEvent,
     ReplyRound,
+    ResumeRound,
     RoundFinished,
+    RoundResumed,
     RoundStarted,
     StopStringHit,
     ToolCall,
@@ -116,6 +118,7 @@ def run_reply(
     settings: ReplySettings,
     cancel_event: threading.Event | None = None,
     session=None,
+    resume: ResumeRound | None = None,
 ) -> Iterator[ReplyEvent]:
     """Produce one reply to ``messages``; a generator of :data:`ReplyEvent`.
 
@@ -127,6 +130,16 @@ def run_reply(
             cycle/token and the reply ends with ``finish_reason == "cancelled"``.
         session: an ``app.engine.prefix.PromptCache`` kept by the caller across turns (prefix
             reuse); None prefills every prompt from scratch.
+        resume: continue a round that Max tokens cut (:class:`ResumeRound`) instead of
+            starting a new reply: its first round's prompt is ``resume.prompt_ids +
+            resume.tokens`` (ids, not text rendered again; with a kept ``session`` only the
+            cut round's last token is prefilled), its pipeline reads ``resume.tokens`` again
+            first (announced by :class:`RoundResumed`), and the round then goes on as any
+            round, up to ``max_tokens`` new tokens; its :class:`ReplyRound` holds the whole
+            round (see there). ``messages`` are then the messages that round answered,
+            earlier rounds of the reply included (later rounds, after a tool call the
+            continuation completes, are rendered from them). Rounds are numbered from
+            ``resume.index``.
 
     Yields, in order per round: :class:`RoundStarted`; the engine's ``TokenEvent`` (kept tokens
     only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
@@ -139,7 +152,8 @@ def run_reply(
     Raises:
         ChatTemplateError: the conversation cannot be rendered.
         EngineError: from the engine (e.g. ``GenerationError`` for a bad block size; DFlash
-            without a drafter).
+            without a drafter; a ``resume`` with no tokens, or whose tokens already hold a
+            stop string or an end token, so there is nothing to continue).
     """
     from app.engine.errors import GenerationError
 
@@ -157,41 +171,70 @@ def run_reply(
     next_call = 0
     last_signature: list | None = None  # the calls of the last round whose tools ran
     config = _generation_config(settings, mode)
+    first_index = resume.index if resume is not None else 0
+    if resume is not None:
+        if not resume.tokens or not resume.prompt_ids:
+            raise GenerationError("there is no cut reply to continue (no tokens)")
+        next_call = resume.first_call_index
+        executed = resume.index  # each earlier round of the reply ran its tools
     while True:
-        index = len(rounds)
-        rendered = render_prompt(
-            target.tokenizer, convo, tools=settings.tools, enable_thinking=settings.enable_thinking
-        )
+        index = first_index + len(rounds)
+        resuming = resume if not rounds else None
+        if resuming is not None:
+            prompt_ids = list(resuming.prompt_ids)
+            starts_in_reasoning = resuming.starts_in_reasoning
+            gen_ids = prompt_ids + list(resuming.tokens)
+        else:
+            rendered = render_prompt(target.tokenizer, convo, tools=settings.tools,
+                                     enable_thinking=settings.enable_thinking)
+            prompt_ids, starts_in_reasoning = list(rendered.ids), rendered.starts_in_reasoning
+            gen_ids = prompt_ids
         limit = getattr(target, "context_length", None)
-        if isinstance(limit, int) and limit and len(rendered.ids) + settings.max_tokens > limit:
+        if isinstance(limit, int) and limit and len(gen_ids) + settings.max_tokens > limit:
             reply_warnings.append({
                 "code": "context_overflow",
-                "message": f"the prompt has {len(rendered.ids)} tokens and up to "
+                "message": f"the prompt has {len(gen_ids)} tokens and up to "
                            f"{settings.max_tokens} more may be generated, beyond the model's "
                            f"context of {limit}: the reply may degrade",
             })
-        yield RoundStarted(index=index, prompt_tokens=len(rendered.ids), mode=mode)
+        yield RoundStarted(index=index, prompt_tokens=len(gen_ids), mode=mode)
         pipe = TextPipeline(
             target.tokenizer,
             tools=settings.tools,
-            starts_in_reasoning=rendered.starts_in_reasoning,
+            starts_in_reasoning=starts_in_reasoning,
             stop=settings.stop,
             tool_parser=settings.tool_parser,
             eos_token_ids=target.eos_token_ids or None,
             first_call_index=next_call,
         )
+        from_draft: list[bool] = []
+        if resuming is not None:
+            # the cut round's tokens through the pipeline again: its state (reasoning or
+            # not, text held back, an open tool call) is where the cut left it
+            pipe.feed(resuming.tokens)
+            if pipe.stopped or len(pipe.tokens) != len(resuming.tokens):
+                raise GenerationError(
+                    "the reply already ends with " + (f"the stop string {pipe.stop_hit!r}"
+                                                      if pipe.stop_hit else "an end token")
+                    + ": there is nothing to continue")
+            flags = [bool(f) for f in resuming.from_draft][: len(resuming.tokens)]
+            from_draft = flags + [False] * (len(resuming.tokens) - len(flags))
+            yield RoundResumed(index=index, content=pipe.content, reasoning=pipe.reasoning,
+                               tokens=list(pipe.tokens), from_draft=list(from_draft))
+        resumed = len(from_draft)  # tokens of the cut round, before this run's
         extra = {}
         if session is not None:
-            boundaries = _history_boundary(target, convo, settings, list(rendered.ids))
+            boundaries = _history_boundary(target, convo, settings, prompt_ids)
+            if resuming is not None:  # the cut round's prompt ends where its reply begins
+                boundaries = sorted({*boundaries, len(prompt_ids)})
             extra = {"session": session, "boundaries": boundaries}
         # With a kept session, plain decoding also gets the drafter: it records the drafter's
         # tap states, so a DFlash turn after a plain one reuses the whole prefix.
         gen = _engine_generate(
-            target, rendered.ids, config,
+            target, gen_ids, config,
             drafter=drafter if mode in ("dflash", "dflash2") or session is not None else None,
             **extra
         )
-        from_draft: list[bool] = []
         summary: Summary | None = None
         asked_cancel = False
         for ev in gen:
@@ -218,8 +261,8 @@ def run_reply(
             stop_cause = "end_token"
         yield from pipe.finish(stop_cause)
         kept = list(pipe.tokens)
-        if len(kept) != summary.generated_tokens:
-            summary = replace(summary, generated_tokens=len(kept))
+        if max(0, len(kept) - resumed) != summary.generated_tokens:
+            summary = replace(summary, generated_tokens=max(0, len(kept) - resumed))
         rnd = ReplyRound(
             index=index,
             mode=mode,
@@ -231,8 +274,9 @@ def run_reply(
             from_draft=from_draft[: len(kept)],
             text=pipe.text,
             summary=summary,
-            prompt_ids=list(rendered.ids),
+            prompt_ids=prompt_ids,
             warnings=list(pipe.warnings),
+            starts_in_reasoning=starts_in_reasoning,
         )
         next_call += len(rnd.tool_calls)
         rounds.append(rnd)
@@ -290,10 +334,12 @@ def collect_reply(
     settings: ReplySettings,
     cancel_event: threading.Event | None = None,
     session=None,
+    resume: ResumeRound | None = None,
 ) -> Reply:
     """Run :func:`run_reply` to the end and return its :class:`Reply`."""
     reply = None
-    for ev in run_reply(target, drafter, messages, settings, cancel_event, session=session):
+    for ev in run_reply(target, drafter, messages, settings, cancel_event, session=session,
+                        resume=resume):
         if isinstance(ev, ReplyDone):
             reply = ev.reply
     assert reply is not None

@@ -340,7 +340,7 @@ class ChatSession:
 
     # ------------------------------------------------------------------ replies
     def reply(self, messages: list[dict], settings: dict,
-              cancel: threading.Event | None = None) -> Iterator:
+              cancel: threading.Event | None = None, resume: Any = None) -> Iterator:
         """Events of one reply to ``messages`` (chat-template dicts).
 
         ``settings`` is the window's settings dict (``mode``, sampling, ``use_tools``, ...;
@@ -348,9 +348,15 @@ class ChatSession:
         (oldest turns left out; a :class:`Notice` is yielded first then). Yields
         ``app.chat.reply`` events, ending with ``ReplyDone``.
 
+        ``resume``: an ``app.chat.events.ResumeRound`` to continue a round Max tokens cut
+        (``app.chat.reply.run_reply``): its prompt is the cut round's token ids, so no
+        :class:`Notice` is given; ``messages`` only serve the rounds after it (a tool call
+        the continuation completes).
+
         Raises:
             EngineError: no model loaded, DFlash without a drafter, or the current message
-                alone does not fit the context (``PromptTooLongError``, a ``GenerationError``).
+                alone does not fit the context (``PromptTooLongError``, a ``GenerationError``;
+                for ``resume``: the cut round already fills the context).
         """
         check_engine_thread()
         if self.target is None:
@@ -364,7 +370,15 @@ class ChatSession:
         from app.chat import reply as reply_mod
 
         rs = reply_settings(settings)
-        messages, notice = self._fit(messages, rs)
+        if resume is not None:
+            self.check_resume(resume)
+            try:  # the rounds after the continued one render the messages as first fitted
+                messages, _ = self._fit(messages, rs)
+            except PromptTooLongError:
+                pass  # the continued round's own prompt is its ids; later rounds may overflow
+            notice = None
+        else:
+            messages, notice = self._fit(messages, rs)
         if drafter is not self._cache_drafter and self.cache is not None:
             # the kept drafter context is the other drafter's: put it aside and bring back
             # this drafter's own, cut to the tokens it still shares (PromptCache.switch_drafter)
@@ -377,10 +391,42 @@ class ChatSession:
                 # ones included, so its first turn after them reuses the prefix
                 self.cache.keep_context(_drafter_key(other), other)
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
-                                     session=self.cache)
+                                     session=self.cache, resume=resume)
         if notice:
             return _prepend(Notice(notice), events)
         return iter(events)
+
+    def check_resume(self, resume: Any) -> None:
+        """Refuse a continuation (an ``app.chat.events.ResumeRound``) whose cut round already
+        fills the context (``app.chat.stored_turn.run_turn`` asks before it starts one).
+
+        Raises:
+            PromptTooLongError: its prompt and tokens leave no room for one more token.
+        """
+        from app.chat.history import context_limit
+
+        model_max = getattr(self.target, "context_length", None)
+        if not model_max:
+            return  # no known limit: nothing to check against
+        limit = context_limit(model_max)
+        used = len(resume.prompt_ids) + len(resume.tokens)
+        if used >= limit:
+            raise PromptTooLongError(
+                f"The reply cannot be continued: its prompt and what it wrote take {used:,} "
+                f"tokens, the whole {limit:,}-token context of the model.")
+
+    def made_by(self, mode: str | None) -> dict | None:
+        """Which loaded models a reply in ``mode`` is made by, as a reply row keeps it (to
+        continue it later only with the same ones): ``{"target": folder, "drafter": folder
+        or None}`` (the drafter ``mode`` runs; None for plain, whose tokens do not depend on
+        it). None when no target is loaded, or ``mode`` needs a drafter that is not."""
+        if self.target is None:
+            return None
+        drafter = self.drafter_for(mode) if mode in ("dflash", "dflash2") else None
+        if mode in ("dflash", "dflash2") and drafter is None:
+            return None
+        return {"target": str(self.target.path),
+                "drafter": str(drafter.path) if drafter is not None else None}
 
     def cap_next_reuse(self, n: int | None) -> None:
         """Let the next reply's first prefill reuse at most ``n`` prompt tokens of the kept
@@ -431,6 +477,44 @@ class ChatSession:
         """
         if self.store is None:
             raise RuntimeError("ChatSession.send needs a store")
+        from app.chat.stored_turn import TurnRequest
+
+        request = TurnRequest(conversation_id, text, dict(settings),
+                              system_prompt=settings.get("system_prompt") or "")
+        return self._stored(request, cancel, PromptTooLongError)
+
+    def continue_reply(self, reply_id: int, settings: dict,
+                       cancel: threading.Event | None = None) -> Iterator:
+        """Continue the stored reply ``reply_id``, which Max tokens ended, where it stopped
+        (``app.chat.stored_turn.run_turn`` with ``TurnRequest.continue_of``, as the window's
+        worker does it): in the mode it was made in, with ``settings`` otherwise (Max tokens
+        is how many more tokens), its prompt the ids of its first run plus the tokens it
+        wrote; the same row then holds the whole reply. Yields the reply's events as
+        :meth:`send` does (a ``RoundResumed`` after the first ``RoundStarted``).
+
+        Raises:
+            RuntimeError: the session has no store.
+            app.chat.stored_turn.CannotContinueError: the reply cannot be continued (not a
+                reply Max tokens ended, a Compare side, not made by the loaded models, its
+                tokens already fill the context, ...): nothing ran, the row is as it was.
+            app.chat.storage.MessageNotFoundError: no row ``reply_id`` (raised at the call).
+            app.chat.storage.StorageError: the reply could not be read or the result stored.
+            EngineError: the continuation failed (the row is left as it was).
+        """
+        if self.store is None:
+            raise RuntimeError("ChatSession.continue_reply needs a store")
+        from app.chat.stored_turn import CannotContinueError, TurnRequest
+
+        request = TurnRequest(self.store.get_message(reply_id).conversation_id, "",
+                              dict(settings),
+                              system_prompt=settings.get("system_prompt") or "",
+                              continue_of=reply_id)
+        return self._stored(request, cancel, CannotContinueError)
+
+    def _stored(self, request: Any, cancel: threading.Event | None,
+                refused: type[Exception]) -> Iterator:
+        """Run ``request`` (a ``TurnRequest``) through ``run_turn`` on the store, yielding the
+        reply's events; ``refused`` is raised for ``TurnRefused`` (see :meth:`send`)."""
         from app.chat.storage import StorageError
         from app.chat.stored_turn import (
             ReplyFailed,
@@ -438,22 +522,19 @@ class ChatSession:
             TurnBegun,
             TurnNotStarted,
             TurnRefused,
-            TurnRequest,
             TurnStored,
             run_turn,
         )
 
-        request = TurnRequest(conversation_id, text, dict(settings),
-                              system_prompt=settings.get("system_prompt") or "")
         failed = None
         for tagged in run_turn(self.store, self, request, cancel):
             ev = tagged.event
             if isinstance(ev, TurnRefused):
-                raise PromptTooLongError(ev.message)
+                raise refused(ev.message)
             if isinstance(ev, TurnNotStarted):
                 raise StorageError(ev.message)
             if isinstance(ev, TurnBegun):
-                self.last_reply_id = ev.reply_ids[request.keys[0]]
+                self.last_reply_id = next(iter(ev.reply_ids.values()))
             elif isinstance(ev, ReplyFailed):
                 failed = ev.message
             elif isinstance(ev, TurnStored) and ev.error:

@@ -24,8 +24,17 @@ A turn, asked for by a :class:`TurnRequest`:
    :class:`ReplyFinished`;
 4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
    rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
-   ``app.chat.turns.TOP2_GAP_KEY``), the version the conversation continues from, then
+   ``app.chat.turns.TOP2_GAP_KEY``; a reply Max tokens ended keeps what Continue needs,
+   ``app.chat.turns.RESUME_KEY``), the version the conversation continues from, then
    :class:`TurnStored`.
+
+A request to continue a stored reply that Max tokens ended (``TurnRequest.continue_of``,
+the window's Continue) stores no new row: it checks that the reply can be resumed (not a
+Compare side, made by the loaded models: :class:`CannotContinueError`, sent as
+:class:`TurnRefused`), runs the backend's reply with an ``app.chat.events.ResumeRound`` (the
+cut round's prompt ids and tokens), and writes the whole reply into the same row when it ends
+(its figures over both runs, ``app.chat.conversation.CONTINUED_KEY`` naming the continuation). Its
+growth is not saved as it streams, and a continuation that fails leaves the row as it was.
 """
 
 from __future__ import annotations
@@ -37,11 +46,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from app.chat.events import ReplyDone
+from app.chat.conversation import CONTINUED_KEY
+from app.chat.events import ReplyDone, ResumeRound
 from app.chat.storage import Store
-from app.chat.turns import TOP2_GAP_KEY, PartialReply, ReplyResult
+from app.chat.turns import (
+    RESUME_KEY,
+    TOP2_GAP_KEY,
+    PartialReply,
+    ReplyResult,
+)
 from app.engine.errors import EngineError, PromptTooLongError
 
 log = logging.getLogger(__name__)
@@ -67,6 +83,9 @@ class TurnRequest:
         system_prompt: put first in the prompt when the conversation has none of its own.
         regenerate_of: a stored reply row: the new reply is a sibling version of it.
         edit_of: a stored user row: ``text`` is stored as its edited sibling first.
+        continue_of: a stored reply row that Max tokens ended: it is continued where it
+            stopped, in the mode it was made in (``settings`` give the rest: Max tokens is
+            how many tokens more), and the same row grows; ``text`` and ``tags`` are ignored.
     """
 
     conversation_id: int
@@ -77,11 +96,12 @@ class TurnRequest:
     system_prompt: str = ""
     regenerate_of: int | None = None
     edit_of: int | None = None
+    continue_of: int | None = None
 
     @property
     def compare(self) -> bool:
         """True for a Compare turn."""
-        return tuple(self.tags) != ("",)
+        return tuple(self.tags) != ("",) and self.continue_of is None
 
     @property
     def keys(self) -> list[str]:
@@ -125,7 +145,19 @@ class TurnNotStarted:
 @dataclass(frozen=True)
 class TurnRefused(TurnNotStarted):
     """The turn's prompt does not fit the model's context (``PromptTooLongError``), so its
-    rows were rolled back and no reply ran; ``message`` says why and what to change."""
+    rows were rolled back and no reply ran, or a reply cannot be continued
+    (:class:`CannotContinueError`; nothing was changed); ``message`` says why and what to
+    change."""
+
+
+class CannotContinueError(Exception):
+    """A stored reply cannot be continued where Max tokens cut it; the message says why and
+    what to do instead (a Compare side, a reply that did not end by Max tokens, one stored
+    without what Continue needs, or one made by models that are not loaded now)."""
+
+
+MODE_NAMES = {"plain": "Plain", "dflash": "DFlash", "dflash2": "DFlash2"}
+"""How a refusal names a reply's decoding mode."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +309,7 @@ class _Turn:
         self.errors: dict[str, str] = {}
         self.replies: dict[str, Any] = {}  # tag -> app.chat.events.Reply (top-two gap)
         self.ran: list[str] = []  # the sides that ran, in order
+        self.resume_records: dict[str, dict | None] = {}  # tag -> RESUME_KEY's value
 
     def _drafter_blocks(self) -> dict[str, int]:
         """The backend's drafters' block sizes by mode (none for a backend without drafters,
@@ -291,6 +324,9 @@ class _Turn:
 
     def run(self) -> Iterator[TaggedEvent]:
         req = self.request
+        if req.continue_of is not None:
+            yield from self._run_continue()
+            return
         check = getattr(self.backend, "check_prompt", None)  # scripted sessions have none
         try:
             with self.store.transaction():  # a refused prompt rolls the rows back
@@ -338,22 +374,27 @@ class _Turn:
                 break
         yield TaggedEvent(self._store_final(begun))
 
-    def _side(self, tag: str, row_id: int, messages: list[dict],
-              settings: dict) -> Iterator[TaggedEvent]:
-        """One reply: its events, its growth saved, then :class:`ReplyFinished`."""
+    def _side(self, tag: str, row_id: int, messages: list[dict], settings: dict,
+              resume: ResumeRound | None = None,
+              before: ReplyResult | None = None) -> Iterator[TaggedEvent]:
+        """One reply: its events, its growth saved, then :class:`ReplyFinished`. With
+        ``resume`` it continues ``before``, the stored reply Max tokens cut: its growth is not
+        saved, the result is the whole reply (:meth:`ReplyResult.continued_by`), and on a
+        failure the result is ``before`` as it was."""
         partial = PartialReply()
         result: ReplyResult | None = None
         error: str | None = None
         last_save = 0.0
+        extra = {"resume": resume} if resume is not None else {}
         try:
-            for ev in self.backend.reply(messages, settings, self.cancel):
+            for ev in self.backend.reply(messages, settings, self.cancel, **extra):
                 at = time.monotonic()
                 if isinstance(ev, ReplyDone):
                     result = ReplyResult.from_reply(ev.reply, settings, self.pieces)
                     self.replies[tag] = ev.reply
                 else:
                     partial.add(ev)
-                    if at - last_save >= self.store.partial_interval_s:
+                    if resume is None and at - last_save >= self.store.partial_interval_s:
                         last_save = at
                         self._save_growth(row_id, partial)
                 yield TaggedEvent(ev, tag, at)
@@ -362,18 +403,152 @@ class _Turn:
         except Exception as exc:
             log.exception("generation failed")
             error = f"Generation failed: {type(exc).__name__}: {exc}"
+        if before is not None and error is None and result is not None and \
+                result.finish_reason == "error":
+            # the engine failed mid-run (its Done says so): a continuation keeps nothing
+            error = (result.summary.error if result.summary is not None
+                     and result.summary.error else result.note or "the engine failed")
         if error is not None:
             self.errors[tag] = error
+            if before is not None:
+                error = (f"Could not continue the reply: {error.rstrip('.')}. The reply is "
+                         "kept as it was.")
             yield TaggedEvent(ReplyFailed(error), tag)
         if result is None:  # no ReplyDone (an error, or a scripted backend): build it here
             result = partial.result(settings, self.pieces, failed=error is not None,
                                     cancelled=self.cancel.is_set())
         if not result.tool_calls and partial.calls:
             result.tool_calls = list(partial.calls.values())
+        if before is not None:
+            result = (dataclasses.replace(before) if error is not None else
+                      before.continued_by(result, int(settings.get("max_tokens") or 0)))
+        if error is None and not self.request.compare:
+            record = self._resume_record(tag, result, settings.get("mode"))
+            self.resume_records[tag] = record
+            result.resumable = record is not None
         self._top2_gap(tag, result)
         self.results[tag] = dataclasses.replace(result)  # the GUI may annotate the one sent
         self.ran.append(tag)
         yield TaggedEvent(ReplyFinished(result), tag)
+
+    def _resume_record(self, tag: str, result: ReplyResult, mode: str | None) -> dict | None:
+        """What Continue needs to resume a reply Max tokens ended (:data:`RESUME_KEY`): its
+        last round's prompt ids and thinking state and the models that made it; None for a
+        reply that ended otherwise, or a backend that gives neither (a scripted session)."""
+        reply = self.replies.get(tag)
+        made_by = getattr(self.backend, "made_by", None)
+        if result.finish_reason != "length" or reply is None or not reply.rounds or \
+                made_by is None:
+            return None
+        made = made_by(mode)
+        if made is None:
+            return None
+        last = reply.rounds[-1]
+        return {"prompt_ids": [int(t) for t in last.prompt_ids],
+                "starts_in_reasoning": bool(last.starts_in_reasoning), **made}
+
+    # ------------------------------------------------------------------ Continue
+    def _resume_point(self) -> tuple[Any, list[dict], ResumeRound, ReplyResult]:
+        """The stored reply to continue, the messages it answers (its earlier rounds
+        included), its :class:`ResumeRound` and its :class:`ReplyResult` as stored.
+
+        Raises:
+            CannotContinueError: it cannot be continued (the message says why).
+            PromptTooLongError: its prompt and tokens already fill the context.
+            app.chat.storage.StorageError: it cannot be read.
+        """
+        req = self.request
+        row = self.store.get_message(req.continue_of)
+        if row.role != "assistant":
+            raise CannotContinueError("Only a reply can be continued.")
+        if row.compare_group:
+            raise CannotContinueError(
+                "A Compare turn cannot be continued: its sides are compared as they ran. "
+                "Raise Max tokens in File › Settings and send the prompt again.")
+        if row.status != "complete" or row.finish_reason != "length":
+            raise CannotContinueError(
+                "Only a reply that Max tokens ended can be continued; this one "
+                + ("was stopped." if row.status in ("stopped", "interrupted") else
+                   "failed." if row.status == "error" else
+                   "is still being written." if row.status == "generating" else
+                   "ended by itself."))
+        record = (row.generation or {}).get(RESUME_KEY)
+        if not isinstance(record, dict) or not record.get("prompt_ids") or not row.token_ids:
+            raise CannotContinueError(
+                "This reply was stored without the token ids Continue resumes from (by an "
+                "earlier version of the app): regenerate it with a higher Max tokens instead.")
+        mode = row.mode or "plain"
+        made_by = getattr(self.backend, "made_by", None)
+        made = made_by(mode) if made_by is not None else None
+        name = MODE_NAMES.get(mode, mode)
+        if made is None:
+            raise CannotContinueError(
+                "This backend cannot continue a reply." if made_by is None else
+                f"This reply was made in {name}, and no model that runs {name} is loaded: "
+                "load the pair that made it to continue it. The reply is kept as it is.")
+        drafting = mode in ("dflash", "dflash2")
+        if made["target"] != record.get("target") or \
+                (drafting and made["drafter"] != record.get("drafter")):
+            who = Path(str(record.get("target") or "?")).name
+            if drafting and record.get("drafter"):
+                who += f" with the drafter {Path(str(record['drafter'])).name}"
+            raise CannotContinueError(
+                f"This reply was made by {who}, which is not the pair loaded now: load it "
+                "again to continue the reply (token ids belong to the model that wrote "
+                "them). The reply is kept as it is.")
+        before = ReplyResult.from_row(row)
+        messages = prompt_for(self.store, row.id, req.system_prompt) + \
+            [dict(m) for m in row.rounds[:-1]]
+        resume = ResumeRound(
+            prompt_ids=[int(t) for t in record["prompt_ids"]],
+            tokens=list(row.token_ids), from_draft=list(row.from_draft),
+            starts_in_reasoning=bool(record.get("starts_in_reasoning")),
+            index=max(0, before.rounds - 1), first_call_index=len(row.tool_calls or []))
+        check = getattr(self.backend, "check_resume", None)
+        if check is not None:
+            check(resume)
+        return row, messages, resume, before
+
+    def _run_continue(self) -> Iterator[TaggedEvent]:
+        """Continue a stored reply Max tokens ended (see the module doc)."""
+        req = self.request
+        try:
+            row, messages, resume, before = self._resume_point()
+        except (CannotContinueError, PromptTooLongError) as exc:
+            yield TaggedEvent(TurnRefused(str(exc)))
+            return
+        except Exception as exc:
+            log.exception("reading the reply to continue")
+            yield TaggedEvent(TurnNotStarted(str(exc)))
+            return
+        mode = row.mode or "plain"
+        key = req.key or mode
+        begun = TurnBegun(row.conversation_id, None, {key: row.id})
+        yield TaggedEvent(begun)
+        settings = dict(req.settings, mode=mode)
+        yield from self._side("", row.id, messages, settings, resume, before)
+        yield TaggedEvent(self._store_continued(begun, key))
+
+    def _store_continued(self, begun: TurnBegun, key: str) -> TurnStored:
+        """The continued reply's final state in its own row (nothing when it failed: the row
+        stays as it was), under the same rules as a reply's (:meth:`_store_final`)."""
+        row_id = begun.reply_ids[key]
+        result = self.results.get("")
+        if result is None or "" in self.errors:
+            return TurnStored(begun.conversation_id, begun.reply_ids, key)
+        status = "complete"
+        if result.finish_reason == "cancelled":
+            status = "interrupted" if self.interrupted.is_set() else "stopped"
+        try:
+            with self.store.transaction():
+                finish_row(self.store, row_id, result, status)
+                self.store.update_generation(row_id, {
+                    RESUME_KEY: self.resume_records.get(""),
+                    CONTINUED_KEY: list(result.continued)})
+        except Exception as exc:
+            log.exception("saving the continued reply")
+            return TurnStored(begun.conversation_id, begun.reply_ids, key, str(exc))
+        return TurnStored(begun.conversation_id, begun.reply_ids, key)
 
     def _save_growth(self, row_id: int, partial: PartialReply) -> None:
         try:
@@ -411,6 +586,9 @@ class _Turn:
                       if stopped else "complete")
             try:
                 finish_row(self.store, begun.reply_ids[key], result, status, error)
+                if self.resume_records.get(tag) is not None:  # Max tokens ended it
+                    self.store.update_generation(begun.reply_ids[key],
+                                                 {RESUME_KEY: self.resume_records[tag]})
                 if req.compare and tag in ("dflash", "dflash2") and tag in self.ran:
                     # the header's figure at the first divergence, for a reopened Compare
                     self.store.update_generation(begun.reply_ids[key],

@@ -23,6 +23,7 @@ view catches up with :meth:`TurnStore.reload_turn`. An in-memory store is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -31,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from app.chat.baseline import SpeedUp
+from app.chat.conversation import CONTINUED_KEY, all_reasoning
 from app.chat.conversation import Message as StoredMessage
-from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
     ReasoningDelta,
     Reply,
+    RoundResumed,
     RoundStarted,
     ToolCallDelta,
     ToolResultEvent,
@@ -58,6 +60,12 @@ SPEEDUP_KEY = "speedup"
 TOP2_GAP_KEY = "top2_gap"
 """Where a Compare turn's drafting row keeps its top-two logit gap at the first divergence
 from plain (None: the sides agree, or no gap was computed); rows stored before it have none."""
+RESUME_KEY = "resume"
+"""Where a reply row that Max tokens ended keeps what Continue needs to resume it:
+``{"prompt_ids": [int], "starts_in_reasoning": bool, "target": str, "drafter": str | None}``,
+the cut round's prompt as its first run built it and the models that made it
+(``ChatSession.made_by``); None once the reply ended otherwise. Rows stored before it, Compare
+sides and replies of a backend without models have none: they cannot be continued."""
 
 
 def version_key(mode: str, taken) -> str:
@@ -163,6 +171,12 @@ class ReplyResult:
     stored with it (:meth:`TurnStore.set_speedup`), so a reloaded reply has it too."""
     speed_checked: bool = False
     """True once a baseline was looked for (the footer then says what it found)."""
+    resumable: bool = False
+    """Max tokens ended it and its row keeps how it was made (:data:`RESUME_KEY`), so
+    Continue can resume it where it stopped."""
+    continued: list[dict] = field(default_factory=list)
+    """Its continuations, oldest first (``app.chat.conversation.CONTINUED_KEY``); [] for a
+    reply of one run."""
 
     def all_reasoning(self) -> str:
         """The reasoning of every round, in order (:func:`app.chat.conversation.all_reasoning`)."""
@@ -225,6 +239,67 @@ class ReplyResult:
             speed_checked=SPEEDUP_KEY in (m.generation or {}),
             top2_gap=_number((m.generation or {}).get(TOP2_GAP_KEY)),
             gap_checked=TOP2_GAP_KEY in (m.generation or {}),
+            resumable=(m.finish_reason == "length" and m.status == "complete"
+                       and bool((m.generation or {}).get(RESUME_KEY))),
+            continued=[dict(c) for c in (m.generation or {}).get(CONTINUED_KEY) or []
+                       if isinstance(c, dict)],
+        )
+
+    @property
+    def cut_round_summary(self) -> Summary | None:
+        """The figures of its last round alone (the one Max tokens cut, for a reply that
+        ended so): ``summary`` for a reply of one round, else the last of
+        ``round_summaries`` (None when those were not stored)."""
+        if self.rounds <= 1:
+            return self.summary
+        if len(self.round_summaries) == self.rounds:
+            return self.round_summaries[-1]
+        return None
+
+    def continued_by(self, after: ReplyResult, max_tokens: int) -> ReplyResult:
+        """This reply, which Max tokens cut, with its continuation ``after`` (the result of
+        the continuing run: its first round is the whole cut round, cut part included, as
+        ``app.chat.reply.run_reply`` gives it for a ``ResumeRound``; its figures count only
+        what it generated) made one reply: the earlier rounds' messages and tool calls
+        kept, ``after``'s texts, tokens and finish reason, the cut round's figures and the
+        continuation's joined (:meth:`Summary.continued`), the reply total over every round,
+        and one more entry in :attr:`continued`. ``max_tokens``: the continuation's Max
+        tokens. The speed-up against plain is measured again (None here)."""
+        earlier = max(0, self.rounds - 1)
+        earlier_messages = [dict(m) for m in self.messages[:-1]] if earlier else []
+        earlier_summaries = list(self.round_summaries[:earlier]) \
+            if len(self.round_summaries) == self.rounds else []
+        after_rounds = list(after.round_summaries) or \
+            ([after.summary] if after.summary is not None else [])
+        cut = self.cut_round_summary
+        if cut is not None and after_rounds:
+            after_rounds[0] = Summary.continued(cut, after_rounds[0])
+        elif cut is not None:
+            after_rounds = [cut]
+        round_summaries = earlier_summaries + after_rounds
+        before_tokens = (self.summary.generated_tokens if self.summary is not None
+                         else len(self.tokens))
+        added = (after.round_summaries[0].generated_tokens if after.round_summaries
+                 else after.summary.generated_tokens if after.summary is not None
+                 else max(0, len(after.tokens) - len(self.tokens)))
+        return dataclasses.replace(
+            after,
+            tool_calls=[dict(c) for c in self.tool_calls] + [dict(c) for c in after.tool_calls],
+            summary=(Summary.reply_total(round_summaries) if round_summaries
+                     else self.summary),
+            round_summaries=round_summaries,
+            rounds=earlier + max(1, after.rounds),
+            mode=self.mode,
+            block_size=self.block_size if self.block_size is not None else after.block_size,
+            rollback=self.rollback,
+            messages=earlier_messages + [dict(m) for m in after.messages],
+            error=None,
+            speedup=None,
+            speed_checked=False,
+            resumable=False,
+            continued=[*self.continued, {"after_tokens": int(before_tokens),
+                                         "tokens": int(added),
+                                         "max_tokens": int(max_tokens)}],
         )
 
 
@@ -247,11 +322,16 @@ class PartialReply:
         return Summary.reply_total(self.summaries) if self.summaries else None
 
     def add(self, ev: Any) -> None:
-        """Take one event (others than round starts, tokens, text, tool calls and ``Done``
-        are ignored)."""
+        """Take one event (others than round starts, a continued round's ``RoundResumed``,
+        tokens, text, tool calls and ``Done`` are ignored)."""
         if isinstance(ev, RoundStarted):
             if ev.index > 0 and self.reasoning:
                 self.reasoning.append("\n\n")  # each round's reasoning its own paragraph
+        elif isinstance(ev, RoundResumed):  # the cut round's part, before the new tokens
+            self.tokens.extend(ev.tokens)
+            self.flags.extend(ev.from_draft)
+            self.content.append(ev.content)
+            self.reasoning.append(ev.reasoning)
         elif isinstance(ev, TokenEvent):
             self.tokens.append(ev.token_id)
             self.flags.append(ev.from_draft)

@@ -188,6 +188,19 @@ class Summary:
         out.accepted_lengths = [a for r in rounds for a in r.accepted_lengths]
         return out
 
+    @classmethod
+    def continued(cls, before: Summary, after: Summary) -> Summary:
+        """The figures of one generation that Max tokens cut (``before``) and that was then
+        continued (``after``: the continuation's own run, whose prompt is ``before``'s
+        prompt plus ``before``'s generated tokens). As :meth:`reply_total` over the two
+        (counts and seconds summed, tok/s = generated tokens over the two runs' generation
+        seconds, so the pause between them is not counted, time to first token and reuse of
+        ``before``, ``after``'s stop cause), except the prompt: ``before``'s, since the
+        continuation's prompt holds tokens counted here as generated."""
+        out = cls.reply_total([before, after])
+        out.prompt_tokens = before.prompt_tokens
+        return out
+
 
 @dataclass(frozen=True)
 class Done:

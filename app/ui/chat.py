@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.baseline import NO_BASELINE
+from app.chat.conversation import continued_text
 from app.chat.turns import ConversationView, Turn
 from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import answer_tokens_html, message_html, spells_its_text
@@ -54,6 +55,14 @@ NO_ANSWER = "No answer: the model ended its reply without writing one."
 NO_ANSWER_AT_LIMIT = "No answer: the reply reached Max tokens before the model wrote one."
 """Shown instead of the two above when Max tokens ended the reply (in its reasoning, or in a
 tool call that was then not run): the model was not done."""
+CONTINUE_TIP = ("Max tokens ended this reply: continue it where it stopped, in the mode that "
+                "made it, for up to Max tokens more (File › Settings). It stays one reply.")
+"""The Continue link's tooltip."""
+NO_CONTINUE_COMPARE = "not continued (Compare)"
+NO_CONTINUE_COMPARE_TIP = ("Max tokens ended this side. A Compare turn is not continued: its "
+                           "sides are compared as they ran. Raise Max tokens in File › "
+                           "Settings and send the prompt again for longer replies.")
+"""Where a Compare turn's chosen side was cut by Max tokens: said instead of a Continue link."""
 
 
 def compare_label(three: bool) -> str:
@@ -92,6 +101,8 @@ def figures_line(msg: Turn) -> str:
         parts.append(plural(s.generated_tokens, "token"))
     if r.rounds > 1:
         parts.append(f"{r.rounds} rounds")
+    if r.continued:
+        parts.append(continued_text(r.continued))
     if r.mode in DRAFTING_MODES:
         parts.append(f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
@@ -341,8 +352,14 @@ class ChatView(QTextBrowser):
             if pos < len(keys) - 1:
                 foot += (f' · <a href="version:{i}:{keys[pos + 1]}" '
                          f'style="color:{c.get("accent")};">next&nbsp;›</a>')
-        if is_last and not streaming and r.finish_reason == "length" and not v.stopped:
-            foot += f' · <a href="continue:" style="color:{c.get("accent")};">Continue</a>'
+        if is_last and not streaming and r.finish_reason == "length" and not v.stopped \
+                and not v.error:
+            if m.is_compare:  # its sides are compared as they ran: the tooltip says so
+                foot += (f' · <span title="{html.escape(NO_CONTINUE_COMPARE_TIP)}">'
+                         f"{NO_CONTINUE_COMPARE}</span>")
+            elif r.resumable:  # its row keeps the token ids to resume from
+                foot += (f' · <a href="continue:" title="{html.escape(CONTINUE_TIP)}" '
+                         f'style="color:{c.get("accent")};">Continue</a>')
         foot += "</p>"
         return head + body + foot
 

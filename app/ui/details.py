@@ -11,7 +11,8 @@ from PySide6.QtCore import QSize
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QFrame, QPlainTextEdit, QVBoxLayout
 
-from app.chat.turns import Turn
+from app.chat.conversation import continued_text
+from app.chat.turns import ReplyResult, Turn
 from app.ui.panels import PANE_HINT_HEIGHT, Collapsible, LivePanel, LiveStats, ToolPane
 
 
@@ -57,6 +58,15 @@ class DetailsPanel(QFrame):
         cur.movePosition(QTextCursor.End)
         cur.insertText(text)
 
+    def say_continued(self, result: ReplyResult | None) -> None:
+        """After the figures of a finished reply are shown: when it was continued after Max
+        tokens (``ReplyResult.continued``), the line above them says so, and that they
+        cover the whole reply."""
+        if result is not None and result.continued:
+            label = self.live.scope_label
+            label.setText(f"{label.text()} ({continued_text(result.continued)}; the figures "
+                          "are over the whole reply)")
+
     def show_turn(self, msg: Turn | None, context_length: int, block_size: int | None) -> None:
         """Reasoning, tool calls and figures of ``msg``'s chosen version (empty for None or a
         user message). ``context_length`` in tokens; ``block_size`` for the chart's scale
@@ -68,6 +78,7 @@ class DetailsPanel(QFrame):
             st = LiveStats(context_limit=context_length)
             st.apply_summary(v.result.summary, v.result.round_summaries)
             self.live.show_stats(st, block_size, v.result.mode)
+            self.say_continued(v.result)
         else:  # nothing to show: not the previous reply's figures
             self.live.clear()
             if v is not None:

@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.events import CycleEvent, Summary
-from app.ui.text import seconds_text
+from app.ui.text import plural, seconds_text
 from app.ui.theme import FIGURE_VALUE_PX
 
 FIGURES: list[tuple[str, str, str]] = [
@@ -117,6 +117,9 @@ class LiveStats:
     """Generation rounds started so far (a tool reply runs several)."""
     round_summaries: list[Summary] = field(default_factory=list)
     """The engine's figures of each finished round."""
+    continues_after: int = 0
+    """For a reply continued after Max tokens: its generated tokens before (the figures
+    while it runs are the continuation's; 0 for a new reply)."""
 
     @property
     def cycles(self) -> int:
@@ -420,9 +423,13 @@ class LivePanel(QWidget):
         rounds = stats.round_summaries
         if stats.summary is None:
             self.round_box.hide()
-            self.scope_label.setText(
-                "This reply so far" + (f" (round {stats.rounds}, after a tool call)"
-                                       if stats.rounds > 1 else "") if stats.tokens else "")
+            if stats.continues_after:
+                scope = (f"This continuation so far (the reply had "
+                         f"{plural(stats.continues_after, 'token')})")
+            else:
+                scope = "This reply so far" + (f" (round {stats.rounds}, after a tool call)"
+                                               if stats.rounds > 1 else "")
+            self.scope_label.setText(scope if stats.tokens else "")
         elif len(rounds) > 1:
             self.round_box.blockSignals(True)
             self.round_box.clear()

@@ -18,10 +18,12 @@ from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
 from app.chat.baseline import PlainSample, SlowStreak
+from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
     PipelineWarning,
     ReasoningDelta,
+    RoundResumed,
     RoundStarted,
     ToolCallDelta,
     ToolResultEvent,
@@ -125,6 +127,33 @@ class ReplyFlow:
             return False
         return self._start(text, [""], edited=(index, old))
 
+    CONTINUE_COMPARE = ("A Compare turn is not continued: its sides are compared as they "
+                        "ran. Raise Max tokens in File › Settings and send the prompt again.")
+    """Why Continue is not offered on a Compare turn (the footer's tooltip says it too)."""
+
+    def continue_reply(self) -> bool:
+        """Continue the last reply where Max tokens cut it (the footer's Continue link): the
+        same reply goes on, in the mode it was made in and with the current settings (Max
+        tokens more), and its bubble grows; no user message is added. The worker resumes
+        from the reply's token ids (``TurnRequest.continue_of``) and stores the whole reply
+        in the same row. Returns False (with a message) when it cannot start; a reply the
+        worker cannot continue (its model is not loaded, ...) ends at once with a banner
+        and the reply as it was."""
+        conv = self.conv
+        last = conv.messages[-1] if conv is not None and conv.messages else None
+        v = last.version if last is not None and last.role == "assistant" else None
+        if self.busy or v is None:
+            return False
+        if last.compare:
+            self.show_note(self.CONTINUE_COMPARE)
+            return False
+        if v.stopped or v.error or v.result.finish_reason != "length":
+            self.show_note("Only a reply that Max tokens ended can be continued.")
+            return False
+        if last.chosen not in last.ids:
+            return False
+        return self._start("", [""], continued=last)
+
     def _say_no_model(self) -> None:
         """Why nothing can be sent: a load is running, or nothing is loaded at all."""
         if getattr(self, "_loading", None) is not None:
@@ -134,21 +163,27 @@ class ReplyFlow:
                              "default model for the bundled demo.")
 
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
-               edited: tuple[int, Turn] | None = None) -> bool:
+               edited: tuple[int, Turn] | None = None,
+               continued: Turn | None = None) -> bool:
         """Show the new turn and ask the worker to store and generate it (a
         :class:`~app.chat.stored_turn.TurnRequest`); the window writes nothing of it.
-        ``again``: the reply to regenerate; ``edited``: (index, user turn) being edited."""
+        ``again``: the reply to regenerate; ``edited``: (index, user turn) being edited;
+        ``continued``: the last reply, to continue where Max tokens cut it (its chosen
+        version, in the mode that made it)."""
         if self.busy:
             return False
         if self.model is None:
             self._say_no_model()
-            if again is None:
+            if again is None and continued is None:
                 self.composer.edit.setPlainText(text)
             return False
-        mode = self.composer.mode()
-        if mode == "dflash2" and "dflash2" not in self.model.modes and tags == [""]:
+        before = continued.version.result if continued is not None else None
+        mode = before.mode if before is not None else self.composer.mode()
+        if before is None and mode == "dflash2" and "dflash2" not in self.model.modes \
+                and tags == [""]:
             mode = "dflash" if self.model.drafter_name else "plain"
-        if (mode == "dflash" or tags != [""]) and not self.model.drafter_name:
+        if before is None and (mode == "dflash" or tags != [""]) and \
+                not self.model.drafter_name:
             if tags != [""]:
                 self.show_banner("Compare needs a DFlash drafter for this target.")
                 return False
@@ -158,10 +193,15 @@ class ReplyFlow:
         conv = self.conv
         values = self.current_settings()
         key = mode
-        previous = (list(conv.messages), again.chosen if again is not None else "")
+        shown = again or continued
+        previous = (list(conv.messages), shown.chosen if shown is not None else "")
         if edited is not None:  # the turns after the edited message leave the view
             conv.messages = conv.messages[:edited[0]] + [Turn("user", text)]
-        if again is None:
+        if continued is not None:
+            reply = continued
+            key = reply.chosen
+            reply.chosen = ""  # the reply streams in its own place, growing from its text
+        elif again is None:
             if edited is None:
                 conv.messages.append(Turn("user", text))
             reply = Turn("assistant", compare=tags != [""])
@@ -175,13 +215,15 @@ class ReplyFlow:
             conv.id, text, rs, tuple(tags), key if tags == [""] else "",
             values["system_prompt"],
             regenerate_of=next(iter(again.ids.values())) if again is not None else None,
-            edit_of=edited[1].ids[""] if edited is not None else None)
+            edit_of=edited[1].ids[""] if edited is not None else None,
+            continue_of=continued.ids[key] if continued is not None else None)
         self._refresh_list()
         self._req += 1
         self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
                                    self.model.context_length)
         self._run.previous = previous
-        self._run.text = text if again is None else ""
+        self._run.text = text if again is None and continued is None else ""
+        self._run.continued = before
         for side in self._run.sides.values():
             side.stats.mode = side.tag or mode
         self._pending = []
@@ -190,6 +232,13 @@ class ReplyFlow:
         self.conv_side.set_busy(True)
         self.clear_banner()
         self.details.clear()
+        if before is not None:  # the reply so far, until the worker says where it resumes
+            side = self._run.sides[""]
+            side.text, side.reasoning = before.content, before.all_reasoning()
+            for call in before.tool_calls:
+                side.merge_call(tool_call_dict(call), is_result=True)
+            self.details.append_reasoning(side.reasoning)
+            self.tools.set_calls(list(side.calls.values()))
         self.shown_message = reply
         self.chat.follow = True
         self.chat.render(conv, streaming=True)
@@ -300,6 +349,23 @@ class ReplyFlow:
             if self._shown(self._run):
                 self.details.append_reasoning("\n\n")
 
+    def _on_resumed(self, side: SideRun, ev: RoundResumed) -> None:
+        """A continued reply's cut round as the worker's pipeline read it again: the bubble
+        and the reasoning pane go on from exactly these texts (the earlier rounds' reasoning
+        first, for a tool reply)."""
+        before = self._run.continued if self._run is not None else None
+        earlier = ""
+        if before is not None and before.rounds > 1:
+            earlier = all_reasoning(before.messages[:-1], "")
+        side.text = ev.content
+        side.reasoning = earlier + ("\n\n" if earlier else "") + ev.reasoning
+        side.tokens, side.flags = list(ev.tokens), list(ev.from_draft)
+        side.stats.continues_after = (before.summary.generated_tokens
+                                      if before is not None and before.summary is not None
+                                      else len(ev.tokens))
+        if self._shown(self._run):
+            self.details.reasoning.setPlainText(side.reasoning)
+
     def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
         if ev.message and self._shown(self._run):
             self.flash(ev.message, 8000)
@@ -344,6 +410,7 @@ class ReplyFlow:
         (ToolResultEvent, _on_tool_result),
         (Done, _on_engine_done),
         (RoundStarted, _on_round),
+        (RoundResumed, _on_resumed),
         (PipelineWarning, _on_warning),
         (Notice, _on_notice),
         (ReplyFailed, _on_failed),
@@ -421,6 +488,7 @@ class ReplyFlow:
             if last is not None:
                 self.live.show_stats(last.stats, self._block_for(key or run.mode,
                                                                  run.settings))
+                self.details.say_continued(last.result)
         self.replyFinished.emit(msg)
 
     def _not_started(self, run: ReplyRun) -> None:
@@ -429,6 +497,9 @@ class ReplyFlow:
         goes back to the composer, and the banner says why."""
         if run.refused:
             self.show_banner(run.not_started)
+        elif run.continued is not None:
+            self.show_banner("Could not continue the reply, so it is kept as it was: "
+                             f"{run.not_started or 'the worker stopped'}")
         else:
             self.show_banner("Could not save this turn, so no reply was started: "
                              f"{run.not_started or 'the worker stopped'}")
@@ -511,7 +582,7 @@ class ReplyFlow:
             except ValueError:
                 return
         elif link.startswith("continue:"):
-            self.send("Continue from where you stopped.")
+            self.continue_reply()
         elif link.startswith("edit:"):
             try:
                 self.edit_message(int(link.split(":", 1)[1]))

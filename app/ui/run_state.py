@@ -1,7 +1,7 @@
 """The state of the reply being generated, typed (no dicts read through string keys).
 
-A :class:`ReplyRun` is one request to the worker: an ordinary reply (one side, tag "") or a
-Compare turn (sides "plain" and "dflash", and "dflash2" with a DFlash2 drafter too, run one
+A :class:`ReplyRun` is one request to the worker: an ordinary reply (one side, tag ""; a
+reply continued after Max tokens is one too) or a Compare turn (sides "plain" and "dflash", and "dflash2" with a DFlash2 drafter too, run one
 after the other). Each :class:`SideRun` collects what its events brought: live figures, text,
 reasoning, tool calls, tokens, and at the end its :class:`~app.chat.turns.ReplyResult` or
 error. Qt-free; the window owns one at a time (the worker stores the turn; the run only
@@ -78,7 +78,11 @@ class ReplyRun:
     not_started: str | None = None
     """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
     refused: bool = False
-    """The turn was refused as too long for the context (``TurnRefused``; nothing stored)."""
+    """The turn was refused as too long for the context, or a reply that cannot be continued
+    (``TurnRefused``; nothing stored)."""
+    continued: ReplyResult | None = None
+    """For Continue: the reply Max tokens cut, as it was before (what its first event, the
+    worker's ``RoundResumed``, extends; shown again when the continuation cannot start)."""
 
     @classmethod
     def start(cls, req_id: int, conv: ConversationView, msg: Turn, tags: list[str], mode: str,

@@ -73,7 +73,8 @@ whole turn).
 
 ``event`` is one of the engine's ``TokenEvent`` / ``CycleEvent`` / ``Done``, the reply's
 ``ContentDelta`` / ``ReasoningDelta`` / ``ToolCallDelta`` / ``ToolResultEvent`` /
-``RoundStarted`` / ``PipelineWarning`` (:mod:`app.chat.events`), the session's ``Notice``, or
+``RoundStarted`` / ``RoundResumed`` / ``PipelineWarning`` (:mod:`app.chat.events`), the
+session's ``Notice``, or
 the stored turn's ``TurnBegun`` / ``TurnNotStarted`` / ``ReplyFinished`` / ``ReplyFailed`` /
 ``TurnStored`` (:mod:`app.chat.stored_turn`). The window handles them with ``isinstance``.
 """
@@ -93,7 +94,10 @@ class Backend(Protocol):
         self, messages: list[dict], settings: dict, cancel: threading.Event
     ) -> Iterator[Any]:
         """Events of one reply (engine and ``app.chat.reply`` events); stops soon after
-        ``cancel`` is set."""
+        ``cancel`` is set. A backend that can continue a reply Max tokens cut also takes a
+        ``resume`` keyword (an ``app.chat.events.ResumeRound``) and has ``made_by(mode)``
+        (:meth:`app.chat.session.ChatSession.made_by`); one without them (the scripted
+        session) stores no Continue record, and Continue is refused."""
 
     def pieces(self, tokens: list[int]) -> list[str]:
         """Text of each token (same length as ``tokens``)."""
