@@ -36,6 +36,10 @@ among the modes that are on):
 * ``quantized-verify``: quantized layers, 2-16 rows only: the fast 16-row product for verify
   passes, MLX's ``qmv`` for steps (no host cost in a step; the rows no longer match a step's).
 
+Attention is the other operation whose result depended on the row count
+(``tools/probe_rows.py``): in the ``all`` mode a verify block's attention runs one query at a
+time (:func:`rows_attention`), as steps do.
+
 Where: :func:`use_row_stable_products` switches a target's ``nn.Linear``,
 ``nn.QuantizedLinear`` and (for tied output heads) ``nn.Embedding`` /
 ``nn.QuantizedEmbedding`` to subclasses that take the kernel where the mode says and the shapes
@@ -550,7 +554,8 @@ def rows_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: f
     kernel for a single query and another for a causal block of queries, and they round
     differently: ``tools/probe_rows.py`` found it the only operation of a Qwen3.5-shaped
     target whose 16-query result differed from sixteen 1-query steps' (float16 by up to
-    2.4e-4, bf16 by 3.9e-3 on host 21), with every product on the row kernel.
+    2.4e-4, 4-bit with bf16 activations by 3.9e-3, on an H200), with every product on the row
+    kernel.
 
     Args:
         queries: ``(B, H, L, D)``, the last L positions of the cache.
