@@ -112,13 +112,20 @@ def test_max_tokens_n_then_continue_n_is_the_reply_with_max_tokens_2n(
         reopened.close()
 
 
+DFLASH_N = {"mode": "dflash", "max_tokens": N, "use_tools": False, "temperature": 0.0}
+
+
+def _cut_dflash_reply(pair):
+    """``(session, store, settings, cut row)``: a DFlash reply Max tokens ended after N."""
+    session = _loaded(pair)
+    conv = session.store.new_conversation()
+    list(session.send(conv.id, PROMPT, DFLASH_N))
+    return session, session.store, dict(DFLASH_N), session.store.get_message(
+        session.last_reply_id)
+
+
 def test_a_stopped_continuation_is_stored_stopped_and_not_offered_again(tiny_hybrid):
-    settings = {"mode": "dflash", "max_tokens": N, "use_tools": False, "temperature": 0.0}
-    session = _loaded(tiny_hybrid)
-    store = session.store
-    conv = store.new_conversation()
-    list(session.send(conv.id, PROMPT, settings))
-    cut = store.get_message(session.last_reply_id)
+    session, store, settings, cut = _cut_dflash_reply(tiny_hybrid)
     stop = threading.Event()
     stop.set()  # Stop pressed at once: the first cycle does not run
     list(session.continue_reply(cut.id, dict(settings, max_tokens=200), stop))
@@ -132,12 +139,7 @@ def test_a_stopped_continuation_is_stored_stopped_and_not_offered_again(tiny_hyb
 
 def test_continue_needs_the_models_that_made_the_reply_and_keeps_it_otherwise(
         tiny_hybrid, tiny_dense, monkeypatch):
-    settings = {"mode": "dflash", "max_tokens": N, "use_tools": False, "temperature": 0.0}
-    session = _loaded(tiny_hybrid)
-    store = session.store
-    conv = store.new_conversation()
-    list(session.send(conv.id, PROMPT, settings))
-    cut = store.get_message(session.last_reply_id)
+    session, store, settings, cut = _cut_dflash_reply(tiny_hybrid)
 
     def unchanged():
         row = store.get_message(cut.id)
