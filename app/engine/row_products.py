@@ -38,7 +38,9 @@ among the modes that are on):
 
 Attention is the other operation whose result depended on the row count
 (``tools/probe_rows.py``): in the ``all`` mode a verify block's attention runs one query at a
-time (:func:`rows_attention`), as steps do.
+time (:func:`rows_attention`), as steps do. With it the float16 and 4-bit ``qwen3_5`` test
+targets kept plain's tokens on an H200, and a 4-bit verify(16) cost 1.71 steps instead of 1.05
+(one run, docs/performance.md, "What still made qwen3_5 differ").
 
 Where: :func:`use_row_stable_products` switches a target's ``nn.Linear``,
 ``nn.QuantizedLinear`` and (for tied output heads) ``nn.Embedding`` /
