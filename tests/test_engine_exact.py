@@ -33,7 +33,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
 from app.engine import blas
-from app.engine.generate import GenerationConfig, generate
+from app.engine.generate import GenerationConfig, _shared_kernel_runner, generate
 from app.engine.target import TargetRunner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,12 +141,19 @@ def cache_state(cache: list) -> list[list[np.ndarray]]:
 
 def plain_states(target, ids: list[int], tokens: list[int]) -> dict[int, list]:
     """Plain decoding's cache after each position: prefill ``ids``, then feed ``tokens`` one
-    by one. Keys are the number of positions in the cache."""
+    by one, through the forward plain decoding uses (mlx-lm's model call; on MLX's CUDA
+    backend, for a hybrid target, the engine's layer walk with its GDN kernel). Keys are the
+    number of positions in the cache."""
     cache = make_prompt_cache(target.model)
-    mx.eval(target.model(mx.array([ids], dtype=mx.int32), cache=cache))
+    runner = _shared_kernel_runner(target)
+
+    def forward(ids: mx.array) -> mx.array:
+        return target.model(ids, cache=cache) if runner is None else runner.forward(ids, cache)[0]
+
+    mx.eval(forward(mx.array([ids], dtype=mx.int32)))
     states = {len(ids): cache_state(cache)}
     for k, tok in enumerate(tokens):
-        mx.eval(target.model(mx.array([[tok]], dtype=mx.int32), cache=cache))
+        mx.eval(forward(mx.array([[tok]], dtype=mx.int32)))
         states[len(ids) + k + 1] = cache_state(cache)
     return states
 

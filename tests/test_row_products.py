@@ -16,8 +16,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models.base import scaled_dot_product_attention as base_attention
-from mlx_lm.models.cache import KVCache
 
 from app.engine import row_products as rp
 
@@ -41,13 +39,22 @@ def test_switch_leaves_a_model_alone_off_cuda(monkeypatch):
     assert type(model.proj) is nn.Linear
 
 
-def test_switch_leaves_a_model_alone_by_default_on_cuda(monkeypatch):
-    """Off (the default), a CUDA model keeps MLX's layer classes: its products pay nothing."""
+def test_switch_leaves_a_model_alone_when_asked_on_cuda(monkeypatch):
+    """``DFLASH_ROW_PRODUCTS=0``: a CUDA model keeps MLX's layer classes (nothing to pay)."""
     monkeypatch.setattr(rp, "on_cuda", lambda: True)
-    monkeypatch.delenv("DFLASH_ROW_PRODUCTS", raising=False)
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "0")
     model = _Tiny()
     assert rp.use_row_stable_products(model) == 0
     assert type(model.proj) is nn.Linear and type(model.embed) is nn.Embedding
+
+
+def test_switch_is_on_by_default_on_cuda(monkeypatch):
+    """Exact by default: unset, a CUDA model's products are switched to the row kernel."""
+    monkeypatch.setattr(rp, "on_cuda", lambda: True)
+    monkeypatch.delenv("DFLASH_ROW_PRODUCTS", raising=False)
+    model = _Tiny()
+    assert rp.use_row_stable_products(model) == 3
+    assert type(model.proj) is rp.RowStableLinear
 
 
 def test_switch_keeps_parameters_and_is_idempotent(monkeypatch):
@@ -66,14 +73,14 @@ def test_switch_keeps_parameters_and_is_idempotent(monkeypatch):
     assert before.keys() == after.keys()
 
 
-def test_mode_reads_the_environment_and_is_off_by_default(monkeypatch):
+def test_mode_reads_the_environment_and_is_all_by_default(monkeypatch):
     monkeypatch.delenv("DFLASH_ROW_PRODUCTS", raising=False)
-    assert rp.mode() == "0"
+    assert rp.mode() == "all"
     for value in rp.MODES:
         monkeypatch.setenv("DFLASH_ROW_PRODUCTS", value)
         assert rp.mode() == value
     monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "fast")
-    assert rp.mode() == "0"
+    assert rp.mode() == "all"
 
 
 def test_switched_modules_compute_as_their_bases_when_off(monkeypatch):
@@ -95,56 +102,6 @@ def test_switched_modules_compute_as_their_bases_when_off(monkeypatch):
     big = mx.random.normal((1, 17, 128)).astype(mx.bfloat16)  # more rows than a block
     assert np.array_equal(_f32(model.embed.as_linear(big)),
                           _f32(nn.Embedding.as_linear(model.embed, big)))
-
-
-@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
-def test_row_attention_is_causal_attention_one_query_at_a_time(dtype):
-    """Query i of a block attends to the keys before it and its own, as a step there does."""
-    mx.random.seed(4)
-    q = mx.random.normal((1, 4, 5, 32)).astype(dtype)
-    k = mx.random.normal((1, 2, 12, 32)).astype(dtype)
-    v = mx.random.normal((1, 2, 12, 32)).astype(dtype)
-    y = rp.rows_attention(q, k, v, 0.25)
-    assert y.shape == (1, 4, 5, 32) and y.dtype == dtype
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
-    tol = 1e-5 if dtype == mx.float32 else 2e-2
-    assert np.allclose(_f32(y), _f32(want), atol=tol, rtol=tol)
-    step = mx.fast.scaled_dot_product_attention(q[:, :, 2:3], k[:, :, :10], v[:, :, :10],
-                                                scale=0.25)
-    assert np.array_equal(_f32(y[:, :, 2:3]), _f32(step))
-    with pytest.raises(ValueError, match="rows_attention"):
-        rp.rows_attention(q, k[:, :, :4], v[:, :, :4], 0.25)
-
-
-#: What a model file imports from mlx_lm.models.base (the switch patches this name here).
-scaled_dot_product_attention = base_attention
-
-
-class _Attn(nn.Module):
-    """A module of this file: its model file is this test module."""
-
-
-def test_the_row_mode_routes_a_causal_block_over_a_kv_cache(monkeypatch):
-    monkeypatch.setattr(rp, "on_cuda", lambda: True)
-    monkeypatch.setitem(globals(), "scaled_dot_product_attention", base_attention)
-    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
-    calls = []
-    monkeypatch.setattr(rp, "rows_attention", lambda *a: calls.append(a) or a[0])
-    model = _Tiny()
-    model.attn = _Attn()
-    rp.use_row_stable_products(model)
-    wrapped = globals()["scaled_dot_product_attention"]
-    assert wrapped is not base_attention and rp._use_row_attention(model) == 0  # once
-    q = mx.zeros((1, 2, 4, 8))
-    kv = mx.zeros((1, 2, 9, 8))
-    cache = KVCache()
-    assert wrapped(q, kv, kv, cache, scale=1.0, mask="causal") is q and len(calls) == 1
-    for other in ({"mask": None}, {"mask": mx.zeros((4, 9), mx.bool_)}):  # not a causal block
-        wrapped(q, kv, kv, cache, scale=1.0, **other)
-    wrapped(q[:, :, :1], kv, kv, cache, scale=1.0, mask="causal")  # a step
-    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "quantized")
-    wrapped(q, kv, kv, cache, scale=1.0, mask="causal")
-    assert len(calls) == 1
 
 
 def test_a_subclass_of_a_switched_layer_calls_the_base_product(monkeypatch):
@@ -373,16 +330,14 @@ def test_a_layers_traced_calls_equal_the_kernel_called_directly(monkeypatch):
             assert np.array_equal(_f32(layer(x)), _f32(direct)), rows
 
 
-
-@cuda
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
-def test_row_attention_matches_causal_attention_on_cuda(dtype):
-    """Qwen3.5-4B's attention shape (16 heads over 4 KV heads, head 256) after 300 cached
-    positions: the block's result agrees with the causal kernel's to rounding."""
-    mx.random.seed(6)
-    q = mx.random.normal((1, 16, 16, 256)).astype(dtype)
-    k = mx.random.normal((1, 4, 316, 256)).astype(dtype)
-    v = mx.random.normal((1, 4, 316, 256)).astype(dtype)
-    y = rp.rows_attention(q, k, v, 256 ** -0.5)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=256 ** -0.5, mask="causal")
-    assert np.allclose(_f32(y), _f32(want), atol=2e-2, rtol=2e-2)
+def test_a_gpu_without_the_kernels_tensor_cores_keeps_mlxs_products(monkeypatch):
+    """The kernel's MMA needs compute capability 8.0: a Turing GPU (7.5), or an MLX that does
+    not say, is not switched."""
+    monkeypatch.setattr(rp, "backend", lambda: "CUDA")
+    for info, want in (({"compute_capability_major": 7}, False),
+                       ({"compute_capability_major": 9}, True), ({}, False)):
+        monkeypatch.setattr(rp, "_CAPABILITY", [])
+        monkeypatch.setattr(mx, "device_info", lambda info=info: info)
+        assert rp.on_cuda() is want
+    monkeypatch.setattr(rp, "backend", lambda: "CPU")
+    assert rp.on_cuda() is False

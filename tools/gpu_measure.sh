@@ -11,7 +11,7 @@
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
 #   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
 #   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
-#   bash tools/gpu_measure.sh rows    # the row products (app/engine/row_products.py): their
+#   bash tools/gpu_measure.sh rows    # the row mode (app/engine/row_products.py, row_attention.py): its
 #                                     # tests, trace and launch under DFLASH_ROW_PRODUCTS
 #   bash tools/gpu_measure.sh probe   # tools/probe_rows.py (which operation's result depends
 #                                     # on the row count) and the exactness report, row kernel on
@@ -86,17 +86,18 @@ case "${1:-}" in
     ;;
   rows)
     stamp "row product tests"
-    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py \
+    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py tests/test_row_attention.py \
       > "$O/pytest_rows.txt" 2>&1; tail -15 "$O/pytest_rows.txt"
     DFLASH_ROW_PRODUCTS=all TAG=_all bash "$0" trace
     DFLASH_ROW_PRODUCTS=quantized-verify TAG=_qverify bash "$0" trace
-    TAG=_off bash "$0" trace
-    SETTINGS=${SETTINGS:-"default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify \
-      default DFLASH_ROW_PRODUCTS=all DFLASH_ROW_PRODUCTS=quantized-verify"} bash "$0" launch
+    DFLASH_ROW_PRODUCTS=0 TAG=_off bash "$0" trace
+    # default: the row mode (all) since 2026-12-03; 0: MLX's own kernels
+    SETTINGS=${SETTINGS:-"default DFLASH_ROW_PRODUCTS=0 DFLASH_ROW_PRODUCTS=quantized-verify \
+      default DFLASH_ROW_PRODUCTS=0 DFLASH_ROW_PRODUCTS=quantized-verify"} bash "$0" launch
     ;;
   probe)
     stamp "row tests; tools/probe_rows.py: which operation depends on the row count"
-    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py \
+    timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_row_products.py tests/test_row_attention.py \
       > "$O/pytest_rows.txt" 2>&1; tail -4 "$O/pytest_rows.txt"
     for way in 0 all; do
       DFLASH_ROW_PRODUCTS=$way timeout 120 $py tools/probe_rows.py 2>&1 | grep -v INFO

@@ -25,22 +25,25 @@ host. A layer now calls the kernel through ``mx.compile`` (:class:`_Plan`), whic
 traced call; on an H200 a 16-token verify of a Qwen3.5-4B-shaped target then cost 1.05 (4-bit)
 and 1.34-1.38 (bf16) steps, but 4-bit plain decoding ran at 10.8-11.2 ms a step against
 6.3-7.5 with MLX's ``qmv`` (docs/performance.md, "The row kernel's host cost, traced away").
-So it is off unless asked for, with
-``DFLASH_ROW_PRODUCTS`` (read when a model is switched, at load; then at each call, to pick
-among the modes that are on):
 
-* ``0`` (the default): MLX's own products;
-* ``all``: dense (float16 / bfloat16) and quantized layers, 1-16 rows: plain steps and verify
-  passes multiply alike;
-* ``quantized``: quantized layers only, 1-16 rows (dense ones keep MLX's products);
+Attention was the other operation whose result depended on the row count
+(``tools/probe_rows.py``); in the ``all`` mode steps and verify blocks also share one attention
+kernel (:mod:`app.engine.row_attention`). With both, every float16, bfloat16 and 4-/8-bit test
+target of the exactness suite kept plain decoding's tokens and, bit for bit, its caches on an
+H200, and a 16-token verify of a Qwen3.5-4B-shaped target cost 1.23-1.43 (bf16) and 0.87-1.39
+(4-bit) steps against 1.57-1.72 and 1.18-1.64 with MLX's products (docs/performance.md, "Exact
+on CUDA by default"). Exact by default is the project's rule, so ``all`` is the default on
+MLX's CUDA backend. ``DFLASH_ROW_PRODUCTS`` (read when a model is switched, at load; then at
+each call, to pick among the modes that are on) chooses otherwise:
+
+* ``all`` (the default): dense (float16 / bfloat16) and quantized layers, 1-16 rows, and
+  attention: plain steps and verify passes compute alike;
+* ``0``: MLX's own products and attention. Plain 4-bit decoding may be a little faster (MLX's
+  ``qmv`` costs the host less), but a verify pass rounds unlike plain steps: DFlash may leave
+  plain decoding's tokens;
+* ``quantized``: quantized layers only, 1-16 rows (dense ones and attention keep MLX's);
 * ``quantized-verify``: quantized layers, 2-16 rows only: the fast 16-row product for verify
   passes, MLX's ``qmv`` for steps (no host cost in a step; the rows no longer match a step's).
-
-Attention is the other operation whose result depended on the row count
-(``tools/probe_rows.py``): in the ``all`` mode a verify block's attention runs one query at a
-time (:func:`rows_attention`), as steps do. With it the float16 and 4-bit ``qwen3_5`` test
-targets kept plain's tokens on an H200, and a 4-bit verify(16) cost 1.71 steps instead of 1.05
-(one run, docs/performance.md, "What still made qwen3_5 differ").
 
 Where: :func:`use_row_stable_products` switches a target's ``nn.Linear``,
 ``nn.QuantizedLinear`` and (for tied output heads) ``nn.Embedding`` /
@@ -54,22 +57,20 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
 
 from app.engine.device import backend
 
-__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_attention",
-           "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
+__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_matmul",
+           "rows_quantized_matmul", "use_row_stable_products"]
 
 #: The most rows a call takes (a verify pass's block, the M of one m16n8k16 MMA); more rows
 #: go to MLX's own product.
 MAX_ROWS = 16
 #: ``DFLASH_ROW_PRODUCTS`` values (the first is the default).
-MODES = ("0", "all", "quantized", "quantized-verify")
+MODES = ("all", "0", "quantized", "quantized-verify")
 #: Warps of a block, each taking every ``K_SPLIT``-th 128-element step of K.
 K_SPLIT = 4
 
@@ -279,10 +280,24 @@ def compact(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_CAPABILITY: list = []
+
+
 def on_cuda() -> bool:
     """True when MLX's default device is a GPU of its CUDA backend
-    (:func:`app.engine.device.backend`)."""
-    return backend() == "CUDA"
+    (:func:`app.engine.device.backend`) that the kernel runs on: compute capability 8.0 or
+    later (``mma.sync.m16n8k16`` with bfloat16 needs sm_80), as ``mx.device_info()`` reports
+    it (read once). An older GPU, or an MLX that does not report it, keeps MLX's own
+    products."""
+    if backend() != "CUDA":
+        return False
+    if not _CAPABILITY:
+        try:
+            major = int(mx.device_info().get("compute_capability_major", 0))
+        except Exception:  # an MLX without device_info, or one that fails
+            major = 0
+        _CAPABILITY.append(major)
+    return _CAPABILITY[0] >= 8
 
 
 def _kernel(quantized: bool):
@@ -310,7 +325,7 @@ _ENCODED = {os.environ.encodevalue(m): m for m in MODES} if _ENV is not None els
 
 
 def mode() -> str:
-    """``DFLASH_ROW_PRODUCTS`` (one of :data:`MODES`; unset or unknown: ``"0"``, off). Read at
+    """``DFLASH_ROW_PRODUCTS`` (one of :data:`MODES`; unset or unknown: ``"all"``). Read at
     each call from ``os.environ``'s own store (cheap next to a product), so benchmarks and
     tests can change it within one process."""
     if _ENV is not None:
@@ -547,74 +562,6 @@ class RowStableQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if plan is None else plan(x)
 
 
-def rows_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-                   sinks: mx.array | None = None) -> mx.array:
-    """Causal attention of L new queries over a cache, one query at a time, so that each
-    query's result is the one a one-token step computes at that position.
-
-    Why (issue #21): on MLX's CUDA backend ``mx.fast.scaled_dot_product_attention`` takes one
-    kernel for a single query and another for a causal block of queries, and they round
-    differently: ``tools/probe_rows.py`` found it the only operation of a Qwen3.5-shaped
-    target whose 16-query result differed from sixteen 1-query steps' (float16 by up to
-    2.4e-4, 4-bit with bf16 activations by 3.9e-3, on an H200), with every product on the row
-    kernel.
-
-    Args:
-        queries: ``(B, H, L, D)``, the last L positions of the cache.
-        keys, values: ``(B, H_kv, T, D)`` with ``T >= L``: the cache after these positions
-            were added.
-        scale: the attention scale; sinks: as ``mx.fast.scaled_dot_product_attention``.
-
-    Returns:
-        ``(B, H, L, D)``: query i attends to the first ``T - L + i + 1`` keys, unmasked, as a
-        step at that position does.
-
-    Raises:
-        ValueError: fewer keys than queries.
-    """
-    n, t = queries.shape[2], keys.shape[2]
-    if t < n:
-        raise ValueError(f"rows_attention: {n} queries over {t} keys")
-    outs = []
-    for i in range(n):
-        end = t - n + i + 1
-        outs.append(mx.fast.scaled_dot_product_attention(
-            queries[:, :, i:i + 1], keys[:, :, :end], values[:, :, :end], scale=scale,
-            mask=None, sinks=sinks))
-    return mx.concatenate(outs, axis=2)
-
-
-def _row_attention(original):
-    """mlx-lm's ``scaled_dot_product_attention`` (``mlx_lm.models.base``) that sends a causal
-    block of 2-16 queries over a plain ``KVCache`` to :func:`rows_attention` while
-    :func:`mode` is ``all``, and everything else to ``original``."""
-
-    def attention(queries, keys, values, cache, scale, mask, sinks=None):
-        n = queries.shape[2]
-        if (1 < n <= MAX_ROWS and isinstance(mask, str) and mask == "causal"
-                and type(cache) is KVCache and keys.shape[2] >= n and mode() == "all"):
-            return rows_attention(queries, keys, values, scale, sinks)
-        return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-
-    attention.dflash_rows = True
-    return attention
-
-
-def _use_row_attention(model: nn.Module) -> int:
-    """Point the attention function of each model file that ``model``'s modules come from at
-    :func:`_row_attention` (mlx-lm's model files import ``scaled_dot_product_attention`` by
-    name). Process-wide and idempotent; with :func:`mode` other than ``all`` the wrapper
-    calls mlx-lm's own function. Returns how many files were switched."""
-    switched = 0
-    for name in {type(m).__module__ for _, m in model.named_modules()}:
-        file = sys.modules.get(name)
-        fn = getattr(file, "scaled_dot_product_attention", None)
-        if fn is not None and not getattr(fn, "dflash_rows", False):
-            file.scaled_dot_product_attention = _row_attention(fn)
-            switched += 1
-    return switched
-
-
 #: Module class -> its row-stable subclass (exact classes only: a subclass of these from a
 #: model file may compute something else and is left alone).
 _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLinear,
@@ -622,21 +569,23 @@ _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLine
 
 
 def use_row_stable_products(model: nn.Module) -> int:
-    """On MLX's CUDA backend (:func:`on_cuda`) with ``DFLASH_ROW_PRODUCTS`` set to a mode
-    other than ``0``, switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
+    """On MLX's CUDA backend (:func:`on_cuda`), unless ``DFLASH_ROW_PRODUCTS`` is ``0``,
+    switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
     ``nn.QuantizedEmbedding`` in ``model`` to its row-stable subclass, in place (parameters,
-    names and ``isinstance`` checks unchanged), and route its model files' attention of a
-    2-16 token causal block through :func:`rows_attention` in the ``all`` mode. Otherwise
-    (the default) nothing changes, so the products pay no extra Python either. Idempotent. The loader calls it for every
+    names and ``isinstance`` checks unchanged), and route its model files' attention through
+    :func:`app.engine.row_attention.use_row_attention` (steps and verify blocks share one
+    kernel in the ``all`` mode). Elsewhere (the CPU, Apple GPUs) or with ``0`` nothing changes,
+    so the products pay no extra Python either. Idempotent. The loader calls it for every
     target and :class:`~app.engine.target.TargetRunner` for the models it is given, so plain
-    decoding and verify passes multiply alike.
+    decoding and verify passes compute alike.
 
     Returns:
         How many modules were switched by this call.
     """
     if mode() == "0" or not on_cuda():
         return 0
-    _use_row_attention(model)
+    from app.engine.row_attention import use_row_attention  # it imports this module
+    use_row_attention(model)
     switched = 0
     for _, module in model.named_modules():
         swap = _SWAPS.get(type(module))
