@@ -372,6 +372,23 @@ def test_a_call_cut_by_max_tokens_is_not_called_malformed(qwen_tokenizer):
     assert res.finish_reason == "length"
 
 
+def test_a_complete_call_cut_before_its_end_marker_says_max_tokens_did_it(qwen_tokenizer):
+    """Max tokens can end a reply right after ``</function>``, one token before
+    ``</tool_call>`` (the demo pair, Max tokens 48 or 24 + Continue 24, under Xvfb): the
+    complete body is a call, as before, but the warning said the model had left the end
+    marker out. It now says the limit ended the reply there."""
+    done = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n1+1\n</parameter>\n"
+            "</function>")
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, done)], stop_cause="length")
+    (w,) = res.warnings
+    assert w.code == "unclosed_tool_call" and [c.name for c in res.tool_calls] == ["calculator"]
+    assert w.message == ("the reply reached Max tokens just before the tool call's end marker "
+                         "(</tool_call>); its complete body was read as a call")
+    res = run_pipeline(qwen_tokenizer, [natural_ids(qwen_tokenizer, done)])  # the model ended
+    assert res.warnings[0].message == ("the tool call was not closed (</tool_call> missing); "
+                                       "its complete body was read as a call")
+
+
 def test_unknown_tool_parser_name_is_a_clear_error(qwen_tokenizer):
     with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
         TextPipeline(qwen_tokenizer, tool_parser="nope")

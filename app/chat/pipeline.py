@@ -356,9 +356,10 @@ class TextPipeline:
     def _close_open_call(self, out: list[Delta], cut: bool = False) -> None:
         """An unclosed call at the end of the text. When its body is complete and parses (the
         model only left out the end marker), it is a call, with an ``unclosed_tool_call``
-        warning; otherwise it stays as flagged content (``malformed_tool_call``), or, when the
-        token limit cut it (``cut``), it is dropped with a ``cut_in_tool_call`` warning: the
-        model was not wrong, it ran out of tokens."""
+        warning (whose message says so when the token limit, ``cut``, ended the reply right
+        before the end marker); otherwise it stays as flagged content (``malformed_tool_call``),
+        or, when the token limit cut it (``cut``), it is dropped with a ``cut_in_tool_call``
+        warning: the model was not wrong, it ran out of tokens."""
         if self._state != _TOOL:
             return
         body = self._tool_buf
@@ -382,10 +383,11 @@ class TextPipeline:
             else:
                 self._malformed(raw, "the tool call was not closed", out)
             return
+        why = (f"the reply reached Max tokens just before the tool call's end marker "
+               f"({self._tool_end})" if cut else
+               f"the tool call was not closed ({self._tool_end} missing)")
         self.warnings.append(PipelineWarning(
-            "unclosed_tool_call",
-            f"the tool call was not closed ({self._tool_end} missing); its complete body was "
-            "read as a call", raw))
+            "unclosed_tool_call", f"{why}; its complete body was read as a call", raw))
         out.append(self.warnings[-1])
         self._add_calls(calls, out)
 
