@@ -42,6 +42,11 @@ def version_text() -> str:
         problem = backend_problem(mx)
         if problem:
             lines.append(f"warning: {problem}")
+        from app.engine.row_products import describe
+
+        kernels = describe()
+        if kernels:
+            lines.append(kernels)
     except Exception as exc:  # pragma: no cover - shown, not raised
         lines.append(f"mlx unavailable: {exc}")
     try:

@@ -341,3 +341,19 @@ def test_a_gpu_without_the_kernels_tensor_cores_keeps_mlxs_products(monkeypatch)
         assert rp.on_cuda() is want
     monkeypatch.setattr(rp, "backend", lambda: "CPU")
     assert rp.on_cuda() is False
+
+
+def test_version_text_says_which_kernels_a_cuda_target_takes(monkeypatch):
+    from app.cli import version_text
+
+    monkeypatch.setattr(rp, "backend", lambda: "CPU")
+    assert rp.describe() is None
+    assert not any(ln.startswith("products and attention") for ln in version_text().splitlines())
+    monkeypatch.setattr(rp, "backend", lambda: "CUDA")
+    monkeypatch.setattr(rp, "_CAPABILITY", [9])
+    monkeypatch.delenv("DFLASH_ROW_PRODUCTS", raising=False)
+    assert "the row kernels (DFLASH_ROW_PRODUCTS=all, the default)" in version_text()
+    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "0")
+    assert rp.describe().endswith("DFlash may leave plain decoding's tokens")
+    monkeypatch.setattr(rp, "_CAPABILITY", [7])
+    assert "need compute capability 8.0" in rp.describe()

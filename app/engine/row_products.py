@@ -63,8 +63,8 @@ import mlx.nn as nn
 
 from app.engine.device import backend
 
-__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "mode", "on_cuda", "rows_matmul",
-           "rows_quantized_matmul", "use_row_stable_products"]
+__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "describe", "mode", "on_cuda",
+           "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
 
 #: The most rows a call takes (a verify pass's block, the M of one m16n8k16 MMA); more rows
 #: go to MLX's own product.
@@ -314,6 +314,23 @@ def _kernel(quantized: bool):
                 source=compact("const T* scales = nullptr;\nconst T* biases = nullptr;\n" + SOURCE),
                 header=compact(HEADER))
     return _KERNELS[quantized]
+
+
+def describe() -> str | None:
+    """One line for ``python -m app --version`` on MLX's CUDA backend: which kernels a target's
+    products and attention take (:func:`mode`, :func:`on_cuda`) and what that means for
+    DFlash; None on other backends (the CPU, Apple GPUs), where the row mode does not apply."""
+    if backend() != "CUDA":
+        return None
+    if not on_cuda():
+        return ("products and attention: MLX's own (the row kernels need compute capability "
+                "8.0); DFlash may leave plain decoding's tokens")
+    way = mode()
+    if way == "all":
+        return ("products and attention: the row kernels (DFLASH_ROW_PRODUCTS=all, the "
+                "default): verify passes compute as plain steps")
+    return (f"products and attention: DFLASH_ROW_PRODUCTS={way} (MLX's own where the row "
+            "kernels are off); DFlash may leave plain decoding's tokens")
 
 
 #: ``os.environ``'s encoded store and each mode's encoded value, for :func:`mode`: a product
