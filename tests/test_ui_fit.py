@@ -654,6 +654,24 @@ def test_benchmark_table_shows_all_its_rows_without_scrolling(qtbot, smallest):
             assert view.contains(rect), (row, col, rect, view)
 
 
+def test_benchmark_modes_are_named_in_words_with_the_bench_name_as_tooltip(qtbot):
+    """The table said "dflash2+tape@16+nosel" (bench jargon) where a reader wants words."""
+    from app.ui.bench_dialog import BenchDialog, mode_title
+
+    assert mode_title("plain") == "Plain"
+    assert mode_title("dflash+tape@16") == "DFlash (block 16)"
+    assert mode_title("dflash+replay@8") == "DFlash, replay rollback (block 8)"
+    assert mode_title("dflash+tape@16+fast") == "DFlash, fast verify, not exact (block 16)"
+    assert mode_title("dflash2+tape@16+nosel") == "DFlash2, selector off (block 16)"
+    assert mode_title("something+new") == "something+new"
+    dlg = BenchDialog(None, {"modes": {"plain": {}, "dflash2+tape@16+nosel": {}},
+                             "accepted": [1], "prompts": 1, "block_size": 16})
+    qtbot.addWidget(dlg)
+    item = dlg.table.item(1, 0)
+    assert item.text() == "DFlash2, selector off (block 16)"
+    assert item.toolTip() == "dflash2+tape@16+nosel in python -m app bench"
+
+
 # ------------------------------------------------------------------ narrowing the window
 def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
     # found under Xvfb: from 1280 to 880 px, the conversation lost all 400 px (640 -> 280)

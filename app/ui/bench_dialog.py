@@ -3,6 +3,7 @@ as a table and as the live panel's charts (accepted drafts per cycle, and their 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from PySide6.QtCore import Qt
@@ -30,8 +31,9 @@ COLUMNS = [
 
 
 HEADER_TIPS = {
-    "mode": "How the tokens were made: plain (one at a time) or DFlash with a rollback "
-            "method and block size.",
+    "mode": "How the tokens were made: plain (one at a time) or DFlash / DFlash2 with its "
+            "block size; tape rollback unless it says replay. Each row's tooltip gives its "
+            "name in python -m app bench.",
     "tok_per_s": "How fast the reply was written. Median generated tokens per second "
                  "(reading the prompt not counted).",
     "ratio_to_plain": "How many times as fast as plain on the same prompts. Median of the "
@@ -50,6 +52,29 @@ HEADER_TIPS = {
                         "with greedy sampling).",
 }
 """Header tooltips: a plain sentence first, then the definition."""
+
+
+_MODE = re.compile(r"(plain|dflash2?)(?:\+(tape|replay)@(\d+))?((?:\+(?:fast|nosel))*)")
+
+
+def mode_title(name: str) -> str:
+    """The table's words for a benchmark mode name of ``app.engine.bench`` (``plain``,
+    ``dflash+tape@16``, ``dflash+replay@16+fast``, ``dflash2+tape@16+nosel``, ...): e.g.
+    "DFlash2, selector off (block 16)". A name it does not know is shown as it is."""
+    m = _MODE.fullmatch(name)
+    if m is None:
+        return name
+    kind, rollback, block, flags = m.groups()
+    if kind == "plain":
+        return "Plain" if not (rollback or flags) else name
+    words = ["DFlash2" if kind == "dflash2" else "DFlash"]
+    if rollback == "replay":
+        words.append("replay rollback")
+    if "+fast" in flags:
+        words.append("fast verify, not exact")
+    if "+nosel" in flags:
+        words.append("selector off")
+    return ", ".join(words) + (f" (block {block})" if block else "")
 
 
 def cell_text(key: str, value) -> str:
@@ -95,8 +120,11 @@ class BenchDialog(QDialog):
                 self.table.horizontalHeaderItem(col).setToolTip(tip)
         for row, (name, fig) in enumerate(modes.items()):
             for col, (key, _) in enumerate(COLUMNS):
-                text = name if key == "mode" else cell_text(key, fig.get(key))
-                self.table.setItem(row, col, QTableWidgetItem(text))
+                item = QTableWidgetItem(mode_title(name) if key == "mode"
+                                        else cell_text(key, fig.get(key)))
+                if key == "mode":
+                    item.setToolTip(f"{name} in python -m app bench")
+                self.table.setItem(row, col, item)
         self.table.resizeColumnsToContents()
         self.table.resizeRowsToContents()
         self._fit_table()
