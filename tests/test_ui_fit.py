@@ -269,6 +269,33 @@ def test_compare_does_not_change_the_window_width(qtbot, qs, width):
             win.shutdown()
 
 
+def test_a_low_compare_keeps_each_sides_figures_below_its_text(qtbot, qs):
+    """At 900x600 (a new user's Xvfb pass) a side's figures wrapped to two lines and were drawn
+    over the bottom of its text, the Continue button cut in half: the layout had kept room for
+    one line. Now every line has room (the view scrolls instead), and a tab does not repeat its
+    side's name above the text."""
+    fig = "67.6 tok/s · 134 tokens · first token 263 ms · τ 4.40 · acceptance 24% · 27 replays"
+    win, _ = loaded(qtbot, qs, ScriptedBackend(info=dict(THREE_MODES)))
+    try:
+        win.resize(900, 600)
+        settle(qtbot)
+        send_and_wait(qtbot, win, PROMPT, compare=True)
+        view = win.compare_view
+        for label in view.figs.values():
+            label.setText(fig)
+        settle(qtbot, 150)
+        assert view.tabbed
+        key = next(k for k in view.sides if view.buttons[k].isVisible())
+        text, figs, button = view.texts[key], view.figs[key], view.buttons[key]
+        assert figs.height() >= figs.heightForWidth(figs.width()) > figs.fontMetrics().height()
+        assert figs.geometry().top() >= text.geometry().bottom()
+        assert button.geometry().top() >= figs.geometry().bottom()
+        assert button.height() >= button.sizeHint().height()
+        assert not view.titles[key].isVisible()
+    finally:
+        win.shutdown()
+
+
 # ------------------------------------------------------------------ 5: a reopened chat's end
 LONG = "\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(6))
 

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.compare import first_divergence
-from app.ui.fit import ShortWhenNarrowLabel
+from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
     call_text,
@@ -306,6 +306,7 @@ class CompareView(QFrame):
         self.colours: dict = {}
         self.texts: dict[str, QTextBrowser] = {}
         self.figs: dict[str, QLabel] = {}
+        self.titles: dict[str, QLabel] = {}  # a column's title (tabs name their side)
         self.buttons: dict[str, QPushButton] = {}
         self.columns: dict[str, QWidget] = {}
         self.sides: tuple[str, ...] = ("plain", "dflash")
@@ -319,15 +320,15 @@ class CompareView(QFrame):
             v.setContentsMargins(0, 0, 0, 0)
             t = QLabel(title)
             t.setObjectName("sectionTitle")
+            self.titles[key] = t
             tb = QTextBrowser()
             tb.setAccessibleName(f"{title} reply")
             # the text takes what height there is, down to a few lines (it scrolls itself):
             # a low window shrinks it before the whole view has to scroll
             tb.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Ignored)
             tb.setMinimumHeight(TEXT_MIN_PX)
-            fig = QLabel("")
+            fig = FullHeightLabel("")
             fig.setObjectName("figureName")
-            fig.setWordWrap(True)
             btn = QPushButton(f"Continue from {title}")
             btn.setCheckable(True)
             btn.setAccessibleName(f"Continue from {title}")
@@ -422,6 +423,8 @@ class CompareView(QFrame):
             else:
                 self.row.addWidget(col)
                 col.setVisible(not tabbed and key in self.sides)
+        for key, title in self.titles.items():
+            title.setVisible(not tabbed)  # the tab says it: its line goes to the text
         if tabbed:
             self.tabs.setCurrentIndex(0)
             for i in range(self.tabs.count()):

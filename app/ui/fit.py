@@ -223,6 +223,29 @@ class WrapLabel(QLabel):
         return QSize(w, self.heightForWidth(w))
 
 
+class FullHeightLabel(WrapLabel):
+    """A :class:`WrapLabel` whose minimum height follows its width: the lines its text wraps
+    into at the width it was given. Layouts inside a scroll area or a tab widget lay a
+    word-wrapped label out at the height of its unwrapped text, so a label that wrapped to two
+    lines was drawn over the widget above it (a Compare side's figures over its text, at
+    900x600); with the minimum the layout keeps room for every line, and the scroll area
+    scrolls instead."""
+
+    def _fit_height(self, width: int) -> None:
+        h = self.heightForWidth(width) if self.text() else 0
+        if h > 0 and h != self.minimumHeight():
+            self.setMinimumHeight(h)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt override)
+        """Show ``text`` and keep room for its lines at the present width."""
+        super().setText(text)
+        self._fit_height(self.width())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit_height(event.size().width())
+
+
 class ShortWhenNarrowLabel(WrapLabel):
     """A :class:`WrapLabel` with a full and a short form of its text (:meth:`set_forms`): it
     shows the full form while every line of it fits the label's width (or before the label is
