@@ -655,10 +655,17 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         win.search_box.setText("")
         assert not win.conv_side.no_match.isVisibleTo(win)
         assert "Exported to" in win.flash_label.text()
+        bad = tmp_path / "bad.json"
+        bad.write_text("{not json")
+        assert not win.import_chat(str(bad))
+        assert win.banner_kind == "error" and "Could not import bad.json" in win.banner.text()
         assert win.import_chat(str(out))
         assert win.conv.id != conv_id and win.conv.title == "Capitals"
-        # the imported copy looks like the chat it came from: the status bar says it is one
+        # the imported copy looks like the chat it came from: it says it is a new one, where
+        # the failed import's error was (that red banner stayed up after a later success)
         assert "Imported chat.json as “Capitals”" in win.flash_label.text()
+        assert win.banner_kind == "note"
+        assert win.banner.text().startswith("Imported chat.json as a new chat, “Capitals”")
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database
@@ -1483,7 +1490,10 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
     from app.ui.conversation_flow import documents_folder
     from app.ui.text import file_name
 
-    assert file_name("Convert km/h: 2 < 3?") == "Convert km-h- 2 - 3-"
+    assert file_name("Convert km/h: 2 < 3?") == "Convert km-h- 2 - 3"
+    # a new user's export of "What is the local time in Anchorage?" was offered "…Anchorage-.md"
+    assert file_name("What is the local time in Anchorage?") == \
+        "What is the local time in Anchorage"
     assert file_name("  \t ") == "chat" and file_name("a" * 100) == "a" * 40
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
@@ -1496,7 +1506,7 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
                             lambda parent, caption, start, filters: (asked.append(start),
                                                                      ("", ""))[1])
         assert not win.export_chat()
-        assert asked == [str(documents_folder() / "Convert km-h- 2 - 3-.md")]
+        assert asked == [str(documents_folder() / "Convert km-h- 2 - 3.md")]
     finally:
         close_window(win)
 

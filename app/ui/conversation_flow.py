@@ -137,6 +137,8 @@ class ConversationFlow:
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
+        if self.banner_kind == "error" and self.banner.text().startswith("Could not export"):
+            self.clear_banner()  # that failure is behind us now
         self.flash(f"Exported to {path}", 5000)
         return True
 
@@ -153,7 +155,10 @@ class ConversationFlow:
             self.show_banner(f"Could not import {Path(path).name}: {exc}")
             return False
         self.select_conversation(conv)
-        # the copy reads like the chat it came from (same title, same turns): say it is new
+        # the copy reads like the chat it came from (same title, same turns): say it is new,
+        # where a failed import's message would be (it replaces one still shown)
+        self.show_banner(f"Imported {Path(path).name} as a new chat, “{conv.title}” (shown; "
+                         "a chat it was exported from stays as it was)", kind="note")
         self.flash(f"Imported {Path(path).name} as “{conv.title}”", 5000)
         return True
 

@@ -32,9 +32,10 @@ _UNSAFE_IN_NAMES = re.compile(r'[\x00-\x1f/\\:*?"<>|]')
 def file_name(title: str, limit: int = 40) -> str:
     """``title`` as one file name without a suffix, safe on macOS, Linux and Windows: path
     separators and the characters Windows refuses (``/ \\ : * ? " < > |``, control
-    characters) become ``-``, runs of white space one space, at most ``limit`` characters,
-    ``"chat"`` when nothing is left (``"Convert km/h?"`` -> ``"Convert km-h-"``)."""
-    name = _UNSAFE_IN_NAMES.sub("-", " ".join(title.split()))[:limit].strip(" .")
+    characters) become ``-`` (none at either end: a title's closing ``?`` is left out), runs
+    of white space one space, at most ``limit`` characters, ``"chat"`` when nothing is left
+    (``"Convert km/h?"`` -> ``"Convert km-h"``)."""
+    name = _UNSAFE_IN_NAMES.sub("-", " ".join(title.split()))[:limit].strip(" .-")
     return name or "chat"
 
 
