@@ -123,7 +123,8 @@ def _routed(monkeypatch) -> tuple:
     model.attn = _Attn()
     rp.use_row_stable_products(model)
     wrapped = globals()["scaled_dot_product_attention"]
-    assert wrapped is not base_attention and ra.use_row_attention(model) == 0  # once
+    assert wrapped is not base_attention and ra.use_row_attention(model, lambda: True) == 0
+    assert ra.MAX_QUERIES == rp.MAX_ROWS  # a verify block's queries are its rows
     return wrapped, calls
 
 
@@ -197,11 +198,10 @@ def test_each_query_of_a_block_equals_a_step_at_its_position(dtype, b, heads, kv
 
 
 @cuda
-def test_a_routed_model_file_keeps_a_steps_result_in_a_block(monkeypatch):
+def test_a_routed_model_file_keeps_a_steps_result_in_a_block():
     """Through the routing as mlx-lm's attention layer calls it: a causal block's query i
     equals a step's (mask None) call at that position."""
-    monkeypatch.setenv("DFLASH_ROW_PRODUCTS", "all")
-    routed = ra._routed(base_attention)
+    routed = ra._routed(base_attention, lambda: True)
     k, v = _cached(1, 2, 40, 16, 64, mx.bfloat16)
     q = mx.random.normal((1, 4, 16, 64)).astype(mx.bfloat16)
     y = routed(q, k, v, KVCache(), scale=0.125, mask="causal")

@@ -21,7 +21,7 @@ strides are read at run time, so a growing cache builds no new kernel.
 
 Where: :func:`use_row_attention` points the ``scaled_dot_product_attention`` that mlx-lm's
 model files import at a wrapper that, in the ``all`` mode of ``DFLASH_ROW_PRODUCTS``
-(:func:`app.engine.row_products.mode`, the default on MLX's CUDA backend), sends float16 and
+(``app.engine.row_products.mode``, the default on MLX's CUDA backend), sends float16 and
 bfloat16 steps and causal blocks of up to 16 queries over a plain ``KVCache`` to the kernel
 (or, for shapes it does not take, to :func:`attention_by_query`: MLX's kernel one query at a
 time), and everything else (prefill, float32, other caches, other modes) to mlx-lm's own
@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from app.engine import row_products
+from app.engine.cuda_source import compact
 
 __all__ = ["SOURCE", "attention_by_query", "kernel_attention", "kernel_takes",
            "use_row_attention"]
@@ -129,6 +129,8 @@ for (int e = 0; e < E; ++e) {
 }
 """
 
+#: The most queries a call takes (a verify block: ``app.engine.row_products.MAX_ROWS``).
+MAX_QUERIES = 16
 _KERNEL: list = []
 #: The dtypes the routing sends to the kernel (those the row products take).
 _HALF = (mx.float16, mx.bfloat16)
@@ -141,7 +143,7 @@ def _kernel():
     if not _KERNEL:
         _KERNEL.append(mx.fast.cuda_kernel(
             name="dflash_rows_attention", input_names=["q", "k", "v", "scale"],
-            output_names=["out"], source=row_products.compact(SOURCE),
+            output_names=["out"], source=compact(SOURCE),
             ensure_row_contiguous=False))
     return _KERNEL[0]
 
@@ -153,7 +155,7 @@ def kernel_takes(queries: mx.array, keys: mx.array, values: mx.array) -> bool:
     if queries.ndim != 4 or keys.ndim != 4 or values.shape != keys.shape:
         return False
     b, h, n, d = queries.shape
-    return (1 <= n <= row_products.MAX_ROWS and keys.shape[2] >= n and keys.shape[0] == b
+    return (1 <= n <= MAX_QUERIES and keys.shape[2] >= n and keys.shape[0] == b
             and keys.shape[3] == d and d % 32 == 0 and d <= 256 and h % keys.shape[1] == 0
             and queries.dtype == keys.dtype == values.dtype
             and queries.dtype in (mx.float16, mx.bfloat16, mx.float32))
@@ -183,7 +185,7 @@ def kernel_attention(queries: mx.array, keys: mx.array, values: mx.array,
     if not kernel_takes(queries, keys, values):
         raise ValueError(f"kernel_attention: queries {tuple(queries.shape)} {queries.dtype} "
                          f"over keys {tuple(keys.shape)} {keys.dtype}, values "
-                         f"{tuple(values.shape)} (1-{row_products.MAX_ROWS} queries over at "
+                         f"{tuple(values.shape)} (1-{MAX_QUERIES} queries over at "
                          f"least as many keys, head size a multiple of 32 up to 256)")
     b, h, n, d = queries.shape
     if scale not in _SCALES:
@@ -225,19 +227,19 @@ def attention_by_query(queries: mx.array, keys: mx.array, values: mx.array, scal
     return mx.concatenate(outs, axis=2)
 
 
-def _routed(original):
+def _routed(original, active):
     """mlx-lm's ``scaled_dot_product_attention`` (``mlx_lm.models.base``) that, while
-    :func:`~app.engine.row_products.mode` is ``all``, sends a float16 or bfloat16 step (one
-    query, no mask) or causal block of up to 16 queries over a plain ``KVCache`` to
+    ``active()`` (the row mode's ``all``: asked at each call), sends a float16 or bfloat16
+    step (one query, no mask) or causal block of up to 16 queries over a plain ``KVCache`` to
     :func:`kernel_attention` (blocks the kernel does not take: :func:`attention_by_query`),
     and everything else to ``original``."""
 
     def attention(queries, keys, values, cache, scale, mask, sinks=None):
         n = queries.shape[2]
         causal = isinstance(mask, str) and mask == "causal"
-        if (n <= row_products.MAX_ROWS and (causal or (n == 1 and mask is None))
+        if (n <= MAX_QUERIES and (causal or (n == 1 and mask is None))
                 and type(cache) is KVCache and keys.shape[2] >= n
-                and queries.dtype in _HALF and row_products.mode() == "all"):
+                and queries.dtype in _HALF and active()):
             if sinks is None and kernel_takes(queries, keys, values):
                 return kernel_attention(queries, keys, values, scale)
             if n > 1:
@@ -248,10 +250,11 @@ def _routed(original):
     return attention
 
 
-def use_row_attention(model: nn.Module) -> int:
+def use_row_attention(model: nn.Module, active) -> int:
     """Point the ``scaled_dot_product_attention`` of each model file that ``model``'s modules
-    come from (mlx-lm's model files import it by name) at the row mode's routing. Process-wide
-    and idempotent; outside the ``all`` mode the routing calls mlx-lm's own function.
+    come from (mlx-lm's model files import it by name) at the row mode's routing, on while
+    ``active()`` (a callable asked at each call; off, mlx-lm's own function runs).
+    Process-wide and idempotent (a file switched once keeps its first ``active``).
 
     Returns:
         How many model files were switched by this call.
@@ -261,6 +264,6 @@ def use_row_attention(model: nn.Module) -> int:
         file = sys.modules.get(name)
         fn = getattr(file, "scaled_dot_product_attention", None)
         if fn is not None and not getattr(fn, "dflash_rows", False):
-            file.scaled_dot_product_attention = _routed(fn)
+            file.scaled_dot_product_attention = _routed(fn, active)
             switched += 1
     return switched

@@ -61,7 +61,9 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 
+from app.engine.cuda_source import compact
 from app.engine.device import backend
+from app.engine.row_attention import use_row_attention
 
 __all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "describe", "mode", "on_cuda",
            "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
@@ -264,20 +266,6 @@ SOURCE = r"""
 """
 
 _KERNELS: dict = {}
-
-
-def compact(text: str) -> str:
-    """CUDA source without its ``//`` comments, indentation and blank lines: what the kernel
-    is built from. MLX's CUDA backend hashes a custom kernel's whole source each time it runs
-    the kernel (``CustomKernel::eval_gpu`` names its module by ``std::hash`` of the source,
-    MLX 0.32), so every character costs host time on each of a step's ~250 products. The text
-    must not put ``//`` inside a string literal."""
-    lines = []
-    for line in text.splitlines():
-        line = line.split("//", 1)[0].strip()
-        if line:
-            lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 _CAPABILITY: list = []
@@ -579,6 +567,12 @@ class RowStableQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if plan is None else plan(x)
 
 
+def _attention_on() -> bool:
+    """Whether the row mode's attention kernel is on now (the ``all`` mode; asked at each
+    attention call, as :func:`mode` is at each product)."""
+    return mode() == "all"
+
+
 #: Module class -> its row-stable subclass (exact classes only: a subclass of these from a
 #: model file may compute something else and is left alone).
 _SWAPS = {nn.Linear: RowStableLinear, nn.QuantizedLinear: RowStableQuantizedLinear,
@@ -601,8 +595,7 @@ def use_row_stable_products(model: nn.Module) -> int:
     """
     if mode() == "0" or not on_cuda():
         return 0
-    from app.engine.row_attention import use_row_attention  # it imports this module
-    use_row_attention(model)
+    use_row_attention(model, _attention_on)
     switched = 0
     for _, module in model.named_modules():
         swap = _SWAPS.get(type(module))

@@ -423,7 +423,7 @@ class CompareView(QFrame):
             else:
                 self.row.addWidget(col)
                 col.setVisible(not tabbed and key in self.sides)
-        for key, title in self.titles.items():
+        for title in self.titles.values():
             title.setVisible(not tabbed)  # the tab says it: its line goes to the text
         if tabbed:
             self.tabs.setCurrentIndex(0)
