@@ -255,6 +255,11 @@ def test_memory_estimate_warns_above_75_percent(hf_home, tmp_path):
     assert (est.kv_bytes, est.state_bytes) == (kv, state)
     assert est.total_bytes == est.weights_bytes + kv + state + est.drafter_bytes
     assert not est.warn and "of 1.0 GB" in est.message()
+    # "drafter 20.3 MB" beside drafters of 6.6 MB and 864 KB read as a wrong sum (a new
+    # user's pass): the figure holds their K/V at the context too, and says so
+    dkv, _ = cat.cache_bytes(drafter.config, 1000)
+    assert est.drafter_bytes == cat.drafter_weights_size(drafter) + dkv
+    assert f"drafter weights and K/V {cat.format_bytes(est.drafter_bytes)}" in est.message()
     small = cat.estimate_memory(target, drafter, context=1000,
                                 machine_bytes=int(est.total_bytes / 0.8))
     assert small.warn and "above 75%" in small.message()

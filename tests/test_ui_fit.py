@@ -711,10 +711,34 @@ def test_narrowing_the_window_keeps_the_conversation_the_widest_pane(qtbot, qs):
         settle(qtbot)
         left, centre, right = win.split.sizes()
         assert centre >= right and centre > 300, (left, centre, right)
-        assert right >= win.details_scroll.minimumWidth()  # three figure tiles still fit
+        assert right >= win.details_scroll.minimumWidth()
         win.resize(1280, 800)  # and widening gives the space back
         settle(qtbot)
         assert win.split.sizes()[1] >= 600, win.split.sizes()
+    finally:
+        win.shutdown()
+
+
+def test_a_narrow_window_puts_the_figures_two_to_a_row_and_keeps_the_conversation_wider(
+        qtbot, qs):
+    """At 680x500 (a new user's pass) the figures column kept three tiles a row, 290 px, and
+    the conversation beside it had 240: now the tiles go two to a row below the width three
+    need, nothing of a caption's words is cut, and the conversation is at least as wide."""
+    win, _ = loaded(qtbot, qs)
+    try:
+        live = win.live
+        for width, columns in ((1280, 3), (680, 2), (1280, 3)):
+            win.resize(width, 500)
+            settle(qtbot)
+            left, centre, right = win.split.sizes()
+            assert centre >= right, (width, left, centre, right)
+            assert live._columns == columns == live.columns_for(live.width()), width
+            for key, caption in live.captions.items():
+                if not caption.isVisibleTo(win):
+                    continue
+                word = max(caption.fontMetrics().horizontalAdvance(w)
+                           for w in caption.text().split())
+                assert caption.width() >= word, (width, key, caption.width(), word)
     finally:
         win.shutdown()
 

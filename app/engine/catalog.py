@@ -859,8 +859,8 @@ class MemoryEstimate:
             f"{format_bytes(self.weights_bytes)}, K/V at {self.context_tokens} tokens "
             f"{format_bytes(self.kv_bytes + self.state_bytes)}"
         )
-        if self.drafter_bytes:
-            text += f", drafter {format_bytes(self.drafter_bytes)}"
+        if self.drafter_bytes:  # weights (an adapter's backbone too) and K/V at that context
+            text += f", drafter weights and K/V {format_bytes(self.drafter_bytes)}"
         text += ")"
         if self.machine_bytes:
             text += f" of {format_bytes(self.machine_bytes)} ({self.fraction:.0%})"

@@ -364,6 +364,7 @@ class LivePanel(QWidget):
         grid.setSpacing(6)
         self.labels: dict[str, QLabel] = {}
         self.tiles: dict[str, QFrame] = {}
+        self.captions: dict[str, QLabel] = {}
         for key, name, tip in FIGURES:
             tile = QFrame(self)
             self.tiles[key] = tile
@@ -382,6 +383,7 @@ class LivePanel(QWidget):
             lay.addWidget(value)
             lay.addWidget(caption)
             self.labels[key] = value
+            self.captions[key] = caption
         self.grid = grid
         self.scope_label = QLabel("")
         self.scope_label.setObjectName("figureName")
@@ -446,24 +448,53 @@ class LivePanel(QWidget):
         self._show(stats)
 
     WIDE = ("context", "prompt")
-    """Figures whose values are long: two to a row, the others three to a row."""
+    """Figures whose values are long: two to a row, the others three to a row (in a narrow
+    panel one and two: :meth:`columns_for`)."""
 
-    def _layout_tiles(self, plain: bool) -> None:
-        """Place the visible tiles without holes: short figures three to a row, then the
-        wide ones two to a row (a six-column grid)."""
+    def three_across_px(self) -> int:
+        """The width three short tiles need side by side (pixels): below it they go two to a
+        row, so a narrow window need not keep a side panel wider than its conversation."""
+        def need(key: str) -> int:  # the value, and the caption's longest word (it wraps)
+            caption = self.captions[key]
+            fm = caption.fontMetrics()
+            word = max(fm.horizontalAdvance(w) for w in caption.text().split())
+            m = self.tiles[key].layout().contentsMargins()
+            return max(self.tiles[key].minimumSizeHint().width(), word + m.left() + m.right() + 2)
+
+        widest = max(need(k) for k in self.tiles if k not in self.WIDE)
+        return 3 * widest + 2 * self.grid.spacing()
+
+    def columns_for(self, width: int) -> int:
+        """Short tiles to a row at ``width`` pixels: 3, or 2 below :meth:`three_across_px`."""
+        return 3 if width >= self.three_across_px() else 2
+
+    def _layout_tiles(self, plain: bool, columns: int | None = None) -> None:
+        """Place the visible tiles without holes in a six-column grid: short figures
+        ``columns`` (3 or 2; default: as now) to a row, then the wide ones one fewer."""
+        columns = columns or getattr(self, "_columns", 3)
         for tile in self.tiles.values():
             self.grid.removeWidget(tile)
         keys = [k for k in self.labels if not (plain and k in DFLASH_ONLY)]
         small = [k for k in keys if k not in self.WIDE]
         wide = [k for k in keys if k in self.WIDE]
+        span = 6 // columns
         for i, k in enumerate(small):
-            self.grid.addWidget(self.tiles[k], i // 3, (i % 3) * 2, 1, 2)
-        row = (len(small) + 2) // 3
+            self.grid.addWidget(self.tiles[k], i // columns, (i % columns) * span, 1, span)
+        row = (len(small) + columns - 1) // columns
+        per_row = columns - 1
         for i, k in enumerate(wide):
-            self.grid.addWidget(self.tiles[k], row + i // 2, (i % 2) * 3, 1, 3)
+            self.grid.addWidget(self.tiles[k], row + i // per_row, (i % per_row) * (6 // per_row),
+                                1, 6 // per_row)
         for k, tile in self.tiles.items():
             tile.setVisible(k in keys)
         self._plain_layout = plain
+        self._columns = columns
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        columns = self.columns_for(event.size().width())
+        if columns != getattr(self, "_columns", 3):
+            self._layout_tiles(self._plain_layout, columns)
 
     def _show(self, stats: LiveStats) -> None:
         self.shown = stats.values()

@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 RENDER_MS = 40
 """Render timer period in milliseconds (the issue asks for 30-50 ms)."""
 MIN_WIDTH = 680
+#: The side panel's narrowest (px): two figure tiles side by side (three from about 300 px,
+#: ``LivePanel.columns_for``), so that a narrow window keeps its conversation the wider pane.
+SIDE_MIN_WIDTH = 230
 """The window's minimum width in pixels: the conversations, the chat with its composer (its
 buttons wrap onto more lines) and the figures column still fit, nothing cut."""
 
@@ -282,7 +285,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         right.setFrameShape(QFrame.NoFrame)
         right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         right.setWidget(self.details)
-        right.setMinimumWidth(300)  # three figure tiles side by side
+        right.setMinimumWidth(SIDE_MIN_WIDTH)
         self.details_scroll = right
         d = self.details
         self.live, self.reasoning, self.tools = d.live, d.reasoning, d.tools
