@@ -1575,6 +1575,26 @@ def test_a_reply_max_tokens_cut_before_its_answer_says_so(qtbot):
     assert NO_ANSWER_IN_REASONING in view.toPlainText()
 
 
+def test_a_reply_stopped_after_its_tool_call_keeps_its_reasoning_fold(qtbot):
+    """A new user's pass: a Plain reply stopped early in its second round (after a tool
+    call) had reasoning in the pane but no "Reasoning" fold in its bubble: the fold only
+    looked at the last round's reasoning, which had none yet."""
+    from app.chat.turns import ConversationView, ReplyResult, Turn, Version
+    from app.ui.chat import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    first = {"role": "assistant", "content": "", "reasoning_content": "I look up Oceania.",
+             "tool_calls": [{"function": {"name": "country_info", "arguments": "{}"}}]}
+    reply = Turn("assistant", versions={"plain": Version(ReplyResult(
+        mode="plain", reasoning="", content="", finish_reason="cancelled",
+        tool_calls=[{"name": "country_info", "arguments": {}}], rounds=2,
+        messages=[first, {"role": "tool", "content": "{}"}]), stopped=True)}, chosen="plain")
+    conv = ConversationView(1, "Oceania", messages=[Turn("user", "Three capitals?"), reply])
+    view.render(conv)
+    assert "Reasoning (4 words)" in view.toPlainText()
+
+
 def click_link(qtbot, view, href: str) -> None:
     """Click the chat view's link ``href`` with the mouse, as a user does (it must be on
     screen: the footer of the last reply, where the view follows to)."""

@@ -290,7 +290,7 @@ class ChatView(QTextBrowser):
             return head + ("" if streaming else " <i>(no reply)</i>") + "</p>"
         r = v.result
         head += "</p>"
-        reasoning = r.all_reasoning() if r.reasoning else ""
+        reasoning = r.all_reasoning()  # every round's: one stopped early in round 2 has some
         if reasoning:
             open_ = i in self.expanded
             head += (f'<p style="color:{c.get("muted")}; font-size:small;">'
