@@ -1694,3 +1694,26 @@ def test_a_compare_turn_cut_by_max_tokens_offers_no_continue_and_says_why(qtbot)
     reply.compare = False  # the same reply alone is continued
     view.render(conv)
     assert 'href="continue:"' in view.toHtml()
+
+
+def test_number_fields_say_their_range_and_settings_has_a_shortcut(qtbot, qs):
+    """A new user typed 99 into Temperature and "abc-5" into Max tokens: the fields kept
+    what fits without a word. Each number field's tooltip now gives its range (and what its
+    lowest value means where that is a word), and File › Settings… has Ctrl+, on Linux too."""
+    from PySide6.QtGui import QKeySequence
+
+    from app.chat.settings import RANGES, defaults
+    from app.ui.settings import SettingsDialog
+
+    dlg = SettingsDialog(dict(defaults(), system_prompt="", stop_strings=[]), max_block=16)
+    qtbot.addWidget(dlg)
+    low, high = RANGES["temperature"]
+    assert dlg.temperature.toolTip().endswith(f"From {low:g} to {high:g}.")
+    assert dlg.block.toolTip().endswith("From 0 to 16. 0: drafter default.")
+    assert dlg.max_tokens.toolTip() == f"From {RANGES['max_tokens'][0]:,} to " \
+                                       f"{RANGES['max_tokens'][1]:,}."
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        assert win.settings_action.shortcut() == QKeySequence("Ctrl+,")
+    finally:
+        win.shutdown()

@@ -86,6 +86,21 @@ def reply_settings(values: dict, mode: str) -> dict:
     return reply_values(values, mode)
 
 
+def say_range(box: QSpinBox | QDoubleSpinBox) -> None:
+    """Add the values ``box`` takes to its tooltip (a number outside them is not typed at
+    all, which a new user read as the field ignoring them): ``"From 1 to 32768."``, and what
+    its lowest value means where it has a word for it (``"0: off."``)."""
+    def text(v: float) -> str:
+        return f"{v:g}" if isinstance(box, QDoubleSpinBox) else f"{int(v):,}"
+
+    lo, hi = box.minimum(), box.maximum()
+    line = f"From {text(lo)} to {text(hi)}."
+    if box.specialValueText():
+        line += f" {text(lo)}: {box.specialValueText()}."
+    tip = box.toolTip()
+    box.setToolTip(f"{tip} {line}" if tip else line)
+
+
 class SettingsDialog(QDialog):
     """Edit generation settings; "Save for this chat" stores overrides with the conversation,
     "Save as defaults" writes the app defaults. ``saved(dict, str)`` gives the values and
@@ -166,6 +181,9 @@ class SettingsDialog(QDialog):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(values["seed"])
         self.seed.setAccessibleName("Seed")
+        for box in (self.max_tokens, self.block, self.temperature, self.top_p, self.top_k,
+                    self.min_p, self.rep, self.seed):
+            say_range(box)
         note = QLabel(
             "Temperature 0 decodes greedily: DFlash then gives exactly the plain reply. Above 0 "
             "both modes sample from the same distribution (mlx-lm's samplers; DFlash accepts a "

@@ -352,7 +352,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         act(f, "Export chat…", self.export_chat, "Ctrl+E")
         act(f, "Import chat…", self.import_chat)
         f.addSeparator()
-        act(f, "Settings…", self.open_settings, QKeySequence.Preferences)
+        # Ctrl+, (Cmd+, on macOS, where Qt reads Ctrl as Cmd): QKeySequence.Preferences has
+        # no key on Linux or Windows, so a new user there found no shortcut
+        self.settings_action = act(f, "Settings…", self.open_settings, "Ctrl+,")
         f.addSeparator()
         act(f, "Quit", self.close, QKeySequence.Quit)
         c = mb.addMenu("&Chat")
