@@ -1717,3 +1717,27 @@ def test_number_fields_say_their_range_and_settings_has_a_shortcut(qtbot, qs):
         assert win.settings_action.shortcut() == QKeySequence("Ctrl+,")
     finally:
         win.shutdown()
+
+
+def test_send_with_an_empty_message_says_what_it_needs(qtbot):
+    """A new user pressed Send with nothing typed (and with spaces only): nothing happened.
+    It now says to type a message first, as Compare does, and sends nothing; the note goes
+    once typing starts."""
+    from PySide6.QtCore import Qt
+
+    from app.ui.chat import EMPTY_COMPARE, EMPTY_SEND, Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    sent = []
+    c.send.connect(sent.append)
+    c.edit.setPlainText("   ")
+    qtbot.mouseClick(c.send_btn, Qt.LeftButton)
+    assert sent == [] and c.mode_note.text() == EMPTY_SEND
+    c.edit.setPlainText("What is 17 times 23?")
+    assert c.mode_note.text() == ""
+    qtbot.mouseClick(c.send_btn, Qt.LeftButton)
+    assert sent == ["What is 17 times 23?"]
+    qtbot.mouseClick(c.compare_btn, Qt.LeftButton)
+    assert c.mode_note.text() == EMPTY_COMPARE

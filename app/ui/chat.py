@@ -404,6 +404,12 @@ def _fixed_row(widgets: list, spacing: int) -> QWidget:
         box.addWidget(w)
     return row
 
+EMPTY_SEND = "Type a message first: Send (or Enter) sends it."
+"""The composer's note after Send with an empty message (it goes when typing starts)."""
+EMPTY_COMPARE = "Type a message, then Compare runs it in each mode."
+"""The composer's note after Compare with an empty message (it goes when typing starts)."""
+
+
 class Composer(QWidget):
     """Input box with the Plain | DFlash (| DFlash2) switch, Colour drafts, Compare and one Send button
     that becomes Stop, in the same place, while a reply is written (as LM Studio and GPT4All
@@ -513,6 +519,7 @@ class Composer(QWidget):
         lay.addLayout(self.row)
         lay.addLayout(self.info)
         self.send_btn.clicked.connect(self._send)
+        self.edit.textChanged.connect(self._typed)
         self.stop_btn.clicked.connect(self.stop.emit)
         self.compare_btn.clicked.connect(self._compare)
 
@@ -585,14 +592,26 @@ class Composer(QWidget):
         return text
 
     def _send(self) -> None:
+        if not self.edit.toPlainText().strip() and self.send_btn.isEnabled():
+            # an empty (or spaces-only) message: say so rather than do nothing (a new user
+            # pressed Send and saw no reaction)
+            self.mode_note.setText(EMPTY_SEND)
+            self.edit.setFocus()
+            return
         text = self._take()
         if text:
+            self.mode_note.setText("")
             self.send.emit(text)
+
+    def _typed(self) -> None:
+        """Typing answers an empty Send's or Compare's note: it goes."""
+        if self.mode_note.text() in (EMPTY_SEND, EMPTY_COMPARE) and self.edit.toPlainText():
+            self.mode_note.setText("")
 
     def _compare(self) -> None:
         if not self.edit.toPlainText().strip() and self.send_btn.isEnabled():
             # nothing to compare yet: say what Compare needs instead of doing nothing
-            self.mode_note.setText("Type a message, then Compare runs it in each mode.")
+            self.mode_note.setText(EMPTY_COMPARE)
             self.edit.setFocus()
             return
         text = self._take()
