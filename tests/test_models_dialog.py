@@ -214,3 +214,21 @@ def test_formatting():
     assert format_duration(95) == "1 min 35 s"
     assert format_duration(7300) == "2 h 1 min"
     assert format_duration(None) == "?"
+
+
+def test_the_known_pairs_show_whole_and_a_status_sits_under_the_fields(dialog, qtbot):
+    """A new user's pass: "Known pairs" showed 3 of its 7 rows and a scroll bar while empty
+    room sat above Close, and a bad repo id's message appeared at the far bottom. All rows
+    now fit, and the status line comes right after the download row."""
+    from app.engine.catalog import KNOWN_PAIRS
+
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    known = dialog.known
+    assert known.topLevelItemCount() == len(KNOWN_PAIRS) > 3
+    last = known.visualItemRect(known.topLevelItem(known.topLevelItemCount() - 1))
+    assert known.viewport().rect().contains(last), (last, known.viewport().rect())
+    assert known.verticalScrollBar().maximum() == 0
+    layout = dialog.layout()
+    order = [layout.itemAt(i).widget() for i in range(layout.count())]
+    assert order.index(dialog.status_label) < order.index(dialog.progress_bar)

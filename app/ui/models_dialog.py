@@ -136,6 +136,18 @@ class DownloadRunner(QObject):
         self.finished.emit(paths, None)
 
 
+def fit_rows(tree: QTreeWidget) -> None:
+    """Make ``tree`` at least as tall as its header and rows (up to 12), so a short fixed list
+    such as the known pairs shows whole instead of three rows and a scroll bar beside empty
+    room (a new user's pass)."""
+    rows = min(tree.topLevelItemCount(), 12)
+    if rows == 0:
+        return
+    row = tree.sizeHintForRow(0) or tree.fontMetrics().height() + 4
+    tree.setMinimumHeight(tree.header().sizeHint().height() + rows * row
+                          + 2 * tree.frameWidth() + 2)
+
+
 class ModelsDialog(QDialog):
     """Targets, drafters and known pairs; Add folder, Download, Delete, Load.
 
@@ -243,11 +255,13 @@ class ModelsDialog(QDialog):
         self.progress_bar.setSizePolicy(keep)
         self.progress_bar.hide()
         self.progress_label = QLabel()
-        layout.addWidget(self.progress_bar)
-        layout.addWidget(self.progress_label)
+        # what went wrong (a bad repo id, a failed load) right under the fields it is about,
+        # not below the download's progress room at the far bottom
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
         layout.addWidget(self.status_label)
+        layout.addWidget(self.progress_bar)
+        layout.addWidget(self.progress_label)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
@@ -304,6 +318,7 @@ class ModelsDialog(QDialog):
                                     "on" if p.thinking else "off", status])
             item.setData(0, ROLE_ENTRY, p)
             self.known.addTopLevelItem(item)
+        fit_rows(self.known)
         if self.catalog.folders_error:
             self.status_label.setText(self.catalog.folders_error)
         self._on_target_selected()
