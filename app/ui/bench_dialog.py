@@ -47,7 +47,8 @@ HEADER_TIPS = {
     "replays": "Times the model's memory had to be rewound because the draft was only partly "
                "right. Cycles rolled back and re-run.",
     "rollback_share": "How much of the time went into rewinding. Rollback seconds / (draft + "
-                      "verify + rollback seconds).",
+                      "verify + rollback seconds); every cycle has a rollback stage, so 0 "
+                      "replays can still show a small share.",
     "identical_tokens": "Whether DFlash wrote exactly the same tokens as plain (it should, "
                         "with greedy sampling).",
 }

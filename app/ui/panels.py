@@ -64,9 +64,11 @@ FIGURES: list[tuple[str, str, str]] = [
      "'replay')."),
     ("rollback_share", "Rollback share",
      "How much of the time went into rewinding after wrong guesses. Rollback seconds / "
-     "(draft + verify + rollback seconds). A greedy reply waits for the device once per "
-     "cycle, in verify, so draft and rollback count the time to queue them; the benchmark "
-     "(Chat > Run short benchmark, or bench --stage-timing) times each stage."),
+     "(draft + verify + rollback seconds). Every cycle has a rollback stage, which with "
+     "nothing to rewind only keeps the caches' books, so a reply with 0 replays can still "
+     "show a small share. A greedy reply waits for the device once per cycle, in verify, so "
+     "draft and rollback count the time to queue them; the benchmark (Chat > Run short "
+     "benchmark, or bench --stage-timing) times each stage."),
     ("tok_per_s", "tok/s",
      "How fast the reply was written. Generated tokens per second, from the first token to "
      "the last (reading the prompt is not counted)."),
