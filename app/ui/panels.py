@@ -451,7 +451,7 @@ class LivePanel(QWidget):
 
     WIDE = ("context", "prompt")
     """Figures whose values are long: two to a row, the others three to a row (in a narrow
-    panel one and two: :meth:`columns_for`)."""
+    panel, :meth:`columns_for`: one long and two short ones to a row)."""
 
     def three_across_px(self) -> int:
         """The width three short tiles need side by side (pixels): below it they go two to a
