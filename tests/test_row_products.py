@@ -335,7 +335,9 @@ def test_a_gpu_without_the_kernels_tensor_cores_keeps_mlxs_products(monkeypatch)
     not say, is not switched."""
     monkeypatch.setattr(rp, "backend", lambda: "CUDA")
     for info, want in (({"compute_capability_major": 7}, False),
-                       ({"compute_capability_major": 9}, True), ({}, False)):
+                       ({"compute_capability_major": 9}, True), ({}, False),
+                       ({"architecture": "sm_90"}, True), ({"architecture": "sm_75"}, False),
+                       ({"architecture": "x86_64"}, False)):
         monkeypatch.setattr(rp, "_CAPABILITY", [])
         monkeypatch.setattr(mx, "device_info", lambda info=info: info)
         assert rp.on_cuda() is want

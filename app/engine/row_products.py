@@ -281,7 +281,12 @@ def on_cuda() -> bool:
         return False
     if not _CAPABILITY:
         try:
-            major = int(mx.device_info().get("compute_capability_major", 0))
+            info = mx.device_info()
+            major = info.get("compute_capability_major")
+            if major is None:  # "sm_90" (the architecture MLX 0.32 also reports)
+                arch = str(info.get("architecture", ""))
+                major = arch[3:-1] if arch.startswith("sm_") and len(arch) > 4 else 0
+            major = int(major)
         except Exception:  # an MLX without device_info, or one that fails
             major = 0
         _CAPABILITY.append(major)
