@@ -1741,3 +1741,23 @@ def test_send_with_an_empty_message_says_what_it_needs(qtbot):
     assert sent == ["What is 17 times 23?"]
     qtbot.mouseClick(c.compare_btn, Qt.LeftButton)
     assert c.mode_note.text() == EMPTY_COMPARE
+
+
+def test_a_restored_dflash2_switch_shows_while_the_pair_loads(qtbot):
+    """A new user's restart: the switch was saved on DFlash2, and while the pair loaded it
+    showed Plain | DFlash with neither selected. DFlash2 now shows, selected and disabled,
+    until the pair says whether it offers it."""
+    from app.ui.chat import Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    assert not c.dflash2_btn.isVisible()  # no pair yet
+    c.set_mode("dflash2")
+    assert c.dflash2_btn.isVisible() and c.dflash2_btn.isChecked()
+    assert not c.dflash2_btn.isEnabled() and c.mode() == "dflash2"
+    c.set_modes(("plain", "dflash", "dflash2"))
+    assert c.dflash2_btn.isEnabled() and c.mode() == "dflash2"
+    c.set_mode("dflash2")
+    c.set_modes(("plain", "dflash"))  # a pair without DFlash2: the switch moves to DFlash
+    assert not c.dflash2_btn.isVisible() and c.mode() == "dflash"

@@ -539,20 +539,27 @@ class Composer(QWidget):
 
     def set_mode(self, mode: str) -> None:
         """Set the switch ("dflash2" before a pair offers it is kept until :meth:`set_modes`
-        says whether it does)."""
+        says whether it does, and shown, disabled: a restart restores the switch while the
+        pair loads, and a new user saw Plain | DFlash with neither selected)."""
+        if mode == "dflash2" and self.dflash2_btn.isHidden():
+            self._offer_dflash2(True, enabled=False)
         btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn}.get(mode, self.plain_btn)
         btn.setChecked(True)
+
+    def _offer_dflash2(self, shown: bool, enabled: bool) -> None:
+        """Show or hide the DFlash2 button (DFlash then is the middle or the right segment)."""
+        self.dflash2_btn.setVisible(shown)
+        self.dflash2_btn.setEnabled(enabled)
+        self.dflash_btn.setObjectName("segMid" if shown else "segRight")
+        self.dflash_btn.style().unpolish(self.dflash_btn)
+        self.dflash_btn.style().polish(self.dflash_btn)
 
     def set_modes(self, modes: tuple[str, ...] | list[str], reason: str = "") -> None:
         """Offer the loaded pair's modes (``ModelInfo.modes``: "plain", "dflash",
         "dflash2"): DFlash2 shows only when offered; a switch on a mode no longer offered moves
         to DFlash, else Plain; ``reason`` is DFlash's tooltip when no drafter is loaded."""
         v2 = "dflash2" in modes
-        self.dflash2_btn.setVisible(v2)
-        self.dflash2_btn.setEnabled(v2)
-        self.dflash_btn.setObjectName("segMid" if v2 else "segRight")
-        self.dflash_btn.style().unpolish(self.dflash_btn)
-        self.dflash_btn.style().polish(self.dflash_btn)
+        self._offer_dflash2(v2, enabled=v2)
         lost = self.mode() not in modes
         self.set_dflash_available("dflash" in modes or v2, reason)
         self.compare_btn.setToolTip(COMPARE_TIPS["dflash" in modes and v2])
