@@ -59,4 +59,3 @@ def test_a_typo_is_an_error_not_dropped():
         reply_settings({"mode": "plain", "temprature": 0.5})
     with pytest.raises(SettingError, match="top_p"):
         reply_settings({"mode": "plain", "top_p": 0})
-

@@ -587,8 +587,7 @@ class Composer(QWidget):
         self.compare_btn.setEnabled(ok)
         self.dflash_btn.setToolTip(self.dflash_btn.toolTip() if ok else reason)
         if not ok:
-            self.dflash2_btn.setVisible(False)
-            self.dflash2_btn.setEnabled(False)
+            self._offer_dflash2(False, enabled=False)
             self.plain_btn.setChecked(True)
 
     def _take(self) -> str | None:
@@ -598,12 +597,17 @@ class Composer(QWidget):
         self.edit.clear()
         return text
 
+    def _nothing_typed(self, note: str) -> bool:
+        """An empty (or spaces-only) message while idle: ``note`` says what the button needs
+        (a new user pressed Send and saw no reaction) and the box gets the focus."""
+        if self.edit.toPlainText().strip() or not self.send_btn.isEnabled():
+            return False
+        self.mode_note.setText(note)
+        self.edit.setFocus()
+        return True
+
     def _send(self) -> None:
-        if not self.edit.toPlainText().strip() and self.send_btn.isEnabled():
-            # an empty (or spaces-only) message: say so rather than do nothing (a new user
-            # pressed Send and saw no reaction)
-            self.mode_note.setText(EMPTY_SEND)
-            self.edit.setFocus()
+        if self._nothing_typed(EMPTY_SEND):
             return
         text = self._take()
         if text:
@@ -616,10 +620,7 @@ class Composer(QWidget):
             self.mode_note.setText("")
 
     def _compare(self) -> None:
-        if not self.edit.toPlainText().strip() and self.send_btn.isEnabled():
-            # nothing to compare yet: say what Compare needs instead of doing nothing
-            self.mode_note.setText(EMPTY_COMPARE)
-            self.edit.setFocus()
+        if self._nothing_typed(EMPTY_COMPARE):
             return
         text = self._take()
         if text:

@@ -414,6 +414,7 @@ class LivePanel(QWidget):
         self.mode = "dflash"
         self._stats: LiveStats | None = None
         self._block: int | None = None
+        self._columns = 3  # short tiles to a row (2 in a narrow panel: columns_for)
         self._layout_tiles(plain=False)
 
     def show_stats(self, stats: LiveStats, block_size: int | None = None,
@@ -473,7 +474,7 @@ class LivePanel(QWidget):
     def _layout_tiles(self, plain: bool, columns: int | None = None) -> None:
         """Place the visible tiles without holes in a six-column grid: short figures
         ``columns`` (3 or 2; default: as now) to a row, then the wide ones one fewer."""
-        columns = columns or getattr(self, "_columns", 3)
+        columns = columns or self._columns
         for tile in self.tiles.values():
             self.grid.removeWidget(tile)
         keys = [k for k in self.labels if not (plain and k in DFLASH_ONLY)]
@@ -495,7 +496,7 @@ class LivePanel(QWidget):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         columns = self.columns_for(event.size().width())
-        if columns != getattr(self, "_columns", 3):
+        if columns != self._columns:
             self._layout_tiles(self._plain_layout, columns)
 
     def _show(self, stats: LiveStats) -> None:
