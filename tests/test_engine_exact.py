@@ -16,6 +16,11 @@ by at most 1e-4 (measured: 2.9e-5). The float16, bfloat16 and quantized paths do
 BLAS's float32 GEMM and are compared bitwise in every process; the float32 ones are compared
 bitwise by :func:`test_bitwise_under_reference_blas`, which reruns them in a child process
 without ``LD_PRELOAD``, where MLX uses the mlx-cpu wheel's reference BLAS.
+
+On MLX's CUDA backend (not in CI; ``tools/gpu_measure.sh exact``) the same tests run with zero
+tolerance: the row kernels keep float16, bfloat16 and quantized caches bit for bit, and float32
+runs with blocks of two or more tokens are strict expected failures
+(:func:`expect_float32_difference_on_cuda`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
 from app.engine import blas
 from app.engine.generate import GenerationConfig, _shared_kernel_runner, generate
+from app.engine.row_products import on_cuda
 from app.engine.target import TargetRunner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +69,16 @@ REFERENCE = _reference_blas()
 def cache_tol(dtype) -> float:
     """Largest |DFlash cache - plain cache| allowed (module docstring: why not always 0)."""
     return 0.0 if REFERENCE or dtype != mx.float32 else 1e-4
+
+
+def expect_float32_difference_on_cuda(request, dtype, block_size: int) -> None:
+    """On MLX's CUDA backend, mark a float32 run with blocks of more than one token as an
+    expected failure (strict: if it starts passing, the docs need updating). There MLX's float32
+    products use TF32 tensor cores, whose rounding depends on the row count, and the row kernels
+    (app/engine/row_products.py) take 16-bit inputs: tokens stay equal, caches differ by up to
+    ~4e-3 (host 25; docs/performance.md, "Exactness on CUDA"). Never on the CPU, where CI runs."""
+    if dtype == mx.float32 and block_size > 1 and on_cuda():
+        request.applymarker(pytest.mark.xfail(strict=True, reason="float32 on CUDA: TF32 products"))
 
 
 # name: (family, mlx-lm convert options or None for the float32 original, compute dtype)
@@ -211,7 +227,9 @@ def variant(request, wide_root):
     ids = prompt_ids(target)
     longest = max(tokens_for(b, "bit" in request.param) for b in BLOCK_SIZES)
     reference = collect(generate(target, ids, GenerationConfig(max_tokens=longest + 16))).tokens
-    assert len(reference) == longest + 16  # random weights do not end this soon
+    # random weights do not end this soon: plain's tokens fill every run (the oracle drafts
+    # 0 past the reference's end, which a run of ``longest`` tokens never commits)
+    assert len(reference) > longest
     plain = reference[:longest]
     states = plain_states(target, ids, plain)
     return request.param, target, drafter, dtype, ids, reference, plain, states
@@ -220,8 +238,9 @@ def variant(request, wide_root):
 @pytest.mark.parametrize("rollback", ["tape", "replay"])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_tokens_and_caches_equal_plain_after_every_cycle(variant, block_size, rollback,
-                                                         monkeypatch):
+                                                         monkeypatch, request):
     name, target, drafter, dtype, ids, reference, plain, states = variant
+    expect_float32_difference_on_cuda(request, dtype, block_size)
     if rollback == "replay" and not name.startswith("qwen3_5"):
         pytest.skip("a dense target only trims: both strategies are the same code")
     spy = CacheSpy(monkeypatch)
@@ -241,11 +260,12 @@ def test_tokens_and_caches_equal_plain_after_every_cycle(variant, block_size, ro
             assert {0, 1, 2, 3, block_size - 1} <= seen
 
 
-def test_real_drafter_keeps_every_dtype_while_decoding(variant, monkeypatch):
+def test_real_drafter_keeps_every_dtype_while_decoding(variant, monkeypatch, request):
     """The drafter module (random weights: mostly rejected, so rollback on nearly every
     cycle) in the variant's dtype: tokens equal plain's, caches too, and no parameter of the
     target or the drafter changes dtype (nothing is upcast behind the user's back)."""
     name, target, drafter, dtype, ids, reference, plain, states = variant
+    expect_float32_difference_on_cuda(request, dtype, 4)
     spy = CacheSpy(monkeypatch)
     n = 24  # nearly every block is rejected: a cycle per token (block 4 keeps verify cheap)
     spec, worst = dflash_with_cache_checks(
@@ -284,7 +304,7 @@ def test_fast_verify_is_not_exact(wide_root, monkeypatch):
     assert worst[True] > 1e-3, worst
 
 
-def test_sliding_window_llama_target_is_exact(tmp_path, monkeypatch):
+def test_sliding_window_llama_target_is_exact(tmp_path, monkeypatch, request):
     """A ``llama`` target with sliding-window layers (``RotatingKVCache``, window 24): per-layer
     masks and the rotating cache's rollback give plain's tokens and plain's visible K/V, while
     the context grows far past the window."""
@@ -292,6 +312,7 @@ def test_sliding_window_llama_target_is_exact(tmp_path, monkeypatch):
     from app.engine.tiny import build_tiny_pair
 
     t_dir, d_dir = build_tiny_pair(tmp_path, "llama", seed=2, block_size=8)
+    expect_float32_difference_on_cuda(request, mx.float32, 8)
     target, drafter = load_target(t_dir), load_drafter(d_dir)
     assert any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(target.model))
     ids = prompt_ids(target)
