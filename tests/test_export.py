@@ -246,9 +246,194 @@ def test_markdown_of_a_tool_reply_has_every_round_and_the_tool_result(tmp_path):
                     {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
                      "reasoning_content": last}])
         md = export_markdown(s, conv.id)
-    assert f"<details><summary>Reasoning</summary>\n\n{first}\n\n{last}\n\n</details>" in md
+    assert f"<details><summary>Reasoning (round 1)</summary>\n\n{first}\n\n</details>" in md
+    assert f"<details><summary>Reasoning (round 2)</summary>\n\n{last}\n\n</details>" in md
     assert "**Tool call** `current_time`" in md and '"timezone": "America/Anchorage"' in md
     assert "**Result**" in md and '"time": "06:39:34"' in md
     assert "9 tokens · 300.0 tok/s" in md
     assert "last round: 3 of 4 tokens from the drafter" in md
     assert "3 of 4 tokens from the drafter" not in md.replace("last round: 3 of 4", "")
+
+
+def _reply(data: dict) -> dict:
+    """The first reply (message 3) of an export of :func:`build`."""
+    return data["messages"][2]
+
+
+def _set(path: str, value):
+    """A mutation setting ``path`` (keys and list indexes joined by dots) of message 3."""
+    def mutate(data: dict) -> dict:
+        obj = _reply(data)
+        *head, last = path.split(".")
+        for key in head:
+            obj = obj[int(key)] if isinstance(obj, list) else obj.setdefault(key, {})
+        obj[int(last) if isinstance(obj, list) else last] = value
+        return data
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        # the new user's file: the window crashed formatting "fast" as a float
+        (_set("summary.tok_per_s", "fast"),
+         r"""message 3: 'summary.tok_per_s' should be a number, not "fast\""""),
+        (_set("summary.generated_tokens", 2.5), "'summary.generated_tokens' should be a whole"),
+        (_set("summary.acceptance_rate", [1]), "'summary.acceptance_rate' should be a number "
+                                               "or null"),
+        (_set("summary.mode", "turbo"), "'summary.mode' should be one of 'plain', 'dflash'"),
+        (_set("summary.accepted_lengths", [1, "a"]), "'summary.accepted_lengths' should be a "
+                                                     "list of whole numbers"),
+        (_set("summary.round_summaries", [{"tau": "x"}]),
+         r"message 3: 'summary.round_summaries\[0\].tau' should be a number or null"),
+        (_set("summary", [1, 2]), "message 3: 'summary' should be dict, not list"),
+        (_set("generation.continued", [{"after_tokens": "many"}]),
+         r"'generation.continued\[0\].after_tokens' should be a whole number"),
+        (_set("generation.speedup", {"ratio": 2.0, "baseline": {"tok_per_s": "x"}}),
+         "'generation.speedup.baseline.tok_per_s' should be a number"),
+        (_set("generation.top2_gap", "?"), "'generation.top2_gap' should be a number or null"),
+        (_set("generation.resume", {"prompt_ids": [1, "x"]}),
+         "'generation.resume.prompt_ids' should be a list of whole numbers"),
+        (_set("generation.max_tokens", "lots"), "'generation.max_tokens' should be a whole"),
+        (_set("tool_calls.0.duration_s", "slow"), r"'tool_calls\[0\].duration_s' should be"),
+        (_set("tool_calls.0.arguments", 5), r"'tool_calls\[0\].arguments' should be an object "
+                                            "or a string"),
+        (_set("rounds", [{"role": "assistant", "content": 5}]),
+         r"'rounds\[0\].content' should be a string or null"),
+        (_set("rounds", [{"role": "assistant", "tool_calls": [{"function": "f"}]}]),
+         r"'rounds\[0\].tool_calls\[0\].function' should be an object"),
+        (_set("rounds", [{"role": "wizard"}]), r"'rounds\[0\].role' should be one of"),
+    ],
+)
+def test_mistyped_structured_fields_are_refused_naming_message_and_field(tmp_path, mutate,
+                                                                         message):
+    """An export whose reply figures have the wrong type imported, and the window then
+    crashed rendering it ("Unknown format code 'f' for object of type 'str'") and could never
+    show that chat. Import checks the stored records against the app's types and stores
+    nothing."""
+    with Store(tmp_path / "a.db") as s:
+        good = export_json(s, build(s))
+        before = len(s.list_conversations())
+        with pytest.raises(ImportFormatError, match=message):
+            import_json(s, mutate(copy.deepcopy(good)))
+        assert len(s.list_conversations()) == before
+
+
+def test_a_tool_reply_with_every_record_round_trips(tmp_path):
+    """The checks accept what the app itself stores: round summaries, a speed-up, a resume
+    record, continuations, tool calls with results, rounds."""
+    from app.chat.baseline import PlainSample, SpeedUp
+
+    with Store(tmp_path / "a.db") as a, Store(tmp_path / "b.db") as b:
+        cid = _tool_reply(a)
+        row = a.active_path(cid)[-1]
+        r1 = Summary(mode="dflash", generated_tokens=5, tok_per_s=100.0, accepted_lengths=[2])
+        r2 = Summary(mode="dflash", generated_tokens=4, tok_per_s=120.0)
+        total = Summary.reply_total([r1, r2]).to_dict()
+        total["round_summaries"] = [r1.to_dict(), r2.to_dict()]
+        a.finish_reply(row.id, summary=total, content=row.content, reasoning=row.reasoning,
+                       tool_calls=row.tool_calls, rounds=row.rounds, token_ids=row.token_ids,
+                       from_draft=row.from_draft, finish_reason="length")
+        speed = SpeedUp(1.9, PlainSample("t|d", "bfloat16", 512, 40, 52.5, "Compare"))
+        a.update_generation(row.id, {
+            "max_tokens": 512, "temperature": 0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+            "seed": None, "enable_thinking": True, "speedup": speed.to_dict(), "top2_gap": None,
+            "resume": {"prompt_ids": [1, 2], "starts_in_reasoning": False,
+                       "target": "/t", "drafter": None},
+            "continued": [{"after_tokens": 4, "tokens": 5, "max_tokens": 512}],
+            "something_newer": {"kept": True}})
+        exported = export_json(a, cid)
+        back = import_json(b, json.loads(json.dumps(exported)))
+        assert export_json(b, back.id) == exported
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        # the new user's file: it imported, showed "T 99 · ≤-5 tok", and every Send failed
+        ({"max_tokens": -5, "block_size": 0, "temperature": 99, "top_p": 7},
+         # every bad one is named (block_size 0 is fine: the drafter's own)
+         r"^conversation settings: (?=.*max_tokens -5 is out of range: it must be between 1 "
+         r"and 131072)(?=.*temperature 99\.0 is out of range)(?=.*top_p 7\.0 is out of range)"
+         r"(?!.*block_size)"),
+        ({"temperature": 99}, r"temperature 99\.0 is out of range: it must be between 0 and 2"),
+        ({"top_p": 7}, r"top_p 7\.0 is out of range: it must be between 0\.01 and 1"),
+        ({"seed": 1.5}, "'seed' should be a whole number, not 1.5"),
+        ({"rollback": "sideways"}, "rollback must be one of tape, replay"),
+        ({"thinking": "yes"}, "conversation settings: 'thinking' should be true or false, not "
+                              '"yes"'),
+        ({"temperature": "0.7"}, "'temperature' should be a number, not \"0.7\""),
+        ({"max_tokens": None}, "'max_tokens' should be a whole number, not null"),
+        ({"stop_strings": ["</s>", 3]}, "'stop_strings' should be a list of strings"),
+        ({"system_prompt": 5}, "'system_prompt' should be a string, not 5"),
+    ],
+)
+def test_out_of_range_settings_are_refused(tmp_path, settings, message):
+    with Store(tmp_path / "a.db") as s:
+        good = export_json(s, build(s))
+        before = len(s.list_conversations())
+        bad = copy.deepcopy(good)
+        bad["conversation"]["settings"] = {**bad["conversation"]["settings"], **settings}
+        with pytest.raises(ImportFormatError, match=message):
+            import_json(s, bad)
+        assert len(s.list_conversations()) == before
+
+
+def test_valid_settings_import_and_unknown_keys_are_kept():
+    data = {
+        "format": "dflash-chat.conversation", "format_version": 1,
+        "conversation": {"created_at": 1.0, "updated_at": 2.0, "settings": {
+            "max_tokens": 64, "block_size": 0, "temperature": 1, "top_p": 0.9, "seed": -1,
+            "thinking": False, "stop_strings": ["END"], "rollback": "replay",
+            "from_a_newer_version": [1]}},
+        "messages": [],
+    }
+    conv, _ = parse_json(data)
+    assert conv.settings == {"max_tokens": 64, "block_size": 0, "temperature": 1.0,
+                             "top_p": 0.9, "seed": -1, "thinking": False,
+                             "stop_strings": ["END"], "rollback": "replay",
+                             "from_a_newer_version": [1]}
+    assert isinstance(conv.settings["temperature"], float)
+
+
+def _tool_reply(s: Store) -> int:
+    """A conversation whose reply ran a tool: round 1 reasoning, a line of text and a call,
+    the tool's result, round 2 reasoning and the answer (stored as the app stores it)."""
+    result = {"timezone": "America/Anchorage", "time": "06:39:34"}
+    conv = s.new_conversation("tools")
+    s.add_message(conv.id, "user", "What is the local time in Anchorage?")
+    r = s.begin_reply(conv.id, mode="dflash", block_size=16, rollback="tape")
+    s.finish_reply(
+        r.id, content="It is 06:39:34 in Anchorage.", reasoning="ROUND-2-REASONING",
+        tool_calls=[{"id": "call_0", "name": "current_time",
+                     "arguments": {"timezone": "America/Anchorage"}, "result": result,
+                     "error": None, "duration_s": 0.008}],
+        token_ids=[1, 2, 3, 4], from_draft=[False, True, True, True],
+        summary=Summary(mode="dflash", generated_tokens=9, tok_per_s=300.0).to_dict(),
+        rounds=[{"role": "assistant", "content": "ROUND-1-TEXT",
+                 "reasoning_content": "ROUND-1-REASONING",
+                 "tool_calls": [{"id": "call_0", "type": "function", "function": {
+                     "name": "current_time",
+                     "arguments": {"timezone": "America/Anchorage"}}}]},
+                {"role": "tool", "tool_call_id": "call_0", "name": "current_time",
+                 "content": json.dumps({"ok": True, "result": result})},
+                {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
+                 "reasoning_content": "ROUND-2-REASONING"}])
+    return conv.id
+
+
+def test_markdown_of_a_tool_reply_follows_the_order_things_happened(tmp_path):
+    """The final answer came before the tool call that preceded it (and both rounds'
+    reasoning came first): each round now shows its reasoning, text and call with its
+    result, then the next round's reasoning and the answer, then the figures."""
+    with Store(tmp_path / "a.db") as s:
+        md = export_markdown(s, _tool_reply(s))
+    order = ["## Assistant", "ROUND-1-REASONING", "ROUND-1-TEXT",
+             "**Tool call** `current_time`", '"timezone": "America/Anchorage"', "**Result**",
+             '"time": "06:39:34"', "ROUND-2-REASONING", "It is 06:39:34 in Anchorage.",
+             "9 tokens · 300.0 tok/s"]
+    at = [md.index(x) for x in order]
+    assert at == sorted(at), md
+    assert md.count("**Tool call**") == 1 and md.count("**Result**") == 1
+    assert md.count("It is 06:39:34 in Anchorage.") == 1
+    assert md.count("ROUND-1-REASONING") == md.count("ROUND-2-REASONING") == 1
