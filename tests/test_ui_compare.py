@@ -282,3 +282,25 @@ def test_side_figures_count_replays_in_the_singular_and_plural():
     assert "1 replay" in side_figures(one) and "1 replays" not in side_figures(one)
     one.summary.replays = 2
     assert "2 replays" in side_figures(one)
+
+
+def test_a_side_stopped_in_its_reasoning_shows_it_as_reasoning(qtbot):
+    """A new user stopped a Compare about 1 s in: the Plain side showed its reasoning ("The
+    user wants to convert ...") under the heading Answer. The template opens ``<think>``, so
+    the tokens hold no marker before ``</think>``; the reply's own fields say it was
+    reasoning."""
+    pieces = ["The", " user", " wants", " to", " convert"]
+    stopped = ReplyResult(mode="plain", tokens=[1, 2, 3, 4, 5], pieces=pieces,
+                          reasoning="The user wants to convert", content="",
+                          finish_reason="cancelled",
+                          summary=Summary(mode="plain", generated_tokens=5, tok_per_s=90.0))
+    finished = dataclasses.replace(stopped, mode="dflash", pieces=[*pieces, "</think>", "42"],
+                                   tokens=[1, 2, 3, 4, 5, 6, 7], content="42",
+                                   finish_reason="stop")
+    texts = side_texts(qtbot, stopped, finished)
+    for key in ("plain", "dflash"):
+        lines = texts[key].splitlines()
+        assert "Reasoning" in lines and lines.index("Reasoning") < len(lines) - 1, texts[key]
+        assert "The user wants to convert" in texts[key]
+    assert "Answer" not in texts["plain"].splitlines(), texts["plain"]
+    assert texts["dflash"].splitlines()[-2:] == ["Answer", "42"], texts["dflash"]

@@ -803,3 +803,30 @@ def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_as_tooltip(qtb
         assert win.flash_label.toolTip() == win.flash_label.text()
     finally:
         win.shutdown()
+
+
+@pytest.mark.parametrize("width", [None, 1000])
+def test_composer_is_whole_at_the_minimum_height(qtbot, qs, width):
+    """A new user's resize: the window allowed 680 x 296, and below about 370 px the mode
+    switch was drawn over the message box and the settings line ran into Compare and Send.
+    At the smallest size the window allows, the composer's parts are whole and apart."""
+    win, _ = loaded(qtbot, qs)
+    try:
+        win.resize(width or win.minimumWidth(), 1)  # the window stops at its minimum height
+        settle(qtbot)
+        assert win.height() == win.minimumHeight()
+        c = win.composer
+        parts = {"message box": c.edit, "mode switch": c.mode_seg, "colour": c.colour_box,
+                 "actions": c.actions, "settings line": c.note}
+        window = win.rect()
+        for name, w in parts.items():
+            assert w.isVisible(), name
+            r = rect_in(win, w)
+            assert window.contains(r) and rect_in(win, c).contains(r), (name, r, window)
+            assert w.height() >= (w.minimumHeight() or w.sizeHint().height()), name
+        names = list(parts)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                assert not rect_in(win, parts[a]).intersects(rect_in(win, parts[b])), (a, b)
+    finally:
+        win.close()

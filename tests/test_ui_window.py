@@ -1761,3 +1761,89 @@ def test_a_restored_dflash2_switch_shows_while_the_pair_loads(qtbot):
     c.set_mode("dflash2")
     c.set_modes(("plain", "dflash"))  # a pair without DFlash2: the switch moves to DFlash
     assert not c.dflash2_btn.isVisible() and c.mode() == "dflash"
+
+
+def test_tab_leaves_the_message_box(qtbot):
+    """A new user pressed Tab in the message box to reach the mode switch and Send: it typed
+    a tab character instead, and Tab never left the box. Tab now moves the focus on (as in
+    LM Studio's and GPT4All's message boxes) and leaves the text as it was."""
+    from PySide6.QtCore import Qt
+
+    from app.ui.chat import Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    qtbot.waitExposed(c)
+    c.edit.setFocus()
+    qtbot.waitUntil(c.edit.hasFocus)
+    c.edit.setPlainText("hello")
+    qtbot.keyClick(c.edit, Qt.Key_Tab)
+    assert c.edit.toPlainText() == "hello"
+    assert not c.edit.hasFocus()
+
+
+def test_a_user_message_keeps_its_line_breaks(qtbot):
+    """A new user wrote "Convert 5 miles", Shift+Enter, "into km please": the bubble showed
+    one line ("Convert 5 miles into km please"), though the line break was stored. Markdown
+    joins the lines of a paragraph; the user's own bubble keeps them (the model's answers
+    are Markdown as before)."""
+    from app.chat.turns import ConversationView, Turn
+    from app.ui.chat import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    conv = ConversationView(1, "Miles", messages=[
+        Turn("user", "Convert 5 miles\ninto km please\n\n- one\n- two")])
+    view.render(conv)
+    lines = [ln.strip() for ln in view.toPlainText().splitlines()]
+    assert "Convert 5 miles" in lines and "into km please" in lines
+    assert "Convert 5 miles into km please" not in view.toPlainText()
+    assert "\\" not in view.toPlainText()
+
+
+def test_an_unsent_message_stays_with_its_chat(qtbot, qs):
+    """A new user's Ctrl+N: the text typed but not sent in one chat came along into the new
+    chat, with the caret before it, so what they typed next went in front of it. Each chat
+    now keeps its own unsent message, as ChatGPT and LM Studio do; the caret goes to its end."""
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        first = win.new_chat()
+        win.rename_conversation("First")  # a chat of its own: New chat makes another
+        win.composer.edit.setPlainText("What is 2 + 2?")
+        second = win.new_chat()
+        assert second.id != first.id
+        assert win.composer.edit.toPlainText() == ""
+        win.composer.edit.setPlainText("Convert 5 miles")
+        win.select_conversation(win.store.get(first.id))
+        assert win.composer.edit.toPlainText() == "What is 2 + 2?"
+        assert win.composer.edit.textCursor().atEnd()
+        win.select_conversation(win.store.get(second.id))
+        assert win.composer.edit.toPlainText() == "Convert 5 miles"
+    finally:
+        close_window(win)
+
+
+def test_colour_drafts_keep_a_reply_stopped_in_its_reasoning_out_of_the_answer(qtbot):
+    """A new user's pass: with Colour drafts on, a reply stopped inside its reasoning showed
+    the reasoning's tokens ("The") as its answer; with it off, the bubble showed only the
+    Reasoning fold. Both now show the fold and no answer text."""
+    from app.chat.turns import ConversationView, ReplyResult, Turn, Version
+    from app.ui.chat import ChatView
+    from app.ui.theme import LIGHT
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.palette_colours = dict(LIGHT)
+    reply = Turn("assistant", versions={"dflash": Version(ReplyResult(
+        mode="dflash", tokens=[1, 2, 3], pieces=["The", " user", " asks"],
+        from_draft=[False, True, True], reasoning="The user asks", content="",
+        finish_reason="cancelled"), stopped=True)}, chosen="dflash")
+    conv = ConversationView(1, "Cups", messages=[Turn("user", "Change 87.54 cups into ml."),
+                                                 reply])
+    for colour in (False, True):
+        view.colour_drafts = colour
+        view.render(conv)
+        text = view.toPlainText()
+        assert "Reasoning (3 words)" in text, (colour, text)
+        assert "The user asks" not in text, (colour, text)

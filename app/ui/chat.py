@@ -37,7 +37,12 @@ from app.chat.baseline import NO_BASELINE
 from app.chat.conversation import continued_text
 from app.chat.turns import ConversationView, Turn
 from app.ui.fit import FlowLayout, WrapLabel
-from app.ui.render import answer_tokens_html, message_html, spells_its_text
+from app.ui.render import (
+    answer_tokens_html,
+    message_html,
+    spells_its_text,
+    starts_in_reasoning,
+)
 from app.ui.text import DRAFTING_MODES, mode_label, plural
 
 COMPARE_TIPS = {
@@ -258,7 +263,8 @@ class ChatView(QTextBrowser):
                        f'&nbsp;&nbsp;<a href="edit:{i}" style="color:{c.get("muted")};'
                        f' font-size:small;">edit</a>')
                     + '<br>'
-                    f'{message_html(m.content, self.codes, c)}</td></tr></table>')
+                    f'{message_html(m.content, self.codes, c, keep_line_breaks=True)}'
+                    '</td></tr></table>')
             elif m.role == "assistant":
                 out.append(self._assistant_html(i, m, i == last_assistant, streaming))
         out.append("</div>")
@@ -307,7 +313,7 @@ class ChatView(QTextBrowser):
             # only the answer is coloured (reasoning and tool calls have their own place);
             # token texts whose answer is not the stored one (another tokenizer's, or a tool
             # call kept as text) are not used: the stored text is shown as it is
-            coloured = answer_tokens_html(r.pieces, r.from_draft, c)
+            coloured = answer_tokens_html(r.pieces, r.from_draft, c, starts_in_reasoning(r))
         if coloured is not None:
             body = coloured
         else:
@@ -417,7 +423,7 @@ class Composer(QWidget):
     window the row of buttons wraps (:class:`~app.ui.fit.FlowLayout`): Compare and Send go to
     a line of their own at the right, every button whole.
 
-    Enter sends, Shift+Enter inserts a new line. A mouse press on Stop within the platform's
+    Enter sends, Shift+Enter inserts a new line, Tab moves the focus on. A mouse press on Stop within the platform's
     double-click interval after Send started the reply is ignored (the second click of a
     double-click on Send does not stop the reply it started). Signals: ``send(str)``,
     ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain", "dflash"
@@ -436,6 +442,7 @@ class Composer(QWidget):
         self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
         self.edit.setAccessibleName("Message input")
         self.edit.setFixedHeight(76)
+        self.edit.setTabChangesFocus(True)  # Tab reaches the switch and Send, as in LM Studio
         self.edit.installEventFilter(self)
         self.plain_btn = QPushButton("Plain")
         self.plain_btn.setObjectName("segLeft")

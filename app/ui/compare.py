@@ -49,6 +49,7 @@ from app.ui.render import (
     mark_section,
     sections_html,
     spells_its_text,
+    starts_in_reasoning,
 )
 from app.ui.text import DRAFTING_MODES, mode_label, plural, seconds_text
 
@@ -176,7 +177,8 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: boo
                f"{len(dflash.tokens)} {label}{', stopped' if stopped else ''}{gap})"
         if earlier:
             text += f" in the last round; {earlier}"
-    where = (mark_section(plain.pieces or dflash.pieces, diff)
+    shown = plain if plain.pieces else dflash
+    where = (mark_section(shown.pieces, diff, starts_in_reasoning(shown))
              if diff is not None and not short else None)
     if where:
         text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
@@ -504,7 +506,8 @@ class CompareView(QFrame):
         r = dataclasses.replace(r, tool_calls=[c for c in r.tool_calls
                                                if c.get("id") not in made])
         if r.pieces:
-            last = sections_html(r.pieces, mark, self.colours, r.tool_calls)
+            last = sections_html(r.pieces, mark, self.colours, r.tool_calls,
+                                 starts_in_reasoning(r))
         else:  # no token texts: the stored text, sections from the reply's fields
             last = text_sections_html(r, self.colours)
         self.texts[key].setHtml(earlier + last)

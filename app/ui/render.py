@@ -56,18 +56,24 @@ def code_block_html(code: str, lang: str, index: int, palette: dict) -> str:
 
 
 def message_html(text: str, codes: list[str], palette: dict,
-                 readable_numbers: bool = False) -> str:
+                 readable_numbers: bool = False, keep_line_breaks: bool = False) -> str:
     """HTML for one message's Markdown ``text``; appends each code block's text to ``codes``
     (the index in the copy anchor is its position there). ``readable_numbers``: whole
     numbers of five or more digits in the prose (not in code) get thousands separators
-    (``19600000 people`` -> ``19,600,000 people``), for the model's answers."""
+    (``19600000 people`` -> ``19,600,000 people``), for the model's answers.
+    ``keep_line_breaks``: every line break in the prose stays one (Markdown would join two
+    lines into one paragraph), for the user's own messages, written with Shift+Enter."""
     out = []
     for kind, lang, body in split_fences(text):
         if kind == "code":
             codes.append(body)
             out.append(code_block_html(body, lang, len(codes) - 1, palette))
         elif body.strip():
-            out.append(markdown_html(group_digits(body) if readable_numbers else body))
+            if readable_numbers:
+                body = group_digits(body)
+            if keep_line_breaks:  # two spaces before a line break: Markdown's hard break
+                body = re.sub(r"(?<=\S)[ \t]*\n(?=[ \t]*\S)", "  \n", body)
+            out.append(markdown_html(body))
     return "".join(out)
 
 
@@ -105,15 +111,19 @@ SECTION_TITLES = {"reasoning": "Reasoning", "answer": "Answer", "tools": "Tool c
 """The sections a reply's tokens fall into, in display order."""
 
 
-def split_sections(pieces: list[str]) -> list[tuple[str, int, str]]:
+def split_sections(pieces: list[str], in_reasoning: bool = False) -> list[tuple[str, int, str]]:
     """Where each token's text belongs: ``(section, token index, text)`` in order, section
     "reasoning", "answer" or "tools"; the markers themselves (``<think>``, ``</think>``,
     ``<tool_call>``, ``</tool_call>``) are left out. A reply whose first marker is
-    ``</think>`` started inside the reasoning (the chat template opened it). A token whose
-    text spans a marker gives one entry per side of it."""
+    ``</think>`` started inside the reasoning (the chat template opened it); so did one with
+    ``in_reasoning`` (:func:`starts_in_reasoning`: one stopped, or still being written,
+    before its ``</think>``). A token whose text spans a marker gives one entry per side of
+    it."""
     joined = "".join(pieces)
     marks = list(_MARKER.finditer(joined))
-    state = "reasoning" if marks and marks[0].group() == "</think>" else "answer"
+    first = marks[0].group() if marks else None
+    state = "reasoning" if first == "</think>" or (in_reasoning and first != "<think>") \
+        else "answer"
     out: list[tuple[str, int, str]] = []
     pos = 0
     mi = 0
@@ -150,10 +160,23 @@ def _section_runs(entries: list[tuple[str, int, str]], section: str):
     return runs
 
 
-def answer_tokens_html(pieces: list[str], from_draft: list[bool], palette: dict) -> str | None:
+def starts_in_reasoning(result) -> bool:
+    """True when a reply's token texts (``result.pieces``) begin inside its reasoning: they
+    start with its reasoning's text (``result.reasoning``, up to its first 40 characters)
+    and never open it (the chat template wrote ``<think>``). The tokens alone cannot say so
+    before their ``</think>``, in a reply stopped (or still being written) inside its
+    reasoning."""
+    reasoning = result.reasoning.strip()[:40]
+    joined = "".join(result.pieces)
+    return bool(reasoning) and "<think>" not in joined and joined.lstrip().startswith(reasoning)
+
+
+def answer_tokens_html(pieces: list[str], from_draft: list[bool], palette: dict,
+                       in_reasoning: bool = False) -> str | None:
     """The answer part of a reply's tokens, drafter-accepted ones tinted (:func:`tokens_html`);
-    reasoning and tool-call markup are left out. None when there is no answer text."""
-    entries = split_sections(pieces)
+    reasoning and tool-call markup are left out (``in_reasoning``: as
+    :func:`split_sections`). None when there is no answer text."""
+    entries = split_sections(pieces, in_reasoning)
     runs = _section_runs(entries, "answer")
     if not runs:
         return None
@@ -168,13 +191,15 @@ def spells_its_text(result, answer_only: bool = False) -> bool:
     malformed tool call the parser kept as text is in the stored answer but not in that
     section). Texts decoded by another model's tokenizer do not; the stored text is shown
     instead."""
-    text = answer_text(result.pieces) if answer_only else "".join(result.pieces)
+    text = answer_text(result.pieces, starts_in_reasoning(result)) if answer_only \
+        else "".join(result.pieces)
     return result.content.strip() in text
 
 
-def answer_text(pieces: list[str]) -> str:
-    """The answer part of a reply's token texts (what :func:`answer_tokens_html` shows)."""
-    return "".join(t for _, t in _section_runs(split_sections(pieces), "answer"))
+def answer_text(pieces: list[str], in_reasoning: bool = False) -> str:
+    """The answer part of a reply's token texts (what :func:`answer_tokens_html` shows;
+    ``in_reasoning``: as :func:`split_sections`)."""
+    return "".join(t for _, t in _section_runs(split_sections(pieces, in_reasoning), "answer"))
 
 
 def draft_legend_html(palette: dict) -> str:
@@ -232,12 +257,13 @@ def earlier_rounds_html(messages: list[dict], palette: dict) -> str:
 
 
 def sections_html(pieces: list[str], mark: int | None, palette: dict,
-                  tool_calls: list[dict] | None = None) -> str:
+                  tool_calls: list[dict] | None = None, in_reasoning: bool = False) -> str:
     """A reply's tokens as separate sections (Reasoning, Answer, Tool calls; empty ones left
     out), the token at index ``mark`` (the first divergence) on the highlight colour in
     whichever section it falls; a mark past the end shows "[ended]". ``tool_calls`` (dicts
-    with name and arguments) are listed when the tokens hold no tool-call text."""
-    entries = split_sections(pieces)
+    with name and arguments) are listed when the tokens hold no tool-call text;
+    ``in_reasoning``: as :func:`split_sections`."""
+    entries = split_sections(pieces, in_reasoning)
     hi = palette.get("diff_bg", "#fdd")
     muted = palette.get("muted", "#667085")
     visible = {i for _, i, t in entries if t}
@@ -266,12 +292,12 @@ def sections_html(pieces: list[str], mark: int | None, palette: dict,
     return "".join(out) or "<p></p>"
 
 
-def mark_section(pieces: list[str], mark: int | None) -> str | None:
+def mark_section(pieces: list[str], mark: int | None, in_reasoning: bool = False) -> str | None:
     """The section ("reasoning", "answer", "tools") of the token at ``mark`` (None when
-    there is no such token)."""
+    there is no such token; ``in_reasoning``: as :func:`split_sections`)."""
     if mark is None:
         return None
-    for section, i, t in split_sections(pieces):
+    for section, i, t in split_sections(pieces, in_reasoning):
         if i >= mark and t:
             return section
     return None

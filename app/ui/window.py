@@ -18,6 +18,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QTextCursor,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -64,11 +65,16 @@ log = logging.getLogger(__name__)
 RENDER_MS = 40
 """Render timer period in milliseconds (the issue asks for 30-50 ms)."""
 MIN_WIDTH = 680
+"""The window's minimum width in pixels: the conversations, the chat with its composer (its
+buttons wrap onto more lines) and the figures column still fit, nothing cut."""
+MIN_HEIGHT = 460
+"""The window's minimum height in pixels: at :data:`MIN_WIDTH` the composer's row of buttons
+wraps onto three lines and its settings line onto two or three, and all of it stays whole
+and apart, with a few lines of the conversation above (below about 370 px the mode switch
+was drawn over the message box)."""
 #: The side panel's narrowest (px): two figure tiles side by side (three from about 300 px,
 #: ``LivePanel.columns_for``), so that a narrow window keeps its conversation the wider pane.
 SIDE_MIN_WIDTH = 230
-"""The window's minimum width in pixels: the conversations, the chat with its composer (its
-buttons wrap onto more lines) and the figures column still fit, nothing cut."""
 
 
 
@@ -189,6 +195,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self._run: ReplyRun | None = None
         self._pending: list[UiEvent] = []
         self.shown_message: Turn | None = None
+        self._drafts: dict[int, str] = {}  # conversation id -> its unsent message
 
         self.workers = WorkerThread(backend, self.store.db)  # the worker writes replies
         self.worker = self.workers.worker
@@ -323,7 +330,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         sb.addWidget(self.flash_label, 1)
         sb.addPermanentWidget(self.progress)
         sb.addPermanentWidget(self.memory_label)
-        self.setMinimumWidth(MIN_WIDTH)
+        self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)
         self.resize(1280, 800)
 
     def _build_menus(self) -> None:
@@ -471,6 +478,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         if self.banner_kind == "note" and shown is not None and \
                 shown != (conv.id if conv is not None else None):
             self.clear_banner()  # a note on the previous chat's reply or settings (errors stay)
+        if shown is not None and conv is not None and conv.id != shown:
+            self._swap_draft(shown, conv.id)
         self.conv = conv
         self._refresh_list()
         self.chat.expanded = set()
@@ -485,6 +494,18 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             self._request_pieces()
         if conv is not None:
             self.qs.setValue("last_conversation", conv.id)
+
+    def _swap_draft(self, old: int, new: int) -> None:
+        """Keep the message typed but not sent in chat ``old`` with that chat, and put chat
+        ``new``'s back in the composer (empty when it has none), the caret at its end. In
+        memory only: a draft is not saved across runs."""
+        text = self.composer.edit.toPlainText()
+        if text.strip():
+            self._drafts[old] = text
+        else:
+            self._drafts.pop(old, None)
+        self.composer.edit.setPlainText(self._drafts.pop(new, ""))
+        self.composer.edit.moveCursor(QTextCursor.End)
 
     def _on_mode_changed(self, mode: str) -> None:
         """The switch moved: the settings line follows; mid-reply, say it is for the next."""
