@@ -91,12 +91,39 @@ def has_display() -> bool:
     return True
 
 
+class SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is reported with the subcommand's
+    own usage (``python -m app chat: error: unrecognized arguments: ...``), not the top-level
+    one's. Nested subcommands (``tools run``) use it too."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Parse like :meth:`argparse.ArgumentParser.parse_args`: no argument is left over."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+def check_data_dir(path: str) -> str | None:
+    """Make sure ``--data-dir`` is a usable folder, creating it when missing; the one-line
+    problem otherwise (every subcommand gets the same check), or None when it is usable."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"--data-dir {path} is a file, not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"--data-dir {path} cannot be created: {exc.strerror or exc}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"--data-dir {path} is not writable"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(
         prog="python -m app",
-        description=f"{APP_NAME}: chat with local MLX models, plain or with DFlash "
-        "speculative decoding.",
+        description=f"{APP_NAME}: chat with local MLX models, plain or with DFlash or "
+        "DFlash2 speculative decoding.",
     )
     parser.add_argument("--version", action="store_true", help="print versions and exit")
     parser.add_argument("--gui", action="store_true", help="open the window even without a display")
@@ -104,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir",
         help="folder for conversations, settings and logs (default: the platform's app-data folder)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=SubcommandParser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
@@ -115,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.data_dir:
-        if os.path.exists(args.data_dir) and not os.path.isdir(args.data_dir):
-            print(f"error: --data-dir {args.data_dir} is a file, not a folder", file=sys.stderr)
+        problem = check_data_dir(args.data_dir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
         os.environ["DFLASH_DATA_DIR"] = args.data_dir
     if args.version:

@@ -89,7 +89,7 @@ def test_chat_human_output(capsys, pair_paths):
     [
         (["--model", "/nonexistent/model", "--draft-model", "/x"], "/nonexistent/model"),
         (["--model", "/nonexistent/model"], "DFlash needs --draft-model"),
-        (["--draft-model", "/x"], "--draft-model needs --model"),
+        (["--draft-model", "/x"], "no model folder at /x"),  # on the bundled target
         (["--tools", "/nonexistent/tools.json"], "tool file not found"),
         (["--block-size", "99"], "block size 99"),
         (["--tool-parser", "nope"], "unknown tool parser"),
@@ -388,3 +388,78 @@ def test_chat_and_compare_warm_up_on_a_gpu_only(capsys, pair_paths, monkeypatch)
     assert "note: warmed up in 0.8 s (building GPU kernels)" in err
     assert run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")[0] == 0
     assert calls[-1] == ([False], True)  # plain mode loads no drafter
+
+
+# ------------------------------------------------------------------------------ bundled pair
+def _bundled_dirs():
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    return (*demo_pair_dirs(), demo_dflash2_dir())
+
+
+needs_bundled = pytest.mark.skipif(
+    not all((d / "config.json").is_file() for d in _bundled_dirs()),
+    reason="the bundled demo pair and its DFlash2 drafter are not in this checkout",
+)
+
+
+@needs_bundled
+@pytest.mark.parametrize("mode, index", [("dflash", 1), ("dflash2", 2), ("plain", 1)])
+def test_bundled_target_gets_the_bundled_drafter_of_its_mode(mode, index):
+    import argparse
+
+    from app.commands.generation import resolve_pair
+
+    dirs = [str(d) for d in _bundled_dirs()]
+    expected = (dirs[0], dirs[index])
+    for model in (None, dirs[0]):  # the default pair, or the bundled target named
+        args = argparse.Namespace(model=model, draft_model=None, mode=mode)
+        assert resolve_pair(args, need_drafter=True) == expected
+    # a --draft-model alone is paired with the bundled target
+    args = argparse.Namespace(model=None, draft_model="/some/drafter", mode=mode)
+    assert resolve_pair(args, need_drafter=True) == (dirs[0], "/some/drafter")
+
+
+@needs_bundled
+def test_chat_mode_dflash2_on_the_bundled_pair(capsys):
+    """``chat --mode dflash2`` with no models given runs the bundled DFlash2 drafter, as the
+    window does, and its tokens are plain's."""
+    argv = ["chat", "--prompt", "Hi", "--max-tokens", "6", "--tools", "none", "--json"]
+    code, out, err = run_cli(capsys, *argv, "--mode", "dflash2")
+    assert code == 0, err
+    v2 = json.loads(out)
+    assert v2["mode"] == v2["summary"]["mode"] == "dflash2" and v2["summary"]["cycles"] > 0
+    code, out, err = run_cli(capsys, *argv, "--mode", "plain")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == v2["tokens"]
+
+
+@needs_bundled
+def test_draft_model_alone_uses_the_bundled_target(capsys, pair_paths):
+    drafter = str(_bundled_dirs()[1])
+    code, out, err = run_cli(capsys, "chat", "--draft-model", drafter, "--mode", "dflash",
+                             "--prompt", "Hi", "--max-tokens", "4", "--tools", "none", "--json")
+    assert code == 0, err
+    assert json.loads(out)["mode"] == "dflash"
+    # a drafter made for another target: one line that says how to give its own target
+    code, out, err = run_cli(capsys, "chat", "--draft-model", str(pair_paths[1]), "--prompt",
+                             "Hi", "--max-tokens", "4", "--tools", "none")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "paired with the bundled demo target: give --model" in err
+
+
+@needs_bundled
+def test_compare_runs_dflash2_too_on_the_bundled_pair(capsys):
+    """Like the window's three-sided Compare; --dflash2-model none leaves that side out."""
+    argv = ["compare", "--prompt", "Hi", "--max-tokens", "6", "--tools", "none", "--json"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    obj = json.loads(out)
+    assert {"dflash2", "dflash2_identical", "dflash2_first_divergence"} <= set(obj)
+    assert obj["dflash"]["summary"]["mode"] == "dflash"
+    assert obj["dflash2"]["summary"]["mode"] == "dflash2"
+    assert obj["dflash2"]["tokens"] == obj["plain"]["tokens"] and obj["dflash2_identical"]
+    code, out, err = run_cli(capsys, *argv, "--dflash2-model", "none")
+    assert code == 0, err
+    assert set(json.loads(out)) == {"plain", "dflash", "identical", "first_divergence",
+                                    "near_tie"}

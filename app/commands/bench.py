@@ -38,6 +38,7 @@ from typing import Any
 from app.chat.templates import bench_prompt_ids as render
 from app.commands.generation import (
     CommandError,
+    default_dflash2,
     int_at_least,
     keep_quantized_arg,
     resolve_pair,
@@ -85,14 +86,16 @@ def _positive(text: str) -> int:
 def register(subparsers) -> None:
     """Add the ``bench`` subcommand (sets ``func`` to :func:`run_bench`)."""
     p = subparsers.add_parser(
-        "bench", help="benchmark plain vs DFlash (tape and replay) with ratios and plots",
+        "bench", help="benchmark plain vs DFlash (tape and replay) and DFlash2, with ratios "
+        "and plots",
         description="Run a prompt set through plain decoding and DFlash with tape and replay "
         "rollback at several block sizes, interleaved and repeated; report medians, ratios to "
         "plain (pair by pair) and whether every mode produced the same tokens.",
     )
     p.add_argument("--model", help="target folder or cached repo id (default: the bundled "
                    "demo pair, else a tiny random pair)")
-    p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
+    p.add_argument("--draft-model", help="DFlash (or DFlash2) drafter folder or cached repo "
+                   "id (without --model it is paired with the bundled demo target)")
     p.add_argument("--dflash2-model", default=None,
                    help="a DFlash2 drafter: adds dflash2+tape@B and dflash2+tape@B+nosel "
                    "(selector off) beside the DFlash modes (default on the bundled demo pair: "
@@ -392,24 +395,6 @@ def run_multi_turn(args) -> int:
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def default_dflash2(args) -> str | None:
-    """The DFlash2 drafter the bench adds: ``--dflash2-model`` (``none``: no DFlash2 modes),
-    else, on the bundled demo pair (no ``--model``) with its DFlash drafter, the bundled
-    DFlash2 drafter when it is there; else None."""
-    given = getattr(args, "dflash2_model", None)
-    if given is not None:
-        return None if str(given).lower() == "none" else str(given)
-    if getattr(args, "model", None) or getattr(args, "draft_model", None):
-        return None
-    from app.paths import demo_dflash2_dir, demo_pair_dirs
-
-    target, drafter = demo_pair_dirs()
-    folder = demo_dflash2_dir()
-    if all((d / "config.json").is_file() for d in (target, drafter, folder)):
-        return str(folder)
-    return None
 
 
 def run_bench(args) -> int:

@@ -1,6 +1,7 @@
-"""``python -m app chat``: one reply, plain or DFlash (the JSON contract is in the README).
+"""``python -m app chat``: one reply, plain, DFlash or DFlash2 (the JSON contract is in the
+README).
 
-``python -m app chat [--model M --draft-model D] --mode {plain,dflash} --prompt TEXT ...``
+``python -m app chat [--model M --draft-model D] --mode {plain,dflash,dflash2} --prompt TEXT``
 prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
 summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
 It goes through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
@@ -28,12 +29,14 @@ from app.commands.generation import (
 def register(subparsers) -> None:
     """Add the ``chat`` subcommand."""
     chat = subparsers.add_parser(
-        "chat", help="one reply, plain or DFlash",
-        description="Generate one reply to --prompt and print it with its figures.",
+        "chat", help="one reply, plain, DFlash or DFlash2",
+        description="Generate one reply to --prompt (plain, DFlash or DFlash2 decoding) and "
+        "print it with its figures.",
     )
     _add_common(chat)
     chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
-                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter)")
+                      help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter: "
+                      "on the bundled demo pair its bundled one, else --draft-model)")
     chat.set_defaults(func=run_chat)
 
 

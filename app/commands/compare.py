@@ -1,12 +1,13 @@
-"""``python -m app compare``: plain then DFlash on the same prompt.
+"""``python -m app compare``: plain, DFlash and DFlash2 on the same prompt.
 
 Prints ``{"plain", "dflash", "identical", "first_divergence", "near_tie"}`` with ``--json``
-(each side as ``chat --json`` prints it), else both replies and a verdict. When a DFlash2
-drafter takes part (``--draft-model`` is one, or ``--dflash2-model`` gives one beside a DFlash
-drafter) the object adds ``"dflash2", "dflash2_identical", "dflash2_first_divergence"``
-(DFlash2 vs plain). With only a DFlash2 drafter, ``"dflash"`` is that drafter's run too (mode
-``dflash`` runs the drafter's own draft), so today's fields keep their meaning: speculative vs
-plain. A divergence is
+(each side as ``chat --json`` prints it), else the replies and a verdict. When a DFlash2
+drafter takes part (``--draft-model`` is one, ``--dflash2-model`` gives one beside a DFlash
+drafter, or by default on the bundled demo pair its DFlash2 drafter, as in the window's
+three-sided Compare; ``--dflash2-model none`` leaves it out) the object adds ``"dflash2",
+"dflash2_identical", "dflash2_first_divergence"`` (DFlash2 vs plain). With only a DFlash2
+drafter, ``"dflash"`` is that drafter's run too (mode ``dflash`` runs the drafter's own
+draft), so today's fields keep their meaning: speculative vs plain. A divergence is
 reported, not an error (exit code 0); 2 for bad arguments or unusable model files.
 """
 
@@ -24,6 +25,7 @@ from app.commands.generation import (
     _guard,
     _load,
     _messages,
+    default_dflash2,
     default_thinking,
     load_tools,
     settings_from_args,
@@ -35,19 +37,24 @@ from app.engine.compare import first_divergence
 def register(subparsers) -> None:
     """Add the ``compare`` subcommand."""
     compare = subparsers.add_parser(
-        "compare", help="plain then DFlash on the same prompt",
-        description="Run plain then DFlash decoding on the same prompt and report whether the "
-        "tokens are identical, where they first differ and how close the target's top two "
-        "logits are there.",
+        "compare", help="plain, DFlash and DFlash2 on the same prompt",
+        description="Run plain, then DFlash, then DFlash2 decoding on the same prompt and "
+        "report whether the tokens are identical, where they first differ and how close the "
+        "target's top two logits are there. The DFlash2 side runs with a DFlash2 drafter: "
+        "--dflash2-model, or --draft-model when it is one (then it is the only speculative "
+        "side), or by default on the bundled demo pair its bundled DFlash2 drafter, as the "
+        "window's Compare does; without one, compare runs plain and DFlash only.",
     )
     _add_common(compare)
     compare.add_argument("--dflash2-model", default=None,
-                         help="a DFlash2 drafter to compare too, beside --draft-model's run")
+                         help="a DFlash2 drafter to compare too, beside --draft-model's run "
+                         "(default on the bundled demo pair: its DFlash2 drafter, "
+                         "resources/models/demo-dflash2; 'none' leaves it out)")
     compare.set_defaults(func=run_compare)
 
 
 def run_compare(args) -> int:
-    """``compare``: plain then DFlash; returns the exit code."""
+    """``compare``: plain, then DFlash and/or DFlash2; returns the exit code."""
     return _guard(_compare, args)
 
 
@@ -56,13 +63,14 @@ def _compare(args) -> int:
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
     think = args.think if args.think is not None else default_thinking(tpath, dpath)
     drafter2 = None
-    if getattr(args, "dflash2_model", None):
+    d2path = default_dflash2(args)
+    if d2path:
         from app.commands.generation import CommandError
         from app.engine.loader import check_pair, load_drafter
 
-        drafter2 = load_drafter(args.dflash2_model)
+        drafter2 = load_drafter(d2path)
         if getattr(drafter2.config, "kind", "dflash") != "dflash2":
-            raise CommandError(f"--dflash2-model {args.dflash2_model} is not a DFlash2 drafter")
+            raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
     warm_up_on_gpu(target, [drafter, drafter2])
     only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
@@ -114,5 +122,10 @@ def _compare(args) -> int:
         print(f"identical: no (first divergence at token {div}{gap})")
     sp, sd = plain.summary.tok_per_s, dflash.summary.tok_per_s
     if sp > 0 and sd > 0:
-        print(f"speed: DFlash {sd:.1f} tok/s vs plain {sp:.1f} tok/s ({sd / sp:.2f}x)")
+        print(f"speed: DFlash{'2' if only_v2 else ''} {sd:.1f} tok/s vs plain {sp:.1f} tok/s "
+              f"({sd / sp:.2f}x)")
+    if "dflash2" in results and not only_v2:
+        s2 = results["dflash2"][0].summary.tok_per_s
+        if sp > 0 and s2 > 0:
+            print(f"speed: DFlash2 {s2:.1f} tok/s vs plain {sp:.1f} tok/s ({s2 / sp:.2f}x)")
     return 0

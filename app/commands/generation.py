@@ -52,11 +52,22 @@ def _temperature(text: str) -> float:
     return value
 
 
+def prompt_text(text: str) -> str:
+    """An argparse ``type`` for a user message: refuses an empty or blank one, as the
+    window's composer does (exit code 2 with the command's usage)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the message is empty: give some text to reply to")
+    return text
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="target: a folder or a cached Hugging Face repo id "
                    "(default: the bundled demo pair)")
-    p.add_argument("--draft-model", help="DFlash drafter folder or cached repo id")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message")
+    p.add_argument("--draft-model", help="DFlash or DFlash2 drafter folder or cached repo id "
+                   "(default with the bundled demo target: its drafter; without --model it "
+                   "is paired with the bundled demo target)")
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_PROMPT,
+                   help="the user message (not empty)")
     p.add_argument("--system-prompt", help="a system message")
     p.add_argument("--max-tokens", type=_positive_int, default=256,
                    help="generated tokens at most per round (default 256)")
@@ -104,21 +115,78 @@ def _warn(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
-    """(target, drafter or None) paths/repo ids from the arguments, the bundled demo pair, or
-    a tiny random pair built under ``cache_dir()`` (one line on stderr says so)."""
-    from app.paths import cache_dir, demo_pair_dirs
+def bundled_pair() -> tuple[Path, Path] | None:
+    """(target, DFlash drafter) folders of the bundled demo pair, or None when either is
+    missing (no ``config.json``)."""
+    from app.paths import demo_pair_dirs
 
-    if args.model:
-        if need_drafter and not args.draft_model:
-            hint = " (or use --mode plain)" if getattr(args, "mode", None) else ""
-            raise CommandError(f"DFlash needs --draft-model with --model{hint}")
-        return args.model, args.draft_model
-    if args.draft_model:
-        raise CommandError("--draft-model needs --model (the target it was made for)")
     target, drafter = demo_pair_dirs()
     if (target / "config.json").is_file() and (drafter / "config.json").is_file():
-        return str(target), str(drafter)
+        return target, drafter
+    return None
+
+
+def bundled_dflash2() -> Path | None:
+    """The bundled demo target's DFlash2 drafter folder when it and the bundled pair are all
+    there (the window's default pair offers plain, DFlash and DFlash2 with it), else None."""
+    from app.paths import demo_dflash2_dir
+
+    folder = demo_dflash2_dir()
+    if bundled_pair() is not None and (folder / "config.json").is_file():
+        return folder
+    return None
+
+
+def _is_bundled_target(model: str) -> bool:
+    """True when ``model`` names the bundled demo target's folder."""
+    pair = bundled_pair()
+    if pair is None:
+        return False
+    try:
+        return Path(model).expanduser().resolve() == pair[0].resolve()
+    except OSError:
+        return False
+
+
+def _bundled_drafter(mode: str | None) -> str | None:
+    """The bundled drafter for ``mode``: the DFlash2 one for ``dflash2`` (when bundled), else
+    the DFlash one; None when the bundled pair is missing."""
+    pair = bundled_pair()
+    if pair is None:
+        return None
+    if mode == "dflash2":
+        v2 = bundled_dflash2()
+        if v2 is not None:
+            return str(v2)
+    return str(pair[1])
+
+
+def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
+    """(target, drafter or None) paths/repo ids from the arguments, the bundled demo pair, or
+    a tiny random pair built under ``cache_dir()`` (one line on stderr says so).
+
+    With no ``--draft-model``, the bundled target gets its bundled drafter: the DFlash2 one
+    for ``--mode dflash2``, else the DFlash one. A ``--draft-model`` without ``--model`` is
+    paired with the bundled demo target."""
+    from app.paths import cache_dir
+
+    mode = getattr(args, "mode", None)
+    if args.model:
+        if need_drafter and not args.draft_model:
+            if _is_bundled_target(args.model):
+                return args.model, _bundled_drafter(mode)
+            hint = " (or use --mode plain)" if mode else ""
+            kind = "DFlash2" if mode == "dflash2" else "DFlash"
+            raise CommandError(f"{kind} needs --draft-model with --model{hint}")
+        return args.model, args.draft_model
+    pair = bundled_pair()
+    if args.draft_model:
+        if pair is None:
+            raise CommandError("--draft-model needs --model (the target it was made for): "
+                               "the bundled demo target is missing")
+        return str(pair[0]), args.draft_model
+    if pair is not None:
+        return str(pair[0]), _bundled_drafter(mode)
     from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
 
     root = cache_dir() / FALLBACK_FOLDER
@@ -126,6 +194,19 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
           "(its text is gibberish).")
     t, d = fallback_pair()
     return str(t), str(d)
+
+
+def default_dflash2(args) -> str | None:
+    """The DFlash2 drafter ``bench`` and ``compare`` add: ``--dflash2-model`` (``none``: no
+    DFlash2 side), else, on the bundled demo pair (neither ``--model`` nor ``--draft-model``),
+    the bundled DFlash2 drafter when it is there (:func:`bundled_dflash2`); else None."""
+    given = getattr(args, "dflash2_model", None)
+    if given is not None:
+        return None if str(given).lower() == "none" else str(given)
+    if getattr(args, "model", None) or getattr(args, "draft_model", None):
+        return None
+    folder = bundled_dflash2()
+    return None if folder is None else str(folder)
 
 
 def load_tools(spec: str) -> list[dict] | None:
@@ -196,7 +277,14 @@ def _load(args, need_drafter: bool):
     drafter = None
     if dpath and need_drafter:
         drafter = load_drafter(dpath)
-        check_pair(target, drafter)
+        try:
+            check_pair(target, drafter)
+        except EngineError as exc:
+            if getattr(args, "draft_model", None) and not getattr(args, "model", None):
+                raise CommandError(f"{exc} (without --model, --draft-model is paired with "
+                                   "the bundled demo target: give --model for its own "
+                                   "target)") from None
+            raise
         for note in warn_drafter_defaults(drafter.path):
             _warn(f"warning: {note}")
     elif getattr(args, "draft_model", None):

@@ -44,6 +44,13 @@ def _print_text(report: dict) -> None:
         print(f"skipped {s['path']}: {s['reason']}")
 
 
+def _save_error(catalog: Catalog, exc: OSError) -> int:
+    """Say in one line that the folder list could not be saved; exit code 2."""
+    print(f"error: cannot save the folder list in {catalog.data_dir}: {exc.strerror or exc}",
+          file=sys.stderr)
+    return 2
+
+
 def _run_models(args: argparse.Namespace) -> int:
     catalog = Catalog()
     if args.add_folder:
@@ -52,9 +59,15 @@ def _run_models(args: argparse.Namespace) -> int:
         except (ModelNotFoundError, ModelLoadError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:
+            return _save_error(catalog, exc)
         print(f"added {args.add_folder}: {', '.join(e.name for e in found)}", file=sys.stderr)
     if args.remove_folder:
-        if not catalog.remove_folder(args.remove_folder):
+        try:
+            removed = catalog.remove_folder(args.remove_folder)
+        except OSError as exc:
+            return _save_error(catalog, exc)
+        if not removed:
             print(f"error: {args.remove_folder} is not in the folder list", file=sys.stderr)
             return 2
     if args.download:

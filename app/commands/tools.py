@@ -10,9 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from app.chat.tools import BUILTIN_TOOLS, find_tool, run_tool, tool_schemas
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type`` for a timeout: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
 
 
 def register(subparsers) -> None:
@@ -36,7 +48,8 @@ def register(subparsers) -> None:
         help='arguments as a JSON object, e.g. \'{"expression": "17*23"}\'',
     )
     r.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds the tool may run (default 10)"
+        "--timeout", type=positive_seconds, default=10.0,
+        help="seconds the tool may run, above 0 (default 10)"
     )
     r.set_defaults(func=_run)
 

@@ -1,0 +1,116 @@
+"""`python -m app` usage errors a new user meets: the data folder checked once for every
+command, empty prompts refused, unknown arguments shown with the subcommand's own usage,
+tool timeouts above 0, and --help lines that name DFlash2 where it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cli import build_parser, main
+
+
+def _exit_code(capsys, argv):
+    """(exit code, stderr) of ``main(argv)``, whether it returns or argparse exits."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ --data-dir
+def test_data_dir_that_cannot_be_created_is_one_line_for_models(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = blocker / "data"  # under a file: the folder can never be made
+    code, err = _exit_code(capsys, ["--data-dir", str(bad), "models", "--add-folder",
+                                    str(tmp_path)])
+    assert code == 2
+    assert err.strip() == f"error: --data-dir {bad} cannot be created: Not a directory"
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["tools"], ["models", "--json"],
+                                  ["chat", "--model", "/nonexistent/model"]])
+def test_every_command_checks_the_data_dir_the_same_way(capsys, tmp_path, argv):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, err = _exit_code(capsys, ["--data-dir", str(blocker / "data"), *argv])
+    assert code == 2 and "cannot be created" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_new_data_dir_is_created(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    new = tmp_path / "a" / "b"
+    assert main(["--data-dir", str(new), "tools"]) == 0
+    assert new.is_dir()
+
+
+def test_models_says_in_one_line_when_the_folder_list_cannot_be_saved(capsys, tmp_path,
+                                                                      monkeypatch):
+    # no --data-dir: the app-data folder from the environment is unusable
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(blocker / "data"))
+    from app.paths import demo_pair_dirs
+
+    model = demo_pair_dirs()[1]  # a model folder the catalog accepts
+    if not (model / "config.json").is_file():
+        pytest.skip("the bundled demo pair is not in this checkout")
+    code, err = _exit_code(capsys, ["models", "--add-folder", str(model)])
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().startswith(f"error: cannot save the folder list in {blocker / 'data'}")
+
+
+# ------------------------------------------------------------------------------ prompts
+@pytest.mark.parametrize("command", ["chat", "compare"])
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t"])
+def test_empty_prompt_is_refused(capsys, command, prompt):
+    # a missing model would also exit 2, but later and with another message
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--prompt", prompt, "--model", "/nonexistent/model"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m app {command}: error: argument --prompt: the message is empty" in err
+
+
+# ------------------------------------------------------------------------------ unknown arguments
+@pytest.mark.parametrize("argv, prog", [(["chat", "--bogus"], "python -m app chat"),
+                                        (["compare", "--bogus"], "python -m app compare"),
+                                        (["tools", "run", "calculator", "--bogus"],
+                                         "python -m app tools run")])
+def test_unknown_argument_shows_the_subcommands_usage(capsys, argv, prog):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {prog} ")
+    assert f"{prog}: error: unrecognized arguments: --bogus" in err
+
+
+# ------------------------------------------------------------------------------ tools run
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
+def test_tool_timeout_must_be_above_zero(capsys, timeout):
+    with pytest.raises(SystemExit) as exc:
+        main(["tools", "run", "calculator", "--timeout", timeout])
+    assert exc.value.code == 2
+    assert "argument --timeout" in capsys.readouterr().err
+
+
+def test_tool_timeout_above_zero_runs(capsys):
+    assert main(["tools", "run", "calculator", "--timeout", "2.5", "--args",
+                 '{"expression": "17*23"}']) == 0
+    assert '"result": 391' in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ --help
+def test_help_lines_name_dflash2(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("    ")}
+    assert "DFlash2" in lines["chat"] and "DFlash2" in lines["compare"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'none' leaves it out" in out and "plain and DFlash only" in out
