@@ -1847,3 +1847,27 @@ def test_colour_drafts_keep_a_reply_stopped_in_its_reasoning_out_of_the_answer(q
         text = view.toPlainText()
         assert "Reasoning (3 words)" in text, (colour, text)
         assert "The user asks" not in text, (colour, text)
+
+
+def test_an_error_about_one_chats_turn_goes_when_another_chat_is_shown(qtbot, qs):
+    """A new user's pass: "Could not save this turn ... temperature 99.0 is out of range"
+    stayed in red above other chats after switching to them and deleting them. An error
+    about a chat's turn now goes with that chat; one about the app (a model that did not
+    load) stays."""
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        first = win.new_chat()
+        win.rename_conversation("First")
+        second = win.new_chat()
+        assert second.id != first.id
+        win.select_conversation(win.store.get(first.id))
+        win.show_banner("Could not save this turn, so no reply was started: temperature 99.0 "
+                        "is out of range", chat=first.id)
+        assert win.banner_row.isVisibleTo(win)
+        win.select_conversation(win.store.get(second.id))  # a click in the list
+        assert not win.banner_row.isVisibleTo(win) and win.banner.text() == ""
+        win.show_banner("Could not load the model: no such folder")
+        win.select_conversation(win.store.get(first.id))
+        assert win.banner_row.isVisibleTo(win) and "Could not load" in win.banner.text()
+    finally:
+        close_window(win)

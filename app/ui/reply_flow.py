@@ -377,7 +377,7 @@ class ReplyFlow:
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
         side.error = ev.message  # stored with the reply, shown when its chat is
         if self._shown(self._run):
-            self.show_banner(ev.message)
+            self.show_banner(ev.message, chat=self._run.conv.id)
 
     def _on_reply_finished(self, side: SideRun, ev: ReplyFinished) -> None:
         self._finish_side(side, ev.result)
@@ -495,14 +495,15 @@ class ReplyFlow:
         """The turn could not be stored, or its prompt does not fit the context
         (``TurnRefused``): the view and the figures go back to what they were, the message
         goes back to the composer, and the banner says why."""
+        chat = run.conv.id
         if run.refused:
-            self.show_banner(run.not_started)
+            self.show_banner(run.not_started, chat=chat)
         elif run.continued is not None:
             self.show_banner("Could not continue the reply, so it is kept as it was: "
-                             f"{run.not_started or 'the worker stopped'}")
+                             f"{run.not_started or 'the worker stopped'}", chat=chat)
         else:
             self.show_banner("Could not save this turn, so no reply was started: "
-                             f"{run.not_started or 'the worker stopped'}")
+                             f"{run.not_started or 'the worker stopped'}", chat=chat)
         run.conv.messages, chosen = run.previous
         if run.msg.versions:  # a regenerated reply shows its earlier version again
             run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))

@@ -243,6 +243,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.banner.setWordWrap(True)
         self.banner.setAccessibleName("Message")
         self.banner_kind = ""
+        self.banner_chat: int | None = None  # the conversation the banner is about
         self.banner_close = QToolButton()
         self.banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
         self.banner_close.setAccessibleName("Dismiss message")
@@ -418,11 +419,14 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.flash_label.setText(f"   ·   {text}" if text else "")
         self._flash_timer.start(ms)
 
-    def show_banner(self, text: str, kind: str = "error") -> None:
+    def show_banner(self, text: str, kind: str = "error", chat: int | None = None) -> None:
         """Show a dismissable message above the chat. ``kind`` "error" (something failed:
-        the red banner) or "note" (routine information: a quiet one)."""
+        the red banner) or "note" (routine information: a quiet one). ``chat``: the id of the
+        conversation the message is about (a turn that could not start or failed); it goes
+        when another chat is shown. None: about the app (a model that did not load), kept."""
         log.info("banner (%s): %s", kind, text)
         self.banner_kind = kind
+        self.banner_chat = chat
         self.banner.setText(sentence(text))
         self.banner.setProperty("kind", kind)
         self.banner.setAccessibleName("Error" if kind == "error" else "Note")
@@ -439,6 +443,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         """Hide the message."""
         self.banner.setText("")
         self.banner_kind = ""
+        self.banner_chat = None
         self.banner_row.hide()
 
     # ------------------------------------------------------------------ conversations
@@ -475,6 +480,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
         shown = self.conv.id if self.conv is not None else None
+        if self.banner_chat is not None and self.banner_chat != (conv.id if conv else None):
+            self.clear_banner()  # an error about the previous chat's turn
         if self.banner_kind == "note" and shown is not None and \
                 shown != (conv.id if conv is not None else None):
             self.clear_banner()  # a note on the previous chat's reply or settings (errors stay)
