@@ -82,13 +82,43 @@ def missing_x11_packages() -> list[str]:
     return [pkg for lib, pkg in QT_XCB_LIBS.items() if ctypes.util.find_library(lib) is None]
 
 
+def display_problem() -> str | None:
+    """Why Qt could not open a window here, in a few words, or None when it can (or when
+    that cannot be told). Linux only, where Qt aborts the process (SIGABRT) when its X11
+    plugin finds no display: neither ``DISPLAY`` nor ``WAYLAND_DISPLAY`` set, or a
+    ``DISPLAY`` whose X server does not answer (checked by connecting with libxcb, which
+    Qt's X11 plugin loads anyway). A ``QT_QPA_PLATFORM`` the user set is trusted."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM") \
+            or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    display = os.environ.get("DISPLAY")
+    if not display:
+        return "no display (DISPLAY and WAYLAND_DISPLAY are not set)"
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("xcb")
+    if name is None:
+        return None  # cannot tell: Qt will say
+    try:
+        xcb = ctypes.CDLL(name)
+        xcb.xcb_connect.restype = ctypes.c_void_p
+        xcb.xcb_connect.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        xcb.xcb_connection_has_error.argtypes = [ctypes.c_void_p]
+        xcb.xcb_disconnect.argtypes = [ctypes.c_void_p]
+        conn = xcb.xcb_connect(display.encode(), None)
+        failed = xcb.xcb_connection_has_error(conn)
+        xcb.xcb_disconnect(conn)
+    except (OSError, AttributeError):
+        return None
+    return f"the X11 display {display} does not answer" if failed else None
+
+
 def has_display() -> bool:
-    """True when a Qt window can be shown on this machine."""
+    """True when a Qt window can be shown on this machine (:func:`display_problem`)."""
     if os.environ.get("QT_QPA_PLATFORM", "").startswith(("offscreen", "minimal")):
         return False
-    if sys.platform.startswith("linux"):
-        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-    return True
+    return display_problem() is None
 
 
 class SubcommandParser(argparse.ArgumentParser):
@@ -160,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                 "`make run` does it when run as root): running the headless comparison instead."
             )
         elif args.gui or has_display():
+            problem = display_problem()
+            if problem:  # --gui: Qt would abort the process
+                print(f"error: cannot open the window: {problem}. Start an X server or set "
+                      "DISPLAY to one, or run a subcommand (python -m app --help).",
+                      file=sys.stderr)
+                return 2
             from app.ui.main import run_gui
 
             return run_gui(args)

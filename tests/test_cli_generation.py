@@ -204,7 +204,7 @@ def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
             {"id": "call_0", "name": "calculator", "arguments": {"expression": "17*23"}}
         ]
         assert r0["results"][0]["ok"] is True and r0["results"][0]["result"] == 391
-    strip = [{k: v for k, v in o.items() if k not in ("mode", "block_size", "summary",
+    strip = [{k: v for k, v in o.items() if k not in ("mode", "block_size", "summary", "reply_summary",
                                                       "from_draft", "rounds")} for o in objs]
     assert strip[0] == strip[1]
 
@@ -257,6 +257,42 @@ def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_path
         "It is 391.",
     ]
     assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish stop")
+
+
+def test_compare_prints_every_round_and_the_whole_replys_figures(capsys, pair_paths,
+                                                                  monkeypatch):
+    """A new user's pass: `compare --run-tools` left out what the first round wrote before
+    its tool call (chat printed it), and the figures line counted only the last round (32
+    tokens where the window showed 85). Each side now prints every round, and its figures
+    are the whole reply's, as the window's panel gives them (JSON: ``reply_summary``)."""
+    from app.engine.loader import load_target
+
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ("Checking.\n<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n"
+            "</parameter>\n</function>\n</tool_call>")
+    first = tok.encode(call, add_special_tokens=False) + [eos]
+    second = tok.encode("It is 391.", add_special_tokens=False) + [eos]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted([first, second] * 3))
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "17*23?",
+                             "--no-think", "--run-tools")
+    assert code == 0, err
+    for side in out.split("== ")[1:]:
+        lines = side.splitlines()
+        assert lines.index("Checking.") < lines.index('[tool call] calculator {"expression": '
+                                                      '"17*23"}')
+        total = len(first) + len(second) - 2  # the end tokens are not generated text
+        figures = [ln for ln in lines if " tokens in 2 rounds · " in ln]
+        assert len(figures) == 1, side
+        assert int(figures[0].split(" tokens in 2 rounds")[0].split("· ")[-1]) >= total
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted([first, second] * 3))
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "17*23?",
+                             "--no-think", "--run-tools", "--json")
+    obj = json.loads(out)
+    for key in ("plain", "dflash"):
+        whole, last = obj[key]["reply_summary"], obj[key]["summary"]
+        assert whole["generated_tokens"] == sum(
+            r["summary"]["generated_tokens"] for r in obj[key]["rounds"]) > last["generated_tokens"]
 
 
 def test_data_dir_that_is_a_file_exits_2(capsys, tmp_path):

@@ -114,3 +114,29 @@ def test_help_lines_name_dflash2(capsys):
         build_parser().parse_args(["compare", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "'none' leaves it out" in out and "plain and DFlash only" in out
+
+
+def test_no_display_gives_one_line_instead_of_a_qt_abort(monkeypatch, capsys):
+    """A new user's `python -m app --gui` without a display, and a start with a stale
+    DISPLAY: Qt aborted the process (exit 134) with misleading advice about xcb-cursor. The
+    window is not tried then: --gui says why in one line (exit 2), and a plain start runs the
+    headless comparison as it does with no DISPLAY at all."""
+    import ctypes.util
+
+    from app import cli
+
+    if not cli.sys.platform.startswith("linux"):
+        pytest.skip("Linux's X11 check")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    assert "no display" in cli.display_problem()
+    assert cli.main(["--gui"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot open the window: no display") and err.count("\n") == 1
+    if ctypes.util.find_library("xcb") is None:
+        pytest.skip("no libxcb to check a display with")
+    monkeypatch.setenv("DISPLAY", ":87")  # no X server there
+    assert "does not answer" in cli.display_problem() and not cli.has_display()
+    assert cli.main(["--gui"]) == 2
+    assert "the X11 display :87 does not answer" in capsys.readouterr().err

@@ -229,7 +229,9 @@ def test_a_deliberate_click_on_stop_still_stops(qtbot, qs):
             r = _rect_in_window(win, c.stop_btn)
             QTest.mouseClick(win.windowHandle(), Qt.LeftButton, Qt.NoModifier,
                              QPoint(r[0] + r[2] // 2, r[1] + r[3] // 2))
-            assert win.flash_label.text().endswith("Stopping…")
+            # "Stopping…" until the reply has ended (on a loaded machine the click's own event
+            # processing can already see the end: then it is gone, below)
+            assert win.flash_label.text().endswith("Stopping…") or not win.busy
         assert blocker.args[0].version.stopped
         assert win.flash_label.text() == ""  # stopped now: "Stopping…" no longer stays
     finally:

@@ -175,10 +175,11 @@ class Reply:
 
     ``content``/``reasoning``/``tool_calls``/``finish_reason``/``tokens``/``from_draft``/
     ``text``/``summary`` are those of the last round (the final answer when tools ran);
-    ``rounds`` holds every round. ``mode`` is the decoding mode actually used (plain when a
-    ``messages`` are the messages this reply adds
-    to the conversation (assistant turns with their tool calls, tool results, the final
-    assistant turn), ready for the chat template. ``warnings``: pipeline warnings of every
+    ``rounds`` holds every round, :attr:`reply_summary` the figures over all of them.
+    ``mode`` is the decoding mode actually used (plain when a DFlash request fell back, see
+    ``warnings``). ``messages`` are the messages this reply adds to the conversation
+    (assistant turns with their tool calls, tool results, the final assistant turn), ready
+    for the chat template. ``warnings``: pipeline warnings of every
     round plus reply-level ones (``{"code", "message"}`` dicts).
     """
 
@@ -223,6 +224,13 @@ class Reply:
     def all_tokens(self) -> list[int]:
         """Generated ids of every round, concatenated."""
         return [t for r in self.rounds for t in r.tokens]
+
+    @property
+    def reply_summary(self) -> Summary:
+        """The figures of the whole reply, every round included (``Summary.reply_total``:
+        tokens summed, tok/s over the rounds' generation time, the first round's time to
+        first token); :attr:`summary` is the last round's."""
+        return Summary.reply_total([r.summary for r in self.rounds])
 
 
 @dataclass(frozen=True)

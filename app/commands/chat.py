@@ -53,6 +53,7 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
         "tokens": reply.tokens,
         "text": reply.text,
         "summary": reply.summary.to_dict(),
+        "reply_summary": reply.reply_summary.to_dict(),
         "content": reply.content,
         "reasoning": reply.reasoning,
         "tool_calls": [c.to_dict() for c in reply.tool_calls],
@@ -66,10 +67,12 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
 
 
 def figures_line(reply: Reply, block: int | None = None) -> str:
-    """One line of figures: mode, tokens, tok/s, TTFT, acceptance, tau, replays, finish."""
-    s = reply.summary
+    """One line of figures of the whole reply, tool rounds included (as the window's panel
+    gives them): mode, tokens, rounds, tok/s, TTFT, acceptance, tau, replays, finish."""
+    s = reply.reply_summary
     parts = [reply.mode + (f" (block {block})" if block else "")]
-    parts.append(f"{len(reply.tokens)} tokens")
+    rounds = f" in {len(reply.rounds)} rounds" if len(reply.rounds) > 1 else ""
+    parts.append(f"{len(reply.all_tokens)} tokens{rounds}")
     parts.append(f"{s.tok_per_s:.1f} tok/s")
     parts.append(f"TTFT {s.ttft_s:.2f} s")
     if reply.mode in ("dflash", "dflash2"):
@@ -81,7 +84,12 @@ def figures_line(reply: Reply, block: int | None = None) -> str:
 
 
 def _print_reply(reply: Reply, block: int | None) -> None:
-    for r in reply.rounds[:-1]:
+    for r in reply.rounds[:-1]:  # what each earlier round wrote, as chat streams it
+        if r.reasoning:
+            print("[reasoning]")
+            print(r.reasoning)
+        if r.content:
+            print(r.content)
         for run in r.tool_runs:
             print(f"[tool call] {run.call.name} {json.dumps(run.call.arguments, ensure_ascii=False)}")
             print(f"[tool result] {run.result.content()}")

@@ -120,12 +120,13 @@ def _compare(args) -> int:
     else:
         gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
         print(f"identical: no (first divergence at token {div}{gap})")
-    sp, sd = plain.summary.tok_per_s, dflash.summary.tok_per_s
+    # the whole replies' speeds, tool rounds included (as the window compares them)
+    sp, sd = plain.reply_summary.tok_per_s, dflash.reply_summary.tok_per_s
     if sp > 0 and sd > 0:
         print(f"speed: DFlash{'2' if only_v2 else ''} {sd:.1f} tok/s vs plain {sp:.1f} tok/s "
               f"({sd / sp:.2f}x)")
     if "dflash2" in results and not only_v2:
-        s2 = results["dflash2"][0].summary.tok_per_s
+        s2 = results["dflash2"][0].reply_summary.tok_per_s
         if sp > 0 and s2 > 0:
             print(f"speed: DFlash2 {s2:.1f} tok/s vs plain {sp:.1f} tok/s ({s2 / sp:.2f}x)")
     return 0
