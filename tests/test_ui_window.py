@@ -1871,3 +1871,27 @@ def test_an_error_about_one_chats_turn_goes_when_another_chat_is_shown(qtbot, qs
         assert win.banner_row.isVisibleTo(win) and "Could not load" in win.banner.text()
     finally:
         close_window(win)
+
+
+def test_keyboard_focus_shows_on_the_buttons(qtbot, qs):
+    """A new user moving with Tab saw no mark on the focused button (the stylesheet's borders
+    replaced the platform's focus frame): the switch, Compare and Send now draw their border
+    in the text colour while they have the focus, without changing their size."""
+    from PySide6.QtCore import Qt
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        c = win.composer
+        for button in (c.plain_btn, c.dflash_btn, c.compare_btn, c.send_btn):
+            win.centralWidget().setFocus()
+            qtbot.waitUntil(lambda b=button: not b.hasFocus())
+            size, before = button.size(), button.grab().toImage()
+            button.setFocus(Qt.TabFocusReason)
+            qtbot.waitUntil(button.hasFocus)
+            after = button.grab().toImage()
+            assert button.size() == size, button.text()
+            assert after != before, button.text()
+    finally:
+        close_window(win)

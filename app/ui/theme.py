@@ -114,6 +114,7 @@ def stylesheet(c: dict) -> str:
     QPushButton#send {{ background: {c['accent']}; color: {c['accent_text']};
         border: none; font-weight: 600; }}
     QPushButton#send:disabled {{ background: {c['border']}; color: {c['muted']}; }}
+    QPushButton#send:focus {{ border: 1px solid {c['text']}; padding: 4px 11px; }}
     QPushButton:checked {{ background: {c['accent']}; color: {c['accent_text']};
         border-color: {c['accent']}; font-weight: 600; }}
     QPushButton#segLeft {{ border-top-right-radius: 0; border-bottom-right-radius: 0;
@@ -124,6 +125,7 @@ def stylesheet(c: dict) -> str:
         min-width: 44px; padding: 5px 8px; }}
     QPushButton#segLeft:checked, QPushButton#segRight:checked, QPushButton#segMid:checked {{
         font-weight: normal; }}
+    QPushButton:focus, QPushButton:checked:focus {{ border-color: {c['text']}; }}
     QFrame#side {{ background: {c['window']}; }}
     QLabel#sectionTitle {{ font-weight: 600; color: {c['text']}; }}
     QLabel#figureValue {{ font-size: {FIGURE_VALUE_PX}px; font-weight: 600; color: {c['text']}; }}
