@@ -1002,6 +1002,14 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         assert [v.content for v in versions] == ["first question", "first question, edited"]
         assert old_first.ids[""] == versions[0].id
         assert len(win.store.db.messages(conv_id)) == 6  # the old branch is still stored
+        # ... and within reach: the edited message shows its versions as soon as its reply
+        # is stored, and its "previous" brings the old branch back
+        assert win.conv.messages[0].edits == (versions[0].id, versions[1].id)
+        assert "version 2 of 2 · ‹ previous" in win.chat.toPlainText()
+        win._on_chat_link(f"prompt:{versions[0].id}")
+        assert [m.content for m in win.conv.messages if m.role == "user"] == \
+            ["first question", "second question"]
+        win._on_chat_link(f"prompt:{versions[1].id}")
     finally:
         win.shutdown()
     win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
@@ -1893,5 +1901,36 @@ def test_keyboard_focus_shows_on_the_buttons(qtbot, qs):
             after = button.grab().toImage()
             assert button.size() == size, button.text()
             assert after != before, button.text()
+    finally:
+        close_window(win)
+
+
+def test_an_edited_message_keeps_its_earlier_version_within_reach(qtbot, qs):
+    """A new user edited "What is 17 * 23?" into "What is 12 * 12?": the old question and its
+    reply stayed stored but nothing in the window led back to them (replies had "version 2
+    of 2 · ‹ previous"; the edited message had only "edit"). The message now shows its
+    versions the same way, and a click brings back the old question with its reply."""
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        conv = win.new_chat()
+        db = win.store.db
+        old = db.add_message(conv.id, "user", "What is 17 * 23?")
+        db.add_message(conv.id, "assistant", "It is 391.", parent_id=old.id, mode="plain")
+        new = db.edit_user_message(old.id, "What is 12 * 12?")
+        db.add_message(conv.id, "assistant", "It is 144.", parent_id=new.id, mode="plain")
+        win.select_conversation(win.store.get(conv.id))
+        user = win.conv.messages[0]
+        assert user.content == "What is 12 * 12?" and user.edits == (old.id, new.id)
+        text = win.chat.toPlainText()
+        assert "version 2 of 2 · ‹ previous" in text and "It is 144." in text
+        win.chat.verticalScrollBar().setValue(0)
+        click_link(qtbot, win.chat, f"prompt:{old.id}")
+        qtbot.waitUntil(lambda: "What is 17 * 23?" in win.chat.toPlainText())
+        text = win.chat.toPlainText()
+        assert "It is 391." in text and "It is 144." not in text
+        assert "version 1 of 2 · next ›" in text
+        # the choice is stored: the chat reopens on it
+        assert win.store.get(conv.id).messages[0].content == "What is 17 * 23?"
+        assert [m.role for m in win.conv.messages] == ["user", "assistant"]
     finally:
         close_window(win)

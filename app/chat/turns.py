@@ -405,7 +405,9 @@ class Turn:
 
     Assistant turns keep every version (see the module doc); ``chosen`` is the key of the
     version the conversation continues from; ``ids`` maps "" (a user message) or each version
-    key to its storage row id.
+    key to its storage row id. A user message that was edited lists in ``edits`` the storage
+    ids of its versions, oldest (as first written) first, the shown one among them; empty
+    when it was never edited (:meth:`TurnStore.show_prompt_version` switches).
     """
 
     role: str
@@ -415,6 +417,7 @@ class Turn:
     created: float = field(default_factory=time.time)
     compare: bool = False
     ids: dict[str, int] = field(default_factory=dict)
+    edits: tuple[int, ...] = ()
 
     @property
     def version(self) -> Version | None:
@@ -483,7 +486,9 @@ class TurnStore:
                                 settings=dict(c.settings), updated=c.updated_at)
         for m in path:
             if m.role == "user":
-                conv.messages.append(Turn("user", m.content, ids={"": m.id}))
+                edits = tuple(r.id for r in self.db.versions(m.id) if r.role == "user")
+                conv.messages.append(Turn("user", m.content, ids={"": m.id},
+                                          edits=edits if len(edits) > 1 else ()))
             elif m.role == "assistant":
                 conv.messages.append(self._reply_turn(m))
         return conv
@@ -513,6 +518,17 @@ class TurnStore:
                 turn.chosen = key
         return turn
 
+    def show_prompt_version(self, conv_id: int, message_id: int) -> ConversationView | None:
+        """Show another version of an edited user message (one of its :attr:`Turn.edits`):
+        the conversation continues from it, with the replies stored under it, and the
+        conversation as it now reads is returned (None when it does not exist).
+
+        Raises:
+            MessageNotFoundError: no message ``message_id``.
+        """
+        self.db.set_active(message_id)
+        return self.get(conv_id)
+
     def save(self, conv: ConversationView) -> None:
         """Write the choices the window makes: the per-conversation settings and the version
         each turn continues from (replies themselves are stored by
@@ -530,7 +546,7 @@ class TurnStore:
         """After a stored turn (``app.chat.stored_turn.TurnStored``): bring the view's last
         two turns (the user message and ``reply``, which must be the last) up to date with the
         store, in place: row ids, versions and their status (stopped, interrupted, error), the
-        chosen version, the title. ``live`` maps version keys to the results streamed in this
+        chosen version, the user message's versions (:attr:`Turn.edits`), the title. ``live`` maps version keys to the results streamed in this
         run of the app, which the view keeps (they hold what the store has, plus what only the
         live run knows: token texts, per-round figures, the top-two gap)."""
         fresh = self.get(conv.id)
@@ -549,6 +565,7 @@ class TurnStore:
         reply.chosen, reply.compare = stored.chosen, stored.compare
         if len(conv.messages) > 1 and conv.messages[-2].role == "user":
             conv.messages[-2].ids = dict(fresh.messages[-2].ids)
+            conv.messages[-2].edits = fresh.messages[-2].edits  # an edit adds a version
 
     def set_speedup(self, reply_id: int, speedup: SpeedUp | None) -> None:
         """Store a finished drafting reply's speed-up against plain (None: no comparable

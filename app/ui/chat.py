@@ -181,6 +181,22 @@ class ChatView(QTextBrowser):
         self.follow = follow
         self._editing = False
 
+    def _prompt_versions(self, m: Turn) -> str:
+        """"version 2 of 3 · ‹ previous · next ›" after an edited user message's edit link
+        (links ``prompt:<storage id>``), as replies show theirs; "" when never edited."""
+        if not m.edits or m.ids.get("") not in m.edits:
+            return ""
+        c = self.palette_colours
+        pos = m.edits.index(m.ids[""])
+        out = f'<span style="color:{c.get("muted")}; font-size:small;"> · version {pos + 1} ' \
+              f'of {len(m.edits)}'
+        link = f' · <a href="prompt:{{}}" style="color:{c.get("accent")};">{{}}</a>'
+        if pos > 0:
+            out += link.format(m.edits[pos - 1], "‹&nbsp;previous")
+        if pos < len(m.edits) - 1:
+            out += link.format(m.edits[pos + 1], "next&nbsp;›")
+        return out + "</span>"
+
     def _on_anchor(self, url: QUrl) -> None:
         link = url.toString()
         if link.startswith("copy:"):
@@ -261,7 +277,7 @@ class ChatView(QTextBrowser):
                     f'<b style="color:{c.get("accent")};">You</b>'
                     + ("" if streaming else
                        f'&nbsp;&nbsp;<a href="edit:{i}" style="color:{c.get("muted")};'
-                       f' font-size:small;">edit</a>')
+                       f' font-size:small;">edit</a>' + self._prompt_versions(m))
                     + '<br>'
                     f'{message_html(m.content, self.codes, c, keep_line_breaks=True)}'
                     '</td></tr></table>')

@@ -30,6 +30,7 @@ from app.chat.events import (
     tool_call_dict,
 )
 from app.chat.session import Notice
+from app.chat.storage import StorageError
 from app.chat.stored_turn import (
     TurnBegun,
     TurnNotStarted,
@@ -600,6 +601,13 @@ class ReplyFlow:
                 self._save(self.conv)
                 self.chat.render(self.conv)
                 self.show_message_details(msg)
+        elif link.startswith("prompt:") and self.conv is not None and not self.busy:
+            try:  # another version of an edited message, with the replies under it
+                conv = self.store.show_prompt_version(self.conv.id, int(link.split(":", 1)[1]))
+            except (ValueError, StorageError) as exc:
+                self.show_banner(f"Could not show that version: {exc}", chat=self.conv.id)
+                return
+            self.select_conversation(conv)
         elif link.startswith("choose:"):
             key = link.split(":", 1)[1]
             self.compare_view.set_choice(key)
