@@ -195,6 +195,27 @@ def test_target_loads_through_mlx_lm_with_its_tokenizer(tiny_hybrid, tmp_path):
         load_target(folder)
 
 
+def test_damaged_weights_and_unknown_model_types_are_named(tiny_hybrid, tmp_path):
+    """A new user's pass: a cut-off weights file said "RuntimeError: [read] Unable to read 3
+    bytes from file", and a model_type mlx-lm does not know, with an empty weights file, said
+    "Unable to read 8 bytes" instead of the type. The type is checked before the weights are
+    read, and a weights file MLX cannot read is called damaged or incomplete."""
+    target, _ = tiny_hybrid
+    cut = tmp_path / "cut"
+    shutil.copytree(target.path, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-3])  # an interrupted download
+    with pytest.raises(ModelLoadError, match=r"model.safetensors is damaged or incomplete"):
+        load_target(cut)
+    foo = tmp_path / "foo"
+    shutil.copytree(target.path, foo)
+    cfg = json.loads((foo / "config.json").read_text())
+    (foo / "config.json").write_text(json.dumps({**cfg, "model_type": "foobar"}))
+    (foo / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UnsupportedArchitectureError, match="model type 'foobar' is not supported"):
+        load_target(foo)
+
+
 def test_target_folder_problems_are_named(tiny_hybrid, tmp_path):
     target, drafter = tiny_hybrid
 

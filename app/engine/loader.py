@@ -323,8 +323,17 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model",
                                                  "vocab.json", "tiktoken.model")):
         raise ModelLoadError(f"{folder} has no tokenizer files (tokenizer.json)")
+    import mlx_lm.utils
     from mlx_lm.utils import load as mlx_load
 
+    classes = getattr(mlx_lm.utils, "_get_classes", None)  # mlx-lm's model-type lookup
+    if classes is not None:  # checked before the weights are read: a type mlx-lm lacks
+        try:                 # is named as such even when the weights are broken too
+            classes(cfg)
+        except ValueError as exc:
+            raise UnsupportedArchitectureError(
+                f"model type {cfg.get('model_type')!r} is not supported by mlx-lm: {exc}"
+            ) from exc
     try:
         model, tokenizer = mlx_load(str(folder), trust_remote_code=False)
     except EngineError:
@@ -347,6 +356,14 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
             ) from exc
         raise ModelLoadError(f"could not load {folder.name}: {msg}") from exc
     except Exception as exc:  # mlx-lm raises many kinds for bad files; all are load errors
+        msg = str(exc)
+        if isinstance(exc, RuntimeError) and any(
+                k in msg for k in ("[load_safetensors]", "[read]", "Unable to read")):
+            files = sorted(folder.glob("*.safetensors"))
+            which = files[0].name if len(files) == 1 else "a weights file"
+            raise ModelLoadError(
+                f"{folder.name}: {which} is damaged or incomplete (an interrupted download? "
+                f"download it again): MLX could not read it: {msg}") from exc
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
     from app.engine.device import configure_cuda_attention, configure_cuda_kernel_cache
 
