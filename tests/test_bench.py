@@ -259,3 +259,29 @@ def test_stage_timing_is_opt_in_and_keeps_the_tokens(tiny_hybrid):
     assert default.tokens == staged.tokens and len(default.tokens) == 24
     assert staged.summary.stage_timing and not default.summary.stage_timing
     assert staged.summary.replays > 0 and staged.summary.rollback_s > 0
+
+
+def test_text_table_columns_line_up_with_the_longest_mode_name():
+    """A new user's pass: the row "dflash2+tape@16+nosel" (21 characters) pushed its figures
+    out of line with the header in the text table; the mode column is now as wide as the
+    longest name."""
+    from app.commands.bench import text_report
+
+    def mode(tok_per_s):
+        return {"tok_per_s": tok_per_s, "ratio_to_plain": 1.0, "ttft_s": 0.1,
+                "acceptance_rate": None, "tau": None, "replays": 0, "draft_share": None,
+                "verify_share": None, "rollback_share": None, "rollback_ms_per_replay": None,
+                "peak_memory_bytes": 2**20, "identical_tokens": True}
+
+    result = {"header": {"app": "0", "mlx": "0", "mlx_lm": "0", "device": "cpu", "blas": "-",
+                         "target": "t", "drafter": "d", "prompts": "p", "repeats": 1,
+                         "max_tokens": 8},
+              "modes": {"plain": mode(100.0), "dflash2+tape@16+nosel": mode(250.0)},
+              "identical_tokens": True}
+    lines = text_report(result).splitlines()
+    header = next(ln for ln in lines if ln.startswith("mode"))
+    rows = [ln for ln in lines if ln.startswith(("plain ", "dflash2+tape@16+nosel "))]
+    assert len(rows) == 2
+    end = header.index("tok/s") + len("tok/s")
+    assert [r[:end].rstrip()[-5:] for r in rows] == ["100.0", "250.0"]
+    assert {len(r) for r in rows} == {len(header)}

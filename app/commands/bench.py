@@ -146,14 +146,16 @@ def text_report(result: dict) -> str:
              ""]
     cols = ("mode", "tok/s", "x plain", "TTFT ms", "accept", "tau", "replays", "draft%",
             "verify%", "rollb%", "rb ms/rep", "peak MB", "same")
-    lines.append("{:<18}{:>8}{:>8}{:>9}{:>8}{:>6}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>6}"
-                 .format(*cols))
+    # the mode column as wide as its longest name ("dflash2+tape@16+nosel"), so columns line up
+    wide = max([18, *(len(name) + 2 for name in result["modes"])])
+    row = "{:<" + str(wide) + "}{:>8}{:>8}{:>9}{:>8}{:>6}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>6}"
+    lines.append(row.format(*cols))
 
     def pct(v):
         return _fmt(None if v is None else 100 * v, ".0f")
 
     for name, f in result["modes"].items():
-        lines.append("{:<18}{:>8}{:>8}{:>9}{:>8}{:>6}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>6}".format(
+        lines.append(row.format(
             name, _fmt(f["tok_per_s"], ".1f"), _fmt(f["ratio_to_plain"]),
             _fmt(None if f["ttft_s"] is None else 1000 * f["ttft_s"], ".1f"),
             _fmt(f["acceptance_rate"]), _fmt(f["tau"]), f["replays"], pct(f["draft_share"]),
