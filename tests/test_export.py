@@ -172,6 +172,17 @@ def test_write_export_picks_the_format_and_imports_from_a_file(tmp_path):
         assert export_json(s, back.id)["messages"][0]["content"] == "Be kind."
 
 
+def assert_refused(tmp_path, mutate, message: str) -> None:
+    """Importing ``mutate`` (a function of a copy of a good export) raises ImportFormatError
+    matching ``message`` and stores nothing."""
+    with Store(tmp_path / "a.db") as s:
+        good = export_json(s, build(s))
+        before = len(s.list_conversations())
+        with pytest.raises(ImportFormatError, match=message):
+            import_json(s, mutate(copy.deepcopy(good)))
+        assert len(s.list_conversations()) == before
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -190,12 +201,7 @@ def test_write_export_picks_the_format_and_imports_from_a_file(tmp_path):
     ],
 )
 def test_bad_imports_are_refused_and_store_nothing(tmp_path, mutate, message):
-    with Store(tmp_path / "a.db") as s:
-        good = export_json(s, build(s))
-        before = len(s.list_conversations())
-        with pytest.raises(ImportFormatError, match=message):
-            import_json(s, mutate(copy.deepcopy(good)))
-        assert len(s.list_conversations()) == before
+    assert_refused(tmp_path, mutate, message)
 
 
 def _msg(data: dict, index: int, **changes) -> dict:
@@ -216,6 +222,34 @@ def test_parse_json_reads_without_storing():
     assert msgs[0].status == "complete" and msgs[0].parent_id is None
 
 
+def _tool_reply(s: Store, first: str = "ROUND-1-REASONING", text: str = "ROUND-1-TEXT",
+                last: str = "ROUND-2-REASONING", **figures) -> int:
+    """A conversation whose reply ran a tool: round 1 reasoning ``first``, a line of
+    ``text`` and a call, the tool's result, round 2 reasoning ``last`` and the answer (stored
+    as the app stores it; ``figures``: more of the reply's Summary fields). Its id."""
+    result = {"timezone": "America/Anchorage", "time": "06:39:34"}
+    conv = s.new_conversation("tools")
+    s.add_message(conv.id, "user", "What is the local time in Anchorage?")
+    r = s.begin_reply(conv.id, mode="dflash", block_size=16, rollback="tape")
+    s.finish_reply(
+        r.id, content="It is 06:39:34 in Anchorage.", reasoning=last,
+        tool_calls=[{"id": "call_0", "name": "current_time",
+                     "arguments": {"timezone": "America/Anchorage"}, "result": result,
+                     "error": None, "duration_s": 0.008}],
+        token_ids=[1, 2, 3, 4], from_draft=[False, True, True, True],
+        summary=Summary(mode="dflash", generated_tokens=9, tok_per_s=300.0,
+                        **figures).to_dict(),
+        rounds=[{"role": "assistant", "content": text, "reasoning_content": first,
+                 "tool_calls": [{"id": "call_0", "type": "function", "function": {
+                     "name": "current_time",
+                     "arguments": {"timezone": "America/Anchorage"}}}]},
+                {"role": "tool", "tool_call_id": "call_0", "name": "current_time",
+                 "content": json.dumps({"ok": True, "result": result})},
+                {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
+                 "reasoning_content": last}])
+    return conv.id
+
+
 def test_markdown_of_a_tool_reply_has_every_round_and_the_tool_result(tmp_path):
     """A reply that called a tool is stored as one row whose ``rounds`` hold the first round
     (its reasoning and call) and whose ``tool_calls`` carry the results: the Markdown shows the
@@ -224,28 +258,10 @@ def test_markdown_of_a_tool_reply_has_every_round_and_the_tool_result(tmp_path):
     tokens from the drafter" under "110 tokens")."""
     first = "I need the clock in Anchorage, so I call current_time."
     last = "I report the time and date from the result."
-    result = {"timezone": "America/Anchorage", "time": "06:39:34"}
     with Store(tmp_path / "a.db") as s:
-        conv = s.new_conversation("tools")
-        s.add_message(conv.id, "user", "What is the local time in Anchorage?")
-        r = s.begin_reply(conv.id, mode="dflash", block_size=16, rollback="tape")
-        s.finish_reply(
-            r.id, content="It is 06:39:34 in Anchorage.", reasoning=last,
-            tool_calls=[{"id": "call_0", "name": "current_time",
-                         "arguments": {"timezone": "America/Anchorage"}, "result": result,
-                         "error": None, "duration_s": 0.008}],
-            token_ids=[1, 2, 3, 4], from_draft=[False, True, True, True],
-            summary=Summary(mode="dflash", generated_tokens=9, tok_per_s=300.0, cycles=2,
-                            drafted=30, accepted=7, acceptance_rate=7 / 30, tau=4.0).to_dict(),
-            rounds=[{"role": "assistant", "content": "", "reasoning_content": first,
-                     "tool_calls": [{"id": "call_0", "type": "function", "function": {
-                         "name": "current_time",
-                         "arguments": {"timezone": "America/Anchorage"}}}]},
-                    {"role": "tool", "tool_call_id": "call_0", "name": "current_time",
-                     "content": json.dumps({"ok": True, "result": result})},
-                    {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
-                     "reasoning_content": last}])
-        md = export_markdown(s, conv.id)
+        conv_id = _tool_reply(s, first, "", last, cycles=2, drafted=30, accepted=7,
+                              acceptance_rate=7 / 30, tau=4.0)
+        md = export_markdown(s, conv_id)
     assert f"<details><summary>Reasoning (round 1)</summary>\n\n{first}\n\n</details>" in md
     assert f"<details><summary>Reasoning (round 2)</summary>\n\n{last}\n\n</details>" in md
     assert "**Tool call** `current_time`" in md and '"timezone": "America/Anchorage"' in md
@@ -311,12 +327,7 @@ def test_mistyped_structured_fields_are_refused_naming_message_and_field(tmp_pat
     crashed rendering it ("Unknown format code 'f' for object of type 'str'") and could never
     show that chat. Import checks the stored records against the app's types and stores
     nothing."""
-    with Store(tmp_path / "a.db") as s:
-        good = export_json(s, build(s))
-        before = len(s.list_conversations())
-        with pytest.raises(ImportFormatError, match=message):
-            import_json(s, mutate(copy.deepcopy(good)))
-        assert len(s.list_conversations()) == before
+    assert_refused(tmp_path, mutate, message)
 
 
 def test_a_tool_reply_with_every_record_round_trips(tmp_path):
@@ -369,14 +380,11 @@ def test_a_tool_reply_with_every_record_round_trips(tmp_path):
     ],
 )
 def test_out_of_range_settings_are_refused(tmp_path, settings, message):
-    with Store(tmp_path / "a.db") as s:
-        good = export_json(s, build(s))
-        before = len(s.list_conversations())
-        bad = copy.deepcopy(good)
-        bad["conversation"]["settings"] = {**bad["conversation"]["settings"], **settings}
-        with pytest.raises(ImportFormatError, match=message):
-            import_json(s, bad)
-        assert len(s.list_conversations()) == before
+    def mutate(d):
+        d["conversation"]["settings"] = {**d["conversation"]["settings"], **settings}
+        return d
+
+    assert_refused(tmp_path, mutate, message)
 
 
 def test_valid_settings_import_and_unknown_keys_are_kept():
@@ -394,32 +402,6 @@ def test_valid_settings_import_and_unknown_keys_are_kept():
                              "stop_strings": ["END"], "rollback": "replay",
                              "from_a_newer_version": [1]}
     assert isinstance(conv.settings["temperature"], float)
-
-
-def _tool_reply(s: Store) -> int:
-    """A conversation whose reply ran a tool: round 1 reasoning, a line of text and a call,
-    the tool's result, round 2 reasoning and the answer (stored as the app stores it)."""
-    result = {"timezone": "America/Anchorage", "time": "06:39:34"}
-    conv = s.new_conversation("tools")
-    s.add_message(conv.id, "user", "What is the local time in Anchorage?")
-    r = s.begin_reply(conv.id, mode="dflash", block_size=16, rollback="tape")
-    s.finish_reply(
-        r.id, content="It is 06:39:34 in Anchorage.", reasoning="ROUND-2-REASONING",
-        tool_calls=[{"id": "call_0", "name": "current_time",
-                     "arguments": {"timezone": "America/Anchorage"}, "result": result,
-                     "error": None, "duration_s": 0.008}],
-        token_ids=[1, 2, 3, 4], from_draft=[False, True, True, True],
-        summary=Summary(mode="dflash", generated_tokens=9, tok_per_s=300.0).to_dict(),
-        rounds=[{"role": "assistant", "content": "ROUND-1-TEXT",
-                 "reasoning_content": "ROUND-1-REASONING",
-                 "tool_calls": [{"id": "call_0", "type": "function", "function": {
-                     "name": "current_time",
-                     "arguments": {"timezone": "America/Anchorage"}}}]},
-                {"role": "tool", "tool_call_id": "call_0", "name": "current_time",
-                 "content": json.dumps({"ok": True, "result": result})},
-                {"role": "assistant", "content": "It is 06:39:34 in Anchorage.",
-                 "reasoning_content": "ROUND-2-REASONING"}])
-    return conv.id
 
 
 def test_markdown_of_a_tool_reply_follows_the_order_things_happened(tmp_path):
