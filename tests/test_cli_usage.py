@@ -140,3 +140,16 @@ def test_no_display_gives_one_line_instead_of_a_qt_abort(monkeypatch, capsys):
     assert "does not answer" in cli.display_problem() and not cli.has_display()
     assert cli.main(["--gui"]) == 2
     assert "the X11 display :87 does not answer" in capsys.readouterr().err
+
+
+def test_temperature_has_the_windows_range(capsys):
+    """A new user's pass: `chat --temp 5` ran (the CLI took 0 to 10) while Settings and
+    import take 0 to 2. The CLI now takes the same range."""
+    from app.chat.settings import RANGES
+
+    assert RANGES["temperature"] == (0.0, 2.0)
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["chat", "--temp", "5"])
+    assert exc.value.code == 2
+    assert "--temp: must be between 0 and 2, got 5" in capsys.readouterr().err
+    assert build_parser().parse_args(["chat", "--temp", "2"]).temp == 2.0

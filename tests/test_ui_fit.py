@@ -805,13 +805,17 @@ def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_as_tooltip(qtb
         win.shutdown()
 
 
-@pytest.mark.parametrize("width", [None, 1000])
-def test_composer_is_whole_at_the_minimum_height(qtbot, qs, width):
+@pytest.mark.parametrize("width, compare", [(None, False), (1000, False), (None, True)])
+def test_composer_is_whole_at_the_minimum_height(qtbot, qs, width, compare):
     """A new user's resize: the window allowed 680 x 296, and below about 370 px the mode
-    switch was drawn over the message box and the settings line ran into Compare and Send.
-    At the smallest size the window allows, the composer's parts are whole and apart."""
+    switch was drawn over the message box and the settings line ran into Compare and Send
+    (with a Compare view open, still at 680 x 460). At the smallest size the window allows,
+    the composer's parts are whole and apart."""
     win, _ = loaded(qtbot, qs)
     try:
+        if compare:
+            send_and_wait(qtbot, win, PROMPT, compare=True)
+            assert win.compare_view.isVisible()
         win.resize(width or win.minimumWidth(), 1)  # the window stops at its minimum height
         settle(qtbot)
         assert win.height() == win.minimumHeight()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from app.chat.reply import ReplySettings
-from app.chat.settings import Sampling
+from app.chat.settings import RANGES, Sampling
 from app.engine.errors import EngineError
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
@@ -43,12 +43,15 @@ _non_negative_int = int_at_least(0)
 
 
 def _temperature(text: str) -> float:
+    """An argparse ``type`` for ``--temp``: the window's range (``RANGES["temperature"]``,
+    0 to 2), so a temperature means the same in both."""
+    low, high = RANGES["temperature"]
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 10, got {value:g}")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {value:g}")
     return value
 
 

@@ -361,9 +361,10 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
                 k in msg for k in ("[load_safetensors]", "[read]", "Unable to read")):
             files = sorted(folder.glob("*.safetensors"))
             which = files[0].name if len(files) == 1 else "a weights file"
+            detail = msg.replace(" Perhaps an incomplete download or corrupt file?", "")
             raise ModelLoadError(
-                f"{folder.name}: {which} is damaged or incomplete (an interrupted download? "
-                f"download it again): MLX could not read it: {msg}") from exc
+                f"the model folder {folder.name}: {which} is damaged or incomplete (cut short "
+                f"by an interrupted download or copy?), MLX could not read it: {detail}") from exc
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
     from app.engine.device import configure_cuda_attention, configure_cuda_kernel_cache
 
