@@ -1062,9 +1062,20 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
 
 
 def test_short_benchmark_from_the_window(qtbot, engine_window):
+    """The short benchmark runs on the worker; a message sent meanwhile (a new user's pass: an
+    empty bubble and Stop for 25 s, unexplained) says it starts when the benchmark ends, and
+    it does."""
     win = engine_window
     with qtbot.waitSignal(win.benchFinished, timeout=120_000) as blocker:
         win.run_benchmark(max_tokens=12)
+        with qtbot.waitSignal(win.replyFinished, timeout=120_000, raising=False) as reply:
+            assert win.send(PROMPT)
+            assert win.banner_kind == "note" and "short benchmark is still running" in \
+                win.banner.text()
+            qtbot.waitUntil(lambda: not win.benchmarking, timeout=120_000)
+            assert "short benchmark" not in win.banner.text()
+    qtbot.waitUntil(lambda: reply.signal_triggered or not win.busy, timeout=120_000)
+    assert not win.busy and win.conv.messages[-1].version.result.tokens
     result = blocker.args[0]
     modes = result["modes"]
     assert list(modes) == ["plain", "dflash+tape@8", "dflash+replay@8"]

@@ -88,6 +88,10 @@ class ModelFlow:
         self._set_intro()
         self.worker.unloadRequested.emit()
 
+    BENCH_WAIT = ("The short benchmark is still running: this reply starts when it ends "
+                  "(its results open in a window)")
+    """The note shown for a reply sent while the short benchmark runs."""
+
     def run_benchmark(self, max_tokens: int = 48) -> None:
         """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results.
 
@@ -98,12 +102,20 @@ class ModelFlow:
         self.statusBar().showMessage(
             "Benchmarking plain vs " + ("DFlash and DFlash2" if self.model is not None
                                         and "dflash2" in self.model.modes else "DFlash") + " on a few held-out prompts…")
+        self.benchmarking = True
         self.worker.benchRequested.emit(max_tokens)
+
+    def _bench_ended(self) -> None:
+        """The benchmark is over: a reply sent meanwhile starts now, so its note goes."""
+        self.benchmarking = False
+        self.statusBar().clearMessage()
+        if self.banner_kind == "note" and self.banner.text() == sentence(self.BENCH_WAIT):
+            self.clear_banner()
 
     def _on_bench_done(self, result: dict) -> None:
         from app.ui.bench_dialog import BenchDialog
 
-        self.statusBar().clearMessage()
+        self._bench_ended()
         plain = result.get("modes", {}).get("plain") or {}
         if self.model is not None and plain.get("tok_per_s"):
             from app.chat.baseline import PlainSample
@@ -117,7 +129,7 @@ class ModelFlow:
         self.benchFinished.emit(result)
 
     def _on_bench_failed(self, message: str) -> None:
-        self.statusBar().clearMessage()
+        self._bench_ended()
         self.show_banner(message)
         self.benchFinished.emit(None)
 

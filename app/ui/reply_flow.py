@@ -251,6 +251,8 @@ class ReplyFlow:
             self.compare_view.show_running(tags[0])
         else:  # the view shows the last turn's comparison, and the last turn is not one now
             self.compare_view.hide()
+        if self.benchmarking:  # the worker runs one job at a time: say why nothing comes yet
+            self.show_note(self.BENCH_WAIT)
         self.worker.replyRequested.emit(self._req, request)
         return True
 

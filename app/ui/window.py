@@ -196,6 +196,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self._pending: list[UiEvent] = []
         self.shown_message: Turn | None = None
         self._drafts: dict[int, str] = {}  # conversation id -> its unsent message
+        self.benchmarking = False  # the short benchmark runs on the worker
 
         self.workers = WorkerThread(backend, self.store.db)  # the worker writes replies
         self.worker = self.workers.worker
