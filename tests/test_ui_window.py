@@ -1945,3 +1945,23 @@ def test_an_edited_message_keeps_its_earlier_version_within_reach(qtbot, qs):
         assert [m.role for m in win.conv.messages] == ["user", "assistant"]
     finally:
         close_window(win)
+
+
+def test_new_chat_clears_the_search_filter(qtbot, qs):
+    """A new user's pass: with a search typed ("zzzzqq"), Ctrl+N opened a chat that the list
+    did not show ("No chats match"). New chat now clears the filter, so the chat is listed
+    and selected."""
+    from PySide6.QtCore import Qt
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.new_chat()
+        win.rename_conversation("First")
+        win.conv_side.search_box.setText("zzzzqq")
+        conv = win.new_chat()
+        assert win.conv_side.search_box.text() == ""
+        lst = win.conv_side.list
+        ids = [lst.item(i).data(Qt.UserRole) for i in range(lst.count())]
+        assert conv.id in ids
+    finally:
+        close_window(win)

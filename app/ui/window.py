@@ -461,6 +461,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         conv = self._empty_chat() or self.store.new()
         self._save(conv)
         self.clear_banner()  # a message about the previous chat does not belong here
+        self.conv_side.search_box.clear()  # a filter would hide the new chat from the list
         self.select_conversation(conv)
         self.composer.edit.setFocus()
         return conv
