@@ -38,6 +38,26 @@ def demo_dflash2_dir() -> Path:
     return resource_path("models", "demo-dflash2")
 
 
+def bundled_pair() -> tuple[Path, Path, Path | None] | None:
+    """The bundled demo pair as it is in this install: (target, DFlash drafter, DFlash2
+    drafter or None when it is missing), or None when the target or the DFlash drafter is
+    missing (a folder counts when it has a ``config.json``). The window's default pair and
+    the CLI's both come from here."""
+    target, drafter = demo_pair_dirs()
+    if not ((target / "config.json").is_file() and (drafter / "config.json").is_file()):
+        return None
+    v2 = demo_dflash2_dir()
+    return target, drafter, v2 if (v2 / "config.json").is_file() else None
+
+
+def is_bundled_target(folder: str | Path) -> bool:
+    """True when ``folder`` is the bundled demo target's folder (compared resolved)."""
+    try:
+        return Path(folder).expanduser().resolve() == demo_pair_dirs()[0].resolve()
+    except OSError:
+        return False
+
+
 def default_data_dir() -> Path:
     """The platform's per-user app-data folder for DFlash Chat (not created here).
 

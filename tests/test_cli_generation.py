@@ -499,3 +499,37 @@ def test_compare_runs_dflash2_too_on_the_bundled_pair(capsys):
     assert code == 0, err
     assert set(json.loads(out)) == {"plain", "dflash", "identical", "first_divergence",
                                     "near_tie"}
+
+
+def test_the_window_and_the_cli_take_the_default_pair_from_one_place(tmp_path, monkeypatch):
+    """``app.paths.bundled_pair`` says what the install bundles; the window's default pair
+    (``default_pair``) and the CLI's drafter choice both follow it: all three models, no
+    DFlash2 drafter, the target alone, nothing."""
+    import argparse
+
+    from app.commands.generation import resolve_pair
+    from app.paths import bundled_pair
+    from app.ui.model_flow import default_pair
+
+    monkeypatch.setenv("DFLASH_RESOURCES", str(tmp_path))
+    models = tmp_path / "models"
+    folders = {name: models / name for name in ("demo-target", "demo-dflash", "demo-dflash2")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    t, d, d2 = (str(f) for f in folders.values())
+    assert bundled_pair() == tuple(folders.values())
+    spec = default_pair()
+    assert (spec.target, spec.drafter, spec.drafter2, spec.tiny) == (t, d, d2, False)
+    args = argparse.Namespace(model=None, draft_model=None, mode="dflash2")
+    assert resolve_pair(args, need_drafter=True) == (t, d2)
+    (folders["demo-dflash2"] / "config.json").unlink()
+    assert bundled_pair() == (folders["demo-target"], folders["demo-dflash"], None)
+    assert default_pair().drafter2 is None
+    assert resolve_pair(args, need_drafter=True) == (t, d)  # loading then says DFlash2 lacks one
+    (folders["demo-dflash"] / "config.json").unlink()
+    assert bundled_pair() is None
+    spec = default_pair()
+    assert (spec.target, spec.drafter, spec.tiny) == (t, None, False)  # the target alone
+    (folders["demo-target"] / "config.json").unlink()
+    assert default_pair().tiny

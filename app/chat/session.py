@@ -134,11 +134,11 @@ class Notice:
 def _about(folder: Path) -> str:
     """What the first screen says about the model in ``folder`` (the bundled demo pair's
     description; "" for others)."""
-    from app.paths import demo_pair_dirs
+    from app.paths import is_bundled_target
 
+    if is_bundled_target(folder):
+        return DEMO_ABOUT
     try:
-        if folder.resolve() == demo_pair_dirs()[0].resolve():
-            return DEMO_ABOUT
         readme = folder / "README.md"  # a copy of the demo pair says what it is
         if readme.is_file() and "DFlash Chat's bundled demo" in \
                 readme.read_text(encoding="utf-8", errors="replace")[:300]:

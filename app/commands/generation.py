@@ -118,50 +118,10 @@ def _warn(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def bundled_pair() -> tuple[Path, Path] | None:
-    """(target, DFlash drafter) folders of the bundled demo pair, or None when either is
-    missing (no ``config.json``)."""
-    from app.paths import demo_pair_dirs
-
-    target, drafter = demo_pair_dirs()
-    if (target / "config.json").is_file() and (drafter / "config.json").is_file():
-        return target, drafter
-    return None
-
-
-def bundled_dflash2() -> Path | None:
-    """The bundled demo target's DFlash2 drafter folder when it and the bundled pair are all
-    there (the window's default pair offers plain, DFlash and DFlash2 with it), else None."""
-    from app.paths import demo_dflash2_dir
-
-    folder = demo_dflash2_dir()
-    if bundled_pair() is not None and (folder / "config.json").is_file():
-        return folder
-    return None
-
-
-def _is_bundled_target(model: str) -> bool:
-    """True when ``model`` names the bundled demo target's folder."""
-    pair = bundled_pair()
-    if pair is None:
-        return False
-    try:
-        return Path(model).expanduser().resolve() == pair[0].resolve()
-    except OSError:
-        return False
-
-
-def _bundled_drafter(mode: str | None) -> str | None:
-    """The bundled drafter for ``mode``: the DFlash2 one for ``dflash2`` (when bundled), else
-    the DFlash one; None when the bundled pair is missing."""
-    pair = bundled_pair()
-    if pair is None:
-        return None
-    if mode == "dflash2":
-        v2 = bundled_dflash2()
-        if v2 is not None:
-            return str(v2)
-    return str(pair[1])
+def _bundled_drafter(pair: tuple, mode: str | None) -> str:
+    """The drafter of ``pair`` (:func:`app.paths.bundled_pair`) for ``mode``: the DFlash2 one
+    for ``dflash2`` when bundled, else the DFlash one."""
+    return str(pair[2] if mode == "dflash2" and pair[2] is not None else pair[1])
 
 
 def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
@@ -171,25 +131,25 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
     With no ``--draft-model``, the bundled target gets its bundled drafter: the DFlash2 one
     for ``--mode dflash2``, else the DFlash one. A ``--draft-model`` without ``--model`` is
     paired with the bundled demo target."""
-    from app.paths import cache_dir
+    from app.paths import bundled_pair, cache_dir, is_bundled_target
 
     mode = getattr(args, "mode", None)
+    pair = bundled_pair()
     if args.model:
         if need_drafter and not args.draft_model:
-            if _is_bundled_target(args.model):
-                return args.model, _bundled_drafter(mode)
+            if pair is not None and is_bundled_target(args.model):
+                return args.model, _bundled_drafter(pair, mode)
             hint = " (or use --mode plain)" if mode else ""
             kind = "DFlash2" if mode == "dflash2" else "DFlash"
             raise CommandError(f"{kind} needs --draft-model with --model{hint}")
         return args.model, args.draft_model
-    pair = bundled_pair()
     if args.draft_model:
         if pair is None:
             raise CommandError("--draft-model needs --model (the target it was made for): "
                                "the bundled demo target is missing")
         return str(pair[0]), args.draft_model
     if pair is not None:
-        return str(pair[0]), _bundled_drafter(mode)
+        return str(pair[0]), _bundled_drafter(pair, mode)
     from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
 
     root = cache_dir() / FALLBACK_FOLDER
@@ -202,14 +162,16 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
 def default_dflash2(args) -> str | None:
     """The DFlash2 drafter ``bench`` and ``compare`` add: ``--dflash2-model`` (``none``: no
     DFlash2 side), else, on the bundled demo pair (neither ``--model`` nor ``--draft-model``),
-    the bundled DFlash2 drafter when it is there (:func:`bundled_dflash2`); else None."""
+    the bundled DFlash2 drafter when it is there (:func:`app.paths.bundled_pair`); else None."""
     given = getattr(args, "dflash2_model", None)
     if given is not None:
         return None if str(given).lower() == "none" else str(given)
     if getattr(args, "model", None) or getattr(args, "draft_model", None):
         return None
-    folder = bundled_dflash2()
-    return None if folder is None else str(folder)
+    from app.paths import bundled_pair
+
+    pair = bundled_pair()
+    return None if pair is None or pair[2] is None else str(pair[2])
 
 
 def load_tools(spec: str) -> list[dict] | None:

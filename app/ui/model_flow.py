@@ -16,14 +16,18 @@ from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 log = logging.getLogger("app.ui.window")
 
 
-def default_pair() -> tuple[str, str, str]:
-    """(target, drafter, note): the bundled demo pair, or the tiny pseudo path with a note."""
-    from app.paths import demo_pair_dirs
+def default_pair() -> PairSpec:
+    """The pair the window loads by default: the bundled demo pair, with its DFlash2 drafter
+    when bundled (:func:`app.paths.bundled_pair`); its target alone when only that is there;
+    else the tiny random pair (``tiny``)."""
+    from app.paths import bundled_pair, demo_pair_dirs
 
-    target, drafter = demo_pair_dirs()
-    if (target / "config.json").is_file():
-        return str(target), str(drafter) if (drafter / "config.json").is_file() else "", ""
-    return TINY_PAIR, "", "demo pair not bundled: using a random-weight tiny pair (gibberish)"
+    pair = bundled_pair()
+    if pair is not None:
+        target, drafter, v2 = pair
+        return PairSpec(str(target), str(drafter), drafter2=str(v2) if v2 is not None else None)
+    target = demo_pair_dirs()[0]
+    return PairSpec(str(target)) if (target / "config.json").is_file() else PairSpec(tiny=True)
 
 
 class ModelFlow:
@@ -49,17 +53,11 @@ class ModelFlow:
 
     def load_default(self) -> None:
         """Load the bundled demo pair (or the tiny pair, saying so)."""
-        from app.paths import demo_dflash2_dir
-
-        target, drafter, note = default_pair()
-        if note:
-            self.flash(note, 10000)
-        drafter2 = demo_dflash2_dir()
-        if drafter and target != TINY_PAIR and (drafter2 / "config.json").is_file():
-            # the bundled pair offers plain / DFlash / DFlash2
-            self.load_model(PairSpec(target, drafter, drafter2=str(drafter2)))
-        else:
-            self.load_model(target, drafter)
+        spec = default_pair()
+        if spec.tiny:
+            self.flash("demo pair not bundled: using a random-weight tiny pair (gibberish)",
+                       10000)
+        self.load_model(spec)
 
     def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
         """Ask the worker to load a pair (progress shows; the window stays responsive).
