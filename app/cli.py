@@ -183,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command is None:
         missing = missing_x11_packages()
-        if missing and has_display():
+        shown = has_display()
+        if missing and shown:
             print(
                 "Qt cannot open a window on this X11 display without "
                 f"{', '.join(missing)} (install with: sudo apt install {' '.join(missing)}; "
                 "`make run` does it when run as root): running the headless comparison instead."
             )
-        elif args.gui or has_display():
-            problem = display_problem()
+        elif args.gui or shown:
+            problem = None if shown else display_problem()
             if problem:  # --gui: Qt would abort the process
                 print(f"error: cannot open the window: {problem}. Start an X server or set "
                       "DISPLAY to one, or run a subcommand (python -m app --help).",

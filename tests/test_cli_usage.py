@@ -119,8 +119,8 @@ def test_help_lines_name_dflash2(capsys):
 def test_no_display_gives_one_line_instead_of_a_qt_abort(monkeypatch, capsys):
     """A new user's `python -m app --gui` without a display, and a start with a stale
     DISPLAY: Qt aborted the process (exit 134) with misleading advice about xcb-cursor. The
-    window is not tried then: --gui says why in one line (exit 2), and a plain start runs the
-    headless comparison as it does with no DISPLAY at all."""
+    window is not tried then: --gui says why in one line (exit 2), and the display counts as
+    none (``has_display``), so a plain start takes the headless comparison."""
     import ctypes.util
 
     from app import cli

@@ -536,7 +536,7 @@ def _rounds_md(m: Message) -> list[str]:
     tool_text = {r.get("tool_call_id"): str(r.get("content") or "") for r in m.rounds
                  if r.get("role") == "tool"}
     assistants = [i for i, r in enumerate(m.rounds) if r.get("role") == "assistant"]
-    last = assistants[-1] if assistants else -1
+    last = assistants[-1]  # the caller sends only rounds with an assistant message
     shown: set = set()
     out: list[str] = []
     for n, i in enumerate(assistants, start=1):
@@ -559,10 +559,6 @@ def _rounds_md(m: Message) -> list[str]:
                 out += _call_md({"name": f.get("name"), "arguments": f.get("arguments")},
                                 tool_text.get(call_id))
             shown.add(call_id)
-    if last < 0:  # rounds without an assistant message: the reply's own fields
-        out += _reasoning_md(m.reasoning)
-        if m.content.strip():
-            out += [m.content.strip(), ""]
     for call in m.tool_calls:
         if call.get("id") not in shown:
             out += _call_md(call)
@@ -578,7 +574,7 @@ def _message_md(m: Message, store: Store, heading: str | None = None) -> list[st
     else:
         out.append(f"## {m.role.capitalize()}")
     out.append("")
-    if m.rounds:
+    if any(r.get("role") == "assistant" for r in m.rounds):
         out += _rounds_md(m)
     else:
         # one round: reasoning, then the text, then the calls it ended with

@@ -484,11 +484,15 @@ class TurnStore:
             return None
         conv = ConversationView(id=c.id, title=c.title or "New chat",
                                 settings=dict(c.settings), updated=c.updated_at)
+        prompts: dict[int | None, list[int]] = {}  # a user message's versions, by parent
+        for m in self.db.messages(conv_id):
+            if m.role == "user":
+                prompts.setdefault(m.parent_id, []).append(m.id)
         for m in path:
             if m.role == "user":
-                edits = tuple(r.id for r in self.db.versions(m.id) if r.role == "user")
+                edits = prompts.get(m.parent_id, [])
                 conv.messages.append(Turn("user", m.content, ids={"": m.id},
-                                          edits=edits if len(edits) > 1 else ()))
+                                          edits=tuple(edits) if len(edits) > 1 else ()))
             elif m.role == "assistant":
                 conv.messages.append(self._reply_turn(m))
         return conv
@@ -546,9 +550,10 @@ class TurnStore:
         """After a stored turn (``app.chat.stored_turn.TurnStored``): bring the view's last
         two turns (the user message and ``reply``, which must be the last) up to date with the
         store, in place: row ids, versions and their status (stopped, interrupted, error), the
-        chosen version, the user message's versions (:attr:`Turn.edits`), the title. ``live`` maps version keys to the results streamed in this
-        run of the app, which the view keeps (they hold what the store has, plus what only the
-        live run knows: token texts, per-round figures, the top-two gap)."""
+        chosen version, the user message's versions (:attr:`Turn.edits`), the title. ``live``
+        maps version keys to the results streamed in this run of the app, which the view keeps
+        (they hold what the store has, plus what only the live run knows: token texts,
+        per-round figures, the top-two gap)."""
         fresh = self.get(conv.id)
         if fresh is None:
             return

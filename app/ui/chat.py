@@ -439,9 +439,9 @@ class Composer(QWidget):
     window the row of buttons wraps (:class:`~app.ui.fit.FlowLayout`): Compare and Send go to
     a line of their own at the right, every button whole.
 
-    Enter sends, Shift+Enter inserts a new line, Tab moves the focus on. A mouse press on Stop within the platform's
-    double-click interval after Send started the reply is ignored (the second click of a
-    double-click on Send does not stop the reply it started). Signals: ``send(str)``,
+    Enter sends, Shift+Enter inserts a new line, Tab moves the focus on. A mouse press on
+    Stop within the platform's double-click interval after Send started the reply is ignored
+    (the second click of a double-click on Send does not stop the reply it started). Signals: ``send(str)``,
     ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain", "dflash"
     or "dflash2" (the DFlash2 button shows only when the loaded pair has a DFlash2 drafter:
     :meth:`set_modes`)."""

@@ -482,13 +482,14 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     def select_conversation(self, conv: ConversationView | None) -> None:
         """Show ``conv`` (None: empty view)."""
         shown = self.conv.id if self.conv is not None else None
-        if self.banner_chat is not None and self.banner_chat != (conv.id if conv else None):
-            self.clear_banner()  # an error about the previous chat's turn
-        if self.banner_kind == "note" and shown is not None and \
-                shown != (conv.id if conv is not None else None):
-            self.clear_banner()  # a note on the previous chat's reply or settings (errors stay)
-        if shown is not None and conv is not None and conv.id != shown:
-            self._swap_draft(shown, conv.id)
+        new = conv.id if conv is not None else None
+        # what is said about one chat goes with it: an error about its turn, or a note on
+        # its reply or settings (errors about the app stay)
+        if self.banner_chat not in (None, new) or \
+                (self.banner_kind == "note" and shown not in (None, new)):
+            self.clear_banner()
+        if shown is not None and new not in (None, shown):
+            self._swap_draft(shown, new)
         self.conv = conv
         self._refresh_list()
         self.chat.expanded = set()
