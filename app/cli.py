@@ -42,7 +42,7 @@ def version_text() -> str:
         problem = backend_problem(mx)
         if problem:
             lines.append(f"warning: {problem}")
-        from app.engine.row_products import describe
+        from app.engine.kernels.row_products import describe
 
         kernels = describe()
         if kernels:

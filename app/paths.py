@@ -34,7 +34,7 @@ def demo_pair_dirs() -> tuple[Path, Path]:
 
 def demo_dflash2_dir() -> Path:
     """The bundled demo target's DFlash2 drafter folder (an adapter on the DFlash drafter's
-    backbone: ``app.engine.adapter``); existence is not checked."""
+    backbone: ``app.models.adapter``); existence is not checked."""
     return resource_path("models", "demo-dflash2")
 
 

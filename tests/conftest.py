@@ -66,7 +66,7 @@ def qwen_tokenizer(qwen_tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
-    """A session folder for tiny random pairs built by ``app.engine.tiny.build_tiny_pair``."""
+    """A session folder for tiny random pairs built by ``app.models.tiny.build_tiny_pair``."""
     return tmp_path_factory.mktemp("tiny_pairs")
 
 
@@ -74,8 +74,8 @@ def tiny_root(tmp_path_factory) -> Path:
 def tiny_hybrid(tiny_root):
     """(target, drafter) loaded: a tiny ``qwen3_5`` hybrid target and its random drafter
     (block size 16, one sliding layer)."""
-    from app.engine.loader import load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
     return load_target(t), load_drafter(d)
@@ -84,8 +84,8 @@ def tiny_hybrid(tiny_root):
 @pytest.fixture(scope="session")
 def tiny_dense(tiny_root):
     """(target, drafter) loaded: a tiny dense ``qwen3`` target and its random drafter."""
-    from app.engine.loader import load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     t, d = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
     return load_target(t), load_drafter(d)

@@ -16,7 +16,7 @@ MODES = {"plain", "dflash+tape@2", "dflash+replay@2", "dflash+tape@4", "dflash+r
 
 @pytest.fixture(scope="module")
 def pair_paths(tiny_root):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     # Same arguments as conftest's tiny_hybrid, so the folders are shared.
     t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)

@@ -2,7 +2,7 @@
 
 Fixture repos are written by hand in the hub cache layout
 (``models--org--name/{blobs,snapshots/<rev>,refs/main}``) with the tiny configs of
-``app.engine.tiny`` and a small safetensors file; no MLX is needed.
+``app.models.tiny`` and a small safetensors file; no MLX is needed.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from app.engine import catalog as cat
 from app.engine.errors import ModelLoadError, ModelNotFoundError, PairMismatchError
-from app.engine.tiny import drafter_config, target_config
+from app.models import catalog as cat
+from app.models.tiny import drafter_config, target_config
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 
@@ -291,7 +291,7 @@ def test_catalog_does_not_import_mlx(hf_home, tmp_path):
     import subprocess
 
     code = (
-        "import sys; from app.engine.catalog import Catalog; "
+        "import sys; from app.models.catalog import Catalog; "
         f"c = Catalog(data_dir={str(tmp_path / 'd')!r}, bundled=()); "
         "s = c.scan(); [c.pair_checks(t) for t in s.targets]; "
         "print(len(s.targets), 'mlx' in sys.modules)"
@@ -332,8 +332,8 @@ def test_models_cli_json(hf_home, tmp_path, monkeypatch, capsys):
 def test_real_tiny_pair_from_the_cache_pairs_and_loads(tiny_root, tmp_path, monkeypatch):
     """A loadable tiny pair placed in the cache: the catalog pairs it, the engine loads the
     paths the catalog gives and agrees that the pair fits."""
-    from app.engine.loader import check_pair, load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import check_pair, load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     t_dir, d_dir = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
     cache = tmp_path / "hf" / "hub"
@@ -357,7 +357,7 @@ def test_drafter_defaults_are_named(tmp_path, caplog):
     import json
     import logging
 
-    from app.engine.catalog import drafter_defaults_used, warn_drafter_defaults
+    from app.models.catalog import drafter_defaults_used, warn_drafter_defaults
 
     full = {"architectures": ["DFlashDraftModel"], "rope_theta": 10000.0,
             "dflash_config": {"block_size": 8}}
@@ -369,7 +369,7 @@ def test_drafter_defaults_are_named(tmp_path, caplog):
         "the drafter config has no rope_theta; the default 1e+06 is used",
     ]
     (tmp_path / "config.json").write_text(json.dumps(bare))
-    with caplog.at_level(logging.WARNING, logger="app.engine.catalog"):
+    with caplog.at_level(logging.WARNING, logger="app.models.catalog"):
         assert len(warn_drafter_defaults(tmp_path)) == 2
     assert "no rope_theta; the default 1e+06 is used" in caplog.text
     assert warn_drafter_defaults(tmp_path / "missing") == []

@@ -19,7 +19,7 @@ CHAT_FIELDS = {"mode", "block_size", "rollback", "tokens", "text", "summary", "c
 
 @pytest.fixture(scope="module")
 def pair_paths(tiny_root):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     return build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
 
@@ -181,7 +181,7 @@ class _Scripted:
 
 
 def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
-    from app.engine.loader import load_target
+    from app.models.loader import load_target
 
     tok = load_target(pair_paths[0]).tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -235,7 +235,7 @@ def test_compare_human_output(capsys, pair_paths):
 
 
 def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_paths, monkeypatch):
-    from app.engine.loader import load_target
+    from app.models.loader import load_target
 
     tok = load_target(pair_paths[0]).tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -265,7 +265,7 @@ def test_compare_prints_every_round_and_the_whole_replys_figures(capsys, pair_pa
     its tool call (chat printed it), and the figures line counted only the last round (32
     tokens where the window showed 85). Each side now prints every round, and its figures
     are the whole reply's, as the window's panel gives them (JSON: ``reply_summary``)."""
-    from app.engine.loader import load_target
+    from app.models.loader import load_target
 
     tok = load_target(pair_paths[0]).tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -361,7 +361,7 @@ def test_compare_runs_the_tools_on_one_frozen_clock(capsys, pair_paths, monkeypa
     import datetime as real
 
     from app.chat.tools import clock
-    from app.engine.loader import load_target
+    from app.models.loader import load_target
 
     class TickingDatetime(real.datetime):  # the clock moves one second at every read
         reads = 0

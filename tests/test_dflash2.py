@@ -34,8 +34,8 @@ from app.engine.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDynamicCaus
 from app.engine.drafter import DFlashDrafter
 from app.engine.errors import GenerationError, ModelLoadError, UnsupportedArchitectureError
 from app.engine.generate import GenerationConfig, generate
-from app.engine.loader import check_pair, load_drafter, load_target
-from app.engine.tiny import build_tiny_pair
+from app.models.loader import check_pair, load_drafter, load_target
+from app.models.tiny import build_tiny_pair
 
 # --- a checkpoint in the published layout --------------------------------------------------
 

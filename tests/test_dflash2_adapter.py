@@ -1,5 +1,5 @@
 """DFlash2 drafters stored as an adapter on a DFlash drafter's backbone
-(``app.engine.adapter``): the split keeps only the differing tensors, adapter + backbone load
+(``app.models.adapter``): the split keeps only the differing tensors, adapter + backbone load
 to the full export's weights, bad adapters raise typed errors naming the path or tensor, and
 the bundled DFlash2 adapter on the demo pair gives plain decoding's tokens (greedy, exact)."""
 
@@ -15,9 +15,9 @@ from engine_fixtures import run
 from mlx.utils import tree_flatten
 from test_dflash2 import _mask_id, dflash2_config, write_checkpoint
 
-from app.engine.adapter import BACKBONE_KEY, write_adapter
 from app.engine.errors import ModelLoadError
-from app.engine.loader import check_pair, load_drafter, load_target
+from app.models.adapter import BACKBONE_KEY, write_adapter
+from app.models.loader import check_pair, load_drafter, load_target
 from app.paths import demo_dflash2_dir, demo_pair_dirs
 
 ADDED = ("_conv.", "candidate_selector.")

@@ -19,10 +19,10 @@ import huggingface_hub.constants as hf_constants
 import numpy as np
 import pytest
 
-from app.engine import download as dl
-from app.engine.catalog import Catalog
 from app.engine.errors import ModelNotFoundError
-from app.engine.tiny import target_config
+from app.models import download as dl
+from app.models.catalog import Catalog
+from app.models.tiny import target_config
 
 COMMIT = "c0ffee00" * 5
 REPO = "org/tiny-remote"

@@ -11,8 +11,8 @@ import pytest
 from engine_fixtures import OracleDrafter, prompt_ids, run
 from mlx.utils import tree_flatten
 
-from app.engine import loader
-from app.engine.loader import dequantize_model, dequantized_bytes, load_drafter, load_target
+from app.models import loader
+from app.models.loader import dequantize_model, dequantized_bytes, load_drafter, load_target
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def q4_dirs(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny 4-bit (group 64, bf16 scales) ``qwen3_5`` target folder and its drafter."""
     from mlx_lm.convert import convert
 
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     root = tmp_path_factory.mktemp("q4")
     t_dir, d_dir = build_tiny_pair(root / "f32", "qwen3_5", seed=1, block_size=8,
@@ -114,7 +114,7 @@ def test_a_kept_quantized_target_pairs_with_its_drafter_and_keeps_plains_tokens(
 def test_kept_quantized_when_the_float32_copy_does_not_fit(q4_dirs, monkeypatch, caplog):
     t_dir, _ = q4_dirs
     monkeypatch.setattr(loader, "available_memory_bytes", lambda: 1000)
-    with caplog.at_level("WARNING", logger="app.engine.loader"):
+    with caplog.at_level("WARNING", logger="app.models.loader"):
         target = load_target(t_dir)
     assert not target.dequantized and _quantized(target.model)
     assert "does not fit" in target.weights_note

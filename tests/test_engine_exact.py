@@ -39,7 +39,7 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
 from app.engine import blas
 from app.engine.generate import GenerationConfig, _shared_kernel_runner, generate
-from app.engine.row_products import on_cuda
+from app.engine.kernels.row_products import on_cuda
 from app.engine.target import TargetRunner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def expect_float32_difference_on_cuda(request, dtype, block_size: int) -> None:
     """On MLX's CUDA backend, mark a float32 run with blocks of more than one token as an
     expected failure (strict: if it starts passing, the docs need updating). There MLX's float32
     products use TF32 tensor cores, whose rounding depends on the row count, and the row kernels
-    (app/engine/row_products.py) take 16-bit inputs: tokens stay equal, caches differ by up to
+    (app/engine/kernels/row_products.py) take 16-bit inputs: tokens stay equal, caches differ by up to
     ~4e-3 (host 25; docs/performance.md, "Exactness on CUDA"). Never on the CPU, where CI runs."""
     if dtype == mx.float32 and block_size > 1 and on_cuda():
         request.applymarker(pytest.mark.xfail(strict=True, reason="float32 on CUDA: TF32 products"))
@@ -108,8 +108,8 @@ def _build(root: Path, name: str):
     """Load variant ``name``: (target, drafter, compute dtype)."""
     from mlx_lm.convert import convert
 
-    from app.engine.loader import load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     family, options, dtype = VARIANTS[name]
     t_dir, d_dir = build_tiny_pair(root / family, family, seed=1, block_size=16,
@@ -308,8 +308,8 @@ def test_sliding_window_llama_target_is_exact(tmp_path, monkeypatch, request):
     """A ``llama`` target with sliding-window layers (``RotatingKVCache``, window 24): per-layer
     masks and the rotating cache's rollback give plain's tokens and plain's visible K/V, while
     the context grows far past the window."""
-    from app.engine.loader import load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     t_dir, d_dir = build_tiny_pair(tmp_path, "llama", seed=2, block_size=8)
     expect_float32_difference_on_cuda(request, mx.float32, 8)

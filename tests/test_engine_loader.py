@@ -17,7 +17,7 @@ from app.engine.errors import (
     PairMismatchError,
     UnsupportedArchitectureError,
 )
-from app.engine.loader import (
+from app.models.loader import (
     check_pair,
     check_pair_configs,
     load_drafter,
@@ -264,8 +264,8 @@ def test_checkpoint_dtype_kept_on_gpu_backends_upcast_only_on_cpu(tiny_root, mon
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
 
-    from app.engine import loader
-    from app.engine.tiny import build_tiny_pair
+    from app.models import loader
+    from app.models.tiny import build_tiny_pair
 
     monkeypatch.setattr(mx.metal, "is_available", lambda: False)  # as on CUDA
     assert loader._on_cpu() is (mx.default_device() == mx.cpu)
@@ -303,7 +303,7 @@ def test_unrestorable_cache_type_refuses_dflash_naming_it(tiny_hybrid, monkeypat
 def test_model_type_that_does_not_fit_the_weights_is_one_line(tiny_root):
     """mlx-lm lists every unexpected tensor; the message names the model_type and one
     example, in one line."""
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     t_dir, _ = build_tiny_pair(tiny_root / "misfit", "qwen3", seed=4)
     bad = tiny_root / "misfit-llama"

@@ -141,8 +141,8 @@ def test_sliding_window_cache_is_trimmed_only_where_exact(tmp_path, mode):
     """A ``RotatingKVCache`` that has rotated cannot be cut back (its oldest rows are gone):
     prefix reuse then prefills cold instead of trimming offsets over stale rows. Before it has
     rotated, the trim is exact and the prefix is reused."""
-    from app.engine.loader import load_drafter, load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
 
     t_dir, d_dir = build_tiny_pair(tmp_path, "llama", seed=2, block_size=8)
     target, drafter = load_target(t_dir), load_drafter(d_dir)
@@ -197,7 +197,7 @@ def test_switching_drafters_keeps_each_drafters_context(tiny_hybrid):
     checkpoint, each with its own context): a turn of the second drafter puts the first one's
     context aside (``switch_drafter``), so the first drafter's next turn reuses the prefix
     instead of prefilling the whole conversation cold, and still gives a cold run's tokens."""
-    from app.engine.loader import load_drafter
+    from app.models.loader import load_drafter
 
     target, a = tiny_hybrid
     b = load_drafter(a.path)
@@ -249,7 +249,7 @@ def test_a_drafter_kept_from_the_start_follows_plain_turns(tiny_hybrid):
     does for the pair's DFlash2 drafter) is built from the plain turns' tap states, so its
     first drafting turn after them reuses what a plain turn reuses, with plain's tokens and a
     cold turn's drafter context."""
-    from app.engine.loader import load_drafter
+    from app.models.loader import load_drafter
 
     target, a = tiny_hybrid
     b = load_drafter(a.path)

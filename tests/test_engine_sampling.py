@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from engine_fixtures import OracleDrafter, run
 
-from app.engine.loader import load_drafter, load_target
-from app.engine.tiny import build_tiny_pair
+from app.models.loader import load_drafter, load_target
+from app.models.tiny import build_tiny_pair
 
 N = 200
 PROMPT = [1, 40, 41, 42, 43, 2, 1, 60]

@@ -28,7 +28,7 @@ from app.engine.generate import GenerationConfig, generate
 @pytest.fixture(scope="module")
 def demo_pair():
     """The bundled demo pair, loaded."""
-    from app.engine.loader import load_drafter, load_target
+    from app.models.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     t, d = demo_pair_dirs()
@@ -179,7 +179,7 @@ def test_one_host_read_per_cycle_with_a_dflash2_drafter(monkeypatch, tiny_hybrid
                                                         tmp_path):
     from test_dflash2 import _mask_id, dflash2_config, write_checkpoint
 
-    from app.engine.loader import load_drafter
+    from app.models.loader import load_drafter
 
     target, _ = tiny_hybrid
     folder = write_checkpoint(tmp_path / "d2", dflash2_config(target.path, _mask_id(target)),

@@ -402,7 +402,7 @@ def test_frozen_compare_on_tiny_pair_is_identical(frozen, tmp_path, family):
     """Loading (mlx-lm model module by name, transformers tokenizer classes) and both decoders
     in the frozen app, on a tiny random pair built here by the unfrozen engine. The tokenizer
     config names ``Qwen2Tokenizer`` as real Qwen checkpoints do."""
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     target, drafter = build_tiny_pair(tmp_path / "pair", family=family, seed=1)
     cfg_path = Path(target) / "tokenizer_config.json"

@@ -336,7 +336,7 @@ def test_drop_in_for_a_qwen3_5_model(monkeypatch):
     layers call chunked_gated_delta_update instead of mlx-lm's gated_delta_update."""
     from mlx_lm.models import qwen3_5
 
-    from app.engine.tiny import target_config
+    from app.models.tiny import target_config
 
     mx.random.seed(53)
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(target_config("qwen3_5", 97, 0)))

@@ -1,4 +1,4 @@
-"""The CUDA Gated DeltaNet kernel (``app/engine/gdn_kernel.py``) and how it is routed.
+"""The CUDA Gated DeltaNet kernel (``app/engine/kernels/gdn_kernel.py``) and how it is routed.
 
 On this CPU the kernel itself cannot run: these tests check that nothing changes off CUDA, that
 when the kernel is active plain decoding and DFlash's verify passes both go through it (a
@@ -15,7 +15,7 @@ import pytest
 from engine_fixtures import prompt_ids, run
 from mlx_lm.models import gated_delta as mlx_gd
 
-from app.engine import gdn_kernel
+from app.engine.kernels import gdn_kernel
 
 
 def _inputs(T=5, B=1, Hk=2, Hv=4, Dk=32, Dv=16, dtype=mx.float32, seed=0):
@@ -79,7 +79,7 @@ def test_the_kernel_source_reads_the_token_count_from_q_shape():
 
 @pytest.fixture(scope="module")
 def demo_pair():
-    from app.engine.loader import load_drafter, load_target
+    from app.models.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     t, d = demo_pair_dirs()

@@ -1,4 +1,4 @@
-"""The parallel kernel build before a warm-up (app/engine/kernel_prebuild.py).
+"""The parallel kernel build before a warm-up (app/engine/kernels/kernel_prebuild.py).
 
 Its recipes must build the very modules a reply compiles. MLX names a fused (``mx.compile``)
 kernel after its graph and dtypes on every backend alike (``build_lib_name``), and the CPU
@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import kernel_prebuild as kp
-from app.engine.loader import load_drafter, load_target
+from app.engine.kernels import kernel_prebuild as kp
+from app.models.loader import load_drafter, load_target
 from app.paths import demo_pair_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 REPLY = """
 from app.engine.generate import GenerationConfig, generate
-from app.engine.loader import load_drafter, load_target
+from app.models.loader import load_drafter, load_target
 from app.paths import demo_pair_dirs
 t, d = demo_pair_dirs()
 target, drafter = load_target(t, keep_dtype=True), load_drafter(d, keep_dtype=True)
@@ -89,7 +89,7 @@ def test_fused_recipes_build_the_kernels_a_reply_compiles(float16_pair, tmp_path
     (tmp_path / "reply").mkdir()
     (tmp_path / "recipes").mkdir()
     _run(["-c", REPLY], tmp_path / "reply")
-    _run(["-m", "app.engine.kernel_prebuild", json.dumps(fused)], tmp_path / "recipes")
+    _run(["-m", "app.engine.kernels.kernel_prebuild", json.dumps(fused)], tmp_path / "recipes")
     reply, built = _compiled_names(tmp_path / "reply"), _compiled_names(tmp_path / "recipes")
     assert len(built) == len(fused) == 4
     assert built <= reply, built - reply

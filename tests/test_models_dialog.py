@@ -12,8 +12,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtWidgets import QDialog, QMessageBox  # noqa: E402
 from test_download import COMMIT, REPO, FakeHub, _repo_files  # noqa: E402
 
-from app.engine.catalog import KNOWN_PAIRS, Catalog  # noqa: E402
-from app.engine.tiny import drafter_config, target_config  # noqa: E402
+from app.models.catalog import KNOWN_PAIRS, Catalog  # noqa: E402
+from app.models.tiny import drafter_config, target_config  # noqa: E402
 from app.ui.models_dialog import ModelsDialog, format_duration, progress_text  # noqa: E402
 
 
@@ -117,7 +117,7 @@ def test_add_folder_error_is_shown_not_raised(dialog, tmp_path, monkeypatch):
 
 def test_memory_warning_asks_before_loading(dialog, loads, monkeypatch):
     import app.ui.models_dialog as md
-    from app.engine import catalog as cat
+    from app.models import catalog as cat
 
     real = cat.estimate_memory
     monkeypatch.setattr(md, "estimate_memory",
@@ -220,7 +220,7 @@ def test_the_known_pairs_show_whole_and_a_status_sits_under_the_fields(dialog, q
     """A new user's pass: "Known pairs" showed 3 of its 7 rows and a scroll bar while empty
     room sat above Close, and a bad repo id's message appeared at the far bottom. All rows
     now fit, and the status line comes right after the download row."""
-    from app.engine.catalog import KNOWN_PAIRS
+    from app.models.catalog import KNOWN_PAIRS
 
     dialog.show()
     qtbot.waitExposed(dialog)

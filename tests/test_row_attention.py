@@ -1,4 +1,4 @@
-"""The row mode's attention (app/engine/row_attention.py).
+"""The row mode's attention (app/engine/kernels/row_attention.py).
 
 On the CPU (CI): which calls the routing sends to the kernel, to MLX's kernel one query at a
 time, or to mlx-lm's own function; the kernel's launch (grid, template, inputs as they are);
@@ -16,8 +16,8 @@ import pytest
 from mlx_lm.models.base import scaled_dot_product_attention as base_attention
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from app.engine import row_attention as ra
-from app.engine import row_products as rp
+from app.engine.kernels import row_attention as ra
+from app.engine.kernels import row_products as rp
 
 
 def _f32(a: mx.array) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The row-stable products of app/engine/row_products.py.
+"""The row-stable products of app/engine/kernels/row_products.py.
 
 On the CPU (CI): the switch leaves a model alone off CUDA, the subclasses compute what their
 bases compute when no row product applies, and bad shapes get a ValueError. On MLX's CUDA
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from app.engine import row_products as rp
+from app.engine.kernels import row_products as rp
 
 
 class _Tiny(nn.Module):

@@ -186,7 +186,7 @@ def test_pair_spec_label_keeps_the_names():
 def test_load_keeps_the_repo_id_as_the_name(tiny_root):
     """A cached repo loads from its snapshot folder; the name shown is the repo id, not the
     snapshot's commit hash (the folder name)."""
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     allow_engine_on_current_thread()
     t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)

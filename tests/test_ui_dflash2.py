@@ -16,8 +16,8 @@ from test_models_dialog import _write_model  # noqa: E402
 from test_ui_window import PROMPT, close_window, make_window, send_and_wait  # noqa: E402
 
 from app.chat.session import ChatSession, ModelInfo, PairSpec  # noqa: E402
-from app.engine.catalog import Catalog, drafter_kind  # noqa: E402
-from app.engine.tiny import drafter_config, target_config  # noqa: E402
+from app.models.catalog import Catalog, drafter_kind  # noqa: E402
+from app.models.tiny import drafter_config, target_config  # noqa: E402
 from app.ui.chat import Composer  # noqa: E402
 from app.ui.models_dialog import ModelsDialog  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_catalog_lists_a_dflash2_drafter_as_supported(catalog3, tmp_path):
 
 
 def test_memory_estimate_counts_the_adapters_backbone(catalog3):
-    from app.engine.catalog import drafter_weights_size, estimate_memory
+    from app.models.catalog import drafter_weights_size, estimate_memory
 
     catalog, _ = catalog3
     scan = catalog.scan()
@@ -127,7 +127,7 @@ def test_models_window_offers_dflash_and_dflash2_together(qtbot, catalog3):
 
 @pytest.fixture(scope="module")
 def tiny3(tmp_path_factory):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     root = tmp_path_factory.mktemp("ui_tiny3")
     t, d = build_tiny_pair(root, "qwen3_5", seed=0, block_size=8)

@@ -32,7 +32,7 @@ from app.engine.errors import ModelLoadError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("ui20_tiny"), "qwen3_5", seed=0,
                            block_size=8)

@@ -2,7 +2,7 @@
 Stop, plain == DFlash, Compare, load errors, and no MLX call on the GUI thread.
 
 Two kinds of backend: the real one (``ChatSession`` over a tiny random-weight pair built by
-``app.engine.tiny``) and a scripted one that emits the engine's and the chat pipeline's real
+``app.models.tiny``) and a scripted one that emits the engine's and the chat pipeline's real
 event dataclasses at a controlled pace (for Stop and exact figures).
 """
 
@@ -217,7 +217,7 @@ def test_first_difference():
 # ------------------------------------------------------------------ the real engine
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("ui_tiny"), "qwen3_5", seed=0, block_size=8)
 
@@ -227,7 +227,7 @@ def engine_window(qtbot, qs, tiny_dirs, monkeypatch):
     """A window on the tiny pair whose engine entry points record their thread."""
     import app.chat.reply as reply_mod
     import app.engine.generate as gen_mod
-    import app.engine.loader as loader_mod
+    import app.models.loader as loader_mod
 
     calls: list[tuple[str, int]] = []
 
@@ -837,7 +837,7 @@ def test_palette_follows_system_scheme_and_layout_is_restored(qtbot, qs, monkeyp
 
 @pytest.fixture(scope="module")
 def tiny_dirs_dense(tmp_path_factory):
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("ui_tiny_dense"), "qwen3", seed=1,
                            block_size=8)
@@ -1104,7 +1104,7 @@ def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
 
 def test_token_texts_hide_the_end_token(tiny_dirs):
     """Compare and drafter colouring show token texts; the end token is counted, not shown."""
-    from app.engine.loader import load_target
+    from app.models.loader import load_target
 
     backend = ChatSession()
     backend.target = load_target(tiny_dirs[0])

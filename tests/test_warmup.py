@@ -32,7 +32,7 @@ def kernel_cache(tmp_path, monkeypatch):
     """An empty MLX kernel cache folder of each test's own (the prebuild records its work
     there; the children inherit the variable); background children are waited for after
     the test, so none outlives it or writes into a later test's folder."""
-    from app.engine import kernel_prebuild
+    from app.engine.kernels import kernel_prebuild
 
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "ptx"))
     yield tmp_path / "ptx"
@@ -42,7 +42,7 @@ def kernel_cache(tmp_path, monkeypatch):
 
 
 def test_warm_up_can_build_kernels_in_child_processes_first(tiny_hybrid, kernel_cache):
-    from app.engine import kernel_prebuild
+    from app.engine.kernels import kernel_prebuild
 
     target, drafter = tiny_hybrid
     assert warmup.warm_up(target, [drafter]).prebuild is None  # only on CUDA by default
@@ -60,7 +60,7 @@ def test_warm_up_can_build_kernels_in_child_processes_first(tiny_hybrid, kernel_
 
 def test_a_prebuild_that_cannot_start_leaves_the_warm_up_to_the_replies(tiny_hybrid,
                                                                          monkeypatch):
-    from app.engine import kernel_prebuild
+    from app.engine.kernels import kernel_prebuild
 
     def no_children(*_a, **_k):
         raise OSError("cannot start a process")
@@ -74,7 +74,7 @@ def test_a_prebuild_that_cannot_start_leaves_the_warm_up_to_the_replies(tiny_hyb
 
 
 def test_nothing_in_the_kernel_build_stops_the_warm_up(tiny_hybrid, monkeypatch):
-    from app.engine import kernel_prebuild
+    from app.engine.kernels import kernel_prebuild
 
     def broken(*_a, **_k):
         raise AttributeError("a model without what the recipes read")
@@ -89,7 +89,7 @@ def test_nothing_in_the_kernel_build_stops_the_warm_up(tiny_hybrid, monkeypatch)
 def test_build_gdn_kernel_passes_the_dtypes_a_reply_passes(tiny_hybrid, monkeypatch):
     import mlx.core as mx
 
-    from app.engine import gdn_kernel
+    from app.engine.kernels import gdn_kernel
 
     target, _ = tiny_hybrid
     gdn = next(layer.linear_attn for layer in target.model.layers
@@ -127,8 +127,8 @@ def test_warm_layers_runs_the_layers_on_zeros_and_leaves_compile_on(tiny_hybrid,
 
 
 def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kernel_cache):
-    from app.engine import kernel_prebuild
-    from app.engine.loader import load_drafter, load_target
+    from app.engine.kernels import kernel_prebuild
+    from app.models.loader import load_drafter, load_target
     from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     t, d = demo_pair_dirs()
@@ -208,9 +208,9 @@ def test_the_worker_says_nothing_on_the_cpu(qtbot):
 def test_a_quantized_target_is_warmed_and_its_embedding_gathers_listed(tiny_root):
     import mlx.nn as nn
 
-    from app.engine import kernel_prebuild
-    from app.engine.loader import load_target
-    from app.engine.tiny import build_tiny_pair
+    from app.engine.kernels import kernel_prebuild
+    from app.models.loader import load_target
+    from app.models.tiny import build_tiny_pair
 
     t, _ = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
     target = load_target(t)

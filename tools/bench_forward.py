@@ -40,7 +40,7 @@ def default_model() -> tuple[str, str]:
     t, d = demo_pair_dirs()
     if (t / "config.json").is_file() and (d / "config.json").is_file():
         return str(t), str(d)
-    from app.engine.tiny import build_tiny_pair
+    from app.models.tiny import build_tiny_pair
 
     print("bundled demo pair missing: using the tiny random pair", file=sys.stderr)
     t, d = build_tiny_pair(cache_dir() / "tiny-pair")
@@ -60,8 +60,8 @@ def measure(target_dir: str, drafter_dir: str, prefix: int, repeats: int) -> dic
     import mlx.core as mx
 
     from app.engine.blas import blas_description
-    from app.engine.loader import load_drafter, load_target
     from app.engine.target import TargetRunner
+    from app.models.loader import load_drafter, load_target
 
     target = load_target(target_dir)
     taps = load_drafter(drafter_dir).config.target_layer_ids

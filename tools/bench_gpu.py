@@ -126,7 +126,7 @@ def ptx_cache_summary(since: float, directory: Path | None = None) -> dict:
     many, and each module's name with the seconds after ``since`` at which it was written
     (in order; the gap before a module is about its compile time). Empty on a backend
     without a PTX cache (CPU, Metal)."""
-    from app.engine.kernel_prebuild import ptx_cache_dir
+    from app.engine.kernels.kernel_prebuild import ptx_cache_dir
 
     directory = directory or ptx_cache_dir()
     if not directory.is_dir():
@@ -166,7 +166,7 @@ def random_target(config: dict, dtype: str):
                     class_predicate=lambda _, m: hasattr(m, "to_quantized")
                     and m.weight.shape[-1] % 64 == 0)
     if dtype == "4bit-dequantized":  # what the loader does with a 4-bit target on the CPU
-        from app.engine.loader import dequantize_model
+        from app.models.loader import dequantize_model
 
         dequantize_model(model)
         cast_floats(model, "float32")
@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     from app import __version__
     from app.engine.blas import blas_description
     from app.engine.device import device_description
-    from app.engine.gdn_kernel import kernel_active
-    from app.engine.loader import load_drafter, load_target
+    from app.engine.kernels.gdn_kernel import kernel_active
+    from app.models.loader import load_drafter, load_target
     from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     result: dict = {"header": {"app": __version__, "mlx": mx.__version__,

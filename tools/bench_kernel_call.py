@@ -5,7 +5,7 @@ asserted).
     python tools/bench_kernel_call.py --write-cu rows.cu   # then, where nvcc is:
     nvcc -std=c++17 -arch=compute_80 -ptx rows.cu -o rows.ptx   # the --ptx file
 
-Issue #21: ``app/engine/row_products.py``'s kernel multiplies 16 rows in a third of MLX's GPU
+Issue #21: ``app/engine/kernels/row_products.py``'s kernel multiplies 16 rows in a third of MLX's GPU
 time, but each ``mx.fast.cuda_kernel`` call cost about 16 us more host time than one of MLX's
 own operations, and a step of a Qwen3.5-4B-shaped target makes ~250 products. This script
 takes that cost apart on one 2560 x 2560 weight (bf16, and 4-bit affine with group 64):
@@ -77,10 +77,10 @@ $L__BB0_2:
 
 
 def cuda_source() -> str:
-    """The row kernel (``app/engine/row_products.py``'s HEADER and SOURCE) as a stand-alone CUDA
+    """The row kernel (``app/engine/kernels/row_products.py``'s HEADER and SOURCE) as a stand-alone CUDA
     file for ``nvcc``: ``rows_bf16_q4_g64(x, w, scales, biases, y, M, K, N)`` and
     ``rows_bf16_dense(x, w, y, M, K, N)``, with M, K, N as scalars instead of MLX's shapes."""
-    from app.engine import row_products as rp
+    from app.engine.kernels import row_products as rp
 
     shapes = """    int M = 1;
     for (int d = 0; d < x_ndim - 1; ++d) {
@@ -163,7 +163,7 @@ def measure_dtype(label: str, calls: int, chain: int, ptx_text: bytes | None) ->
     import mlx.core as mx
     import mlx.nn as nn
 
-    from app.engine import row_products as rp
+    from app.engine.kernels import row_products as rp
 
     k = n = 2560
     mx.random.seed(0)

@@ -27,7 +27,7 @@ random Qwen3.5-4B-shaped target, after ``--prefix`` cached tokens, median ms of:
 * ``product_build_us`` / ``mlx_product_build_us``: the host time to build one 1-row product of
   the first linear layer as the model calls it and through MLX's own layer
   (:func:`product_build_us`; they differ when ``DFLASH_ROW_PRODUCTS`` sends it to
-  ``app/engine/row_products.py``'s kernel).
+  ``app/engine/kernels/row_products.py``'s kernel).
 
 A benchmark, not a test: nothing is asserted.
 """
@@ -125,7 +125,7 @@ def measure(model, taps: list[int], prefix: int, repeats: int) -> dict:
 def product_build_us(model, calls: int = 500) -> dict:
     """Host time to build one 1-row product of the model's first linear layer (graph only,
     not run), in microseconds: ``product_build_us`` through the layer as the model calls it
-    (``app/engine/row_products.py``'s kernel when ``DFLASH_ROW_PRODUCTS`` takes it) and
+    (``app/engine/kernels/row_products.py``'s kernel when ``DFLASH_ROW_PRODUCTS`` takes it) and
     ``mlx_product_build_us`` through MLX's own layer class."""
     import mlx.core as mx
     import mlx.nn as nn

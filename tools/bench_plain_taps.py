@@ -18,9 +18,9 @@ import statistics
 
 from app.engine.events import TokenEvent
 from app.engine.generate import GenerationConfig, generate
-from app.engine.loader import load_drafter, load_target
 from app.engine.prefix import PromptCache
 from app.engine.threads import allow_engine_on_current_thread
+from app.models.loader import load_drafter, load_target
 from app.paths import demo_pair_dirs
 
 PROMPTS = [

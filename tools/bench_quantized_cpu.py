@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from app import __version__
     from app.engine.blas import blas_description
     from app.engine.device import device_description
-    from app.engine.loader import load_drafter, load_target
+    from app.models.loader import load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     bg = _bench_gpu()

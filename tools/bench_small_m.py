@@ -16,7 +16,7 @@ included, host round trip amortised):
 * ``sdpa``: ``mx.fast.scaled_dot_product_attention`` with 1 and 16 queries (16 query heads,
   4 key/value heads, head dim 256) over ``--keys`` cached positions, causal for 16;
 * ``mixer`` (bf16, one Gated DeltaNet layer's parts that grow with the positions, 1 and 16):
-  ``recurrence`` (``app.engine.gdn_kernel.gated_delta_update``: the project's CUDA kernel on
+  ``recurrence`` (``app.engine.kernels.gdn_kernel.gated_delta_update``: the project's CUDA kernel on
   CUDA, mlx-lm's function elsewhere; 16 key / 32 value heads of 128, float32 state),
   ``conv`` (the depthwise causal convolution over 3 + S positions of 8,192 channels, kernel
   4, then SiLU), ``rms_norm`` (``mx.fast.rms_norm`` over 2,560).
@@ -66,7 +66,7 @@ def mixer(chain: int, repeats: int) -> dict:
     import mlx.core as mx
     import mlx.nn as nn
 
-    from app.engine.gdn_kernel import gated_delta_update, kernel_active
+    from app.engine.kernels.gdn_kernel import gated_delta_update, kernel_active
 
     bf = mx.bfloat16
     hk, hv, d, channels, hidden = 16, 32, 128, 2 * 16 * 128 + 32 * 128, 2560

@@ -11,7 +11,7 @@
 #   bash tools/gpu_measure.sh profile # tools/profile_verify.py: a verify pass part by part
 #   bash tools/gpu_measure.sh kernels # tools/bench_small_m.py: one kernel, 1 row against 16
 #   bash tools/gpu_measure.sh trace   # tools/trace_verify.py: kernels and GPU busy time
-#   bash tools/gpu_measure.sh rows    # the row mode (app/engine/row_products.py, row_attention.py): its
+#   bash tools/gpu_measure.sh rows    # the row mode (app/engine/kernels/row_products.py, row_attention.py): its
 #                                     # tests, trace and launch under DFLASH_ROW_PRODUCTS
 #   bash tools/gpu_measure.sh probe   # tools/probe_rows.py (which operation's result depends
 #                                     # on the row count) and the exactness report, row kernel on

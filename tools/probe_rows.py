@@ -35,7 +35,7 @@ from engine_fixtures import prompt_ids  # noqa: E402
 from mlx_lm.models import qwen3, qwen3_next  # noqa: E402
 
 import app.engine.target as target_module  # noqa: E402
-from app.engine import row_products as rp  # noqa: E402
+from app.engine.kernels import row_products as rp  # noqa: E402
 from app.engine.target import TargetRunner  # noqa: E402
 
 

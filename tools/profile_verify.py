@@ -62,7 +62,7 @@ def gdn_stages(attn, x, conv_before, state, upto: int) -> list:
     import mlx.nn as nn
     from mlx_lm.models.gated_delta import normalize_qk
 
-    from app.engine.gdn_kernel import gated_delta_update
+    from app.engine.kernels.gdn_kernel import gated_delta_update
     from app.engine.target import _gdn_project
 
     B, S, _ = x.shape
@@ -94,7 +94,7 @@ def profile(model, hidden: int, prefix: int, repeats: int) -> dict:
     import mlx.nn as nn
     from mlx_lm.models.base import create_attention_mask
 
-    from app.engine.gdn_kernel import gated_delta_update
+    from app.engine.kernels.gdn_kernel import gated_delta_update
     from app.engine.target import TargetRunner, _gdn_project, gdn_forward, trim_attention
 
     runner = TargetRunner(model, "qwen3_5")
@@ -192,7 +192,7 @@ def count_ops(model) -> dict:
 
     import mlx.core as mx
 
-    import app.engine.gdn_kernel as gk
+    import app.engine.kernels.gdn_kernel as gk
     from app.engine.target import TargetRunner, trim_attention
 
     out: dict = {"recurrence": "kernel" if gk.kernel_active() else "stand-in"}
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_gpu import emit_json, qwen35_4b_config, random_target
 
     from app.engine.device import configure_cuda_attention, device_description
-    from app.engine.gdn_kernel import kernel_active
+    from app.engine.kernels.gdn_kernel import kernel_active
 
     configure_cuda_attention()
     import os
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         result["ops"] = count_ops(random_target(config, "bfloat16"))
         return emit_json(result, args.out)
     if args.demo:  # the bundled target as the app loads it on this device
-        from app.engine.loader import load_target
+        from app.models.loader import load_target
         from app.paths import demo_pair_dirs
 
         target = load_target(demo_pair_dirs()[0])

@@ -243,12 +243,12 @@ class ChatSession:
 
     def _load_spec(self, spec: PairSpec, before: int) -> ModelInfo:
         """Load ``spec`` into this session (nothing loaded before); see :meth:`load`."""
-        from app.engine import loader
+        from app.models import loader
 
         note = ""
         target, drafter_path = spec.target, spec.drafter
         if spec.tiny:
-            from app.engine.tiny import fallback_pair
+            from app.models.tiny import fallback_pair
 
             t_dir, d_dir = fallback_pair()
             target, drafter_path = str(t_dir), str(d_dir)
@@ -259,7 +259,7 @@ class ChatSession:
         if drafter_path:
             new_drafter = loader.load_drafter(drafter_path)
             loader.check_pair(new_target, new_drafter)
-            from app.engine.catalog import warn_drafter_defaults
+            from app.models.catalog import warn_drafter_defaults
 
             warn_drafter_defaults(new_drafter.path)
         new_drafter2 = None

@@ -344,8 +344,8 @@ def run_multi_turn(args) -> int:
     from app.chat.reply import ReplySettings, collect_reply
     from app.engine.blas import warn_if_slow_blas
     from app.engine.errors import EngineError
-    from app.engine.loader import check_pair, load_drafter, load_target
     from app.engine.prefix import PromptCache
+    from app.models.loader import check_pair, load_drafter, load_target
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)
@@ -405,7 +405,7 @@ def run_bench(args) -> int:
         return run_multi_turn(args)
     from app.engine.blas import warn_if_slow_blas
     from app.engine.errors import EngineError
-    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter, load_target
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)

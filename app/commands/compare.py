@@ -66,7 +66,7 @@ def _compare(args) -> int:
     d2path = default_dflash2(args)
     if d2path:
         from app.commands.generation import CommandError
-        from app.engine.loader import check_pair, load_drafter
+        from app.models.loader import check_pair, load_drafter
 
         drafter2 = load_drafter(d2path)
         if getattr(drafter2.config, "kind", "dflash") != "dflash2":

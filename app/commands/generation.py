@@ -150,7 +150,7 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
         return str(pair[0]), args.draft_model
     if pair is not None:
         return str(pair[0]), _bundled_drafter(pair, mode)
-    from app.engine.tiny import FALLBACK_FOLDER, fallback_pair
+    from app.models.tiny import FALLBACK_FOLDER, fallback_pair
 
     root = cache_dir() / FALLBACK_FOLDER
     _warn(f"The bundled demo pair is missing: using a tiny random-weight pair in {root} "
@@ -191,7 +191,7 @@ def load_tools(spec: str) -> list[dict] | None:
 
 def default_thinking(target: str, drafter: str | None) -> bool | None:
     """The known pair's recommended thinking setting, else None (the template's default)."""
-    from app.engine.catalog import known_pair_for
+    from app.models.catalog import known_pair_for
 
     for name in (drafter, target):
         pair = known_pair_for(name)
@@ -232,8 +232,8 @@ def _messages(args) -> list[dict]:
 
 
 def _load(args, need_drafter: bool):
-    from app.engine.catalog import warn_drafter_defaults
-    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.models.catalog import warn_drafter_defaults
+    from app.models.loader import check_pair, load_drafter, load_target
 
     tpath, dpath = resolve_pair(args, need_drafter)
     target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
@@ -280,8 +280,8 @@ def keep_quantized_arg(args) -> bool | None:
 def drafter_problem(target, draft_model: str) -> str | None:
     """Why ``draft_model`` could not serve as ``target``'s DFlash drafter (config-level
     checks only, nothing is loaded), or None when it looks usable."""
-    from app.engine.catalog import check_pair_configs, is_drafter_config, read_config
-    from app.engine.loader import resolve_model_path
+    from app.models.catalog import check_pair_configs, is_drafter_config, read_config
+    from app.models.loader import resolve_model_path
 
     try:
         config = read_config(resolve_model_path(draft_model))

@@ -1,6 +1,6 @@
 """``python -m app models``: list targets and DFlash drafters and which fit; add or forget a
-model folder; download Hugging Face repos into the cache (``app.engine.catalog`` and
-``app.engine.download`` do the work; this module only parses and prints)."""
+model folder; download Hugging Face repos into the cache (``app.models.catalog`` and
+``app.models.download`` do the work; this module only parses and prints)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import argparse
 import json
 import sys
 
-from app.engine.catalog import Catalog, catalog_report, format_bytes
 from app.engine.errors import EngineError, ModelLoadError, ModelNotFoundError
+from app.models.catalog import Catalog, catalog_report, format_bytes
 
 
 def _print_text(report: dict) -> None:
-    """The report of :func:`app.engine.catalog.catalog_report` as text on stdout."""
+    """The report of :func:`app.models.catalog.catalog_report` as text on stdout."""
     print(f"Hugging Face cache: {report['cache_dir']}")
     print("Targets:")
     if not report["targets"]:
@@ -87,7 +87,7 @@ def _run_models(args: argparse.Namespace) -> int:
 
 def _download_cli(repos: list[str]) -> int:
     """Download ``repos`` in order, printing one progress line to stderr; 2 on failure."""
-    from app.engine import download as dl
+    from app.models import download as dl
 
     def show(p) -> None:
         total = format_bytes(p.bytes_total) if p.bytes_total else "?"

@@ -149,7 +149,7 @@ def configure_cuda_kernel_cache(mx: Any = None, environ: Any = None,
     user has not set it, and when the folder can be created and written (else MLX would
     silently keep nothing). MLX reads it once, at its first compile, so call this before the
     first forward pass (``load_target`` does). Child processes inherit it
-    (:mod:`app.engine.kernel_prebuild`).
+    (:mod:`app.engine.kernels.kernel_prebuild`).
 
     Returns:
         The folder it set, or None when it set nothing.

@@ -54,9 +54,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.engine import dflash2 as _d2
-from app.engine import gdn_kernel
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+from app.engine.kernels import gdn_kernel
 from app.engine.prefix import PromptCache
 from app.engine.target import TargetRunner, cache_arrays, trim_attention
 from app.engine.threads import check_engine_thread
@@ -289,10 +289,10 @@ def generate(
     """Start a generation (lazily: nothing runs until the result is iterated).
 
     Args:
-        target: :class:`~app.engine.loader.LoadedTarget`.
+        target: :class:`~app.models.loader.LoadedTarget`.
         prompt_ids: the rendered prompt's token ids (non-empty).
         config: :class:`GenerationConfig`.
-        drafter: :class:`~app.engine.loader.LoadedDrafter`, required for ``mode="dflash"``.
+        drafter: :class:`~app.models.loader.LoadedDrafter`, required for ``mode="dflash"``.
         session: a :class:`~app.engine.prefix.PromptCache` kept across turns: the common prefix
             with its ids is reused, and the caches are stored back at the end.
         boundaries: prompt positions (e.g. the end of the history before the generation
@@ -390,7 +390,7 @@ def _tap_keeper(target, drafter, session: PromptCache | None, start: int):
 
 def _shared_kernel_runner(target) -> TargetRunner | None:
     """For plain decoding of a hybrid target while the project's CUDA GDN kernel is active
-    (:func:`app.engine.gdn_kernel.kernel_active`): a :class:`TargetRunner`, so that plain steps
+    (:func:`app.engine.kernels.gdn_kernel.kernel_active`): a :class:`TargetRunner`, so that plain steps
     run the same recurrence kernel as DFlash's verify passes (bit-for-bit the same tokens and
     state). Else None: mlx-lm's model call, which on the CPU and Apple GPUs computes exactly
     what the runner computes."""

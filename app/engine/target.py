@@ -11,7 +11,7 @@ partially accepted block can be rolled back by re-running only the recurrence ov
 committed positions (:meth:`GDNTape.rollback`).
 
 The GDN recurrence (Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule")
-is run through :func:`app.engine.gdn_kernel.gated_delta_update`: mlx-lm's ``gated_delta_update``
+is run through :func:`app.engine.kernels.gdn_kernel.gated_delta_update`: mlx-lm's ``gated_delta_update``
 (so Apple GPUs keep mlx-lm's Metal kernel and the CPU its operations loop), or on MLX's CUDA
 backend the project's own kernel, which plain decoding then shares (``generate._plain_body``).
 """
@@ -29,8 +29,8 @@ from mlx_lm.models.gated_delta import normalize_qk
 
 from app.engine.errors import GenerationError, UnsupportedArchitectureError
 from app.engine.gdn_chunked import chunked_gated_delta_update
-from app.engine.gdn_kernel import gated_delta_update
-from app.engine.row_products import use_row_stable_products
+from app.engine.kernels.gdn_kernel import gated_delta_update
+from app.engine.kernels.row_products import use_row_stable_products
 
 #: model_type values whose layer structure this module knows (taps and rollback).
 TAP_FAMILIES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"}

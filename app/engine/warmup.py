@@ -7,7 +7,7 @@ each loaded drafter on a fixed prompt, so the first real reply finds the step, p
 verify, rollback and drafter kernels built.
 
 On MLX's CUDA backend it first compiles the kernels that MLX caches on disk in parallel child
-processes (:mod:`app.engine.kernel_prebuild`), and meanwhile builds the project's Gated DeltaNet
+processes (:mod:`app.engine.kernels.kernel_prebuild`), and meanwhile builds the project's Gated DeltaNet
 kernel in this process (:func:`build_gdn_kernel`; MLX keeps custom kernels in memory only), so
 that the replies then only read what was built: on an H200 a fresh host's warm-up of the
 bundled pair went from 25.9 s, one compile after another, to the figure in docs/performance.md
@@ -25,10 +25,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from app.engine import kernel_prebuild
 from app.engine.device import backend
 from app.engine.events import Done
 from app.engine.generate import GenerationConfig, generate
+from app.engine.kernels import kernel_prebuild
 
 #: The prompt of the warm-up replies (token ids are what matter; any text would do).
 WARM_UP_TEXT = "Warm-up: say hello in one short sentence, then stop."
@@ -58,13 +58,13 @@ def needs_warm_up() -> bool:
 
 
 def build_gdn_kernel(target) -> bool:
-    """Compile :mod:`app.engine.gdn_kernel`'s kernel for ``target``'s Gated DeltaNet shapes
+    """Compile :mod:`app.engine.kernels.gdn_kernel`'s kernel for ``target``'s Gated DeltaNet shapes
     and dtype by running it once on a one-token input (nothing is kept). Returns False, doing
     nothing, when the kernel is not active here, the target has no such layer, or its shapes
     are ones the kernel does not take (key head dim not a multiple of 32)."""
     import mlx.core as mx
 
-    from app.engine.gdn_kernel import cuda_gated_delta, kernel_active
+    from app.engine.kernels.gdn_kernel import cuda_gated_delta, kernel_active
 
     gdn = kernel_prebuild.first_gdn_layer(target.model)
     if gdn is None or not kernel_active():
@@ -89,7 +89,7 @@ def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
     the embedding look-up (nothing is kept).
 
     Why: while child processes compile the fused kernels and gathers
-    (:mod:`app.engine.kernel_prebuild`), this process can already do the first-use work that
+    (:mod:`app.engine.kernels.kernel_prebuild`), this process can already do the first-use work that
     needs none of them (loading MLX's built-in kernels, cuBLAS set-up for these matrix
     shapes), which the first warm-up reply would otherwise do after the children. With
     ``mx.compile`` off, mlx-lm's compiled functions run as separate built-in operations, so
@@ -167,8 +167,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         max_tokens: new tokens per reply; default twice the largest block size plus one, so
             a full block's verify and a partial block's rollback both run.
         prebuild: compile the disk-cached kernels in parallel processes first
-            (:mod:`app.engine.kernel_prebuild`); default: on MLX's CUDA backend, unless
-            :func:`app.engine.kernel_prebuild.enabled` says no. Then only the first drafter
+            (:mod:`app.engine.kernels.kernel_prebuild`); default: on MLX's CUDA backend, unless
+            :func:`app.engine.kernels.kernel_prebuild.enabled` says no. Then only the first drafter
             gets a warm-up reply: the kernels that only the other drafters need (a DFlash2
             drafter's candidate walk) are built by child processes left running in the
             background (``WarmUpReport.prebuild.background``). While the children compile,

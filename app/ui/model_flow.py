@@ -133,7 +133,7 @@ class ModelFlow:
 
     def open_models(self) -> None:
         """The Models dialog (issue 9): pick, download, pair and remove models."""
-        from app.engine.catalog import Catalog
+        from app.models.catalog import Catalog
         from app.ui.models_dialog import ModelsDialog
 
         try:

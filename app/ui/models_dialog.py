@@ -1,7 +1,7 @@
 """The Models dialog: pick a target and drafter, add folders, download, delete.
 
-Qt only, no MLX: it reads the :class:`app.engine.catalog.Catalog` (config files and the
-Hugging Face cache index) and runs downloads through :mod:`app.engine.download` on a plain
+Qt only, no MLX: it reads the :class:`app.models.catalog.Catalog` (config files and the
+Hugging Face cache index) and runs downloads through :mod:`app.models.download` on a plain
 Python thread, whose progress reaches the GUI thread through the Qt signals of
 :class:`DownloadRunner` (queued across threads). Loading is not done here: *Load* calls
 ``on_load_pair(PairSpec)`` and the window's worker does the rest.
@@ -35,8 +35,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.session import PairSpec
-from app.engine import download as dl
-from app.engine.catalog import (
+from app.engine.errors import EngineError
+from app.models import download as dl
+from app.models.catalog import (
     KNOWN_PAIRS,
     Catalog,
     KnownPair,
@@ -45,7 +46,6 @@ from app.engine.catalog import (
     format_bytes,
     known_pair_for,
 )
-from app.engine.errors import EngineError
 
 ROLE_ENTRY = Qt.ItemDataRole.UserRole
 SOURCE_LABELS = {"bundled": "bundled", "folder": "folder", "cache": "HF cache"}

@@ -1,6 +1,6 @@
 """The one long-lived worker thread that owns MLX: loading, generation, unloading.
 
-The GUI thread never imports ``mlx``, ``app.engine.loader``, ``app.engine.generate`` or
+The GUI thread never imports ``mlx``, ``app.models.loader``, ``app.engine.generate`` or
 ``app.chat.reply``; it talks to :class:`Worker` through queued signals and reads back
 :class:`UiEvent` batches. The worker flushes events at most every ``FLUSH_S`` seconds (and at
 the end of a reply) so the GUI is not woken once per token; the window then renders on its own

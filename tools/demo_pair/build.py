@@ -13,7 +13,7 @@ Steps (all of them by default; ``--stage`` runs one):
 4. ``dflash2`` (only when asked: ``--stage dflash2 --dflash2 EXPORT``): write the DFlash2
    drafter export ``EXPORT`` (``train_dflash2.py --freeze-backbone``'s
    ``demo-dflash2`` folder) into ``resources/models/demo-dflash2`` as an adapter on
-   ``demo-dflash`` (``app.engine.adapter``: only the tensors that differ, plus
+   ``demo-dflash`` (``app.models.adapter``: only the tensors that differ, plus
    ``"dflash_backbone": "../demo-dflash"`` in its config).
 
 Usage::
@@ -201,7 +201,7 @@ def install_dflash2(export: Path) -> dict:
     on ``demo-dflash`` (every backbone tensor must be byte-equal to ``demo-dflash``'s: a
     drafter trained with ``--freeze-backbone``; else the adapter would keep them too and
     the pair would break its size cap, which this refuses)."""
-    from app.engine.adapter import write_adapter
+    from app.models.adapter import write_adapter
 
     out = RES / "demo-dflash2"
     info = write_adapter(export, RES / "demo-dflash", out, ref="../demo-dflash")

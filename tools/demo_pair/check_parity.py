@@ -13,7 +13,7 @@ matters) and drafter, exports both in float32, stores inputs and torch logits.
 ``mlx``: loads the target with mlx-lm (``mlx_lm.utils.load_model``) and the drafter with
 ``app.engine.drafter``, and prints the largest absolute logit differences (expected ~1e-5).
 ``torch2``/``mlx2``: the same for the DFlash2 drafter (``dflash2_modeling.py`` against
-``app.engine.dflash2`` loaded by ``app.engine.loader.load_drafter``): random weights with
+``app.engine.dflash2`` loaded by ``app.models.loader.load_drafter``): random weights with
 every convolution and the selector's codebooks perturbed away from their identity/zero
 initialisation; compared are the block logits, the selector's pairwise scores over the
 top-k candidates (with the torch walk's tokens as predecessors) and the greedy walk's drafts,
@@ -170,7 +170,7 @@ def mlx2_stage(root: Path) -> dict:
     """DFlash2: MLX (``load_drafter``) against the stored torch outputs."""
     import mlx.core as mx
 
-    from app.engine.loader import load_drafter
+    from app.models.loader import load_drafter
 
     ref = np.load(root / "ref.npz")
     loaded = load_drafter(root / "drafter")
@@ -206,7 +206,7 @@ def export2_stage(drafter_dir: Path, target_dir: Path | None = None) -> dict:
     difference."""
     from app.engine.events import CycleEvent, TokenEvent
     from app.engine.generate import GenerationConfig, generate
-    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter, load_target
 
     repo = Path(__file__).resolve().parents[2]
     target_dir = target_dir or repo / "resources" / "models" / "demo-target"

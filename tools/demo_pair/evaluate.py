@@ -287,7 +287,7 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
 def load_pair(tdir: Path | None = None, ddir: Path | None = None):
     """(target, drafter): the bundled pair's target and drafter, each unless its folder is
     given (one may be given without the other)."""
-    from app.engine.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter, load_target
     from app.paths import demo_pair_dirs
 
     bundled_t, bundled_d = demo_pair_dirs()

@@ -28,7 +28,7 @@ and 1.34-1.38 (bf16) steps, but 4-bit plain decoding ran at 10.8-11.2 ms a step 
 
 Attention was the other operation whose result depended on the row count
 (``tools/probe_rows.py``); in the ``all`` mode steps and verify blocks also share one attention
-kernel (:mod:`app.engine.row_attention`). With both, every float16, bfloat16 and 4-/8-bit test
+kernel (:mod:`app.engine.kernels.row_attention`). With both, every float16, bfloat16 and 4-/8-bit test
 target of the exactness suite kept plain decoding's tokens and, bit for bit, its caches on an
 H200, and a 16-token verify of a Qwen3.5-4B-shaped target cost 1.23-1.43 (bf16) and 0.87-1.39
 (4-bit) steps against 1.57-1.72 and 1.18-1.64 with MLX's products (docs/performance.md, "Exact
@@ -61,9 +61,9 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 
-from app.engine.cuda_source import compact
 from app.engine.device import backend
-from app.engine.row_attention import use_row_attention
+from app.engine.kernels.cuda_source import compact
+from app.engine.kernels.row_attention import use_row_attention
 
 __all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "describe", "mode", "on_cuda",
            "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
@@ -589,7 +589,7 @@ def use_row_stable_products(model: nn.Module) -> int:
     switch every ``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
     ``nn.QuantizedEmbedding`` in ``model`` to its row-stable subclass, in place (parameters,
     names and ``isinstance`` checks unchanged), and route its model files' attention through
-    :func:`app.engine.row_attention.use_row_attention` (steps and verify blocks share one
+    :func:`app.engine.kernels.row_attention.use_row_attention` (steps and verify blocks share one
     kernel in the ``all`` mode). Elsewhere (the CPU, Apple GPUs) or with ``0`` nothing changes,
     so the products pay no extra Python either. Idempotent. The loader calls it for every
     target and :class:`~app.engine.target.TargetRunner` for the models it is given, so plain

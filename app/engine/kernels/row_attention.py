@@ -21,7 +21,7 @@ strides are read at run time, so a growing cache builds no new kernel.
 
 Where: :func:`use_row_attention` points the ``scaled_dot_product_attention`` that mlx-lm's
 model files import at a wrapper that, in the ``all`` mode of ``DFLASH_ROW_PRODUCTS``
-(``app.engine.row_products.mode``, the default on MLX's CUDA backend), sends float16 and
+(``app.engine.kernels.row_products.mode``, the default on MLX's CUDA backend), sends float16 and
 bfloat16 steps and causal blocks of up to 16 queries over a plain ``KVCache`` to the kernel
 (or, for shapes it does not take, to :func:`attention_by_query`: MLX's kernel one query at a
 time), and everything else (prefill, float32, other caches, other modes) to mlx-lm's own
@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from app.engine.cuda_source import compact
+from app.engine.kernels.cuda_source import compact
 
 __all__ = ["SOURCE", "attention_by_query", "kernel_attention", "kernel_takes",
            "use_row_attention"]
@@ -129,7 +129,7 @@ for (int e = 0; e < E; ++e) {
 }
 """
 
-#: The most queries a call takes (a verify block: ``app.engine.row_products.MAX_ROWS``).
+#: The most queries a call takes (a verify block: ``app.engine.kernels.row_products.MAX_ROWS``).
 MAX_QUERIES = 16
 _KERNEL: list = []
 #: The dtypes the routing sends to the kernel (those the row products take).

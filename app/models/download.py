@@ -361,7 +361,7 @@ def download_repo(
     """
     from huggingface_hub import hf_hub_download
 
-    from app.engine.catalog import hf_cache_dir
+    from app.models.catalog import hf_cache_dir
 
     url = hub_endpoint(endpoint)
     cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
@@ -491,7 +491,7 @@ def _cached_repo(repo_id: str, cache_dir: str | Path | None):
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    from app.engine.catalog import hf_cache_dir
+    from app.models.catalog import hf_cache_dir
 
     cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
     try:

@@ -15,15 +15,15 @@ What: :func:`recipes_for` lists, from a loaded pair's dtypes, small MLX programs
 (:data:`RECIPES`) that build exactly those modules: the same mlx-lm functions on tiny arrays
 of the same dtypes (a fused module is named after its graph and dtypes, not its shapes; a
 gather after its source and index dtypes). :func:`start` runs them in child processes
-(``python -m app.engine.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait` waits for
-them. A recipe that fails or builds a module the pair does not use costs only its process:
+(``python -m app.engine.kernels.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait`
+waits for them. A recipe that fails or builds a module the pair does not use costs only its process:
 whatever the recipes miss, the warm-up builds as before, and no computed value depends on
 which process compiled a kernel. Each child compiles into a private folder and then
 publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
 there (:data:`MARKER`), so that a later start skips them (:func:`built_before`), also those
 of children left running in the background (:func:`start_background`).
 Modules that MLX does not cache on disk (``mx.fast``'s custom kernels, such as
-:mod:`app.engine.gdn_kernel`) must be built in the process that runs them.
+:mod:`app.engine.kernels.gdn_kernel`) must be built in the process that runs them.
 
 Switch: ``DFLASH_KERNEL_PREBUILD=0`` turns it off (:func:`enabled`), for measurements.
 """
@@ -349,7 +349,7 @@ def start(recipes: list[Recipe], workers: int | None = None, stderr: Any = subpr
     try:
         for g in groups:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "app.engine.kernel_prebuild", json.dumps(g)],
+                [sys.executable, "-m", "app.engine.kernels.kernel_prebuild", json.dumps(g)],
                 stdout=subprocess.DEVNULL, stderr=stderr, env=os.environ.copy()))
     except OSError:
         for proc in procs:  # none left behind unwaited

@@ -11,7 +11,7 @@ DFlash2 ``config.json`` with one extra key, :data:`BACKBONE_KEY`::
 
 (a folder path, relative to the adapter folder unless absolute) and a ``model.safetensors``
 with only the tensors that differ from that folder's (the convolutions and the selector). The
-loader (:func:`app.engine.loader.load_drafter`) reads the backbone folder's ``*.safetensors``
+loader (:func:`app.models.loader.load_drafter`) reads the backbone folder's ``*.safetensors``
 and fills in every tensor the adapter lacks (:func:`merge_backbone`); a full checkpoint (no such
 key) loads as before. :func:`write_adapter` makes an adapter from a full export.
 """

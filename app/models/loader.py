@@ -22,11 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.engine.catalog import (  # noqa: F401 (re-exported for callers of the loader)
-    check_pair_configs,
-    read_config,
-    text_config,
-)
 from app.engine.errors import (
     EngineError,
     ModelLoadError,
@@ -34,6 +29,11 @@ from app.engine.errors import (
     UnsupportedArchitectureError,
 )
 from app.engine.threads import check_engine_thread
+from app.models.catalog import (  # noqa: F401 (re-exported for callers of the loader)
+    check_pair_configs,
+    read_config,
+    text_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     if not keep_dtype and not quantized:
         _upcast_for_cpu(model)
     _eval_parameters(model)
-    from app.engine.row_products import use_row_stable_products
+    from app.engine.kernels.row_products import use_row_stable_products
 
     use_row_stable_products(model)  # CUDA: plain steps and verify passes multiply alike
     tcfg = text_config(cfg)
@@ -419,7 +419,7 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     Extra ``embed_tokens``/``lm_head`` tensors (one preview checkpoint shipped them) are
     ignored; every other tensor must be present with the shape the config implies.
 
-    A config with ``"dflash_backbone": FOLDER`` is an adapter (:mod:`app.engine.adapter`):
+    A config with ``"dflash_backbone": FOLDER`` is an adapter (:mod:`app.models.adapter`):
     the tensors it lacks are read from that folder (relative to the drafter's).
 
     Raises:
@@ -432,8 +432,8 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
     import mlx.core as mx
 
     from app.engine import dflash2
-    from app.engine.adapter import merge_backbone, read_tensors
     from app.engine.drafter import DFlashDrafter, DrafterConfig, expected_shapes
+    from app.models.adapter import merge_backbone, read_tensors
 
     folder = resolve_model_path(path_or_repo)
     raw = read_config(folder)

@@ -67,7 +67,7 @@ class KnownPair:
         target_repo, drafter_repo: Hugging Face repo ids.
         download_gb: approximate download of both repos together, in GB (10^9 bytes); estimated
             from parameter counts (4-bit target, bf16 drafter). The exact figure comes from the
-            hub's file list when a download is planned (:func:`app.engine.download.plan_download`).
+            hub's file list when a download is planned (:func:`app.models.download.plan_download`).
         block_size: recommended DFlash block size (the drafter's trained block size).
         thinking: chat-template thinking setting the drafter was trained with (Qwen3.5/3.6
             drafters: on; Qwen3 ``-b16`` drafters: off), per ``shared/DFLASH_NOTES.md``.
@@ -433,7 +433,7 @@ def classify(folder: Path) -> tuple[Kind | None, dict | None, str | None]:
         return None, config, "no *.safetensors weights"
     archs = config.get("architectures") or []
     if is_drafter_config(config):
-        from app.engine.adapter import backbone_folder
+        from app.models.adapter import backbone_folder
 
         try:
             backbone_folder(Path(folder), config)
@@ -881,7 +881,7 @@ class MemoryEstimate:
 def drafter_weights_size(drafter: ModelEntry) -> int:
     """Bytes of a drafter's weights as loaded: its safetensors plus, for a DFlash2 adapter
     (``dflash_backbone``), its backbone folder's (the loaded drafter holds both)."""
-    from app.engine.adapter import backbone_folder
+    from app.models.adapter import backbone_folder
 
     total = weights_size(drafter.path)
     try:

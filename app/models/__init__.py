@@ -1,0 +1,5 @@
+"""Qt-free model management: what is on disk and in the Hugging Face cache (``catalog``),
+downloads (``download``), loading a target or drafter and checking a pair (``loader``),
+DFlash2 adapters merged onto their backbone (``adapter``) and the tiny random-weight pair the
+tests and the missing-demo fallback build (``tiny``). It sits above ``app.engine`` (decoding)
+and below ``app.chat``."""
