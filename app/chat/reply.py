@@ -61,6 +61,43 @@ def _history_boundary(target, convo, settings, prompt_ids: list[int]) -> list[in
     return [n] if 0 < n < len(prompt_ids) and prompt_ids[:n] == history else []
 
 
+def _preamble_boundary(target, convo, settings, prompt_ids: list[int]) -> list[int]:
+    """Where the system + tools preamble ends: the rendered leading system messages (with the
+    tool definitions), or, with no system message, what the template writes before the first
+    user message's text. Every new chat with the same system prompt, tools and thinking switch
+    starts with these tokens, so a recurrent-state snapshot there lets a new chat reuse them
+    (``app.engine.prefix``). Nothing when the template does not render it as a prefix of
+    ``prompt_ids``."""
+    from app.engine.prefix import common_prefix
+
+    lead = []
+    for m in convo:
+        if m.get("role") != "system":
+            break
+        lead.append(m)
+    kwargs: dict[str, Any] = {"add_generation_prompt": False, "tokenize": False}
+    if settings.tools:
+        kwargs["tools"] = settings.tools
+    if settings.enable_thinking is not None:
+        kwargs["enable_thinking"] = bool(settings.enable_thinking)
+    tok = target.tokenizer
+
+    def ids_of(messages):
+        return list(tok.encode(tok.apply_chat_template(messages, **kwargs),
+                               add_special_tokens=False))
+
+    try:
+        if lead:
+            ids = ids_of(lead)
+        else:  # what two different first messages share
+            a = ids_of([{"role": "user", "content": "a"}])
+            ids = a[: common_prefix(a, ids_of([{"role": "user", "content": "b"}]))]
+    except Exception:
+        return []
+    n = len(ids)
+    return [n] if 0 < n < len(prompt_ids) and prompt_ids[:n] == ids else []
+
+
 def _generation_config(settings: ReplySettings, mode: str):
     from app.engine.generate import GenerationConfig
 
@@ -224,7 +261,8 @@ def run_reply(
         resumed = len(from_draft)  # tokens of the cut round, before this run's
         extra = {}
         if session is not None:
-            boundaries = _history_boundary(target, convo, settings, prompt_ids)
+            boundaries = sorted({*_preamble_boundary(target, convo, settings, prompt_ids),
+                                 *_history_boundary(target, convo, settings, prompt_ids)})
             if resuming is not None:  # the cut round's prompt ends where its reply begins
                 boundaries = sorted({*boundaries, len(prompt_ids)})
             extra = {"session": session, "boundaries": boundaries}

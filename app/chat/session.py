@@ -176,10 +176,15 @@ class ChatSession:
         store: where :meth:`send` keeps conversations (None: :meth:`send` is unavailable;
             the window's worker stores replies with ``app.chat.stored_turn.run_turn`` on the
             store it was given, calling :meth:`reply`).
+        prefix_cache_bytes: memory bound of the prefix cache's saved conversation states
+            (bytes; None: ``app.engine.prefix.default_max_bytes()``; 0: reuse only the last
+            reply's state); :meth:`set_prefix_cache_bytes` changes it later.
     """
 
-    def __init__(self, store: Store | None = None) -> None:
+    def __init__(self, store: Store | None = None,
+                 prefix_cache_bytes: int | None = None) -> None:
         self.store = store
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.target = None
         self.drafter = None
         self.drafter2 = None  # a DFlash2 drafter beside a DFlash one (PairSpec.drafter2)
@@ -237,6 +242,19 @@ class ChatSession:
             return None
         return warm_up(self.target, [self.drafter, self.drafter2]).seconds
 
+    def set_prefix_cache_bytes(self, n: int | None) -> None:
+        """Bound the prefix cache's saved conversation states to ``n`` bytes (None: the
+        default for this machine, ``app.engine.prefix.default_max_bytes()``; 0: keep none),
+        for this pair and the ones loaded after it; states over the bound go at once, the
+        least recently used first."""
+        check_engine_thread()
+        self.prefix_cache_bytes = None if n is None else max(0, int(n))
+        if self.cache is not None:
+            from app.engine.prefix import default_max_bytes
+
+            self.cache.resize(default_max_bytes() if self.prefix_cache_bytes is None
+                              else self.prefix_cache_bytes)
+
     def has_model(self) -> bool:
         """True while a target is loaded (after a failed :meth:`load`, the previous one)."""
         return self.target is not None
@@ -275,7 +293,9 @@ class ChatSession:
         self.drafter2, self._cache_drafter = new_drafter2, new_drafter
         from app.engine.prefix import PromptCache
 
-        self.cache = PromptCache()
+        self.cache = PromptCache(**({} if self.prefix_cache_bytes is None
+                                    else {"max_bytes": self.prefix_cache_bytes}))
+        self.cache.active_key, self.cache.active_drafter = _drafter_key(new_drafter), new_drafter
         weights_note = getattr(new_target, "weights_note", "")
         if weights_note:  # a quantized target dequantized for the CPU, or why not
             note = (note + " " if note else "") + weights_note[0].upper() + weights_note[1:] + "."
@@ -383,7 +403,7 @@ class ChatSession:
             # the kept drafter context is the other drafter's: put it aside and bring back
             # this drafter's own, cut to the tokens it still shares (PromptCache.switch_drafter)
             self.cache.switch_drafter(_drafter_key(self._cache_drafter), _drafter_key(drafter),
-                                      self._cache_drafter)
+                                      self._cache_drafter, drafter)
         self._cache_drafter = drafter
         for other in (self.drafter, self.drafter2):
             if other is not None and other is not drafter and self.cache is not None:
