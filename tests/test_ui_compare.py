@@ -304,3 +304,207 @@ def test_a_side_stopped_in_its_reasoning_shows_it_as_reasoning(qtbot):
         assert "The user wants to convert" in texts[key]
     assert "Answer" not in texts["plain"].splitlines(), texts["plain"]
     assert texts["dflash"].splitlines()[-2:] == ["Answer", "42"], texts["dflash"]
+
+
+# ------------------------------------------------------------------ 4. verdicts (issue 40)
+def _tool_reply(mode, expression="17*23", reasoning="I use the calculator.", tokens=(1, 2, 3),
+                **kw):
+    """A finished two-round tool reply: round 1 calls the calculator, round 2 answers."""
+    messages = [{"role": "assistant", "content": "", "reasoning_content": reasoning,
+                 "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                     "name": "calculator", "arguments": {"expression": expression}}}]},
+                {"role": "tool", "tool_call_id": "call_1", "name": "calculator",
+                 "content": '{"ok": true, "result": 391}'}]
+    return ReplyResult(mode=mode, tokens=list(tokens), pieces=[f"t{t} " for t in tokens],
+                       content="It is 391.", rounds=2, messages=messages,
+                       finish_reason=kw.pop("finish", "stop"),
+                       summary=Summary(mode=mode, generated_tokens=len(tokens),
+                                       tok_per_s=kw.pop("tok_per_s", 100.0)), **kw)
+
+
+def _cut_in_round_one(mode, tokens=(), reasoning="", content=""):
+    """A drafting side the user's Stop cut in round 1 of a tool reply (as the live engine and
+    a stored row give it back: one round, no earlier rounds)."""
+    return ReplyResult(mode=mode, tokens=list(tokens), pieces=[f"t{t} " for t in tokens],
+                       reasoning=reasoning, content=content, finish_reason="cancelled",
+                       summary=Summary(mode=mode, generated_tokens=len(tokens),
+                                       tok_per_s=50.0))
+
+
+def test_a_side_stopped_in_an_earlier_round_than_plains_last_is_not_a_divergence(qtbot):
+    """Stopped while the DFlash side ran (the plain side, a tool reply of two rounds, had
+    finished), the header said "DFlash: differs from token 0" beside an empty DFlash side:
+    the stopped side's round 1 was compared with plain's round 2 because the round counts
+    differed. It is a side stopped before it differed, and nothing is marked."""
+    from app.ui.compare import judge
+
+    plain = _tool_reply("plain")
+    empty = _cut_in_round_one("dflash")
+    assert verdict(plain, empty) == "stopped in round 1 of 2 before its first token"
+    assert verdict(plain, empty, short=True) == "stopped before it differed"
+    assert judge(plain, empty).mark is None
+    # stopped part-way through round 1's reasoning, every word so far plain's
+    partway = _cut_in_round_one("dflash", range(4), reasoning="I use the")
+    assert verdict(plain, partway) == (
+        "stopped in round 1 of 2 after 4 tokens (all equal to plain's)")
+    # a round 1 whose reasoning went another way is a divergence of round 1, not of token 0
+    other = _cut_in_round_one("dflash", range(4), reasoning="I will guess")
+    assert verdict(plain, other) == "stopped in round 1 of 2; round 1 already differs"
+    assert verdict(plain, other, short=True) == "round 1 differs"
+    assert judge(plain, other).mark is None
+    # three sides, DFlash stopped and DFlash2 never run: as the window showed it
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, empty, "plain", None, three=True)
+    assert view.header.text().split("\n") == [
+        "DFlash: stopped in round 1 of 2 before its first token",
+        "DFlash2: stopped before it ran"]
+    for key in ("plain", "dflash"):
+        assert COLOURS["diff_bg"] not in view.texts[key].toHtml()
+        assert "[ended]" not in view.texts[key].toPlainText()
+
+
+def test_a_side_stopped_in_the_last_round_after_the_same_earlier_rounds():
+    plain = _tool_reply("plain", tokens=range(10))
+    cut = _tool_reply("dflash", tokens=range(4), finish="cancelled")
+    assert verdict(plain, cut) == ("stopped after 4 tokens of the last round (all equal to "
+                                   "plain's), earlier round the same")
+    assert verdict(plain, cut, short=True) == "stopped after 4 tokens, all equal"
+
+
+def test_a_stopped_plain_side_whose_tokens_start_the_other_is_not_a_divergence():
+    plain = _side("plain", range(5), finish="cancelled")
+    dflash = _side("dflash", range(9), tok_per_s=250.0)
+    assert verdict(plain, dflash) == "plain stopped after 5 tokens (all equal to DFlash's)"
+    assert verdict(plain, dflash, short=True) == "plain stopped before it differed"
+
+
+def test_a_compare_cut_in_its_drafting_side_continues_from_the_finished_side():
+    """The stopped DFlash side was the highlighted "Continue from DFlash" although plain's was
+    the only whole reply: the conversation continues from a side that finished."""
+    import threading
+
+    from app.chat.scripted import ScriptedSession
+    from app.chat.storage import Store
+    from app.chat.stored_turn import ReplyFinished, TurnRequest, TurnStored, run_turn
+    from app.engine.events import TokenEvent
+
+    store = Store(":memory:")
+    try:
+        conv = store.new_conversation()
+        cancel = threading.Event()
+        settings = {"mode": "dflash", "block_size": 4, "rollback": "tape", "max_tokens": 64,
+                    "temperature": 0.0}
+        events, plain_done = [], False
+        for item in run_turn(store, ScriptedSession(cycles=100),
+                             TurnRequest(conv.id, "q", settings, tags=("plain", "dflash")),
+                             cancel):
+            events.append(item.event)
+            if isinstance(item.event, ReplyFinished) and item.event.result.mode == "plain":
+                plain_done = True
+            elif plain_done and isinstance(item.event, TokenEvent):
+                cancel.set()  # Stop while the DFlash side runs
+        stored = events[-1]
+        assert isinstance(stored, TurnStored)
+        statuses = {k: store.get_message(i).status for k, i in stored.reply_ids.items()}
+        assert statuses == {"plain": "complete", "dflash": "stopped"}
+        assert stored.chosen == "plain"
+    finally:
+        store.close()
+
+
+def test_the_short_and_the_full_verdict_are_one_verdict():
+    """At 1280 px the short header said "identical" while round 1 differed, where the full
+    one (1920 px) said "round 1 already differs". Both forms come from one :func:`judge`."""
+    from app.ui.compare import judge
+
+    plain = _tool_reply("plain")
+    round_one = _tool_reply("dflash", expression="17*24", tok_per_s=200.0)
+    v = judge(plain, round_one)
+    assert v.kind == "differs" and v.mark is None
+    assert v.full == ("round 1 already differs; last round identical, 3 tokens · "
+                      "DFlash 2.00× plain speed")
+    assert v.short == "round 1 differs · 2.00× plain"
+    assert verdict(plain, round_one) == v.full
+    assert verdict(plain, round_one, short=True) == v.short
+    cases = {
+        "identical": _tool_reply("dflash"),
+        "differs": _tool_reply("dflash", tokens=(1, 2, 4)),
+        "stopped": _tool_reply("dflash", tokens=(1,), finish="cancelled"),
+        "sampled": _tool_reply("dflash", temperature=0.7),
+    }
+    for kind, other in cases.items():
+        v = judge(plain, other)
+        assert v.kind == kind, (kind, v)
+        for text in (v.full, v.short):
+            assert ("identical" in text.split(";")[0]) == (kind == "identical"), (kind, text)
+            assert ("differ" in text) == (kind == "differs"), (kind, text)
+
+
+def test_the_header_gives_one_verdict_at_1920_and_1280_px(qtbot, qs):
+    """The window's Compare header says what the verdict is at either width (the full or
+    the short wording), never "identical" for a tool reply whose round 1 differs."""
+    from test_ui_fit import loaded, settle
+
+    win, _ = loaded(qtbot, qs)
+    try:
+        plain = _tool_reply("plain")
+        dflash = _tool_reply("dflash", expression="17*24", tok_per_s=200.0)
+        dflash2 = _tool_reply("dflash2", tok_per_s=180.0)
+        view = win.compare_view
+        view.set_results(plain, dflash, "dflash", dflash2)
+        view.show()
+        seen = {}
+        for width in (1920, 1280, 700):
+            win.resize(width, 800)
+            settle(qtbot, 120)
+            lines = view.header.text().split("\n")
+            seen[width] = lines
+            assert lines[0].startswith("DFlash: round 1"), (width, lines)
+            assert "identical" not in lines[0].split(";")[0], (width, lines)
+            assert lines[1].startswith("DFlash2: identical"), (width, lines)
+        assert seen[1920] == view.header.full.split("\n")
+        assert seen[700] == view.header.short.split("\n")
+    finally:
+        win.shutdown()
+
+
+def test_a_sampled_compare_says_its_sides_are_not_expected_to_match(qtbot):
+    """At temperature 0.7 both sides sample: "identical" or "differs from token 3" says
+    nothing about DFlash's exactness there. The verdict says so, and nothing is marked."""
+    plain = _side("plain", range(8), temperature=0.7)
+    dflash = _side("dflash", [0, 1, 2, 9, 9], temperature=0.7, tok_per_s=230.0)
+    assert verdict(plain, dflash) == ("sampled (temperature 0.7): sides are not expected to "
+                                      "match · DFlash 2.30× plain speed")
+    assert verdict(plain, dflash, short=True) == "sampled, not expected to match · 2.30× plain"
+    same = _side("dflash", range(8), temperature=0.7)
+    assert verdict(plain, same).startswith("sampled (temperature 0.7): ")
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.colours = COLOURS
+    view.set_results(plain, dflash)
+    for key in ("plain", "dflash"):
+        assert COLOURS["diff_bg"] not in view.texts[key].toHtml()
+
+
+def test_a_replys_temperature_is_kept_live_and_stored():
+    """The verdict reads the temperature from each side's result: live and reopened."""
+    from app.chat.scripted import ScriptedSession
+    from app.chat.storage import Store
+    from app.chat.stored_turn import ReplyFinished, TurnRequest, run_turn
+
+    store = Store(":memory:")
+    try:
+        conv = store.new_conversation()
+        settings = {"mode": "dflash", "block_size": 4, "rollback": "tape", "max_tokens": 64,
+                    "temperature": 0.7}
+        events = [t.event for t in run_turn(store, ScriptedSession(cycles=3),
+                                            TurnRequest(conv.id, "q", settings,
+                                                        tags=("plain", "dflash")))]
+        finished = [e.result for e in events if isinstance(e, ReplyFinished)]
+        assert [r.temperature for r in finished] == [0.7, 0.7]
+        for row_id in events[-1].reply_ids.values():
+            assert ReplyResult.from_row(store.get_message(row_id)).temperature == 0.7
+    finally:
+        store.close()

@@ -180,7 +180,8 @@ class TurnStored:
     """The last event of a turn: every reply row holds its final state.
 
     ``reply_ids`` maps each version key to its row; ``chosen`` is the key the conversation
-    continues from (made active); ``error`` says why the final write failed ("" when it did
+    continues from (made active; for a Compare, DFlash's side when it finished, else the first
+    side that finished, else the first that ran); ``error`` says why the final write failed ("" when it did
     not; the rows then keep their last saved growth and become ``interrupted`` on the next
     start)."""
 
@@ -598,7 +599,12 @@ class _Turn:
                 return TurnStored(begun.conversation_id, begun.reply_ids, "", str(exc))
         if req.compare:
             ran = [t for t in req.tags if t in self.ran]
-            chosen = "dflash" if "dflash" in ran else (ran[0] if ran else "dflash")
+            # continue from DFlash's side when it finished, else from a side that finished
+            # (a side Stop cut is partial), else from the first that ran
+            whole = [t for t in ran if t not in self.errors
+                     and self.results[t].finish_reason != "cancelled"]
+            chosen = ("dflash" if "dflash" in whole else whole[0] if whole
+                      else ran[0] if ran else "dflash")
         else:
             chosen = req.keys[0]
         try:

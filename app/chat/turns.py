@@ -112,6 +112,12 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _temperature(values: dict | None) -> float:
+    """The ``temperature`` of a settings or stored generation dict (0.0 when absent or not a
+    number)."""
+    return _number((values or {}).get("temperature")) or 0.0
+
+
 def summary_from_dict(d: dict | None) -> Summary | None:
     """A :class:`Summary` from its stored dict (keys of newer versions ignored; None stays
     None)."""
@@ -138,6 +144,8 @@ class ReplyResult:
             have only the total).
         rounds: generation rounds (tool calls make more than one).
         mode, block_size, rollback: how the reply was generated.
+        temperature: the sampling temperature it was generated at (0.0: greedy); a Compare
+            at a temperature above 0 samples each side, so its sides are not expected to match.
         messages: the chat-template messages of every round when tools ran (stored as the
             row's ``rounds``, so the next prompt shows the calls and results); [] otherwise.
         top2_gap: in a Compare, on the DFlash side of two replies that differ: the target's
@@ -159,6 +167,7 @@ class ReplyResult:
     mode: str = "plain"
     block_size: int | None = None
     rollback: str = "tape"
+    temperature: float = 0.0
     error: str | None = None
     note: str = ""
     messages: list[dict] = field(default_factory=list)
@@ -210,6 +219,7 @@ class ReplyResult:
             mode=reply.mode or settings.get("mode", "plain"),
             block_size=settings.get("block_size"),
             rollback=settings.get("rollback", "tape"),
+            temperature=_temperature(settings),
             note=note,
             messages=[dict(m) for m in reply.messages],
         )
@@ -233,6 +243,7 @@ class ReplyResult:
             mode=m.mode or "plain",
             block_size=m.block_size,
             rollback=m.rollback or "tape",
+            temperature=_temperature(m.generation),
             error=m.error,
             messages=[dict(r) for r in m.rounds],
             speedup=SpeedUp.from_dict((m.generation or {}).get(SPEEDUP_KEY)),
@@ -372,6 +383,7 @@ class PartialReply:
             mode=settings.get("mode", "plain"),
             block_size=settings.get("block_size"),
             rollback=settings.get("rollback", "tape"),
+            temperature=_temperature(settings),
         )
 
 

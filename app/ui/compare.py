@@ -1,12 +1,16 @@
 """Compare: the same prompt through plain and DFlash side by side, and DFlash2 as a third side
 when the loaded pair has a DFlash2 drafter too.
 
-The first token where the two outputs differ is highlighted on both sides; when they agree
-the header says "identical, N tokens"; when they differ it gives the target's top-two logit gap
-at the first divergence (computed on the worker). A side stopped while every token it wrote
-equals plain's is partial, not a divergence: "stopped after N tokens (all equal to plain's)",
-nothing marked (:func:`stopped_before_differing`). Each side shows its figures; the header gives
-the speed ratio (DFlash tok/s / plain tok/s) of a side that was not stopped. With three sides
+Each drafting side is judged against plain once (:func:`judge`, a :class:`Verdict`); the
+header's width only picks its full or short wording. The first token where the two outputs
+differ is highlighted on both sides; when they agree the header says "identical, N tokens";
+when they differ it gives the target's top-two logit gap at the first divergence (computed on
+the worker). A side stopped while everything it wrote equals the other side's is partial, not a
+divergence, in whichever round Stop cut it: "stopped after N tokens (all equal to plain's)",
+nothing marked (:func:`cut_before_differing`), and the chat does not continue from it by
+default. Sides sampled at a temperature above 0 are not expected to match, and the header says
+so instead of "identical" or "differs". Each side shows its figures; the header gives the speed
+ratio (DFlash tok/s / plain tok/s) when neither side was stopped. With three sides
 the header has one such line per drafting side, each against plain ("DFlash: …", "DFlash2: …").
 A view too narrow for its columns (and a three-sided one under :data:`NARROW_PX`) shows the
 sides as tabs instead, so opening Compare never widens the window. The user picks the version
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -68,25 +73,54 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return first_divergence(a, b)
 
 
+def cut_before_differing(cut, whole) -> bool:
+    """True when ``cut`` (a :class:`~app.ui.worker.ReplyResult`) was stopped (finish reason
+    "cancelled") before it generated anything that differs from ``whole``'s: its earlier
+    rounds are ``whole``'s first ones (:func:`generated_rounds`) and, in the round it was
+    stopped in, either that is ``whole``'s last round and its tokens a strict prefix of
+    ``whole``'s, or that is an earlier round of ``whole`` and its reasoning and text so far
+    start what ``whole`` generated there (or it was stopped once that round's tool calls
+    were made). Such a side is partial, not a divergence."""
+    if cut.finish_reason != "cancelled":
+        return False
+    mine, theirs = generated_rounds(cut), generated_rounds(whole)
+    rounds, last = getattr(cut, "rounds", 1), getattr(whole, "rounds", 1)
+    if rounds == last:
+        n = len(cut.tokens)
+        return n < len(whole.tokens) and cut.tokens == whole.tokens[:n] and mine == theirs
+    if rounds > last or mine != theirs[:len(mine)]:
+        return False
+    if len(mine) >= rounds:  # stopped after its round's tool calls: the round is whole
+        return True
+    if len(mine) >= len(theirs):
+        return False
+    reasoning, text, _ = theirs[len(mine)]
+    so_far, written = str(cut.reasoning or "").strip(), str(cut.content or "").strip()
+    if written:
+        return so_far == reasoning and text.startswith(written)
+    return reasoning.startswith(so_far)
+
+
 def stopped_before_differing(plain, other) -> bool:
     """True when ``other`` (a drafting side's :class:`~app.ui.worker.ReplyResult`) was stopped
-    (finish reason "cancelled") before it wrote a token that differs from ``plain``'s: its
-    tokens a strict prefix of plain's, in the same round as plain's last with the earlier
-    rounds the same (:func:`generated_rounds`). Such a side is partial, not a divergence."""
-    n = len(other.tokens)
-    return (other.finish_reason == "cancelled" and n < len(plain.tokens)
-            and other.tokens == plain.tokens[:n]
-            and getattr(other, "rounds", 1) == getattr(plain, "rounds", 1)
-            and generated_rounds(other) == generated_rounds(plain))
+    before it wrote anything that differs from ``plain``'s (:func:`cut_before_differing`),
+    in the same round as plain's last or an earlier one. Such a side is partial, not a
+    divergence."""
+    return cut_before_differing(other, plain)
+
+
+def sampled_temperature(plain, other) -> float:
+    """The temperature the two sides sampled at (the higher of the two; 0.0: both greedy)."""
+    return max(float(getattr(plain, "temperature", 0.0) or 0.0),
+               float(getattr(other, "temperature", 0.0) or 0.0))
 
 
 def divergence(plain, other) -> int | None:
-    """Where ``other`` first differs from ``plain`` (:func:`first_difference`); None when
-    they are equal, or when ``other`` was stopped before it differed
-    (:func:`stopped_before_differing`)."""
-    if stopped_before_differing(plain, other):
-        return None
-    return first_difference(plain.tokens, other.tokens)
+    """The index of the last round's token to mark where ``other`` first differs from
+    ``plain`` (:attr:`Verdict.mark` of :func:`judge`); None when they are equal, when one
+    side was stopped before it differed, when they were sampled (temperature above 0) or
+    when the stopped side's last round is an earlier round than plain's."""
+    return judge(plain, other).mark
 
 
 def generated_rounds(result) -> list[tuple]:
@@ -107,6 +141,19 @@ def generated_rounds(result) -> list[tuple]:
     return out
 
 
+def _first_differing_round(a: list[tuple], b: list[tuple]) -> int | None:
+    """1-based number of the first earlier round where ``a`` and ``b`` (two
+    :func:`generated_rounds`) differ, the round after the shorter one's when one is the start
+    of the other; None when they are equal."""
+    if a == b:
+        return None
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) + 1
+
+
+def _same_rounds_words(n: int) -> str:
+    return "earlier round the same" if n == 1 else f"{n} earlier rounds the same"
+
+
 def earlier_rounds_note(plain, dflash) -> tuple[str, bool]:
     """For a tool reply, the verdict's words on its earlier rounds and whether the two sides
     generated the same reasoning, text and tool calls in all of them
@@ -116,11 +163,10 @@ def earlier_rounds_note(plain, dflash) -> tuple[str, bool]:
     a, b = generated_rounds(plain), generated_rounds(dflash)
     if not a and not b:
         return "", False
-    if a == b:
-        return ("earlier round the same" if len(a) == 1
-                else f"{len(a)} earlier rounds the same"), True
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"round {i + 1} already differs", False
+    k = _first_differing_round(a, b)
+    if k is None:
+        return _same_rounds_words(len(a)), True
+    return f"round {k} already differs", False
 
 
 #: The verdict's tooltip: what its short words stand for (a verdict is kept to about one line
@@ -130,63 +176,139 @@ VERDICT_HELP = (
     "For a reply with tool calls, the tokens compared are the last round's (the answer after "
     "the tool calls); each earlier round is compared by what it generated: its reasoning, "
     "text and tool calls (tool results are inputs, not generated).\n"
+    "Stopped before it differed: Stop cut a side while everything it had written equalled "
+    "the other side's.\n"
+    "Sampled: at a temperature above 0 each side draws its tokens at random, so the sides "
+    "are not expected to match token for token.\n"
     "Speed: the drafting side's tok/s over plain's, for the same reply.")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One drafting side against plain, judged once (:func:`judge`) and worded at two lengths;
+    the header's width only picks the wording.
+
+    Attributes:
+        kind: "identical" (the same tokens, and the same earlier rounds of a tool reply),
+            "differs" (a token of the last round or an earlier round differs), "stopped" (a
+            side was stopped before anything it wrote differed) or "sampled" (temperature
+            above 0: the sides are not expected to match).
+        full: the header's line for a wide view, e.g. "identical, 59 tokens · DFlash 1.99×
+            plain speed".
+        short: the same verdict in fewer words, e.g. "identical · 1.99× plain".
+        mark: index of the last round's token to highlight on both sides (the first
+            divergence); None when nothing is marked.
+    """
+
+    kind: str
+    full: str
+    short: str
+    mark: int | None = None
+
+
+def _stopped_words(cut, whole, whose: str, equal_to: str) -> tuple[str, str]:
+    """(full, short) words for ``cut`` stopped before it differed from ``whole``
+    (:func:`cut_before_differing`); ``whose`` starts them ("" or "plain "), ``equal_to``
+    names the other side ("plain's", "DFlash's")."""
+    n = len(cut.tokens)
+    rounds, last = getattr(cut, "rounds", 1), getattr(whole, "rounds", 1)
+    earlier = len(generated_rounds(cut)) if rounds > 1 else 0
+    if rounds < last:
+        where = f"stopped in round {rounds} of {last} "
+        text = where + ("before its first token" if n == 0 else
+                        f"after {plural(n, 'token')} (all equal to {equal_to})")
+        short = f"{whose}stopped before it differed"
+    else:
+        of = " of the last round" if rounds > 1 else ""
+        text = ("stopped before its first token" + of if n == 0 else
+                f"stopped after {plural(n, 'token')}{of} (all equal to {equal_to})")
+        short = (f"{whose}stopped before it differed" if n == 0 or whose else
+                 f"stopped after {plural(n, 'token')}, all equal")
+    if earlier:
+        text += f", {_same_rounds_words(earlier)}"
+    return whose + text, short
+
+
+def judge(plain, other, label: str = "DFlash", named: bool = True) -> Verdict:
+    """The verdict on two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
+    drafting side ``other``: "DFlash" or "DFlash2"; ``named=False`` leaves it out of the
+    speed-up, for a header line that starts with it), computed once for both wordings.
+
+    The tokens compared are the last round's; for a tool reply the earlier rounds are
+    compared by what they generated (:func:`earlier_rounds_note`), and any that differs makes
+    the sides differ. A side stopped before it differed (:func:`cut_before_differing`, either
+    side) is "stopped", whatever the round counts. Sides sampled at a temperature above 0
+    (:func:`sampled_temperature`) are "sampled": not expected to match. The speed ratio
+    (``other``'s tok/s over plain's) is given when neither side was stopped. Kept short (the
+    tooltip, :data:`VERDICT_HELP`, explains it)."""
+    stopped = "cancelled" in (plain.finish_reason, other.finish_reason)
+    speed_full = speed_short = ""
+    ps, ds = plain.summary, other.summary
+    if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
+        ratio = f"{ds.tok_per_s / ps.tok_per_s:.2f}× plain"
+        speed_full = f" · {label + ' ' if named else ''}{ratio} speed"
+        speed_short = f" · {ratio}"
+    temperature = sampled_temperature(plain, other)
+    if temperature > 0:
+        full = f"sampled (temperature {temperature:g}): sides are not expected to match"
+        cut = other if other.finish_reason == "cancelled" else plain if stopped else None
+        if cut is not None:
+            who = "" if cut is other else "plain "
+            full += f"; {who}stopped after {plural(len(cut.tokens), 'token')}"
+        return Verdict("sampled", full + speed_full,
+                       "sampled, not expected to match" + speed_short)
+    if cut_before_differing(other, plain):
+        full, short = _stopped_words(other, plain, "", "plain's")
+        return Verdict("stopped", full, short)
+    if cut_before_differing(plain, other):
+        full, short = _stopped_words(plain, other, "plain ", f"{label}'s")
+        return Verdict("stopped", full, short)
+    p_rounds, o_rounds = getattr(plain, "rounds", 1), getattr(other, "rounds", 1)
+    if other.finish_reason == "cancelled" and o_rounds < p_rounds:
+        # stopped in an earlier round than plain's last: its tokens are another round's
+        k = _first_differing_round(generated_rounds(plain), generated_rounds(other))
+        k = k if k is not None else len(generated_rounds(other)) + 1
+        return Verdict("differs", f"stopped in round {o_rounds} of {p_rounds}; round {k} "
+                       "already differs", f"round {k} differs")
+    rounds = max(p_rounds, o_rounds)
+    earlier, all_same = earlier_rounds_note(plain, other) if rounds > 1 else ("", False)
+    round_differs = bool(earlier) and not all_same
+    diff = first_difference(plain.tokens, other.tokens)
+    n = len(plain.tokens)
+    if diff is None and not round_differs:
+        if all_same:
+            full = (f"identical in {'both' if rounds == 2 else f'all {rounds}'} rounds "
+                    f"({n} tokens in the last)")
+        elif rounds > 1:
+            full = f"identical, {n} tokens in the last round"
+        else:
+            full = f"identical, {n} tokens"
+        return Verdict("identical", full + speed_full, "identical" + speed_short)
+    if diff is None:
+        full = f"{earlier}; last round identical, {plural(n, 'token')}"
+    else:
+        gap = getattr(other, "top2_gap", None)
+        gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
+        full = (f"differs from token {diff} (of {n} plain / {len(other.tokens)} {label}"
+                f"{', stopped' if other.finish_reason == 'cancelled' else ''}{gap})")
+        if earlier:
+            full += f" in the last round; {earlier}"
+        shown = plain if plain.pieces else other
+        where = mark_section(shown.pieces, diff, starts_in_reasoning(shown))
+        if where:
+            full += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
+    short = earlier.replace(" already", "") if round_differs else f"differs from token {diff}"
+    return Verdict("differs", full + speed_full, short + speed_short, diff)
 
 
 def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: bool = False
             ) -> str:
-    """Header text for two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
-    drafting side: "DFlash" or "DFlash2"; ``named=False`` leaves it out of the speed-up, for
-    a header line that starts with it). The tokens compared are the last round's; for a
-    tool reply the earlier rounds are compared by what they generated
-    (:func:`earlier_rounds_note`), and "identical in both rounds" means both. A drafting side
-    that was stopped gets no speed ratio; one stopped before it differed says so instead of a
-    divergence (:func:`stopped_before_differing`). Kept short (the tooltip,
-    :data:`VERDICT_HELP`, explains it). ``short=True``: only what happened ("identical",
-    "differs from token 12", "stopped after 9 tokens, all equal") and the speed ("1.99×
-    plain"), for a header too narrow for the full form."""
-    rounds = max(getattr(plain, "rounds", 1), getattr(dflash, "rounds", 1))
-    earlier, all_same = earlier_rounds_note(plain, dflash) if rounds > 1 else ("", False)
-    stopped = dflash.finish_reason == "cancelled"
-    if stopped_before_differing(plain, dflash):
-        n = len(dflash.tokens)
-        text = f"stopped after {n} token{'' if n == 1 else 's'}"
-        if short:
-            return text + ", all equal"
-        if rounds > 1:
-            text += " of the last round"
-        text += " (all equal to plain's)"
-        return text + (f", {earlier}" if earlier else "")
-    diff = first_difference(plain.tokens, dflash.tokens)
-    if short:
-        text = "identical" if diff is None else f"differs from token {diff}"
-    elif diff is None:
-        n = len(plain.tokens)
-        if all_same:
-            text = (f"identical in {'both' if rounds == 2 else f'all {rounds}'} rounds "
-                    f"({n} tokens in the last)")
-        elif rounds > 1:
-            text = f"identical, {n} tokens in the last round" + (f"; {earlier}" if earlier
-                                                                 else "")
-        else:
-            text = f"identical, {n} tokens"
-    else:
-        gap = getattr(dflash, "top2_gap", None)
-        gap = "" if gap is None else f"; top-two logit gap there {gap:.3g}"
-        text = f"differs from token {diff} (of {len(plain.tokens)} plain / " \
-               f"{len(dflash.tokens)} {label}{', stopped' if stopped else ''}{gap})"
-        if earlier:
-            text += f" in the last round; {earlier}"
-    shown = plain if plain.pieces else dflash
-    where = (mark_section(shown.pieces, diff, starts_in_reasoning(shown))
-             if diff is not None and not short else None)
-    if where:
-        text += f" · first divergence in the {SECTION_TITLES[where].lower()} (marked)"
-    ps, ds = plain.summary, dflash.summary
-    if ps is not None and ds is not None and ps.tok_per_s > 0 and not stopped:
-        name = f"{label} " if named else ""
-        text += f" · {name}{ds.tok_per_s / ps.tok_per_s:.2f}× plain" + ("" if short else " speed")
-    return text
+    """Header text for two :class:`~app.ui.worker.ReplyResult` objects: :func:`judge`'s
+    full wording, or with ``short=True`` its short one ("identical", "differs from token
+    12", "round 1 differs", "stopped after 9 tokens, all equal", "sampled, not expected to
+    match", with the speed as "1.99× plain"), for a header too narrow for the full form."""
+    v = judge(plain, dflash, label, named)
+    return v.short if short else v.full
 
 
 def pieces_html(pieces: list[str], mark: int | None, colours: dict) -> str:
@@ -479,13 +601,15 @@ class CompareView(QFrame):
         if three:
             self.results["dflash2"] = dflash2
         self.missing = tuple(missing)
-        marks = {k: divergence(plain, r)
-                 for k, r in self.results.items()
-                 if k != "plain" and plain is not None and r is not None}
+        # each drafting side judged once: its mark and both wordings of the header
+        verdicts = {k: judge(plain, r, mode_label(k), named=len(self.results) == 2)
+                    for k, r in self.results.items()
+                    if k != "plain" and plain is not None and r is not None}
+        marks = {k: v.mark for k, v in verdicts.items()}
         plain_mark = next((m for m in marks.values() if m is not None), None)
         tail = f"\n{note}" if note else ""
-        self.header.set_forms(self._header() + tail, self._header(short=True) + tail,
-                              VERDICT_HELP)
+        full, short = self._header(verdicts)
+        self.header.set_forms(full + tail, short + tail, VERDICT_HELP)
         for key, r in self.results.items():
             if r is None:
                 self.texts[key].setPlainText("")
@@ -524,27 +648,33 @@ class CompareView(QFrame):
                          results.get("dflash2"), "dflash2" in results, missing, note)
         self.show()
 
-    def _header(self, short: bool = False) -> str:
-        """The verdict: one line for two sides; one per drafting side for three (``short``:
-        :func:`verdict`'s short form)."""
+    def _header(self, verdicts: dict[str, Verdict]) -> tuple[str, str]:
+        """The verdict as (full, short) text: one line for two sides, one per drafting side
+        for three, both wordings from each side's one :class:`Verdict` (``verdicts``, by
+        side)."""
         res = self.results
         plain = res["plain"]
         missing = self.missing
         if "plain" in missing:
-            return "the plain side of this comparison is not stored"
+            return ("the plain side of this comparison is not stored",) * 2
         if len(res) == 2:
             if "dflash" in missing:
-                return "the DFlash side of this comparison is not stored"
+                return ("the DFlash side of this comparison is not stored",) * 2
             if plain is None or res["dflash"] is None:
-                return "comparison stopped before both sides ran"
-            return verdict(plain, res["dflash"], short=short)
+                return ("comparison stopped before both sides ran",) * 2
+            v = verdicts["dflash"]
+            return v.full, v.short
         if plain is None:
-            return "comparison stopped before the plain side ran"
-        lines = []
+            return ("comparison stopped before the plain side ran",) * 2
+        full, short = [], []
         for key in SIDES[1:]:
             label, r = mode_label(key), res[key]
-            lines.append(f"{label}: " + (verdict(plain, r, label, named=False, short=short)
-                                         if r is not None
-                                         else "not stored" if key in missing
-                                         else "stopped before it ran"))
-        return "\n".join(lines)
+            if r is None:
+                words = "not stored" if key in missing else "stopped before it ran"
+                full.append(f"{label}: {words}")
+                short.append(f"{label}: {words}")
+                continue
+            v = verdicts[key]
+            full.append(f"{label}: {v.full}")
+            short.append(f"{label}: {v.short}")
+        return "\n".join(full), "\n".join(short)
