@@ -13,12 +13,24 @@ objects), then the library's own dependencies. So ``dlsym(RTLD_DEFAULT, "cblas_s
 followed by ``dladdr`` names the object that wins when one is in the global scope; otherwise
 libmlx binds to the BLAS among its own dependencies, found in ``/proc/self/maps``. On macOS,
 MLX uses Accelerate (and the GPU through Metal); nothing is changed there.
+
+How OpenBLAS gets there (Linux): importing ``app.engine`` (or ``app.chat`` / ``app.models``,
+which import it) calls :func:`prepare_blas`, which loads Debian's OpenBLAS with
+``RTLD_GLOBAL`` before MLX is imported (:func:`load_optimized_blas`): a library opened that
+way is in the global scope when libmlx is loaded later, so its BLAS calls bind to OpenBLAS,
+exactly as with ``LD_PRELOAD`` (measured: a 512x512 float32 product 2.7 ms either way against
+48 ms on the reference BLAS). Python loads extension modules with ``RTLD_NOW``, so once
+``mlx.core`` is imported its calls are bound and a later load changes nothing: then
+:func:`prepare_blas` warns once instead. ``python -m app`` re-executes itself with
+``LD_PRELOAD`` only where the in-process load could not happen
+(:func:`maybe_reexec_with_optimized_blas`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -26,7 +38,8 @@ from typing import TextIO
 
 #: Set in the environment of a re-executed process (guards against exec loops).
 REEXEC_GUARD = "DFLASH_BLAS_REEXECED"
-#: ``1`` turns the automatic re-exec of :func:`maybe_reexec_with_optimized_blas` off.
+#: ``1`` keeps the BLAS MLX brings: no in-process load (:func:`load_optimized_blas`) and no
+#: re-exec (:func:`maybe_reexec_with_optimized_blas`).
 NO_REEXEC = "DFLASH_NO_BLAS_REEXEC"
 #: Set (to the library path) by the Makefile and by the re-exec when OpenBLAS is preloaded.
 PRELOADED = "DFLASH_BLAS_PRELOADED"
@@ -34,6 +47,8 @@ PRELOADED = "DFLASH_BLAS_PRELOADED"
 OPENBLAS_GLOB = "/usr/lib/*/openblas-pthread/libblas.so.3"
 
 _warned = False
+_in_process: str | None = None  # the library load_optimized_blas loaded, if it did
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -128,12 +143,30 @@ def _global_cblas_provider() -> str | None:
         return None
 
 
-def _predicted() -> BlasInfo:
-    """What libmlx will bind to when it is loaded (MLX not imported yet)."""
+def _preloaded_blas() -> str | None:
+    """The first BLAS object named in ``LD_PRELOAD``, or None."""
     for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
         if _is_blas_object(p):
-            name, opt = classify(p)
-            return BlasInfo(name, p, opt, loaded=False)
+            return p
+    return None
+
+
+def _mlx_loaded() -> bool:
+    """True once libmlx is loaded in this process (its BLAS calls are bound then)."""
+    return "mlx.core" in sys.modules or any("libmlx" in os.path.basename(p)
+                                            for p in _mapped_paths())
+
+
+def _predicted() -> BlasInfo:
+    """What libmlx will bind to when it is loaded (MLX not imported yet)."""
+    p = _preloaded_blas()
+    if p is not None:
+        name, opt = classify(p)
+        return BlasInfo(name, p, opt, loaded=False)
+    provider = _global_cblas_provider()  # e.g. loaded in-process by load_optimized_blas
+    if provider:
+        name, opt = classify(provider)
+        return BlasInfo(name, provider, opt, loaded=False)
     try:
         import importlib.util
 
@@ -210,21 +243,33 @@ def openblas_threads(path: str) -> int | None:
         return None
 
 
-def slow_blas_message(info: BlasInfo) -> str:
-    """The warning text for a reference BLAS: why DFlash will be slow and how to fix it."""
+def slow_blas_message(info: BlasInfo, why: str = "") -> str:
+    """The warning text for a reference BLAS: why DFlash will be slow and how to fix it
+    (``why``: a sentence on why it could not be switched, put before the fix)."""
+    lib = find_openblas()
+    if lib is None:
+        fix = ("`make run` installs (as root) and preloads Debian's OpenBLAS; otherwise run "
+               "`sudo apt install libopenblas0-pthread` and start the app through make, or set "
+               "LD_PRELOAD=/usr/lib/<arch>/openblas-pthread/libblas.so.3.")
+    else:
+        fix = ("Debian's OpenBLAS (libopenblas0-pthread) is installed: start the app as "
+               "`python -m app` (or through make), import app.engine (or app.chat.session) "
+               "before mlx in a script, or set "
+               f"LD_PRELOAD={lib} OPENBLAS_NUM_THREADS={OPENBLAS_THREADS}.")
     return (
         f"warning: MLX is using a {info.name} ({info.path or 'path unknown'}). With it a "
         "T-token forward costs about T times a 1-token forward, so DFlash speculative decoding "
-        "will be slower than plain decoding on this CPU (the tokens are still exact). Fix: "
-        "`make run` installs (as root) and preloads Debian's OpenBLAS; otherwise run "
-        "`sudo apt install libopenblas0-pthread` and start the app through make, or set "
-        "LD_PRELOAD=/usr/lib/<arch>/openblas-pthread/libblas.so.3."
+        "will be slower than plain decoding on this CPU (the tokens are still exact). "
+        + (f"{why} " if why else "") + "Fix: " + fix
     )
 
 
-def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False) -> bool:
+def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False,
+                      why: str = "") -> bool:
     """Print :func:`slow_blas_message` to ``stream`` (default stderr) once per process, on
-    Linux without an optimized BLAS. Returns True when it printed this time."""
+    Linux without an optimized BLAS, and log it as a warning where logging is set up (a
+    handler on this logger or above it: without one, logging's last resort would print it
+    to stderr a second time). Returns True when it printed this time."""
     global _warned
     if _warned or not sys.platform.startswith("linux"):
         return False
@@ -232,7 +277,10 @@ def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False) -> b
     if info.optimized or info.name == "unknown":
         return False
     _warned = True
-    print(slow_blas_message(info), file=stream or sys.stderr, flush=True)
+    text = slow_blas_message(info, why)
+    print(text, file=stream or sys.stderr, flush=True)
+    if log.hasHandlers():
+        log.warning("%s", text)
     return True
 
 
@@ -248,13 +296,82 @@ def find_openblas() -> str | None:
     return found[0] if found else None
 
 
+def loaded_in_process() -> str | None:
+    """The OpenBLAS file :func:`load_optimized_blas` loaded into this process, or None."""
+    return _in_process
+
+
+def load_optimized_blas() -> str | None:
+    """On Linux, load Debian's OpenBLAS (:func:`find_openblas`) into this process with
+    ``RTLD_GLOBAL``, before MLX is imported, so that libmlx's BLAS calls bind to it (module
+    doc). OpenBLAS gets :data:`OPENBLAS_THREADS` threads unless ``OPENBLAS_NUM_THREADS`` is
+    set (it is set in the environment, as the re-exec does).
+
+    Returns:
+        The path loaded (also :func:`loaded_in_process`), or None when nothing was loaded:
+        not Linux; frozen (PyInstaller); ``DFLASH_NO_BLAS_REEXEC=1``; a BLAS is named in
+        ``LD_PRELOAD`` (``make`` and the re-exec preload one, ``DFLASH_BLAS_PRELOADED``
+        says which) or an optimized one already answers ``cblas_sgemm``; MLX is already
+        loaded (too late to switch); no OpenBLAS is installed; or the load failed.
+
+    Raises:
+        Nothing (an ``OSError`` from the loader is swallowed and None returned).
+    """
+    global _in_process
+    if _in_process is not None:
+        return _in_process
+    if not sys.platform.startswith("linux") or getattr(sys, "frozen", False):
+        return None
+    if os.environ.get(NO_REEXEC) == "1" or _preloaded_blas() is not None:
+        return None
+    provider = _global_cblas_provider()
+    if (provider and classify(provider)[1]) or _mlx_loaded():
+        return None
+    lib = find_openblas()
+    if lib is None:
+        return None
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", OPENBLAS_THREADS)  # read when it loads
+    try:
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    _in_process = lib
+    return lib
+
+
+def prepare_blas(stream: TextIO | None = None) -> str | None:
+    """What importing ``app.engine`` does on Linux: :func:`load_optimized_blas`; when MLX
+    would still use a reference BLAS (it was imported first, or no OpenBLAS is installed),
+    :func:`warn_if_slow_blas` once, saying why and how to fix it. Nothing is loaded or said
+    with ``DFLASH_NO_BLAS_REEXEC=1`` (the reference BLAS asked for), nor on macOS.
+
+    Args:
+        stream: where the warning goes (default stderr).
+
+    Returns:
+        The path loaded in-process, or None.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get(NO_REEXEC) == "1":
+        return None
+    lib = load_optimized_blas()
+    if lib is None:
+        why = ""
+        if _mlx_loaded() and find_openblas() is not None and _preloaded_blas() is None:
+            why = ("MLX was imported before app.engine, so OpenBLAS could not be loaded "
+                   "into this process (MLX's BLAS calls are bound when it loads).")
+        warn_if_slow_blas(stream, why=why)
+    return lib
+
+
 def maybe_reexec_with_optimized_blas(argv: list[str] | None = None) -> None:
-    """On Linux, exec this process again with Debian's OpenBLAS in ``LD_PRELOAD`` (once).
+    """On Linux, exec this process again with Debian's OpenBLAS in ``LD_PRELOAD`` (once),
+    where importing ``app.engine`` could not load it in-process (:func:`prepare_blas`).
 
     OpenBLAS gets :data:`OPENBLAS_THREADS` threads unless ``OPENBLAS_NUM_THREADS`` is set.
     Does nothing (returns) when: not Linux; frozen (PyInstaller); ``DFLASH_NO_BLAS_REEXEC=1``;
     already re-executed (``DFLASH_BLAS_REEXECED``); no ``openblas-pthread/libblas.so.3``
-    exists; an OpenBLAS is already preloaded or mapped; or the process was not started as
+    exists; an OpenBLAS is already preloaded or mapped (the usual case: loaded in-process
+    when ``app.engine`` was imported); or the process was not started as
     ``python -m app`` (``__main__`` is not ``app.__main__``, e.g. under pytest).
 
     Args:

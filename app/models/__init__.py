@@ -2,4 +2,7 @@
 downloads (``download``), loading a target or drafter and checking a pair (``loader``),
 DFlash2 adapters merged onto their backbone (``adapter``) and the tiny random-weight pair the
 tests and the missing-demo fallback build (``tiny``). It sits above ``app.engine`` (decoding)
-and below ``app.chat``."""
+and below ``app.chat``. It imports ``app.engine`` first, so that on Linux an optimized BLAS is
+loaded before any of its modules imports MLX (:func:`app.engine.blas.prepare_blas`)."""
+
+import app.engine  # noqa: F401
