@@ -268,7 +268,8 @@ def test_text_table_columns_line_up_with_the_longest_mode_name():
     from app.commands.bench import text_report
 
     def mode(tok_per_s):
-        return {"tok_per_s": tok_per_s, "ratio_to_plain": 1.0, "ttft_s": 0.1,
+        return {"tok_per_s": tok_per_s, "pooled_tok_per_s": tok_per_s, "ratio_to_plain": 1.0,
+                "ttft_s": 0.1,
                 "acceptance_rate": None, "tau": None, "replays": 0, "draft_share": None,
                 "verify_share": None, "rollback_share": None, "rollback_ms_per_replay": None,
                 "peak_memory_bytes": 2**20, "identical_tokens": True}

@@ -59,12 +59,55 @@ def test_compare_json_identical_with_replays(capsys, pair_paths):
                              "--json")
     assert code == 0, err
     obj = json.loads(out)
-    assert set(obj) == {"plain", "dflash", "identical", "first_divergence", "near_tie"}
+    assert set(obj) == {"plain", "dflash", "identical", "first_divergence", "near_tie",
+                        "sampled", "repeats", "speedup", "repeats_identical"}
     assert obj["identical"] is True and obj["first_divergence"] is None
     assert obj["near_tie"] is None
     assert obj["plain"]["tokens"] == obj["dflash"]["tokens"]
     assert obj["dflash"]["block_size"] == 4 and obj["dflash"]["summary"]["replays"] > 0
     assert obj["dflash"]["summary"]["fast_verify"] is False  # exact by default
+
+
+def test_compare_repeats_rotate_the_sides_and_give_paired_and_pooled_speedups(
+        capsys, pair_paths, monkeypatch):
+    """--repeats 3: each side runs 3 times after both paths were warmed up, the order
+    rotating (plain first, then DFlash first, ...); each side gives its runs' figures and the
+    median time to answer; the speed-up is pooled and the median of paired ratios, both
+    computed from those runs."""
+    import statistics
+
+    import app.commands.compare as compare_cmd
+
+    order, real = [], compare_cmd.collect_reply
+
+    def spy(target, drafter, messages, settings):
+        order.append(settings.mode)
+        return real(target, drafter, messages, settings)
+
+    monkeypatch.setattr(compare_cmd, "collect_reply", spy)
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "Hello",
+                             "--max-tokens", "16", "--tools", "none", "--block-size", "4",
+                             "--dflash2-model", "none", "--repeats", "3", "--json")
+    assert code == 0, err
+    assert "warmed up both paths" in err
+    assert order == ["plain", "dflash", "dflash", "plain", "plain", "dflash"]
+    obj = json.loads(out)
+    assert obj["repeats"] == 3 and obj["repeats_identical"] is True
+    assert obj["sampled"] is False
+    for side in ("plain", "dflash"):
+        runs = obj[side]["runs"]
+        assert len(runs) == 3
+        assert obj[side]["time_to_answer_s"] == statistics.median(
+            r["time_to_answer_s"] for r in runs)
+        assert obj[side]["tool_s"] == 0.0
+    sp = obj["speedup"]
+    assert sp["pairs"] == 3
+    p, d = obj["plain"]["runs"], obj["dflash"]["runs"]
+    pooled = sum(r["time_to_answer_s"] for r in p) / sum(r["time_to_answer_s"] for r in d)
+    assert abs(sp["time_to_answer"] - pooled) < 1e-9
+    paired = statistics.median(a["time_to_answer_s"] / b["time_to_answer_s"]
+                               for a, b in zip(p, d))
+    assert abs(sp["median_paired_time_to_answer"] - paired) < 1e-9
 
 
 def test_fast_verify_flag_reaches_the_engine(capsys, pair_paths):
@@ -204,8 +247,12 @@ def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
             {"id": "call_0", "name": "calculator", "arguments": {"expression": "17*23"}}
         ]
         assert r0["results"][0]["ok"] is True and r0["results"][0]["result"] == 391
+    timing = ("time_to_answer_s", "tool_s")
+    for obj in objs:  # the tool ran inside the reply's time
+        assert 0 < obj["tool_s"] < obj["time_to_answer_s"]
     strip = [{k: v for k, v in o.items() if k not in ("mode", "block_size", "summary", "reply_summary",
-                                                      "from_draft", "rounds")} for o in objs]
+                                                      "from_draft", "rounds", *timing)}
+             for o in objs]
     assert strip[0] == strip[1]
 
 
@@ -405,7 +452,10 @@ def test_builtin_tools_with_a_frozen_clock():
     assert builtin_tools() == BUILTIN_TOOLS
 
 
-def test_chat_and_compare_warm_up_on_a_gpu_only(capsys, pair_paths, monkeypatch):
+def test_compare_warms_up_everywhere_and_chat_on_a_gpu_only(capsys, pair_paths, monkeypatch):
+    """compare times both paths, so it warms both up first on every backend (a cold plain
+    side on the CPU ran at half its later speed); chat gives a fresh start's figures on the
+    CPU and warms up only to build GPU kernels."""
     from app.engine import warmup
 
     calls = []
@@ -416,14 +466,15 @@ def test_chat_and_compare_warm_up_on_a_gpu_only(capsys, pair_paths, monkeypatch)
 
     monkeypatch.setattr(warmup, "warm_up", fake_warm_up)
     argv = [*pair_args(pair_paths), "--prompt", "Hi", "--max-tokens", "4", "--tools", "none"]
-    assert run_cli(capsys, "compare", *argv, "--json")[0] == 0
-    assert calls == []  # the CPU: nothing to build
-    monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
     code, _, err = run_cli(capsys, "compare", *argv, "--json")
-    assert code == 0 and calls == [([True, False], True)]
-    assert "note: warmed up in 0.8 s (building GPU kernels)" in err
+    assert code == 0 and calls == [([True, False], True)]  # the CPU too
+    assert "note: warmed up both paths in 0.8 s before timing" in err
     assert run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")[0] == 0
-    assert calls[-1] == ([False], True)  # plain mode loads no drafter
+    assert len(calls) == 1  # chat on the CPU: nothing to build
+    monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
+    code, _, err = run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")
+    assert code == 0 and calls[-1] == ([False], True)  # plain mode loads no drafter
+    assert "note: warmed up in 0.8 s (building GPU kernels)" in err
 
 
 # ------------------------------------------------------------------------------ bundled pair
@@ -498,7 +549,8 @@ def test_compare_runs_dflash2_too_on_the_bundled_pair(capsys):
     code, out, err = run_cli(capsys, *argv, "--dflash2-model", "none")
     assert code == 0, err
     assert set(json.loads(out)) == {"plain", "dflash", "identical", "first_divergence",
-                                    "near_tie"}
+                                    "near_tie", "sampled", "repeats", "speedup",
+                                    "repeats_identical"}  # no dflash2 fields
 
 
 def test_the_window_and_the_cli_take_the_default_pair_from_one_place(tmp_path, monkeypatch):

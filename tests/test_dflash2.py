@@ -673,12 +673,14 @@ def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths):
                           "--json")
     assert code == 0, err
     base = json.loads(out)
-    assert set(base) == {"plain", "dflash", "identical", "first_divergence", "near_tie"}
+    assert set(base) == {"plain", "dflash", "identical", "first_divergence", "near_tie",
+                         "sampled", "repeats", "speedup", "repeats_identical"}
     code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d,
                           "--dflash2-model", d2, *COMMON, "--json")
     assert code == 0, err
     both = json.loads(out)
-    assert set(base) | {"dflash2", "dflash2_identical", "dflash2_first_divergence"} == set(both)
+    assert set(base) | {"dflash2", "dflash2_identical", "dflash2_first_divergence",
+                        "dflash2_speedup"} == set(both)
     assert both["identical"] is True and both["dflash2_identical"] is True
     assert both["dflash2_first_divergence"] is None
     assert both["dflash"]["summary"]["mode"] == "dflash"

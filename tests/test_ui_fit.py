@@ -169,7 +169,8 @@ def test_a_reloaded_reply_keeps_its_speedup_against_plain(qtbot, qs, tmp_path):
     win.defaults["block_size"] = 4  # the scripted pair has no drafter to store its block from
     try:
         _speed(backend, 20.0)
-        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        for text in (PROMPT, "And of Italy?", "And of Peru?"):  # a baseline is 3 replies
+            send_and_wait(qtbot, win, text, mode="plain")
         _speed(backend, 38.0)
         send_and_wait(qtbot, win, "And of Spain?", mode="dflash")
         live = _footer(win)

@@ -24,6 +24,7 @@ from test_ui_window import (  # noqa: E402
     send_and_wait,
 )
 
+from app.chat.baseline import NO_BASELINE  # noqa: E402
 from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
 from app.engine.errors import ModelLoadError  # noqa: E402
 
@@ -867,7 +868,11 @@ def test_baseline_match_needs_same_pair_dtype_max_tokens_and_close_context():
 
     b = Baselines()
     b.add(PlainSample("t|d", "bfloat16", 512, 100, 20.0, "plain reply"))
+    b.add(PlainSample("t|d", "bfloat16", 512, 100, 40.0, "plain reply"))
+    assert b.match("t|d", "bfloat16", 512, 100) is None  # two samples: not yet a baseline
+    b.add(PlainSample("t|d", "bfloat16", 512, 100, 10.0, "Compare"))
     assert b.match("t|d", "bfloat16", 512, 150).tok_per_s == 20.0  # +50%: still comparable
+    assert b.match("t|d", "bfloat16", 512, 150).samples == 3
     assert b.match("t|d", "bfloat16", 512, 67) is not None
     assert b.match("t|d", "bfloat16", 512, 201) is None  # 100 is more than 50% off 201
     assert b.match("t|d", "float32", 512, 100) is None
@@ -875,7 +880,14 @@ def test_baseline_match_needs_same_pair_dtype_max_tokens_and_close_context():
     assert b.match("other|d", "bfloat16", 512, 100) is None
     sp = b.speedup(38.0, "t|d", "bfloat16", 512, 110)
     assert sp.label() == "~1.9x plain"
-    assert "20.0 tok/s plain" in sp.tooltip() and "plain reply" in sp.tooltip()
+    assert "20.0 tok/s plain, the median of the last 3" in sp.tooltip()
+    assert "plain reply, Compare" in sp.tooltip()
+    # a rolling median: the newest 5 samples only (the 40.0 and 10.0 above age out)
+    for v in (30.0, 30.0, 31.0, 29.0):
+        b.add(PlainSample("t|d", "bfloat16", 512, 100, v, "plain reply"))
+    assert b.match("t|d", "bfloat16", 512, 100).tok_per_s == 30.0
+    b.clear()
+    assert b.match("t|d", "bfloat16", 512, 100) is None
     streak = SlowStreak()
     for r in (0.5, 0.9):
         streak.add(r)
@@ -895,9 +907,18 @@ def test_dflash_footer_shows_speedup_only_against_a_comparable_plain_reply(qtbot
     try:
         _speed(backend, 40.0)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")  # no plain measured yet
-        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
+        assert NO_BASELINE in win.chat.toPlainText()
         assert "same pair, dtype and Max tokens" in win.chat.tooltip_of("no plain baseline")
-        _speed(backend, 20.0)
+        for k, v in enumerate((20.0, 60.0)):
+            _speed(backend, v)
+            send_and_wait(qtbot, win, PROMPT, mode="plain")
+            win.new_chat()
+            _speed(backend, 38.0)
+            send_and_wait(qtbot, win, PROMPT, mode="dflash")
+            # one or two plain replies are no baseline: one sample moves by 2x between runs
+            assert NO_BASELINE in win.chat.toPlainText(), k
+            win.new_chat()
+        _speed(backend, 10.0)
         send_and_wait(qtbot, win, PROMPT, mode="plain")
         win.new_chat()
         _speed(backend, 38.0)
@@ -905,18 +926,18 @@ def test_dflash_footer_shows_speedup_only_against_a_comparable_plain_reply(qtbot
         text = win.chat.toPlainText()
         assert "~1.9x plain" in text
         tip = win.chat.tooltip_of("~1.9x plain")
-        assert "Baseline: 20.0 tok/s plain, measured by a plain reply" in tip
+        assert "Baseline: 20.0 tok/s plain, the median of the last 3 plain measurements" in tip
         # another Max tokens: not comparable
         win.new_chat()
         win.defaults["max_tokens"] = 99
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
+        assert NO_BASELINE in win.chat.toPlainText()
         # a prompt more than 50% longer: not comparable either
         win.defaults["max_tokens"] = 12
         win.new_chat()
         _speed(backend, 38.0, prompt_tokens=200)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert "no plain baseline yet (Compare measures one)" in win.chat.toPlainText()
+        assert NO_BASELINE in win.chat.toPlainText()
         # a plain reply's footer has no speed-up
         win.new_chat()
         send_and_wait(qtbot, win, PROMPT, mode="plain")
@@ -930,14 +951,16 @@ def test_compare_and_benchmark_give_baselines(qtbot, qs):
     win, backend = loaded_window(qtbot, qs)
     try:
         _speed(backend, 25.0)
-        send_and_wait(qtbot, win, PROMPT, compare=True)
-        win.new_chat()
+        for _ in range(3):
+            send_and_wait(qtbot, win, PROMPT, compare=True)
+            win.new_chat()
         _speed(backend, 50.0)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         assert "~2.0x plain" in win.chat.toPlainText()
-        assert "measured by a Compare" in win.chat.tooltip_of("~2.0x plain")
-        with qtbot.waitSignal(win.benchFinished, timeout=10_000):
-            win.bench_action.trigger()
+        assert "3 plain measurements (Compare)" in win.chat.tooltip_of("~2.0x plain")
+        for _ in range(3):
+            with qtbot.waitSignal(win.benchFinished, timeout=10_000):
+                win.bench_action.trigger()
         win.new_chat()
         win.defaults["max_tokens"] = 48
         _speed(backend, 19.0, prompt_tokens=30)
@@ -953,7 +976,9 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
     win, backend = loaded_window(qtbot, qs)
     try:
         _speed(backend, 30.0)
-        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        for _ in range(3):
+            send_and_wait(qtbot, win, PROMPT, mode="plain")
+            win.new_chat()
         for i in range(3):
             assert win.banner_kind != "note" or "slower than plain" not in win.banner.text()
             win.new_chat()
@@ -1109,7 +1134,7 @@ def test_real_short_benchmark_from_the_menu_gives_a_plain_baseline(qtbot, qs, ti
         [sample] = win.baselines.samples
         assert sample.source == "short benchmark" and sample.max_tokens == 48
         assert sample.context_tokens == result["prompt_tokens"]
-        assert sample.tok_per_s == result["modes"]["plain"]["tok_per_s"]
+        assert sample.tok_per_s == result["modes"]["plain"]["pooled_tok_per_s"]
         assert sample.dtype == win.model.dtype != ""
     finally:
         win.shutdown()

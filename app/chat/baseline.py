@@ -3,25 +3,38 @@ speed-up of a DFlash reply against a comparable one.
 
 A :class:`PlainSample` is one plain measurement (a plain reply, the plain side of a Compare,
 the short benchmark's plain run) with what makes speeds comparable: the pair, the weights'
-dtype, Max tokens and the prompt's length. :meth:`Baselines.match` finds one for a DFlash
-reply only with the same pair, dtype and Max tokens, at a prompt length within ±50% (the
-speed of both paths depends on all four). :class:`SlowStreak` watches the last three DFlash
+dtype, Max tokens and the prompt's length. :meth:`Baselines.match` gives a DFlash reply a
+baseline only from samples with the same pair, dtype and Max tokens, at a prompt length within
+±50% (the speed of both paths depends on all four), and only once there are at least
+:data:`MIN_SAMPLES` of them: the median of the newest :data:`WINDOW` (one plain reply's speed
+moves by 2x between runs on a busy machine; a median of several does not). A Compare's
+drafting side is instead compared with its own plain side (:meth:`SpeedUp.paired`): the same
+prompt, run back to back. :class:`SlowStreak` watches the last three DFlash
 replies for the note that DFlash is slower than plain here. Qt-free and MLX-free.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 
 CONTEXT_TOLERANCE = 0.5
 """A baseline's prompt length may differ by this fraction of the reply's (±50%)."""
+
+MIN_SAMPLES = 3
+"""Comparable plain measurements needed before a footer shows a speed-up."""
+
+WINDOW = 5
+"""A baseline is the median of at most this many newest comparable measurements."""
 
 
 @dataclass(frozen=True)
 class PlainSample:
     """One plain decoding speed: ``tok_per_s`` over a prompt of ``context_tokens`` with
     ``max_tokens``, on ``pair`` (target and drafter paths) in ``dtype``; ``source`` says
-    where it was measured ("plain reply", "Compare", "short benchmark")."""
+    where it was measured ("plain reply", "Compare", "short benchmark"). A baseline made of
+    several (:meth:`Baselines.match`) has their median speed and prompt length, ``samples``
+    their number and ``source`` their sources joined ("plain reply, Compare")."""
 
     pair: str
     dtype: str
@@ -29,6 +42,7 @@ class PlainSample:
     context_tokens: int
     tok_per_s: float
     source: str
+    samples: int = 1
 
 
 @dataclass(frozen=True)
@@ -54,20 +68,33 @@ class SpeedUp:
             return None
         try:
             return cls(float(d["ratio"]), PlainSample(**{
-                f.name: d["baseline"][f.name] for f in fields(PlainSample)}))
+                f.name: d["baseline"][f.name] for f in fields(PlainSample)
+                if f.name in d["baseline"] or f.name != "samples"}))
         except (KeyError, TypeError, ValueError):
             return None
+
+    @classmethod
+    def paired(cls, tok_per_s: float, plain: PlainSample) -> SpeedUp | None:
+        """A Compare's drafting side against its own plain side (None without two rates)."""
+        if tok_per_s <= 0 or plain.tok_per_s <= 0:
+            return None
+        return cls(tok_per_s / plain.tok_per_s, plain)
 
     def tooltip(self) -> str:
         """What the ratio is against, in words."""
         b = self.baseline
-        return (f"DFlash ran about {self.ratio:.2f} times as fast as plain decoding did here. "
-                f"Baseline: {b.tok_per_s:.1f} tok/s plain, measured by a {b.source} on the "
-                f"same pair ({b.dtype or 'dtype unknown'}, Max tokens {b.max_tokens}) with a "
-                f"{b.context_tokens:,}-token prompt.")
+        head = (f"DFlash decoded about {self.ratio:.2f} times as fast (tok/s, reading the "
+                "prompt not counted) as plain decoding did here. ")
+        where = (f"on the same pair ({b.dtype or 'dtype unknown'}, Max tokens {b.max_tokens})")
+        if b.samples > 1:
+            return (head + f"Baseline: {b.tok_per_s:.1f} tok/s plain, the median of the last "
+                    f"{b.samples} plain measurements ({b.source}) {where} with prompts of "
+                    f"about {b.context_tokens:,} tokens.")
+        return (head + f"Baseline: {b.tok_per_s:.1f} tok/s plain, measured by a {b.source} "
+                f"{where} with a {b.context_tokens:,}-token prompt.")
 
 
-NO_BASELINE = "no plain baseline yet (Compare measures one)"
+NO_BASELINE = "no plain baseline yet (3 plain replies or Compares make one)"
 """The footer's text when no comparable plain speed was measured."""
 
 
@@ -82,21 +109,27 @@ class Baselines:
         if sample.tok_per_s > 0:
             self.samples.append(sample)
 
+    def clear(self) -> None:
+        """Forget every measurement (a pair was loaded: baselines are measured since)."""
+        self.samples.clear()
+
     def match(self, pair: str, dtype: str, max_tokens: int,
               context_tokens: int) -> PlainSample | None:
-        """The comparable baseline for a reply (see the module doc): among samples with the
+        """The comparable baseline for a reply (see the module doc): of the samples with the
         same pair, dtype and Max tokens whose prompt length is within ±50% of
-        ``context_tokens``, the closest in length (the newest of equals); None if none."""
-        best = None
-        for s in self.samples:
-            if (s.pair, s.dtype, s.max_tokens) != (pair, dtype, max_tokens):
-                continue
-            if abs(s.context_tokens - context_tokens) > CONTEXT_TOLERANCE * context_tokens:
-                continue
-            if best is None or abs(s.context_tokens - context_tokens) <= \
-                    abs(best.context_tokens - context_tokens):
-                best = s
-        return best
+        ``context_tokens``, the newest :data:`WINDOW`, as one :class:`PlainSample` with their
+        median speed and prompt length; None with fewer than :data:`MIN_SAMPLES`."""
+        found = [s for s in self.samples
+                 if (s.pair, s.dtype, s.max_tokens) == (pair, dtype, max_tokens)
+                 and abs(s.context_tokens - context_tokens) <= CONTEXT_TOLERANCE * context_tokens]
+        found = found[-WINDOW:]
+        if len(found) < MIN_SAMPLES:
+            return None
+        sources = list(dict.fromkeys(s.source for s in found))
+        return PlainSample(pair, dtype, max_tokens,
+                           int(statistics.median(s.context_tokens for s in found)),
+                           statistics.median(s.tok_per_s for s in found),
+                           ", ".join(sources), len(found))
 
     def speedup(self, tok_per_s: float, pair: str, dtype: str, max_tokens: int,
                 context_tokens: int) -> SpeedUp | None:

@@ -144,11 +144,14 @@ def text_report(result: dict) -> str:
              f"target: {h['target']}", f"drafter: {h['drafter']}",
              f"prompts: {h['prompts']} | repeats {h['repeats']} | max tokens {h['max_tokens']}",
              ""]
-    cols = ("mode", "tok/s", "x plain", "TTFT ms", "accept", "tau", "replays", "draft%",
-            "verify%", "rollb%", "rb ms/rep", "peak MB", "same")
+    # tok/s and "x plain" are pooled (all tokens over all generation seconds, and the ratio of
+    # those figures); "x med" is the median of the paired per-prompt ratios (app.chat.measure)
+    cols = ("mode", "tok/s", "x plain", "x med", "answer s", "x plain", "TTFT ms", "accept",
+            "tau", "replays", "draft%", "verify%", "rollb%", "rb ms/rep", "peak MB", "same")
     # the mode column as wide as its longest name ("dflash2+tape@16+nosel"), so columns line up
     wide = max([18, *(len(name) + 2 for name in result["modes"])])
-    row = "{:<" + str(wide) + "}{:>8}{:>8}{:>9}{:>8}{:>6}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>6}"
+    row = ("{:<" + str(wide) + "}{:>8}{:>8}{:>7}{:>9}{:>8}{:>9}{:>8}{:>6}{:>8}{:>8}{:>8}{:>8}"
+           "{:>10}{:>8}{:>6}")
     lines.append(row.format(*cols))
 
     def pct(v):
@@ -156,7 +159,9 @@ def text_report(result: dict) -> str:
 
     for name, f in result["modes"].items():
         lines.append(row.format(
-            name, _fmt(f["tok_per_s"], ".1f"), _fmt(f["ratio_to_plain"]),
+            name, _fmt(f.get("pooled_tok_per_s"), ".1f"), _fmt(f.get("pooled_ratio_to_plain")),
+            _fmt(f["ratio_to_plain"]), _fmt(f.get("time_to_answer_s"), ".2f"),
+            _fmt(f.get("answer_ratio_to_plain")),
             _fmt(None if f["ttft_s"] is None else 1000 * f["ttft_s"], ".1f"),
             _fmt(f["acceptance_rate"]), _fmt(f["tau"]), f["replays"], pct(f["draft_share"]),
             pct(f["verify_share"]), pct(f["rollback_share"]), _fmt(f["rollback_ms_per_replay"]),
@@ -171,6 +176,9 @@ def text_report(result: dict) -> str:
                      f"{_fmt(v['dflash_tau'])} ({_fmt(v['tau_ratio'])}x, goal >= 1.10), selector "
                      f"off {_fmt(v['dflash2_nosel_tau'])}; tok/s {_fmt(v['dflash2_tok_per_s'], '.1f')}"
                      f" vs {_fmt(v['dflash_tok_per_s'], '.1f')}")
+    lines.append("tok/s and the first x plain: pooled over every prompt and repeat; x med: the "
+                 "median of paired per-prompt ratios; answer s: the median time to answer "
+                 "(prefill + generation), its x plain pooled")
     lines.append(f"identical tokens in every mode: {'yes' if result['identical_tokens'] else 'NO'}")
     for name, f in result["modes"].items():
         for pid, p in (f.get("prompts") or {}).items():

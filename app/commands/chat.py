@@ -11,6 +11,7 @@ It goes through :func:`app.chat.reply.run_reply`, the same code the window uses.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from app.chat.reply import Reply, ReplySettings, collect_reply
@@ -41,8 +42,14 @@ def register(subparsers) -> None:
 
 
 # ------------------------------------------------------------------------------ output
-def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool) -> dict:
-    """The ``chat --json`` object for ``reply``."""
+def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: bool,
+                wall_s: float | None = None) -> dict:
+    """The ``chat --json`` object for ``reply``; ``time_to_answer_s`` and ``tool_s`` are
+    :class:`app.chat.measure.ReplyFigures`' (``wall_s``: the send-to-last-token seconds the
+    caller measured; without it, the rounds' seconds plus the tools')."""
+    from app.chat.measure import ReplyFigures
+
+    fig = ReplyFigures.of(reply, wall_s)
     block = None
     if reply.mode in ("dflash", "dflash2"):
         block = settings.block_size or (drafter.config.block_size if drafter else None)
@@ -60,19 +67,27 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
         "finish_reason": reply.finish_reason,
         "from_draft": reply.from_draft,
         "warnings": reply.warnings,
+        "time_to_answer_s": fig.time_to_answer_s,
+        "tool_s": fig.tool_s,
     }
     if with_rounds:
         out["rounds"] = [r.to_dict() for r in reply.rounds]
     return out
 
 
-def figures_line(reply: Reply, block: int | None = None) -> str:
+def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = None) -> str:
     """One line of figures of the whole reply, tool rounds included (as the window's panel
-    gives them): mode, tokens, rounds, tok/s, TTFT, acceptance, tau, replays, finish."""
+    gives them): mode, tokens, rounds, time to answer (tools' share), decode tok/s, TTFT,
+    acceptance, tau, replays, finish (``wall_s`` as :func:`chat_object`'s)."""
+    from app.chat.measure import ReplyFigures
+
     s = reply.reply_summary
+    fig = ReplyFigures.of(reply, wall_s)
     parts = [reply.mode + (f" (block {block})" if block else "")]
     rounds = f" in {len(reply.rounds)} rounds" if len(reply.rounds) > 1 else ""
     parts.append(f"{len(reply.all_tokens)} tokens{rounds}")
+    tools = f" (tools {fig.tool_s:.2f} s)" if fig.tool_s > 0 else ""
+    parts.append(f"answer in {fig.time_to_answer_s:.2f} s{tools}")
     parts.append(f"{s.tok_per_s:.1f} tok/s")
     parts.append(f"TTFT {s.ttft_s:.2f} s")
     if reply.mode in ("dflash", "dflash2"):
@@ -83,7 +98,7 @@ def figures_line(reply: Reply, block: int | None = None) -> str:
     return " · ".join(parts)
 
 
-def _print_reply(reply: Reply, block: int | None) -> None:
+def _print_reply(reply: Reply, block: int | None, wall_s: float | None = None) -> None:
     for r in reply.rounds[:-1]:  # what each earlier round wrote, as chat streams it
         if r.reasoning:
             print("[reasoning]")
@@ -106,7 +121,7 @@ def _print_reply(reply: Reply, block: int | None) -> None:
         print(f"[tool call] {c.name} {json.dumps(c.arguments, ensure_ascii=False)}")
     for w in reply.warnings:
         print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
+    print(figures_line(reply, block, wall_s))
 
 
 def run_chat(args) -> int:
@@ -121,15 +136,19 @@ def _chat(args) -> int:
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)
+    t0 = time.perf_counter()
     if args.json:
         reply = collect_reply(target, drafter, _messages(args), settings)
-        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools), ensure_ascii=False))
+        wall = time.perf_counter() - t0
+        print(json.dumps(chat_object(reply, settings, drafter, args.run_tools, wall),
+                         ensure_ascii=False))
         return 0
     reply = _stream_reply(target, drafter, _messages(args), settings)
+    wall = time.perf_counter() - t0
     block = chat_object(reply, settings, drafter, False)["block_size"]
     for w in reply.warnings:
         print(f"[warning] {w['message']}")
-    print(figures_line(reply, block))
+    print(figures_line(reply, block, wall))
     return 0
 
 

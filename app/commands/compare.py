@@ -9,14 +9,24 @@ three-sided Compare; ``--dflash2-model none`` leaves it out) the object adds ``"
 drafter, ``"dflash"`` is that drafter's run too (mode ``dflash`` runs the drafter's own
 draft), so today's fields keep their meaning: speculative vs plain. A divergence is
 reported, not an error (exit code 0); 2 for bad arguments or unusable model files.
+
+Timing (``app.chat.measure``): both paths are warmed up before anything is timed, each side
+runs ``--repeats`` times with the order rotating, and every side gives ``time_to_answer_s``
+(send to last token, prefill and tool rounds included; its median over the repeats) and
+``tool_s`` beside ``summary``/``reply_summary``, and ``runs`` (each run's figures). The
+object adds ``"sampled"`` (temperature > 0: the sides are not expected to match),
+``"repeats"``, ``"repeats_identical"`` and ``"speedup"`` (DFlash vs plain: pooled time to
+answer and decode ratios, and the medians of paired ratios; ``"dflash2_speedup"`` likewise).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from dataclasses import replace
 
+from app.chat.measure import ReplyFigures, median_figures, speedup
 from app.chat.reply import collect_reply, divergence_near_tie
 from app.chat.tools import builtin_tools
 from app.commands.chat import _print_reply, chat_object
@@ -25,11 +35,12 @@ from app.commands.generation import (
     _guard,
     _load,
     _messages,
+    _positive_int,
     default_dflash2,
     default_thinking,
     load_tools,
     settings_from_args,
-    warm_up_on_gpu,
+    warm_up_both,
 )
 from app.engine.compare import first_divergence
 
@@ -46,6 +57,10 @@ def register(subparsers) -> None:
         "window's Compare does; without one, compare runs plain and DFlash only.",
     )
     _add_common(compare)
+    compare.add_argument("--repeats", type=_positive_int, default=1,
+                         help="run each side this many times, the order rotating each time "
+                         "(default 1); figures are per-side medians and the speed-up is "
+                         "given pooled and as the median of paired ratios")
     compare.add_argument("--dflash2-model", default=None,
                          help="a DFlash2 drafter to compare too, beside --draft-model's run "
                          "(default on the bundled demo pair: its DFlash2 drafter, "
@@ -72,38 +87,64 @@ def _compare(args) -> int:
         if getattr(drafter2.config, "kind", "dflash") != "dflash2":
             raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
-    warm_up_on_gpu(target, [drafter, drafter2])
+    warm_up_both(target, [drafter, drafter2])
     only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
-    results = {}
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
         runs.append(("dflash2", drafter2))
-    # both runs see the same tool results: the built-in clock frozen at one instant
+    # every run sees the same tool results: the built-in clock frozen at one instant
     frozen = builtin_tools(dt.datetime.now(dt.UTC)) if args.tools == "builtin" else None
-    for mode, d in runs:
-        settings = settings_from_args(args, mode, tools, think)
+    settings = {}
+    for mode, _ in runs:
+        settings[mode] = settings_from_args(args, mode, tools, think)
         if frozen is not None:
-            settings = replace(settings, runnable_tools=frozen)
-        reply = collect_reply(target, d, _messages(args), settings)
-        results[mode] = (reply, settings, d)
+            settings[mode] = replace(settings[mode], runnable_tools=frozen)
+    replies: dict[str, list] = {mode: [] for mode, _ in runs}
+    walls: dict[str, list[float]] = {mode: [] for mode, _ in runs}
+    for r in range(args.repeats):
+        k = r % len(runs)  # the order rotates, so that no side always runs first
+        for mode, d in runs[k:] + runs[:k]:
+            t0 = time.perf_counter()
+            replies[mode].append(collect_reply(target, d, _messages(args), settings[mode]))
+            walls[mode].append(time.perf_counter() - t0)
+    figures = {m: [ReplyFigures.of(rep, w) for rep, w in zip(replies[m], walls[m])]
+               for m in replies}
+    results = {m: (replies[m][0], settings[m], d) for m, d in runs}
     if only_v2:
         results["dflash"] = results["dflash2"]
-    (plain, ps, _), (dflash, ds, _) = results["plain"], results["dflash"]
+        figures["dflash"] = figures["dflash2"]
+    plain, dflash = results["plain"][0], results["dflash"][0]
     div = first_divergence(plain.all_tokens, dflash.all_tokens)
     tie = divergence_near_tie(target, plain, dflash) if div is not None else None
+    speed = speedup(figures["plain"], figures["dflash"])
+
+    def side(name):
+        reply, s, d = results[name]
+        out = chat_object(reply, s, d, args.run_tools,
+                          median_figures(figures[name]).time_to_answer_s)
+        out["runs"] = [f.to_dict() for f in figures[name]]
+        return out
+
     obj = {
-        "plain": chat_object(plain, ps, drafter, args.run_tools),
-        "dflash": chat_object(dflash, ds, drafter, args.run_tools),
+        "plain": side("plain"),
+        "dflash": side("dflash"),
         "identical": div is None,
         "first_divergence": div,
         "near_tie": tie,
+        "sampled": bool(args.temp and args.temp > 0),
+        "repeats": args.repeats,
+        "speedup": speed.to_dict(),
+        # every repeat's tokens equal its side's first run (greedy runs are deterministic)
+        "repeats_identical": all(rep.all_tokens == replies[m][0].all_tokens
+                                 for m in replies for rep in replies[m]),
     }
     if "dflash2" in results:
-        v2, s2, d2 = results["dflash2"]
+        v2 = results["dflash2"][0]
         div2 = first_divergence(plain.all_tokens, v2.all_tokens)
-        obj["dflash2"] = chat_object(v2, s2, d2, args.run_tools)
+        obj["dflash2"] = side("dflash2")
         obj["dflash2_identical"] = div2 is None
         obj["dflash2_first_divergence"] = div2
+        obj["dflash2_speedup"] = speedup(figures["plain"], figures["dflash2"]).to_dict()
     if args.json:
         print(json.dumps(obj, ensure_ascii=False))
         return 0
@@ -111,22 +152,22 @@ def _compare(args) -> int:
         if only_v2 and name == "dflash":
             continue  # the same run as dflash2
         print(f"== {name} ==")
-        _print_reply(reply, obj[name]["block_size"])
-    if "dflash2" in results and not only_v2:
-        d2 = obj["dflash2_first_divergence"]
-        print("dflash2 identical: " + ("yes" if d2 is None else f"no (first divergence at {d2})"))
-    if div is None:
-        print("identical: yes")
+        _print_reply(reply, obj[name]["block_size"], obj[name]["time_to_answer_s"])
+    if obj["sampled"]:
+        print(f"sampled (temperature {args.temp:g}): the sides are not expected to match "
+              "token for token")
     else:
-        gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
-        print(f"identical: no (first divergence at token {div}{gap})")
-    # the whole replies' speeds, tool rounds included (as the window compares them)
-    sp, sd = plain.reply_summary.tok_per_s, dflash.reply_summary.tok_per_s
-    if sp > 0 and sd > 0:
-        print(f"speed: DFlash{'2' if only_v2 else ''} {sd:.1f} tok/s vs plain {sp:.1f} tok/s "
-              f"({sd / sp:.2f}x)")
+        if "dflash2" in results and not only_v2:
+            d2 = obj["dflash2_first_divergence"]
+            print("dflash2 identical: "
+                  + ("yes" if d2 is None else f"no (first divergence at {d2})"))
+        if div is None:
+            print("identical: yes")
+        else:
+            gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
+            print(f"identical: no (first divergence at token {div}{gap})")
+    # whole replies, tool rounds included (as the window compares them), warmed, sides rotated
+    print("speed: " + speed.line("DFlash2" if only_v2 else "DFlash"))
     if "dflash2" in results and not only_v2:
-        s2 = results["dflash2"][0].reply_summary.tok_per_s
-        if sp > 0 and s2 > 0:
-            print(f"speed: DFlash2 {s2:.1f} tok/s vs plain {sp:.1f} tok/s ({s2 / sp:.2f}x)")
+        print("speed: " + speedup(figures["plain"], figures["dflash2"]).line("DFlash2"))
     return 0

@@ -7,8 +7,13 @@ verify); :func:`aggregate` gives per mode the median tok/s (generation
 only, prefill excluded, as :class:`~app.engine.events.Summary` counts it), the median time to
 first token, the acceptance rate and tau (definitions in :mod:`app.engine.events`), replays,
 the time shares of draft / verify / rollback, the peak memory, the ratio to plain computed pair
-by pair (same prompt, same repeat; the median of those ratios) and whether every mode's token
-ids equal plain's. :func:`run_scaling` measures cost per generated token against prompt length
+by pair (same prompt, same repeat; the median of those ratios: ``ratio_to_plain``) and whether
+every mode's token ids equal plain's. Beside the medians, the pooled figures that
+``app.chat.measure`` defines for every speed-up the app prints: ``pooled_tok_per_s`` (all
+tokens over all generation seconds, ``Summary.pool``) and ``pooled_ratio_to_plain`` (the ratio
+of those), and time to answer (``time_to_answer_s``, the median of each run's prefill plus
+generation seconds; ``answer_ratio_to_plain``, plain's total seconds over the mode's, and
+``median_answer_ratio_to_plain``, the median of paired ratios). :func:`run_scaling` measures cost per generated token against prompt length
 and against generated length. The ``bench`` command (:mod:`app.commands.bench`) renders the
 prompts, calls these and writes the report, CSV files and plots.
 """
@@ -263,6 +268,10 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if a and b and a > 0 and b > 0 else None
+
+
 def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
     """Per mode figures (see the module docstring); keys match ``--json``'s ``modes``."""
     plain = {(r.prompt_id, r.repeat): r for r in records if r.mode.name == "plain"}
@@ -270,11 +279,16 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
     for m in modes:
         rs = [r for r in records if r.mode.name == m.name]
         ss = [r.summary for r in rs]
-        ratios, identical, prompts = [], True, {}
+        ratios, answer_ratios, identical, prompts = [], [], True, {}
+        paired_base, paired = [], []
         for r in rs:
             base = plain.get((r.prompt_id, r.repeat))
             if base is None:
                 continue
+            paired_base.append(base.summary)
+            paired.append(r.summary)
+            if base.summary.total_s > 0 and r.summary.total_s > 0:
+                answer_ratios.append(base.summary.total_s / r.summary.total_s)
             identical &= r.tokens == base.tokens
             div = first_divergence(base.tokens, r.tokens)
             seen = prompts.setdefault(r.prompt_id, {"identical": True, "first_divergence": None,
@@ -306,6 +320,13 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "rollback_ms_per_replay": (1000 * rollback_s / replays) if replays else None,
             "peak_memory_bytes": max((s.peak_memory_bytes for s in ss), default=0),
             "ratio_to_plain": _median(ratios),
+            "pooled_tok_per_s": pooled.tok_per_s or None,
+            "pooled_ratio_to_plain": _ratio(Summary.pool(paired, m.mode).tok_per_s,
+                                            Summary.pool(paired_base, "plain").tok_per_s),
+            "time_to_answer_s": _median([s.total_s for s in ss]),
+            "answer_ratio_to_plain": _ratio(sum(s.total_s for s in paired_base),
+                                            sum(s.total_s for s in paired)),
+            "median_answer_ratio_to_plain": _median(answer_ratios),
             "identical_tokens": identical,
             "fast_verify": m.fast,
             "prompts": prompts,

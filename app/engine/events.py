@@ -145,9 +145,16 @@ class Summary:
     def pool(cls, summaries: list[Summary], mode: str = "dflash") -> Summary:
         """One summary over several runs: counts and seconds summed, rates derived from the
         sums (:meth:`set_rates`, the committed tokens being each run's generated tokens but
-        its first, which the prefill produced)."""
+        its first, which the prefill produced); ``tok_per_s`` the runs' generated tokens over
+        their generation seconds (each run's tokens / its tok/s, as :meth:`reply_total`
+        counts them; runs without a rate left out), ``total_s`` and ``prefill_s`` summed."""
         out = cls(mode=mode)
+        rated = [s for s in summaries if s.tok_per_s > 0]
+        gen_s = sum(s.generated_tokens / s.tok_per_s for s in rated)
+        out.tok_per_s = sum(s.generated_tokens for s in rated) / gen_s if gen_s > 0 else 0.0
         for s in summaries:
+            out.total_s += s.total_s
+            out.prefill_s += s.prefill_s
             out.generated_tokens += s.generated_tokens
             out.cycles += s.cycles
             out.drafted += s.drafted
@@ -162,9 +169,8 @@ class Summary:
     @classmethod
     def reply_total(cls, rounds: list[Summary]) -> Summary:
         """The figures of one reply over its rounds (a tool reply runs one generation per
-        round): counts, seconds and accepted lengths summed or joined (:meth:`pool`); time
-        to first token of the first round; tok/s = generated tokens / generation seconds
-        summed over rounds (each round's seconds being its tokens / its tok/s); the prompt of
+        round): counts, seconds, tok/s and accepted lengths as :meth:`pool` gives them; time
+        to first token of the first round; the prompt of
         the last round (it holds the earlier rounds), the reuse of the first; the last
         round's stop cause. One round: that round's summary itself."""
         if len(rounds) == 1:
@@ -176,12 +182,8 @@ class Summary:
         out = cls.pool(rounds, mode)
         first, last = rounds[0], rounds[-1]
         out.ttft_s = first.ttft_s
-        gen_s = sum(r.generated_tokens / r.tok_per_s for r in rounds if r.tok_per_s > 0)
-        out.tok_per_s = out.generated_tokens / gen_s if gen_s > 0 else 0.0
         out.prompt_tokens = last.prompt_tokens
         out.reused_tokens = first.reused_tokens
-        out.prefill_s = sum(r.prefill_s for r in rounds)
-        out.total_s = sum(r.total_s for r in rounds)
         out.peak_memory_bytes = max(r.peak_memory_bytes for r in rounds)
         out.stop_cause = last.stop_cause
         out.error = last.error

@@ -20,24 +20,34 @@ from app.ui.panels import AcceptChart
 
 COLUMNS = [
     ("mode", "Mode"),
-    ("tok_per_s", "tok/s"),
-    ("ratio_to_plain", "× plain"),
+    ("pooled_tok_per_s", "tok/s"),
+    ("pooled_ratio_to_plain", "× plain"),
+    ("ratio_to_plain", "× plain (median of pairs)"),
+    ("time_to_answer_s", "Time to answer"),
+    ("answer_ratio_to_plain", "× plain (answer)"),
     ("tau", "τ"),
     ("acceptance_rate", "Acceptance"),
     ("replays", "Replays"),
-    ("rollback_share", "Rollback share"),
     ("identical_tokens", "Same tokens"),
 ]
+"""The table's columns: the figures of ``python -m app bench`` (``app.engine.bench.aggregate``)
+with the same definitions, so the two agree on the same prompts."""
 
 
 HEADER_TIPS = {
     "mode": "How the tokens were made: plain (one at a time) or DFlash / DFlash2 with its "
             "block size; tape rollback unless it says replay. Each row's tooltip gives its "
             "name in python -m app bench.",
-    "tok_per_s": "How fast the reply was written. Median generated tokens per second "
-                 "(reading the prompt not counted).",
-    "ratio_to_plain": "How many times as fast as plain on the same prompts. Median of the "
-                      "per-prompt ratios tok/s / plain tok/s.",
+    "pooled_tok_per_s": "How fast the replies were written. Generated tokens over generation "
+                        "seconds, pooled over every prompt (reading the prompt not counted).",
+    "pooled_ratio_to_plain": "How many times as fast as plain on the same prompts: this row's "
+                             "tok/s over plain's tok/s.",
+    "ratio_to_plain": "How many times as fast as plain, taken prompt by prompt: the median "
+                      "of the per-prompt ratios tok/s / plain tok/s.",
+    "time_to_answer_s": "How long a reply took from the start to its last token, reading the "
+                        "prompt included. Median over the prompts, in seconds.",
+    "answer_ratio_to_plain": "How many times as fast as plain the whole replies were: plain's "
+                             "total time to answer over this row's.",
     "tau": "How many tokens each check by the big model gave on average. Tokens committed "
            "per verify cycle, at most the block size; a reply's last cycle, cut short by Max "
            "tokens or the reply's end, drafts and commits fewer, so τ can be below the block "
@@ -86,9 +96,11 @@ def cell_text(key: str, value) -> str:
         return "yes" if value else "NO"
     if key in ("acceptance_rate", "rollback_share"):
         return f"{value * 100:.1f}%"
-    if key in ("tok_per_s",):
+    if key in ("tok_per_s", "pooled_tok_per_s"):
         return f"{value:.1f}"
-    if key in ("ratio_to_plain", "tau"):
+    if key == "time_to_answer_s":
+        return f"{value:.2f} s"
+    if key in ("ratio_to_plain", "pooled_ratio_to_plain", "answer_ratio_to_plain", "tau"):
         return f"{value:.2f}"
     return str(value)
 
@@ -111,7 +123,7 @@ class BenchDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel(
             f"{result['prompts']} held-out prompts, one run each, greedy, block size "
-            f"{result['block_size']}. Ratios are paired prompt by prompt. "
+            f"{result['block_size']}, every mode warmed up first, the order rotating. "
             "For the full benchmark run <code>python -m app bench</code>."))
         self.table = QTableWidget(len(modes), len(COLUMNS))
         self.table.setHorizontalHeaderLabels([title for _, title in COLUMNS])

@@ -50,9 +50,11 @@ COMPARE_TIPS = {
     True: "Run the prompt plain, then with DFlash, then with DFlash2, side by side "
           "(Ctrl+Shift+C)"}
 """The Compare button's tooltip: two sides, or three with a DFlash2 drafter beside DFlash."""
-NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against a plain "
-                   "reply, Compare or the short benchmark on the same pair, dtype and Max "
-                   "tokens, with a prompt within ±50% of this one's length.")
+NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against the median "
+                   "of at least 3 plain measurements (plain replies, Compare plain sides, the "
+                   "short benchmark) made since the pair was loaded, on the same pair, dtype "
+                   "and Max tokens, with prompts within ±50% of this one's length; a "
+                   "Compare's DFlash side is measured against its own plain side.")
 NO_ANSWER_IN_REASONING = "No answer: the model's reply ended inside its reasoning (above)."
 """Shown where a finished reply has reasoning but no answer, no tool call and no error."""
 NO_ANSWER = "No answer: the model ended its reply without writing one."

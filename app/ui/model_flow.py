@@ -115,13 +115,13 @@ class ModelFlow:
 
         self._bench_ended()
         plain = result.get("modes", {}).get("plain") or {}
-        if self.model is not None and plain.get("tok_per_s"):
+        rate = plain.get("pooled_tok_per_s") or plain.get("tok_per_s")
+        if self.model is not None and rate:
             from app.chat.baseline import PlainSample
 
             self.baselines.add(PlainSample(
                 self._pair_key(), self.model.dtype, int(result.get("max_tokens", 48)),
-                int(result.get("prompt_tokens", 0)), float(plain["tok_per_s"]),
-                "short benchmark"))
+                int(result.get("prompt_tokens", 0)), float(rate), "short benchmark"))
         self._bench_dialog = BenchDialog(self, result)
         self._bench_dialog.show()
         self.benchFinished.emit(result)
@@ -162,6 +162,7 @@ class ModelFlow:
     def _on_loaded(self, info: ModelInfo) -> None:
         self.progress.hide()
         self.model = info
+        self.baselines.clear()  # speed-ups compare with plain replies of this load only
         spec = info.spec or getattr(self, "_loading", None) or PairSpec(
             info.target_path, info.drafter_path)
         self.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)

@@ -17,7 +17,7 @@ import logging
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
-from app.chat.baseline import PlainSample, SlowStreak
+from app.chat.baseline import PlainSample, SlowStreak, SpeedUp
 from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
@@ -532,6 +532,7 @@ class ReplyFlow:
         run order, so a Compare's DFlash side is measured against its own plain side)."""
         if self.model is None:
             return
+        own_plain = None  # a Compare's plain side: its drafting sides' baseline
         for tag, side in run.sides.items():
             r = side.result
             # a side the user's Stop cut is partial; one that had finished is measured
@@ -541,10 +542,13 @@ class ReplyFlow:
             key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
                    int(s.prompt_tokens))
             if r.mode == "plain":
-                self.baselines.add(PlainSample(*key, s.tok_per_s,
-                                               "Compare" if run.compare else "plain reply"))
+                sample = PlainSample(*key, s.tok_per_s,
+                                     "Compare" if run.compare else "plain reply")
+                self.baselines.add(sample)
+                own_plain = sample if run.compare else None
             elif r.mode in ("dflash", "dflash2"):
-                r.speedup = self.baselines.speedup(s.tok_per_s, *key)
+                r.speedup = (SpeedUp.paired(s.tok_per_s, own_plain) if own_plain is not None
+                             else self.baselines.speedup(s.tok_per_s, *key))
                 r.speed_checked = True
                 self._store_speedup(run.msg.ids.get(run.version_key(tag)), r.speedup)
                 self.slow_streak.add(r.speedup.ratio if r.speedup else None)
