@@ -449,16 +449,6 @@ class ModelsDialog(QDialog):
         self._focused = which
         self._update_buttons()
 
-    def select_drafter_row(self, name: str) -> bool:
-        """Select the drafter list row named ``name`` (for Delete / Remove folder)."""
-        for i in range(self.drafters.topLevelItemCount()):
-            item = self.drafters.topLevelItem(i)
-            if item.data(0, ROLE_ENTRY).name == name:
-                self.drafters.setCurrentItem(item)
-                self._focus("drafters")
-                return True
-        return False
-
     def select_target(self, name: str) -> bool:
         """Select the target row whose name, repo id or path is ``name``."""
         for i in range(self.targets.topLevelItemCount()):
