@@ -76,7 +76,7 @@ def expect_float32_difference_on_cuda(request, dtype, block_size: int) -> None:
     expected failure (strict: if it starts passing, the docs need updating). There MLX's float32
     products use TF32 tensor cores, whose rounding depends on the row count, and the row kernels
     (app/engine/kernels/row_products.py) take 16-bit inputs: tokens stay equal, caches differ by up to
-    ~4e-3 (host 25; docs/performance.md, "Exactness on CUDA"). Never on the CPU, where CI runs."""
+    ~4e-3 (docs/performance.md, "Exactness"). Never on the CPU, where CI runs."""
     if dtype == mx.float32 and block_size > 1 and on_cuda():
         request.applymarker(pytest.mark.xfail(strict=True, reason="float32 on CUDA: TF32 products"))
 
