@@ -2,7 +2,7 @@
 
 Plain and DFlash decoding emit the same :class:`~app.engine.events.TokenEvent` stream; this
 module is the only place those ids become text, so nothing the user sees depends on which path
-produced them (issue 4). The stages, in order:
+produced them. The stages, in order:
 
 1. **Detokenizer**: mlx-lm's streaming detokenizer from the model's ``TokenizerWrapper``
    (``tokenizer.detokenizer``); it holds back incomplete UTF-8 sequences, so a character split

@@ -139,7 +139,7 @@ class DownloadRunner(QObject):
 def fit_rows(tree: QTreeWidget) -> None:
     """Make ``tree`` at least as tall as its header and rows (up to 12), so a short fixed list
     such as the known pairs shows whole instead of three rows and a scroll bar beside empty
-    room (a new user's pass)."""
+    room."""
     rows = min(tree.topLevelItemCount(), 12)
     if rows == 0:
         return
