@@ -54,6 +54,7 @@ def test_heldout_files_are_the_seeded_sets(heldout):
         [[t["user"] for t in s["turns"]] for s in scripts]
 
 
+@pytest.mark.slow
 def test_no_heldout_prompt_text_occurs_in_the_corpus(heldout):
     prompts, scripts = heldout
     held = corpus.heldout_user_texts(prompts, scripts)
