@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,17 @@ from app.engine.events import CycleEvent, Done, TokenEvent
 from app.engine.generate import GenerationConfig, generate
 
 PROMPT = [{"role": "user", "content": "What is the capital of France? Think first."}]
+
+FAST = os.environ.get("DFLASH_TEST_FAST") == "1"
+"""Set by ``make test-fast``: the block-size matrices run one block size (both rollbacks
+still), and the dtype matrices leave out their slowest variants (``test_engine_exact``: 8-bit;
+``test_prefix_across_chats``: 4-bit); ``make test`` runs them whole."""
+
+
+def block_sizes(full: tuple[int, ...], fast: tuple[int, ...] = (8,)) -> tuple[int, ...]:
+    """The block sizes a parametrized matrix runs: ``full``, or ``fast`` under ``make
+    test-fast``."""
+    return fast if FAST else full
 
 
 @dataclass

@@ -54,6 +54,7 @@ def test_heldout_files_are_the_seeded_sets(heldout):
         [[t["user"] for t in s["turns"]] for s in scripts]
 
 
+@pytest.mark.slow
 def test_no_heldout_prompt_text_occurs_in_the_corpus(heldout):
     prompts, scripts = heldout
     held = corpus.heldout_user_texts(prompts, scripts)
@@ -197,12 +198,13 @@ def test_corpus_renderer_equals_the_app_prompt_builder(tmp_path, app_tokenizer):
         tools = tool_schemas() if c.tools else None
         msgs = c.messages()
         cid = _store_chat(store, c)
-        stored = store.messages_for_prompt(cid)
-        assert len(stored) == len(msgs)
+        path = store.active_path(cid)
+        assert len(path) == len(msgs)
         for k, m in enumerate(msgs):
             if m["role"] != "assistant":
                 continue
-            app_msgs = fit_for_tokenizer(stored[:k], app_tokenizer, 4096, tools=tools,
+            stored = store.prompt_for_reply(path[k].id)
+            app_msgs = fit_for_tokenizer(stored, app_tokenizer, 4096, tools=tools,
                                          enable_thinking=True).messages
             app_text = render_prompt(app_tokenizer, app_msgs, tools=tools,
                                      enable_thinking=True).text

@@ -113,6 +113,7 @@ def test_loads_with_app_loaders_and_tokenizer_features(pair):
     assert drafter.config.mask_token_id == tok.convert_tokens_to_ids("<|mask|>")
 
 
+@pytest.mark.slow
 def test_heldout_subset_correct_and_dflash_identical(pair, heldout):
     target, drafter = pair
     items = [p for p in heldout[0] if p["id"] in SINGLE_IDS]
@@ -128,6 +129,7 @@ def test_heldout_subset_correct_and_dflash_identical(pair, heldout):
     assert drafted > 0 and accepted / drafted > 0.3
 
 
+@pytest.mark.slow
 def test_heldout_script_through_the_reply_runner(pair, heldout):
     target, drafter = pair
     scripts = [s for s in heldout[1] if s["id"] in SCRIPT_IDS]

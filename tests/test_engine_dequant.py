@@ -140,6 +140,7 @@ def test_keep_quantized_flag_reaches_the_loader(command):
     assert keep_quantized_arg(parser.parse_args([command, "--keep-quantized"])) is True
 
 
+@pytest.mark.slow
 def test_chat_command_says_the_weights_were_dequantized(q4_dirs, capsys):
     from app.cli import main
 

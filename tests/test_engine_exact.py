@@ -33,7 +33,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_fixtures import OracleDrafter, collect, prompt_ids
+from engine_fixtures import FAST, OracleDrafter, block_sizes, collect, prompt_ids
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
@@ -45,7 +45,7 @@ from app.engine.target import TargetRunner
 REPO = Path(__file__).resolve().parent.parent
 CHILD_FLAG = "DFLASH_EXACT_CHILD"
 N_TOKENS = 40
-BLOCK_SIZES = (1, 2, 4, 8, 16)
+BLOCK_SIZES = block_sizes((1, 2, 4, 8, 16))
 
 
 def tokens_for(block: int, quantized: bool = False) -> int:
@@ -76,13 +76,13 @@ def expect_float32_difference_on_cuda(request, dtype, block_size: int) -> None:
     expected failure (strict: if it starts passing, the docs need updating). There MLX's float32
     products use TF32 tensor cores, whose rounding depends on the row count, and the row kernels
     (app/engine/kernels/row_products.py) take 16-bit inputs: tokens stay equal, caches differ by up to
-    ~4e-3 (host 25; docs/performance.md, "Exactness on CUDA"). Never on the CPU, where CI runs."""
+    ~4e-3 (docs/performance.md, "Exactness"). Never on the CPU, where CI runs."""
     if dtype == mx.float32 and block_size > 1 and on_cuda():
         request.applymarker(pytest.mark.xfail(strict=True, reason="float32 on CUDA: TF32 products"))
 
 
 # name: (family, mlx-lm convert options or None for the float32 original, compute dtype)
-VARIANTS = {
+ALL_VARIANTS = {
     "qwen3_5-float32": ("qwen3_5", None, mx.float32),
     "qwen3_5-float16": ("qwen3_5", {"dtype": "float16"}, mx.float16),
     "qwen3_5-bfloat16": ("qwen3_5", {"dtype": "bfloat16"}, mx.bfloat16),
@@ -97,6 +97,10 @@ VARIANTS = {
     "qwen3-8bit-fp16": ("qwen3", {"quantize": True, "q_bits": 8, "q_group_size": 64,
                                   "dtype": "float16"}, mx.float16),
 }
+#: The variants the matrix runs: all of them, or under ``make test-fast`` all but the 8-bit ones
+#: (MLX's CPU 8-bit kernels make them the slowest; 4-bit covers the quantized path).
+VARIANTS = ({k: v for k, v in ALL_VARIANTS.items() if "8bit" not in k} if FAST else
+            ALL_VARIANTS)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +115,7 @@ def _build(root: Path, name: str):
     from app.models.loader import load_drafter, load_target
     from app.models.tiny import build_tiny_pair
 
-    family, options, dtype = VARIANTS[name]
+    family, options, dtype = ALL_VARIANTS[name]
     t_dir, d_dir = build_tiny_pair(root / family, family, seed=1, block_size=16,
                                    hidden_size=256)
     if options is not None:

@@ -80,6 +80,7 @@ def test_dflash_sampling_matches_plain_sampling(peaky, settings):
     assert stat < chi2_critical(dof), f"joint: chi2 {stat:.1f}, dof {dof}"
 
 
+@pytest.mark.slow
 def test_the_check_rejects_a_sampler_that_ignores_temperature(peaky):
     target, _, oracle = peaky
     plain = _samples(target, None, "plain", 0, temperature=1.3, top_p=0.9)

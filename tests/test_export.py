@@ -17,7 +17,7 @@ from app.chat.export import (
     parse_json,
     write_export,
 )
-from app.chat.storage import Store
+from app.chat.storage import Store, _prompt_dicts
 from app.engine.events import Summary
 
 
@@ -95,7 +95,7 @@ def test_import_of_export_equals_original(tmp_path):
         assert conv_b == conv_a
         msgs_a[generating[0]].status = "interrupted"
         assert msgs_b == msgs_a
-        assert b.messages_for_prompt(imported.id) == a.messages_for_prompt(cid)
+        assert _prompt_dicts(b.active_path(imported.id)) == _prompt_dicts(a.active_path(cid))
         assert [m.content for m in b.active_path(imported.id)] == [
             m.content for m in a.active_path(cid)
         ]

@@ -5,20 +5,64 @@ characters split across tokens."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import pytest
 from mlx_lm.tokenizer_utils import _byte_decoder
 
 from app.chat.pipeline import (
     ContentDelta,
+    Delta,
     PipelineWarning,
     ReasoningDelta,
     StopStringHit,
     TextPipeline,
+    ToolCall,
     ToolCallDelta,
     finish_reason_for,
-    run_pipeline,
 )
+
+
+@dataclass
+class PipelineResult:
+    """Everything :func:`run_pipeline` collected."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    warnings: list[PipelineWarning] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_hit: str | None = None
+
+
+def run_pipeline(
+    tokenizer, chunks: Iterable[Iterable[int]], stop_cause: str = "end_token", **kwargs
+) -> PipelineResult:
+    """Feed ``chunks`` of token ids through a new :class:`TextPipeline` (``kwargs`` go to its
+    constructor), stopping early on a stop string or end token, then finish it with
+    ``stop_cause``; returns the collected :class:`PipelineResult`."""
+    pipe = TextPipeline(tokenizer, **kwargs)
+    deltas: list[Delta] = []
+    for chunk in chunks:
+        deltas += pipe.feed(chunk)
+        if pipe.stopped:
+            break
+    deltas += pipe.finish("cancelled" if pipe.stop_hit else stop_cause)
+    return PipelineResult(
+        deltas=deltas,
+        content=pipe.content,
+        reasoning=pipe.reasoning,
+        tool_calls=list(pipe.tool_calls),
+        warnings=list(pipe.warnings),
+        tokens=list(pipe.tokens),
+        text=pipe.text,
+        finish_reason=pipe.finish_reason,
+        stop_hit=pipe.stop_hit,
+    )
 
 TOOLS = [
     {

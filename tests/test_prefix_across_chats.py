@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from engine_fixtures import collect
+from engine_fixtures import FAST, collect
 from test_engine_exact import _variant, cache_state, cache_tol, max_difference
 
 from app.chat.reply import ReplySettings, _preamble_boundary
@@ -42,8 +42,9 @@ def _gen(target, ids, boundaries, session, drafter=None, mode="plain", n=10):
 
 
 @pytest.mark.parametrize("mode", ["plain", "dflash"])
-@pytest.mark.parametrize("name", ["qwen3_5-float32", "qwen3_5-bfloat16", "qwen3_5-4bit-bf16",
-                                  "qwen3-bfloat16", "qwen3-4bit-bf16"])
+@pytest.mark.parametrize("name", ["qwen3_5-float32", "qwen3_5-bfloat16", "qwen3-bfloat16"] if FAST
+                         else ["qwen3_5-float32", "qwen3_5-bfloat16", "qwen3_5-4bit-bf16",
+                               "qwen3-bfloat16", "qwen3-4bit-bf16"])
 def test_a_new_chat_reuses_the_preamble_and_equals_a_cold_run(wide_root, name, mode):
     target, drafter, dtype = _variant(wide_root, name)
     first, b1 = _chat(target, "Name a capital.")

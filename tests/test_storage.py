@@ -21,6 +21,7 @@ from app.chat.storage import (
     SchemaTooNewError,
     StorageError,
     Store,
+    _prompt_dicts,
     auto_title,
     default_db_path,
 )
@@ -118,7 +119,7 @@ def test_every_field_survives_a_reopen(db):
         assert r.parent_id == path[1].id and t.parent_id == r.id
         assert path[0].created_at <= r.created_at <= f.created_at
 
-        prompt = s.messages_for_prompt(conv.id)
+        prompt = _prompt_dicts(s.active_path(conv.id))
         # the failed reply is not sent; tool calls are in the chat-template form
         assert [m["role"] for m in prompt] == ["system", "user", "assistant", "tool"]
         assert prompt[2]["reasoning_content"] == "The user wants the time; call the tool."
@@ -293,7 +294,7 @@ def test_writer_killed_mid_reply_leaves_interrupted_partial(db):
         assert reply.from_draft == [i % 2 == 1 for i in range(n)]
         assert reply.content == "".join(f"w{i} " for i in range(n))
         # an interrupted reply is still part of the prompt, as far as it got
-        assert s.messages_for_prompt(conv.id)[-1]["content"] == reply.content
+        assert _prompt_dicts(s.active_path(conv.id))[-1]["content"] == reply.content
 
 
 def test_reader_in_another_connection_sees_only_whole_writes(db):
@@ -387,7 +388,8 @@ def test_regenerate_keeps_both_versions_and_switches(db):
         v2 = s.regenerate(v1.id, mode="dflash", block_size=4, rollback="replay")
         assert v2.parent_id == u.id and v2.status == "generating"
         # the prompt for the new version ends at the user message
-        assert s.messages_for_prompt(conv.id)[-1] == {"role": "user", "content": "Name a colour"}
+        assert _prompt_dicts(s.active_path(conv.id))[-1] == {"role": "user",
+                                                          "content": "Name a colour"}
         s.finish_reply(v2.id, content="blue", token_ids=[2], from_draft=[True])
         assert [m.content for m in s.active_path(conv.id)] == ["Name a colour", "blue"]
         assert [v.content for v in s.versions(v2.id)] == ["red", "blue"]
@@ -409,14 +411,14 @@ def test_edit_and_rerun_drops_later_turns_from_prompt_not_storage(db):
         a2 = s.add_message(conv.id, "assistant", "second answer", mode="plain")
 
         edited = s.edit_user_message(u1.id, "first question, edited")
-        assert s.messages_for_prompt(conv.id) == [
+        assert _prompt_dicts(s.active_path(conv.id)) == [
             {"role": "system", "content": "sys"},
             {"role": "user", "content": "first question, edited"},
         ]
         rerun = s.begin_reply(conv.id, mode="dflash", block_size=8, rollback="tape")
         assert rerun.parent_id == edited.id
         s.finish_reply(rerun.id, content="new answer")
-        assert [m["content"] for m in s.messages_for_prompt(conv.id)] == [
+        assert [m["content"] for m in _prompt_dicts(s.active_path(conv.id))] == [
             "sys", "first question, edited", "new answer"
         ]
         # nothing was deleted: the old branch is stored and can be brought back
@@ -430,7 +432,7 @@ def test_edit_and_rerun_drops_later_turns_from_prompt_not_storage(db):
             "sys", "first question", "first answer", "second question"
         ]
         s.set_active(a2.id)
-        assert [m["content"] for m in s.messages_for_prompt(conv.id)] == [
+        assert [m["content"] for m in _prompt_dicts(s.active_path(conv.id))] == [
             "sys", "first question", "first answer", "second question", "second answer"
         ]
         # the title came from the first prompt and did not follow the edit
@@ -445,14 +447,14 @@ def test_compare_turn_stores_both_and_the_choice(db):
                                         generation={"max_tokens": 64})
         assert plain.compare_group == dflash.compare_group is not None
         assert (plain.mode, dflash.mode, dflash.block_size) == ("plain", "dflash", 16)
-        assert s.messages_for_prompt(conv.id)[-1]["role"] == "user"
+        assert _prompt_dicts(s.active_path(conv.id))[-1]["role"] == "user"
         assert s.prompt_for_reply(plain.id) == s.prompt_for_reply(dflash.id) == [
             {"role": "user", "content": "Compare me"}
         ]
         s.finish_reply(plain.id, content="P", token_ids=[3, 4])
         s.finish_reply(dflash.id, content="P", token_ids=[3, 4], from_draft=[False, True])
         assert s.active_path(conv.id)[-1].id == dflash.id
-        assert s.compare_partner(dflash.id).id == plain.id
+        assert [m.id for m in s.compare_siblings(dflash.id)] == [plain.id]
         s.set_active(plain.id)
         follow = s.add_message(conv.id, "user", "go on")
         assert follow.parent_id == plain.id
@@ -549,51 +551,10 @@ def test_default_path_follows_data_dir(monkeypatch, tmp_path):
     assert (tmp_path / "elsewhere" / "conversations.db").is_file()
 
 
-def test_reply_recorder_saves_engine_events(db):
-    from app.chat.storage import ReplyRecorder
-    from app.engine.events import CycleEvent, Done, TokenEvent
-
-    events = [
-        TokenEvent(token_id=7, index=0, from_draft=False),
-        TokenEvent(token_id=8, index=1, from_draft=True),
-        TokenEvent(token_id=9, index=2, from_draft=False),
-        CycleEvent(index=0, drafted=3, accepted=1, committed=2, replayed=True,
-                   draft_s=0.01, verify_s=0.02, rollback_s=0.001),
-        Done(Summary(mode="dflash", generated_tokens=3, stop_cause="cancelled",
-                     acceptance_rate=1 / 3)),
-    ]
-    with Store(db, partial_interval_s=60.0) as s:
-        conv = s.new_conversation()
-        s.add_message(conv.id, "user", "go")
-        reply = s.begin_reply(conv.id, mode="dflash", block_size=4, rollback="tape")
-        rec = ReplyRecorder(s, reply.id)
-        saved = []
-        for i, ev in enumerate(events):
-            if isinstance(ev, TokenEvent):
-                saved.append(rec.token(ev))
-                saved.append(rec.text(content="abc"[: i + 1], reasoning="r"))
-            elif isinstance(ev, Done):
-                final = rec.finish(ev.summary)
-        assert saved[0] is True and not any(saved[1:])  # throttled after the first write
-        assert (final.status, final.finish_reason) == ("stopped", "cancelled")
-        assert final.token_ids == [7, 8, 9] and final.from_draft == [False, True, False]
-        assert (final.content, final.reasoning) == ("abc", "r")
-        assert final.summary["acceptance_rate"] == pytest.approx(1 / 3)
-
-        failed = ReplyRecorder(s, s.regenerate(reply.id, mode="plain").id).finish(
-            Summary(stop_cause="error", error="boom")
-        )
-        assert (failed.status, failed.error) == ("error", "boom")
-        done = ReplyRecorder(s, s.regenerate(reply.id, mode="plain").id).finish(
-            Summary(stop_cause="end_token")
-        )
-        assert (done.status, done.finish_reason) == ("complete", "end_token")
-
-
 def test_a_real_generation_round_trips_with_its_highlighting(db, tiny_hybrid):
-    """Generate with the engine on a tiny random pair, store through ReplyRecorder, reopen:
-    token ids, drafter flags and figures are those the engine emitted."""
-    from app.chat.storage import ReplyRecorder
+    """Generate with the engine on a tiny random pair, store each token through
+    ``update_partial`` and the end through ``finish_reply``, reopen: token ids, drafter flags and
+    figures are those the engine emitted."""
     from app.engine.events import Done, TokenEvent
     from app.engine.generate import GenerationConfig, generate
 
@@ -610,17 +571,20 @@ def test_a_real_generation_round_trips_with_its_highlighting(db, tiny_hybrid):
             prompt = target.tokenizer.apply_chat_template(
                 s.prompt_for_reply(reply.id), add_generation_prompt=True, tokenize=True
             )
-            rec = ReplyRecorder(s, reply.id)
             config = GenerationConfig(mode=mode, max_tokens=20, block_size=8)
             tokens = []
             for ev in generate(target, prompt, config, drafter if mode == "dflash" else None):
                 if isinstance(ev, TokenEvent):
                     tokens.append(ev)
-                    rec.token(ev)
-                    rec.text(content=target.tokenizer.decode([t.token_id for t in tokens]))
+                    s.update_partial(
+                        reply.id, content=target.tokenizer.decode([t.token_id for t in tokens]),
+                        token_ids=[t.token_id for t in tokens],
+                        from_draft=[t.from_draft for t in tokens],
+                    )
                 elif isinstance(ev, Done):
                     summary = ev.summary
-                    rec.finish(summary)
+                    s.finish_reply(reply.id, summary=summary.to_dict(),
+                                   finish_reason=summary.stop_cause)
             emitted[mode] = tokens
             assert summary.stop_cause in ("end_token", "length")
         dflash_id, plain_id = [v.id for v in s.versions(reply.id)]

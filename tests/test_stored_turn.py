@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from app.chat.scripted import ScriptedSession, ScriptedTurn
-from app.chat.storage import StorageError, Store
+from app.chat.storage import StorageError, Store, _prompt_dicts
 from app.chat.stored_turn import (
     ReplyFailed,
     ReplyFinished,
@@ -78,7 +78,7 @@ def test_a_turn_that_cannot_be_stored_stores_nothing_and_runs_nothing(store, mon
     monkeypatch.undo()
     events = events_of(store, backend, TurnRequest(conv.id, "second", SETTINGS))
     assert isinstance(events[-1], TurnStored)
-    assert [m["content"] for m in store.messages_for_prompt(conv.id)][::2] == ["first",
+    assert [m["content"] for m in _prompt_dicts(store.active_path(conv.id))][::2] == ["first",
                                                                               "second"]
 
 
@@ -101,7 +101,7 @@ def test_a_failed_reply_is_stored_with_its_error_and_the_earlier_turns_stay(stor
     assert row.status == "error" and "block size 99" in row.error
     assert row.content == "Half an ans" and row.token_ids == [5]
     # the failed reply is left out of the next prompt; the first turn is intact
-    prompt = store.messages_for_prompt(conv.id)
+    prompt = _prompt_dicts(store.active_path(conv.id))
     assert [m["role"] for m in prompt] == ["user", "assistant", "user"]
     assert prompt[1]["content"]
 

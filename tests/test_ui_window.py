@@ -21,6 +21,7 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from app.chat.pipeline import ContentDelta  # noqa: E402
 from app.chat.scripted import DEFAULT_TURN, ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
+from app.chat.storage import _prompt_dicts  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
 from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
 from app.ui.chat import NO_ANSWER_IN_REASONING  # noqa: E402
@@ -678,7 +679,7 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         assert set(reply.versions) == {"dflash", "plain"} and reply.chosen == "dflash"
         assert cmp_reply.compare and cmp_reply.chosen == "plain"
         assert cmp_reply.versions["plain"].result.mode == "plain"
-        assert win2.store.db.messages_for_prompt(conv_id)[-1]["content"] == \
+        assert _prompt_dicts(win2.store.db.active_path(conv_id))[-1]["content"] == \
             cmp_reply.versions["plain"].result.content
     finally:
         win2.shutdown()

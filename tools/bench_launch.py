@@ -11,7 +11,8 @@ H100/H200), each updated in place from a cache of ``MLX_CUDA_GRAPH_CACHE_SIZE`` 
 its nodes cannot be updated (a kernel with a cluster shape other than ``(x, 1, 1)``),
 instantiated anew; ``MLX_USE_CUDA_GRAPHS=0`` launches every kernel on the stream instead.
 MLX reads these variables once per process, so ``tools/gpu_measure.sh launch`` runs this
-script once per setting (docs/performance.md, "Demo pair v9 on host 14").
+script once per setting (docs/history/performance-log.md, "Where a 16-token verify's extra
+time goes" and "Exact on CUDA by default").
 
 Per dtype (``bfloat16``; ``4bit``: affine, group 64, bf16 scales) of ``tools/bench_gpu.py``'s
 random Qwen3.5-4B-shaped target, after ``--prefix`` cached tokens, median ms of:

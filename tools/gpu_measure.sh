@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/performance.md ("MLX on CUDA"), on a host where MLX's CUDA build
+# The GPU measurements of docs/performance.md ("Figures"; earlier ones in
+# docs/history/performance-log.md, "MLX on CUDA"), on a host where MLX's CUDA build
 # was installed under /tmp/site (pip install --target /tmp/site of the mlx-cuda-13, mlx, mlx-lm
 # and pint wheels; this project's sessions carry them in parts, see .gpu/4/install.sh). Run from the project root, each stage as one command of at most
 # ten minutes, back to back on the same host:

@@ -20,8 +20,8 @@ JSON layout (``format_version`` 1)::
 ``rounds`` (a list of chat-template messages, empty for a reply without tool rounds) is
 optional on import: files written before it was added import with ``[]``.
 
-Import checks every record the app reads back against the types it reads them as (a wrong type
-there used to import, and the window then failed rendering the chat): ``summary`` (and its
+Import checks every record the app reads back against the types it reads them as (a record
+of a wrong type would break rendering the chat): ``summary`` (and its
 ``round_summaries``) against ``app.engine.events.Summary``; ``generation``'s reply settings
 against ``app.chat.settings.Sampling``/``ReplySettings`` and its ``speedup`` (``SpeedUp``),
 ``top2_gap``, ``resume`` and ``continued`` records; ``tool_calls`` (``app.chat.events.ToolCall``

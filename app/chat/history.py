@@ -1,6 +1,6 @@
 """Fit a conversation into the model's context: leave out the oldest turns, say how many.
 
-Messages are chat-template dicts (``Store.messages_for_prompt``). They split into:
+Messages are chat-template dicts (``Store.prompt_for_reply``). They split into:
 
 * the system prompt: the first message when its role is ``system`` (always kept);
 * earlier turns: each a ``user`` message with the assistant/tool messages after it;

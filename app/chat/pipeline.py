@@ -2,7 +2,7 @@
 
 Plain and DFlash decoding emit the same :class:`~app.engine.events.TokenEvent` stream; this
 module is the only place those ids become text, so nothing the user sees depends on which path
-produced them (issue 4). The stages, in order:
+produced them. The stages, in order:
 
 1. **Detokenizer**: mlx-lm's streaming detokenizer from the model's ``TokenizerWrapper``
    (``tokenizer.detokenizer``); it holds back incomplete UTF-8 sequences, so a character split
@@ -41,7 +41,6 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mlx_lm.generate import TextStateMachine
@@ -474,44 +473,3 @@ def _try_parse(parse: Callable[[str, Any], Any], body: str, tools: Any):
     if not calls:
         return "no call"
     return calls
-
-
-@dataclass
-class PipelineResult:
-    """Everything :func:`run_pipeline` collected (a convenience for tests and batch use)."""
-
-    deltas: list[Delta] = field(default_factory=list)
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    warnings: list[PipelineWarning] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stop_hit: str | None = None
-
-
-def run_pipeline(
-    tokenizer, chunks: Iterable[Iterable[int]], stop_cause: str = "end_token", **kwargs
-) -> PipelineResult:
-    """Feed ``chunks`` of token ids through a new :class:`TextPipeline` (``kwargs`` go to its
-    constructor), stopping early on a stop string or end token, then finish it with
-    ``stop_cause``; returns the collected :class:`PipelineResult`."""
-    pipe = TextPipeline(tokenizer, **kwargs)
-    deltas: list[Delta] = []
-    for chunk in chunks:
-        deltas += pipe.feed(chunk)
-        if pipe.stopped:
-            break
-    deltas += pipe.finish("cancelled" if pipe.stop_hit else stop_cause)
-    return PipelineResult(
-        deltas=deltas,
-        content=pipe.content,
-        reasoning=pipe.reasoning,
-        tool_calls=list(pipe.tool_calls),
-        warnings=list(pipe.warnings),
-        tokens=list(pipe.tokens),
-        text=pipe.text,
-        finish_reason=pipe.finish_reason,
-        stop_hit=pipe.stop_hit,
-    )

@@ -203,8 +203,8 @@ class ReplySettings:
 
 DECODING_MODES: tuple[str, ...] = ("plain", "dflash", "dflash2")
 """The values of a reply's ``mode`` (and of the window's stored ``composer/mode``): plain
-decoding, DFlash, DFlash2 (a DFlash2 drafter; issue 22). Additive: stored "plain"/"dflash"
-values keep their meaning."""
+decoding, DFlash, DFlash2 (a DFlash2 drafter). Additive: stored "plain"/"dflash" values keep
+their meaning."""
 
 REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "fast_verify",
                         "enable_thinking",

@@ -812,17 +812,6 @@ class Store:
             )
         return self.get_message(plain.id), self.get_message(dflash.id)
 
-    def compare_partner(self, message_id: int) -> Message | None:
-        """The other reply of this message's Compare turn (None when it is not one)."""
-        m = self.get_message(message_id)
-        if not m.compare_group:
-            return None
-        rows = self._q(
-            f"SELECT {_MSG_COLS} FROM messages WHERE compare_group = ? AND id != ? ORDER BY id",
-            (m.compare_group, message_id),
-        )
-        return _msg(rows[0]) if rows else None
-
     def compare_siblings(self, message_id: int) -> list[Message]:
         """Every other reply of this message's Compare turn, oldest first (the DFlash2 side
         of a three-sided Compare too); [] when it is not one."""
@@ -1047,21 +1036,17 @@ class Store:
             raise ValueError(f"message {message_id} is a {old.role} message, not a user message")
         return self.add_message(old.conversation_id, "user", content, parent_id=old.parent_id)
 
-    def messages_for_prompt(self, conversation_id: int) -> list[dict]:
-        """The active path as chat-template messages (:meth:`Message.to_prompt_dict`).
+    def prompt_for_reply(self, reply_id: int) -> list[dict]:
+        """The chat-template messages a reply answers: the messages from the first one down to
+        the reply's parent, whatever the active path is (:meth:`Message.to_prompt_dicts`).
+        Use it after :meth:`begin_reply`, :meth:`regenerate` or :meth:`begin_compare` to build
+        the prompt for that reply.
 
         Replies still ``generating``, failed replies (``error``) and empty replies are left
         out; ``stopped`` and ``interrupted`` replies are sent as far as they got. Reasoning is
         included as ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier
         turns' reasoning and trims to the context limit.
         """
-        return _prompt_dicts(self.active_path(conversation_id))
-
-    def prompt_for_reply(self, reply_id: int) -> list[dict]:
-        """The chat-template messages a reply answers: the messages from the first one down to
-        the reply's parent, whatever the active path is (same filtering as
-        :meth:`messages_for_prompt`). Use it after :meth:`begin_reply`, :meth:`regenerate` or
-        :meth:`begin_compare` to build the prompt for that reply."""
         chain: list[Message] = []
         node = self.get_message(reply_id)
         while node.parent_id is not None:
@@ -1178,90 +1163,3 @@ def _snippet(text: str, needle: str, width: int = 120) -> str:
     start = max(0, end - width)
     out = flat[start:end]
     return ("\u2026" if start else "") + out + ("\u2026" if end < len(flat) else "")
-
-
-class ReplyRecorder:
-    """Saves one growing reply from engine events: the glue between a generation and
-    :meth:`Store.update_partial` / :meth:`Store.finish_reply`.
-
-    Feed it every ``app.engine.events.TokenEvent`` (:meth:`token`) and the text pipeline's
-    latest text (:meth:`text`); each call saves through the store's throttle. End with
-    :meth:`finish` (``Done.summary`` gives the figures). Not thread-safe by itself: use it
-    from one thread (the store it writes to is).
-    """
-
-    def __init__(self, store: Store, message_id: int):
-        self.store = store
-        self.message_id = message_id
-        self.token_ids: list[int] = []
-        self.from_draft: list[bool] = []
-        self.content = ""
-        self.reasoning = ""
-        self.tool_calls: list[dict] = []
-
-    def token(self, event) -> bool:
-        """Record one ``TokenEvent`` (``token_id``, ``from_draft``); True when saved now."""
-        self.token_ids.append(int(event.token_id))
-        self.from_draft.append(bool(event.from_draft))
-        return self._save()
-
-    def text(
-        self,
-        content: str | None = None,
-        reasoning: str | None = None,
-        tool_calls: list[dict] | None = None,
-    ) -> bool:
-        """Record the reply's text so far (whole values); True when saved now."""
-        if content is not None:
-            self.content = content
-        if reasoning is not None:
-            self.reasoning = reasoning
-        if tool_calls is not None:
-            self.tool_calls = list(tool_calls)
-        return self._save()
-
-    def _save(self) -> bool:
-        return self.store.update_partial(
-            self.message_id,
-            content=self.content,
-            reasoning=self.reasoning,
-            tool_calls=self.tool_calls,
-            token_ids=self.token_ids,
-            from_draft=self.from_draft,
-        )
-
-    def finish(
-        self,
-        summary=None,
-        *,
-        status: str | None = None,
-        finish_reason: str | None = None,
-        error: str | None = None,
-        rounds: list[dict] | None = None,
-    ) -> Message:
-        """Save the final reply. ``summary`` is an ``app.engine.events.Summary`` (or its dict);
-        ``rounds``: the reply's chat-template messages when it ran tools (``Message.rounds``).
-
-        ``status`` defaults from ``summary.stop_cause``: ``cancelled`` -> ``stopped``,
-        ``error`` -> ``error``, otherwise ``complete`` (``complete`` with no summary).
-        ``finish_reason`` defaults to the stop cause.
-        """
-        data = summary.to_dict() if hasattr(summary, "to_dict") else summary
-        cause = (data or {}).get("stop_cause")
-        if status is None:
-            status = {"cancelled": "stopped", "error": "error"}.get(cause, "complete")
-        if error is None and data:
-            error = data.get("error")
-        return self.store.finish_reply(
-            self.message_id,
-            status=status,
-            content=self.content,
-            reasoning=self.reasoning,
-            tool_calls=self.tool_calls,
-            token_ids=self.token_ids,
-            from_draft=self.from_draft,
-            summary=data,
-            finish_reason=finish_reason or cause,
-            error=error,
-            rounds=rounds,
-        )

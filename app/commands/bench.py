@@ -345,7 +345,7 @@ def _long_history(tokenizer, n_tokens: int) -> list[dict]:
 
 
 def run_multi_turn(args) -> int:
-    """``bench --multi-turn`` (issue 13): time to first token for turns 2..5 of a conversation
+    """``bench --multi-turn``: time to first token for turns 2..5 of a conversation
     with a ~4k-token history, cold (everything prefilled) vs reused (the previous turn's cache
     through :class:`~app.engine.prefix.PromptCache`), plain and DFlash. Goal: reused TTFT under
     20% of cold."""

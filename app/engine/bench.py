@@ -339,7 +339,7 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
 def dflash2_vs_dflash(modes: dict[str, dict]) -> dict[str, dict]:
     """Per block size with DFlash2 modes: tau and tok/s of ``dflash+tape@B``,
     ``dflash2+tape@B`` and ``dflash2+tape@B+nosel`` (selector off), the DFlash2/DFlash tau
-    ratio (issue 22's goal: >= 1.1) and whether DFlash2's tokens equal plain's."""
+    ratio (the goal: >= 1.1) and whether DFlash2's tokens equal plain's."""
     out = {}
     for name, fig in modes.items():
         if fig.get("mode") != "dflash2" or not fig.get("selector", True):
@@ -391,7 +391,7 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
 
 
 def goals(result: dict) -> dict:
-    """Issue 11's goals, reported (never asserted): DFlash + tape >= 2x plain with identical
+    """The bench's goals, reported (never asserted): DFlash + tape >= 2x plain with identical
     tokens (best block size); tape rollback <= 1/5 of replay rollback per replay (every block
     size); per-token cost growth from the shortest to the longest prompt, DFlash <= plain
     (with ``--scaling``). Values are None when not measured."""

@@ -286,7 +286,7 @@ def warn_if_slow_blas(stream: TextIO | None = None, load_mlx: bool = False,
 
 #: OpenBLAS threads the app asks for unless ``OPENBLAS_NUM_THREADS`` is set: one. The matrices
 #: of the models this CPU path runs are small, and a second thread made DFlash cycles ~3x
-#: slower on the 2-core machine this project measures on (docs/performance.md, "Threads").
+#: slower on the 2-core machine this project measures on (docs/performance.md, "Platforms").
 OPENBLAS_THREADS = "1"
 
 

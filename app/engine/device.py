@@ -106,9 +106,9 @@ def configure_cuda_attention(mx: Any = None, environ: Any = None) -> bool:
 
     Why: cuDNN builds (and caches) one attention graph per exact query and key length, and a
     DFlash verify pass has a new key length every cycle: measured on an H200 with the demo
-    pair (``tools/bench_gpu.py``, docs/performance.md "MLX on CUDA"), the first DFlash reply
-    ran at 92 tok/s with cuDNN and 2,327 tok/s without, and the first plain reply's time to
-    first token went from 0.27 s to 0.05 s. Without cuDNN, MLX uses its own vector kernel
+    pair (``tools/bench_gpu.py``; docs/history/performance-log.md, "Bundled pair, demo
+    prompt"), the first DFlash reply ran at 92 tok/s with cuDNN and 2,327 tok/s without, and
+    the first plain reply's time to first token went from 0.27 s to 0.05 s. Without cuDNN, MLX uses its own vector kernel
     (one query) or its operations fallback (several), neither built per length.
 
     Sets ``MLX_CUDA_USE_CUDNN_SDPA=0`` in ``environ`` (default ``os.environ``) only when the
@@ -140,9 +140,9 @@ def configure_cuda_kernel_cache(mx: Any = None, environ: Any = None,
     ``<temp dir>/mlx/<version>/ptx`` unless ``MLX_PTX_CACHE_DIR`` names a folder. Many Linux
     systems empty the temp folder at every boot, and each compile then runs again: 25.9 s of
     a fresh host's warm-up of the bundled pair on an H200 against 1.8 s once the kernels were
-    on disk (docs/performance.md, "MLX on CUDA"). ``folder`` (default
-    ``app.paths.cache_dir() / "mlx-kernels" / "<MLX version>-<GPU architecture>"``) survives
-    a reboot. The architecture is in the name because MLX stores machine code for this GPU
+    on disk (docs/history/performance-log.md, "A fresh host's load and warm-up"). ``folder``
+    (default ``app.paths.cache_dir() / "mlx-kernels" / "<MLX version>-<GPU architecture>"``)
+    survives a reboot. The architecture is in the name because MLX stores machine code for this GPU
     under names that do not say which GPU (a home folder shared by two machines).
 
     Sets ``MLX_PTX_CACHE_DIR`` in ``environ`` (default ``os.environ``) only on CUDA, when the

@@ -1,17 +1,16 @@
 """Warm a freshly loaded pair up: build the GPU kernels a reply needs before the user asks.
 
-Why (issue #21): on MLX's CUDA backend every kernel shape is compiled the first time it runs;
-on a fresh host the first prefill took 30 s and the first DFlash reply ran at 10-11 tok/s while
-kernels were built. :func:`warm_up` runs one short plain reply and one short DFlash reply of
+Why: on a GPU backend every kernel shape is compiled the first time it runs, so without a
+warm-up the first prefill and the first DFlash reply pay for the builds (on a fresh CUDA host,
+tens of seconds). :func:`warm_up` runs one short plain reply and one short DFlash reply of
 each loaded drafter on a fixed prompt, so the first real reply finds the step, prefill-chunk,
 verify, rollback and drafter kernels built.
 
 On MLX's CUDA backend it first compiles the kernels that MLX caches on disk in parallel child
-processes (:mod:`app.engine.kernels.kernel_prebuild`), and meanwhile builds the project's Gated DeltaNet
-kernel in this process (:func:`build_gdn_kernel`; MLX keeps custom kernels in memory only), so
-that the replies then only read what was built: on an H200 a fresh host's warm-up of the
-bundled pair went from 25.9 s, one compile after another, to the figure in docs/performance.md
-("MLX on CUDA").
+processes (:mod:`app.engine.kernels.kernel_prebuild`), and meanwhile builds the project's Gated
+DeltaNet kernel in this process (:func:`build_gdn_kernel`; MLX keeps custom kernels in memory
+only), so that the replies then only read what was built (load and warm-up times:
+docs/performance.md, "Figures").
 
 It leaves no state behind: no prompt cache (``session`` is None), and the models' weights are
 not touched; only MLX's kernel caches grow. On the CPU there is nothing to build (no JIT

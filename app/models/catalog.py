@@ -49,7 +49,7 @@ DRAFTER2_ARCHITECTURE = "DFlash2DraftModel"
 """The ``architectures`` entry of z-lab DFlash2 drafters (``app.engine.dflash2``)."""
 
 MEMORY_WARN_FRACTION = 0.75
-"""Warn before loading when the estimate exceeds this share of the machine's memory (issue 9)."""
+"""Warn before loading when the estimate exceeds this share of the machine's memory."""
 
 FOLDERS_FILE = "model_folders.json"
 

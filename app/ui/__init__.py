@@ -12,6 +12,6 @@ Modules:
     compare          the side-by-side view of a Compare turn.
     settings         QSettings defaults, per-conversation overrides, the dialog.
     about, theme     About box and debug info; light/dark palettes.
-    models_dialog    the Models window (issue 9).
+    models_dialog    the Models window: pick, download, pair and remove models.
     screenshot       ``python -m app.ui.screenshot OUT.png``: the README screenshot.
 """

@@ -563,9 +563,9 @@ class Composer(QWidget):
         return "dflash" if self.dflash_btn.isChecked() else "plain"
 
     def set_mode(self, mode: str) -> None:
-        """Set the switch ("dflash2" before a pair offers it is kept until :meth:`set_modes`
-        says whether it does, and shown, disabled: a restart restores the switch while the
-        pair loads, and a new user saw Plain | DFlash with neither selected)."""
+        """Set the switch. "dflash2" before a pair offers it is kept until :meth:`set_modes`
+        says whether it does, and shown, disabled, so that a switch restored while the pair
+        loads always shows one mode selected."""
         if mode == "dflash2" and self.dflash2_btn.isHidden():
             self._offer_dflash2(True, enabled=False)
         btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn}.get(mode, self.plain_btn)
@@ -624,7 +624,7 @@ class Composer(QWidget):
 
     def _nothing_typed(self, note: str) -> bool:
         """An empty (or spaces-only) message while idle: ``note`` says what the button needs
-        (a new user pressed Send and saw no reaction) and the box gets the focus."""
+        (Send always answers) and the box gets the focus."""
         if self.edit.toPlainText().strip() or not self.send_btn.isEnabled():
             return False
         self.mode_note.setText(note)

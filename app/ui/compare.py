@@ -311,21 +311,6 @@ def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: boo
     return v.short if short else v.full
 
 
-def pieces_html(pieces: list[str], mark: int | None, colours: dict) -> str:
-    """Token texts as HTML, the token at index ``mark`` on the highlight colour."""
-    out = []
-    for i, p in enumerate(pieces):
-        body = html.escape(p).replace("\n", "<br>")
-        if i == mark:
-            body = (f'<span style="background-color:{colours.get("diff_bg", "#fdd")};">'
-                    f"{body or '∅'}</span>")
-        out.append(body)
-    if mark is not None and mark >= len(pieces):
-        out.append(f'<span style="background-color:{colours.get("diff_bg", "#fdd")};">'
-                   "[ended]</span>")
-    return "<p>" + "".join(out) + "</p>"
-
-
 def text_sections_html(result, colours: dict) -> str:
     """A side without token texts: its reasoning, answer and tool calls as sections."""
     muted = colours.get("muted", "#667085")

@@ -103,8 +103,8 @@ class ConversationFlow:
         dlg.setWindowTitle("Rename chat")
         dlg.setLabelText("Title")
         dlg.setTextValue(self.conv.title)
-        # QInputDialog.getText's field was ~180 px wide: a 60-character title did not show
-        # (new-user pass under Xvfb). The dialog's layout sets its size, so the field gets it.
+        # QInputDialog.getText's field is ~180 px wide, too narrow for a 60-character title.
+        # The dialog's layout sets its size, so the field gets it.
         field = dlg.findChild(QLineEdit)
         if field is not None:
             field.setMinimumWidth(RENAME_DIALOG_WIDTH)

@@ -226,8 +226,8 @@ class WrapLabel(QLabel):
 class FullHeightLabel(WrapLabel):
     """A :class:`WrapLabel` whose minimum height follows its width: the lines its text wraps
     into at the width it was given. Layouts inside a scroll area or a tab widget lay a
-    word-wrapped label out at the height of its unwrapped text, so a label that wrapped to two
-    lines was drawn over the widget above it (a Compare side's figures over its text, at
+    word-wrapped label out at the height of its unwrapped text, so a label that wraps to two
+    lines would be drawn over the widget above it (a Compare side's figures over its text, at
     900x600); with the minimum the layout keeps room for every line, and the scroll area
     scrolls instead."""
 

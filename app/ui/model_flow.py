@@ -132,7 +132,7 @@ class ModelFlow:
         self.benchFinished.emit(None)
 
     def open_models(self) -> None:
-        """The Models dialog (issue 9): pick, download, pair and remove models."""
+        """The Models dialog: pick, download, pair and remove models."""
         from app.models.catalog import Catalog
         from app.ui.models_dialog import ModelsDialog
 

@@ -139,7 +139,7 @@ class DownloadRunner(QObject):
 def fit_rows(tree: QTreeWidget) -> None:
     """Make ``tree`` at least as tall as its header and rows (up to 12), so a short fixed list
     such as the known pairs shows whole instead of three rows and a scroll bar beside empty
-    room (a new user's pass)."""
+    room."""
     rows = min(tree.topLevelItemCount(), 12)
     if rows == 0:
         return
@@ -448,16 +448,6 @@ class ModelsDialog(QDialog):
     def _focus(self, which: str) -> None:
         self._focused = which
         self._update_buttons()
-
-    def select_drafter_row(self, name: str) -> bool:
-        """Select the drafter list row named ``name`` (for Delete / Remove folder)."""
-        for i in range(self.drafters.topLevelItemCount()):
-            item = self.drafters.topLevelItem(i)
-            if item.data(0, ROLE_ENTRY).name == name:
-                self.drafters.setCurrentItem(item)
-                self._focus("drafters")
-                return True
-        return False
 
     def select_target(self, name: str) -> bool:
         """Select the target row whose name, repo id or path is ``name``."""

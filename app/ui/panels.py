@@ -539,9 +539,9 @@ class LivePanel(QWidget):
 PANE_HINT_HEIGHT = 110
 """Preferred height (px) of the side panel's reasoning and tool-call panes. The live figures'
 tiles make the side panel height-for-width, so its scroll area sizes it to its *preferred*
-height; with Qt's default hints (192 px each) that was 825 px in the 751 px a 1280x800 window
-gives it, and the Tool calls pane was cut (new-user pass under Xvfb). The layout's stretch
-still hands both panes whatever height is left over."""
+height; with Qt's default hints (192 px each) that is 825 px in the 751 px a 1280x800 window
+gives it, and the Tool calls pane would be cut. The layout's stretch still hands both panes
+whatever height is left over."""
 
 
 class Collapsible(QWidget):

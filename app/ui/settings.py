@@ -87,8 +87,8 @@ def reply_settings(values: dict, mode: str) -> dict:
 
 
 def say_range(box: QSpinBox | QDoubleSpinBox) -> None:
-    """Add the values ``box`` takes to its tooltip (a number outside them is not typed at
-    all, which a new user read as the field ignoring them): ``"From 1 to 32768."``, and what
+    """Add the values ``box`` takes to its tooltip (a number outside them cannot be typed,
+    so the tooltip says why): ``"From 1 to 32768."``, and what
     its lowest value means where it has a word for it (``"0: off."``)."""
     def text(v: float) -> str:
         return f"{v:g}" if isinstance(box, QDoubleSpinBox) else f"{int(v):,}"

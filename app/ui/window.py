@@ -71,7 +71,7 @@ MIN_HEIGHT = 460
 """The window's minimum height in pixels: at :data:`MIN_WIDTH` the composer's row of buttons
 wraps onto three lines and its settings line onto two or three, and all of it stays whole
 and apart, with a few lines of the conversation above (below about 370 px the mode switch
-was drawn over the message box)."""
+would be drawn over the message box)."""
 #: The side panel's narrowest (px): two figure tiles side by side (three from about 300 px,
 #: ``LivePanel.columns_for``), so that a narrow window keeps its conversation the wider pane.
 SIDE_MIN_WIDTH = 230
@@ -361,8 +361,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         act(f, "Export chat…", self.export_chat, "Ctrl+E")
         act(f, "Import chat…", self.import_chat)
         f.addSeparator()
-        # Ctrl+, (Cmd+, on macOS, where Qt reads Ctrl as Cmd): QKeySequence.Preferences has
-        # no key on Linux or Windows, so a new user there found no shortcut
+        # Ctrl+, (Cmd+, on macOS, where Qt reads Ctrl as Cmd) on every platform:
+        # QKeySequence.Preferences has no key on Linux or Windows
         self.settings_action = act(f, "Settings…", self.open_settings, "Ctrl+,")
         f.addSeparator()
         act(f, "Quit", self.close, QKeySequence.Quit)

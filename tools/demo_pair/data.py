@@ -53,7 +53,7 @@ def _strip_reasoning(m: dict) -> dict:
 
 def prompt_messages(history: list[dict]) -> list[dict]:
     """The messages the app renders for ``history`` (stored chat-template dicts, as
-    ``Store.messages_for_prompt`` gives them): :func:`app.chat.history.fit_history` with no
+    ``Store.prompt_for_reply`` gives them): :func:`app.chat.history.fit_history` with no
     context pressure, which drops earlier turns' reasoning and keeps every tool call and
     result."""
     from app.chat.history import fit_history

@@ -2,14 +2,14 @@
 
 Why: off Apple GPUs, mlx-lm 0.32's ``gated_delta_update`` runs the recurrence as an operations
 loop (``gated_delta_ops``): per token and per layer a handful of small kernels, so a 16-token
-verify pass costs 16 such rounds per GDN layer, and a DFlash cycle on MLX's CUDA backend cost
-about six plain steps (issue #21). mlx-lm's own kernel for this loop is written for Metal
+verify pass costs 16 such rounds per GDN layer, and a DFlash cycle on MLX's CUDA backend would
+cost about six plain steps. mlx-lm's own kernel for this loop is written for Metal
 (``mx.fast.metal_kernel``) and does not run on CUDA.
 
 What: :func:`gated_delta_update` takes mlx-lm's ``gated_delta_update`` arguments. On MLX's CUDA
 backend (unmasked batch, key head dim a multiple of 32) it runs :data:`CUDA_SOURCE` through
 ``mx.fast.cuda_kernel``; everywhere else it calls mlx-lm's function unchanged, so the CPU and
-Apple GPUs compute exactly what they computed before.
+Apple GPUs compute exactly what mlx-lm computes.
 
 Exactness: the kernel walks the tokens of a call one after another and keeps the state in
 float32 registers between them; the arithmetic of token ``t`` does not depend on how many tokens

@@ -1,15 +1,14 @@
 """Build MLX's CUDA kernels for a loaded pair in parallel processes, before its warm-up.
 
-Why (issue #21): MLX's CUDA backend compiles some kernels with NVRTC the first time they run
-and keeps them on disk (``ptx_cache_dir`` in MLX 0.32's ``mlx/backend/cuda/jit_module.cpp``:
-``MLX_PTX_CACHE_DIR``, else ``<temp dir>/mlx/<version>/ptx``). For the bundled pair in float16
-on an H200 these were seven modules, one after another: four fused element-wise kernels of
-mlx-lm's ``mx.compile`` functions (``nn.silu``, ``swiglu``, ``precise_swiglu``, ``compute_g``;
-about 4.5 s each) and three gathers (embedding look-ups; about 2 s each), so a fresh host's
-warm-up took 25.9 s, of which 1.8 s was not compiling (``tools/gpu_measure.sh warmup``,
-docs/performance.md "MLX on CUDA"); a DFlash2 drafter's candidate walk adds five more. NVRTC runs on one CPU core; compiling the modules side by
-side in separate processes, each writing to the shared disk cache, leaves the warm-up's own
-run only cache reads.
+Why: MLX's CUDA backend compiles some kernels with NVRTC the first time they run and keeps
+them on disk (``ptx_cache_dir`` in MLX 0.32's ``mlx/backend/cuda/jit_module.cpp``:
+``MLX_PTX_CACHE_DIR``, else ``<temp dir>/mlx/<version>/ptx``), one after another. For the
+bundled pair in float16 these are seven modules: four fused element-wise kernels of mlx-lm's
+``mx.compile`` functions (``nn.silu``, ``swiglu``, ``precise_swiglu``, ``compute_g``; about
+4.5 s each on an H200 host) and three gathers (embedding look-ups; about 2 s each); a DFlash2
+drafter's candidate walk adds five more. NVRTC runs on one CPU core; compiling the modules
+side by side in separate processes, each writing to the shared disk cache, leaves the
+warm-up's own run only cache reads (load and warm-up times: docs/performance.md, "Figures").
 
 What: :func:`recipes_for` lists, from a loaded pair's dtypes, small MLX programs
 (:data:`RECIPES`) that build exactly those modules: the same mlx-lm functions on tiny arrays
@@ -17,7 +16,7 @@ of the same dtypes (a fused module is named after its graph and dtypes, not its 
 gather after its source and index dtypes). :func:`start` runs them in child processes
 (``python -m app.engine.kernels.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait`
 waits for them. A recipe that fails or builds a module the pair does not use costs only its process:
-whatever the recipes miss, the warm-up builds as before, and no computed value depends on
+whatever the recipes miss, the warm-up builds itself, and no computed value depends on
 which process compiled a kernel. Each child compiles into a private folder and then
 publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
 there (:data:`MARKER`), so that a later start skips them (:func:`built_before`), also those

@@ -1,14 +1,14 @@
 """Attention of 1 to 16 new queries over a KV cache whose every query's result does not depend
-on how many queries the call had: the attention half of the row mode (issue #21).
+on how many queries the call had: the attention half of the row mode.
 
 Why: on MLX's CUDA backend ``mx.fast.scaled_dot_product_attention`` takes different kernels
 for one query and for a causal block (MLX 0.32: its vector kernel for fewer than 4 queries and
 head sizes 64 / 96 / 128, cuDNN for a block of head size <= 128 and for a step over 256 or more
 cached keys, and unfused products plus softmax for head size 256, Qwen3.5's). They round
-differently, so a verify pass's attention differed from plain decoding's in the last bits:
-``tools/probe_rows.py`` found it the only row-count dependent operation of a Qwen3.5-shaped
-target once every product ran on the row kernel (docs/performance.md, "What still made qwen3_5
-differ").
+differently, so with them a verify pass's attention differs from plain decoding's in the last
+bits: with every product on the row kernel it is the only row-count dependent operation of a
+Qwen3.5-shaped target (``tools/probe_rows.py``; docs/history/performance-log.md, "What still
+made qwen3_5 differ").
 
 What: :func:`kernel_attention` is one ``mx.fast.cuda_kernel`` (:data:`SOURCE`) that takes both
 a step's single query and a verify block's 16. A block of 32 warps computes one query of one

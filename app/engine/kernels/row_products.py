@@ -1,12 +1,12 @@
 """Matrix products of 1 to 16 rows on MLX's CUDA backend, on tensor cores, rows independent.
 
-Why (issue #21): on MLX's CUDA backend a 1-token step multiplies one row by each weight matrix
-(MLX's ``gemv`` / ``qmv`` kernels) and a 16-token verify pass sixteen (cuBLASLt's kernels in
-bf16; MLX 0.32's ``qmm_sm80`` / ``qmm_naive`` in 4-bit). Traced on an H200
-(``tools/trace_verify.py``, a Qwen3.5-4B-shaped target), the 4-bit 16-row products took
-13.5 ms of GPU time a pass against 3.7 ms for one row, more than a whole step; and the two
-kinds of kernel sum in different orders, so a verify pass's hidden states differ from plain
-decoding's in the last bits (docs/performance.md, "Exactness on CUDA").
+Why: on MLX's CUDA backend a 1-token step multiplies one row by each weight matrix (MLX's
+``gemv`` / ``qmv`` kernels) and a 16-token verify pass sixteen (cuBLASLt's kernels in bf16;
+MLX 0.32's ``qmm_sm80`` / ``qmm_naive`` in 4-bit). The two kinds of kernel sum in different
+orders, so a verify pass's hidden states differ from plain decoding's in the last bits, and
+MLX's 4-bit 16-row products cost more GPU time than a whole step (``tools/trace_verify.py`` on a
+Qwen3.5-4B-shaped target; docs/history/performance-log.md, "Where a 16-token verify's extra
+time goes").
 
 What: :func:`rows_quantized_matmul` and :func:`rows_matmul` compute ``x @ W.T`` for at most
 :data:`MAX_ROWS` rows as one ``mx.fast.cuda_kernel`` (:data:`SOURCE`) on tensor cores: the 16
@@ -16,25 +16,20 @@ in warp order at the end. Affine 4- and 8-bit weights are dequantized in registe
 (``fmaf(scale, q, bias)`` in float32, rounded to x's dtype). Each output ``(m, n)`` depends
 only on row ``m`` of x and the weights, through a sequence of MMAs fixed by K; so row ``m`` of
 an M-row call equals, bit for bit, a 1-row call on that row (the tests on the GPU check it).
-On the H200, per Qwen3.5-4B pass: 4-bit 3.4 ms for 1 row and 4.9 ms for 16 (MLX: 3.7 and
-13.5); bf16 3.8 and 6.2 ms (MLX: 3.6 and about 4.2).
 
-The catch was host time: each ``mx.fast.cuda_kernel`` call goes through its Python and C++
-front end (the source text is assembled per call), and a pass on a fast GPU is bound by the
-host. A layer now calls the kernel through ``mx.compile`` (:class:`_Plan`), which replays the
-traced call; on an H200 a 16-token verify of a Qwen3.5-4B-shaped target then cost 1.05 (4-bit)
-and 1.34-1.38 (bf16) steps, but 4-bit plain decoding ran at 10.8-11.2 ms a step against
-6.3-7.5 with MLX's ``qmv`` (docs/performance.md, "The row kernel's host cost, traced away").
+Host time: each ``mx.fast.cuda_kernel`` call goes through its Python and C++ front end (the
+source text is assembled per call), and a pass on a fast GPU is bound by the host. A layer
+therefore calls the kernel through ``mx.compile`` (:class:`_Plan`), which replays the traced
+call (docs/history/performance-log.md, "The row kernel's host cost, traced away").
 
-Attention was the other operation whose result depended on the row count
+Attention is the other operation whose result depends on the row count
 (``tools/probe_rows.py``); in the ``all`` mode steps and verify blocks also share one attention
-kernel (:mod:`app.engine.kernels.row_attention`). With both, every float16, bfloat16 and 4-/8-bit test
-target of the exactness suite kept plain decoding's tokens and, bit for bit, its caches on an
-H200, and a 16-token verify of a Qwen3.5-4B-shaped target cost 1.23-1.43 (bf16) and 0.87-1.39
-(4-bit) steps against 1.57-1.72 and 1.18-1.64 with MLX's products (docs/performance.md, "Exact
-on CUDA by default"). Exact by default is the project's rule, so ``all`` is the default on
-MLX's CUDA backend. ``DFLASH_ROW_PRODUCTS`` (read when a model is switched, at load; then at
-each call, to pick among the modes that are on) chooses otherwise:
+kernel (:mod:`app.engine.kernels.row_attention`). With both, every float16, bfloat16 and 4-/8-bit
+test target of the exactness suite keeps plain decoding's tokens and, bit for bit, its caches,
+and a 16-token verify of a Qwen3.5-4B-shaped target costs fewer steps than with MLX's products
+(docs/performance.md, "Exactness" and "Figures"). Exact by default is the project's rule, so
+``all`` is the default on MLX's CUDA backend. ``DFLASH_ROW_PRODUCTS`` (read when a model is
+switched, at load; then at each call, to pick among the modes that are on) chooses otherwise:
 
 * ``all`` (the default): dense (float16 / bfloat16) and quantized layers, 1-16 rows, and
   attention: plain steps and verify passes compute alike;
@@ -368,7 +363,7 @@ def _fits(x: mx.array, n: int, k: int) -> bool:
 class _Plan:
     """What one weight matrix's calls pass to the kernel besides x, built once per matrix
     and dtype: a forward pass makes ~250 products, and the host time around each one is paid
-    on every step, which bounds a step on a fast GPU (docs/performance.md).
+    on every step, which bounds a step on a fast GPU.
 
     A call goes through ``mx.compile`` (one trace per input shape, so per row count): replaying
     the traced kernel skips ``mx.fast.cuda_kernel``'s front end, which assembles the kernel's
