@@ -508,3 +508,20 @@ def test_a_replys_temperature_is_kept_live_and_stored():
             assert ReplyResult.from_row(store.get_message(row_id)).temperature == 0.7
     finally:
         store.close()
+
+
+def test_a_sides_figures_give_its_time_to_answer_with_the_tools_share():
+    """Each Compare side shows its time to answer (prefill and every round, the tools' run
+    time included and given beside it), as ``app.chat.measure`` defines it for every figure."""
+    from app.chat.turns import ReplyResult
+    from app.engine.events import Summary
+    from app.ui.compare import side_figures
+
+    s = Summary(mode="dflash", generated_tokens=40, tok_per_s=100.0, ttft_s=0.05, total_s=0.9,
+                tau=8.0, acceptance_rate=0.9)
+    r = ReplyResult(mode="dflash", summary=s, finish_reason="stop",
+                    tool_calls=[{"id": "call_0", "name": "calculator", "duration_s": 0.35}])
+    text = side_figures(r)
+    assert "answer in 1.25 s (tools 350 ms)" in text
+    stopped = ReplyResult(mode="dflash", summary=s, finish_reason="cancelled")
+    assert "answer in" not in side_figures(stopped)  # a stopped side has no answer time

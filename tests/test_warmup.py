@@ -153,8 +153,13 @@ def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):
     session = ChatSession()
     assert session.warm_up() is None  # nothing loaded
     session.target, session.drafter = tiny_hybrid
-    assert session.warm_up() is None  # the CPU
+    asked = []
+    real = warmup.warm_up
+    monkeypatch.setattr(warmup, "warm_up",
+                        lambda t, d, **kw: asked.append(kw) or real(t, d, **kw))
+    assert session.warm_up() > 0  # the CPU too: both paths run once before any timing
     assert session.warm_up(force=True) > 0
+    assert asked == [{"max_tokens": 4}, {}]  # short on the CPU unless forced
     monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
     assert session.warm_up() > 0
 

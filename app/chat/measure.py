@@ -54,13 +54,25 @@ class ReplyFigures:
         (``time.perf_counter``); without it, time to answer is the rounds' generation
         seconds (prefill included, ``Summary.total_s``) plus their tools' execution seconds.
         """
-        s = reply.reply_summary
         tool_s = sum(float(getattr(run.result, "duration_s", 0.0) or 0.0)
                      for r in reply.rounds for run in r.tool_runs)
+        return cls.of_summary(reply.mode, reply.reply_summary, tool_s, wall_s,
+                              sum(len(r.tokens) for r in reply.rounds))
+
+    @classmethod
+    def of_summary(cls, mode: str, summary, tool_s: float = 0.0, wall_s: float | None = None,
+                   generated_tokens: int | None = None) -> ReplyFigures:
+        """The figures of a reply known by its whole-reply ``Summary``
+        (``Summary.reply_total``) and its tools' seconds: time to answer is ``wall_s``, or
+        the summary's ``total_s`` (prefill and generation of every round) plus ``tool_s``.
+        ``generated_tokens``: the kept tokens (default: the summary's)."""
+        s = summary
         if wall_s is None:
-            wall_s = sum(r.summary.total_s for r in reply.rounds) + tool_s
-        return cls(mode=reply.mode, time_to_answer_s=float(wall_s), tool_s=tool_s,
-                   ttft_s=s.ttft_s, generated_tokens=sum(len(r.tokens) for r in reply.rounds),
+            wall_s = s.total_s + tool_s
+        return cls(mode=mode, time_to_answer_s=float(wall_s), tool_s=float(tool_s),
+                   ttft_s=s.ttft_s,
+                   generated_tokens=(s.generated_tokens if generated_tokens is None
+                                     else generated_tokens),
                    decode_tok_per_s=s.tok_per_s, tau=s.tau, acceptance_rate=s.acceptance_rate)
 
     def to_dict(self) -> dict:

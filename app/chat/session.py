@@ -168,6 +168,11 @@ def _drafter_key(drafter) -> str | None:
     return None if drafter is None else f"{getattr(drafter, 'kind', '')}:{drafter.path}"
 
 
+CPU_WARM_UP_TOKENS = 4
+"""New tokens of each warm-up reply after a load on the CPU: enough for a prefill, a verify
+and a rollback to have run once in the process (its first MLX calls are the slow ones)."""
+
+
 class ChatSession:
     """The loaded pair and its prefix cache; runs replies (call everything on one thread,
     the one that owns MLX; the GUI thread is refused with ``WrongThreadError``).
@@ -225,22 +230,23 @@ class ChatSession:
             raise
 
     def warm_up(self, force: bool = False) -> float | None:
-        """Build the loaded pair's GPU kernels with one short plain and one short DFlash reply
-        per drafter (:func:`app.engine.warmup.warm_up`; no prompt cache is touched).
-
-        Args:
-            force: warm up on the CPU too (where :func:`app.engine.warmup.needs_warm_up` is
-                False: nothing is compiled there).
+        """Run both paths once before anything is timed: one short plain and one short DFlash
+        reply per drafter (:func:`app.engine.warmup.warm_up`; no prompt cache is touched).
+        On a GPU backend the replies are long enough to build every kernel a reply needs; on
+        the CPU (:func:`app.engine.warmup.needs_warm_up` False), where nothing is compiled,
+        they are :data:`CPU_WARM_UP_TOKENS` long unless ``force`` asks for the full warm-up.
 
         Returns:
-            Seconds spent, or None when nothing was run (no pair loaded, or the CPU).
+            Seconds spent, or None when no pair is loaded.
         """
         check_engine_thread()
         from app.engine.warmup import needs_warm_up, warm_up
 
-        if self.target is None or not (force or needs_warm_up()):
+        if self.target is None:
             return None
-        return warm_up(self.target, [self.drafter, self.drafter2]).seconds
+        short = not (force or needs_warm_up())
+        return warm_up(self.target, [self.drafter, self.drafter2],
+                       **({"max_tokens": CPU_WARM_UP_TOKENS} if short else {})).seconds
 
     def set_prefix_cache_bytes(self, n: int | None) -> None:
         """Bound the prefix cache's saved conversation states to ``n`` bytes (None: the

@@ -44,6 +44,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.measure import ReplyFigures
 from app.engine.compare import first_divergence
 from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
@@ -332,7 +333,13 @@ def side_figures(result) -> str:
     if s is None:
         return "no figures"
     stopped = " (stopped)" if getattr(result, "finish_reason", "") == "cancelled" else ""
+    tool_s = sum(float(c.get("duration_s") or 0.0) for c in result.tool_calls or ()
+                 if isinstance(c, dict))
+    fig = ReplyFigures.of_summary(result.mode, s, tool_s)
     parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens{stopped}"]
+    if fig.time_to_answer_s > 0 and not stopped:
+        tools = f" (tools {seconds_text(fig.tool_s)})" if fig.tool_s > 0 else ""
+        parts.append(f"answer in {seconds_text(fig.time_to_answer_s)}{tools}")
     if s.generated_tokens:  # stopped before its first token: no time to first token
         parts.append(f"first token {seconds_text(s.ttft_s)}")
     if result.mode in DRAFTING_MODES:

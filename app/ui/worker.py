@@ -198,8 +198,9 @@ class Worker(QObject):
         self.memory.emit(self.backend.memory_bytes())
 
     def _warm_up(self, spec: PairSpec) -> None:
-        """After a load on a GPU backend: build the kernels a reply needs (the status bar says
-        so). A backend without ``warm_up``, or a failure, only skips it."""
+        """After a load: run both paths once before anything is timed (``ChatSession.warm_up``:
+        short on the CPU; on a GPU backend it builds the kernels a reply needs, and the status
+        bar says so). A backend without ``warm_up``, or a failure, only skips it."""
         warm = getattr(self.backend, "warm_up", None)
         if not callable(warm):
             return
