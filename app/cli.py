@@ -17,7 +17,7 @@ import os
 import sys
 
 from app import APP_NAME, __version__
-from app.commands.generation import DEFAULT_PROMPT
+from app.commands.generation import DEFAULT_PROMPT, int_at_least
 
 # Modules that add subcommands, in --help order.
 COMMAND_MODULES = [
@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir",
         help="folder for conversations, settings and logs (default: the platform's app-data folder)",
     )
+    parser.add_argument(
+        "--prefix-cache-mb", type=int_at_least(0), metavar="MB",
+        help="memory for saved conversation states that new chats and chats you come back to "
+        "reuse (default: a tenth of RAM, 256 to 2048 MiB; 0 keeps only the last reply's)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 parser_class=SubcommandParser)
     for name in COMMAND_MODULES:
@@ -178,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
             return 2
         os.environ["DFLASH_DATA_DIR"] = args.data_dir
+    if args.prefix_cache_mb is not None:
+        from app.engine.prefix import PREFIX_CACHE_ENV
+
+        os.environ[PREFIX_CACHE_ENV] = str(args.prefix_cache_mb)
     if args.version:
         print(version_text())
         return 0

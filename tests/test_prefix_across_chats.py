@@ -143,3 +143,24 @@ def _all_arrays(cache: PromptCache) -> list:
     for s in cache.saved:
         out += _state_arrays(s.target_cache, s.drafter_cache, s.snapshots, s.kept_contexts)
     return out
+
+
+def test_the_bound_is_set_by_the_cli_flag_or_its_variable(monkeypatch):
+    """``python -m app --prefix-cache-mb N`` sets DFLASH_PREFIX_CACHE_MB, which
+    default_max_bytes reads (0: keep only the last reply's state); without it, a tenth of
+    the memory within 256 MiB..2 GiB."""
+    import os
+
+    from app.cli import build_parser, main
+    from app.engine.prefix import PREFIX_CACHE_ENV, default_max_bytes
+
+    monkeypatch.delenv(PREFIX_CACHE_ENV, raising=False)
+    assert default_max_bytes(8 * 1024**3) == 8 * 1024**3 // 10
+    assert default_max_bytes(1024**3) == 256 * 1024**2
+    assert default_max_bytes(64 * 1024**3) == 2 * 1024**3
+    monkeypatch.setenv(PREFIX_CACHE_ENV, "0")
+    assert default_max_bytes() == 0 and PromptCache().max_bytes == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--prefix-cache-mb", "-1"])
+    assert main(["--prefix-cache-mb", "64", "--version"]) == 0
+    assert os.environ[PREFIX_CACHE_ENV] == "64" and default_max_bytes() == 64 * 1024**2

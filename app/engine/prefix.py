@@ -49,17 +49,26 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 with little memory (:func:`default_max_bytes`)."""
 
 
+PREFIX_CACHE_ENV = "DFLASH_PREFIX_CACHE_MB"
+"""Environment variable that sets the bound in MiB (``python -m app --prefix-cache-mb`` sets
+it; 0 keeps only the last reply's state)."""
+
+
 def default_max_bytes(total_memory: int | None = None) -> int:
-    """The default bound for saved prefix states, in bytes: a tenth of the machine's memory,
-    at least 256 MiB and at most :data:`DEFAULT_MAX_BYTES`.
+    """The default bound for saved prefix states, in bytes: :data:`PREFIX_CACHE_ENV` MiB when
+    set to a whole number >= 0, else a tenth of the machine's memory, at least 256 MiB and at
+    most :data:`DEFAULT_MAX_BYTES`.
 
     Args:
         total_memory: bytes of memory (None: read from the OS; unknown gives the maximum).
     """
+    import os
+
+    raw = os.environ.get(PREFIX_CACHE_ENV, "").strip()
+    if raw.isdigit():
+        return int(raw) * 1024**2
     if total_memory is None:
         try:
-            import os
-
             total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             total_memory = 0
