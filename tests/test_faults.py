@@ -1,0 +1,116 @@
+"""Faults a user meets (issue 47), injected on purpose: a damaged database, a drafter that
+fails mid-reply, a data folder that cannot be written, a full disk, and the figures of a
+reply cut by an end token, a stop string, Max tokens or Stop.
+
+Each case checks what the user is told and that nothing already stored is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from app.chat.scripted import ScriptedSession  # noqa: E402
+
+PROMPT = "What is the capital of France?"
+
+
+# ------------------------------------------------------------------ helpers
+def make_window(qtbot, qs, backend, store=None):
+    from app.ui.window import MainWindow
+
+    win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def shown_messages(win) -> list[str]:
+    """The text of every message banner the window shows now."""
+    from PySide6.QtWidgets import QLabel
+
+    return [b.text() for b in win.findChildren(QLabel, "banner")
+            if b.isVisibleTo(win) and b.text()]
+
+
+def load_scripted(qtbot, win):
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+
+
+def send_and_wait(qtbot, win, text=PROMPT, mode="dflash"):
+    win.composer.set_mode(mode)
+    with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+        assert win.send(text)
+    return blocker.args[0]
+
+
+# ------------------------------------------------------------------ a damaged database
+def _damage(path, how: str) -> None:
+    """Leave ``path`` as a database the app cannot use, in one of the ways users meet."""
+    from app.chat.storage import Store
+
+    if how == "random bytes":
+        path.write_bytes(os.urandom(16_384))
+        return
+    if how == "not ours":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        db.commit()
+        db.close()
+        return
+    with Store(path) as s:  # a real database with a chat in it
+        conv = s.new_conversation()
+        s.add_message(conv.id, "user", "an earlier chat " * 400)
+    for suffix in ("-wal", "-shm"):
+        (path.parent / (path.name + suffix)).unlink(missing_ok=True)
+    if how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "schema 99":
+        db = sqlite3.connect(path)
+        db.execute("UPDATE schema_version SET version = 99")
+        db.commit()
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["truncated", "random bytes", "schema 99", "not ours"])
+def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, qs, tmp_path,
+                                                                         how):
+    """Chats kept in memory only are said so at start, and still after the model has loaded,
+    a reply has run and another chat was opened: only the user's dismissal hides it."""
+    from app.chat.turns import open_store
+
+    db = tmp_path / "conversations.db"
+    _damage(db, how)
+    before = db.read_bytes()
+    store = open_store(tmp_path)
+    assert store.problem
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
+    try:
+        def memory_only() -> bool:
+            return any("kept in memory only" in t for t in shown_messages(win))
+
+        assert memory_only()
+        load_scripted(qtbot, win)
+        assert memory_only(), "the storage banner went when the model loaded"
+        send_and_wait(qtbot, win)
+        assert memory_only(), "the storage banner went when a reply ran"
+        win.new_chat()
+        assert memory_only(), "the storage banner went with a new chat"
+        win.show_banner("Could not load the model: a test failure")
+        win._on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
+        assert memory_only()
+        win.store_banner_close.click()
+        assert not memory_only()
+        # the status bar still says so, for as long as the window runs
+        assert win.store_label.isVisibleTo(win) and win.store_label.text() == "Chats not saved"
+        assert store.problem in win.store_label.toolTip()
+    finally:
+        win.shutdown()
+    assert db.read_bytes() == before  # the damaged file was left as it was
