@@ -114,3 +114,62 @@ def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, 
     finally:
         win.shutdown()
     assert db.read_bytes() == before  # the damaged file was left as it was
+
+
+# ------------------------------------------------------------------ a drafter that fails
+class DrafterFault(RuntimeError):
+    """What the failing drafter raises."""
+
+
+def test_a_dflash_reply_that_fails_midway_is_stored_as_failed_in_its_mode(tiny_hybrid,
+                                                                          monkeypatch):
+    """A drafter that raises on its third call: the reply keeps its partial text and tokens,
+    is stored ``error`` with the cause, in DFlash with the two cycles it ran, and shows as
+    failed when the chat is opened again."""
+    from app.chat.session import ChatSession
+    from app.chat.storage import Store
+    from app.chat.turns import TurnStore
+    from app.engine.errors import EngineError
+    from app.engine.threads import allow_engine_on_current_thread
+
+    allow_engine_on_current_thread()
+    target, drafter = tiny_hybrid
+    real = drafter.model.draft
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise DrafterFault("the drafter broke on its third call")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drafter.model, "draft", failing)
+    store = Store(":memory:")
+    session = ChatSession(store)
+    session.target, session.drafter = target, drafter
+    conv = store.new_conversation()
+    settings = {"mode": "dflash", "block_size": 4, "max_tokens": 64, "temperature": 0.0,
+                "use_tools": False, "enable_thinking": False}
+    events = []
+    with pytest.raises(EngineError, match="third call"):
+        for ev in session.send(conv.id, PROMPT, settings):
+            events.append(ev)
+    assert len(calls) == 3
+    from app.engine.events import TokenEvent
+
+    streamed = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    assert streamed, "the two cycles before the failure streamed their tokens"
+    row = store.get_message(session.last_reply_id)
+    assert row.status == "error"
+    assert row.error and "third call" in row.error
+    assert row.mode == "dflash"
+    assert row.summary["mode"] == "dflash" and row.summary["cycles"] == 2
+    assert row.summary["stop_cause"] == "error"
+    assert row.token_ids == streamed and row.content  # the partial reply is kept
+    # reopened, the chat says the reply failed
+    view = TurnStore.__new__(TurnStore)
+    view.db = store
+    shown = view.get(conv.id).messages[-1].version
+    assert shown.error and "third call" in shown.error
+    assert shown.result.mode == "dflash" and shown.result.summary.mode == "dflash"
+    store.close()

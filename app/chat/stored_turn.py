@@ -19,8 +19,10 @@ A turn, asked for by a :class:`TurnRequest`:
 2. the prompt from the stored rows (:func:`prompt_for`: earlier turns' tool calls, tool
    results and reasoning as they were generated);
 3. each side's reply (``backend.reply``), its events passed on as :class:`TaggedEvent`, its
-   growth saved through the store's throttle (``Store.update_partial``); a failure becomes
-   :class:`ReplyFailed` and the side keeps what it had; each side ends with
+   growth saved through the store's throttle (``Store.update_partial``); a failure (raised,
+   or an engine run that ended in an error, e.g. a drafter that raised mid-reply) becomes
+   :class:`ReplyFailed` and the side keeps what it had, in the mode it ran in, stored
+   ``error``; each side ends with
    :class:`ReplyFinished`;
 4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
    rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
@@ -403,11 +405,12 @@ class _Turn:
         except Exception as exc:
             log.exception("generation failed")
             error = f"Generation failed: {type(exc).__name__}: {exc}"
-        if before is not None and error is None and result is not None and \
-                result.finish_reason == "error":
-            # the engine failed mid-run (its Done says so): a continuation keeps nothing
-            error = (result.summary.error if result.summary is not None
+        if error is None and result is not None and result.finish_reason == "error":
+            # the engine failed mid-run (its Done says so, e.g. a drafter that raised): the
+            # reply failed, and keeps what it wrote (a continuation keeps nothing)
+            cause = (result.summary.error if result.summary is not None
                      and result.summary.error else result.note or "the engine failed")
+            error = cause if before is not None else f"Generation failed: {cause}"
         if error is not None:
             self.errors[tag] = error
             if before is not None:

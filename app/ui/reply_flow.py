@@ -442,7 +442,7 @@ class ReplyFlow:
             result.tool_calls = list(side.calls.values())
         if not self._shown(self._run):
             return
-        if result.note:
+        if result.note and not side.error:  # a failure's banner stays; the note repeats it
             self.show_note(result.note)
         if calls_of_result:
             self.tools.set_calls(result.tool_calls)
