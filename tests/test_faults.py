@@ -173,3 +173,61 @@ def test_a_dflash_reply_that_fails_midway_is_stored_as_failed_in_its_mode(tiny_h
     assert shown.error and "third call" in shown.error
     assert shown.result.mode == "dflash" and shown.result.summary.mode == "dflash"
     store.close()
+
+
+# ------------------------------------------------------------------ a data folder not writable
+def _mount_tmpfs(path, options: str) -> None:
+    """Mount a tmpfs at ``path`` (skips the test where that cannot be done)."""
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'})")
+
+
+def _umount(path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", str(path)], capture_output=True)
+
+
+@pytest.fixture(params=["under a file", "read-only mount"])
+def unwritable_dir(request, tmp_path):
+    """A data folder the app cannot write: one under a file (it can never be made), or a
+    read-only filesystem (root cannot write it either)."""
+    if request.param == "under a file":
+        (tmp_path / "file").write_text("x")
+        yield tmp_path / "file" / "data"
+        return
+    ro = tmp_path / "ro"
+    _mount_tmpfs(ro, "ro,size=1m")
+    try:
+        yield ro
+    finally:
+        _umount(ro)
+
+
+@pytest.mark.parametrize("how", ["--data-dir", "DFLASH_DATA_DIR"])
+def test_the_window_says_in_one_line_that_its_data_folder_cannot_be_written(unwritable_dir,
+                                                                            how):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
+    argv = [sys.executable, "-m", "app", "--gui"]
+    if how == "--data-dir":
+        argv[3:3] = ["--data-dir", str(unwritable_dir)]
+        env.pop("DFLASH_DATA_DIR", None)
+    else:
+        env["DFLASH_DATA_DIR"] = str(unwritable_dir)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {how} {unwritable_dir} ")
+    assert "cannot be created" in lines[0] or "is not writable" in lines[0]
