@@ -231,3 +231,106 @@ def test_the_window_says_in_one_line_that_its_data_folder_cannot_be_written(unwr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {how} {unwritable_dir} ")
     assert "cannot be created" in lines[0] or "is not writable" in lines[0]
+
+
+# ------------------------------------------------------------------ figures of a cut reply
+MSGS = [{"role": "user", "content": "What is the capital of France? Think first."}]
+
+
+def _tiny_reply(target, drafter, settings, cancel_after: int | None = None):
+    """Events and the Reply of ``run_reply`` on the tiny pair; with ``cancel_after`` Stop
+    is pressed once that many tokens have arrived."""
+    import threading
+
+    from app.chat.reply import ReplyDone, run_reply
+    from app.engine.events import TokenEvent
+
+    cancel = threading.Event()
+    events, seen = [], 0
+    for ev in run_reply(target, drafter, MSGS, settings, cancel):
+        events.append(ev)
+        if isinstance(ev, TokenEvent):
+            seen += 1
+            if cancel_after is not None and seen >= cancel_after:
+                cancel.set()
+    assert isinstance(events[-1], ReplyDone)
+    return events, events[-1].reply
+
+
+@pytest.mark.parametrize("cause", ["end token", "stop string", "max tokens", "user stop"])
+def test_acceptance_and_tau_count_only_the_tokens_kept(tiny_hybrid, monkeypatch, cause):
+    """However a DFlash reply ends, its figures (the reply's Summary and the live panel's,
+    from the cycles the reply passed on) are those of the tokens it kept: accepted = the
+    drafted tokens among them (their per-token flags), tau = kept tokens after the first per
+    cycle, acceptance = accepted / drafted, where a cycle the end cut counts only the drafts
+    before the cut."""
+    from app.chat.reply import ReplySettings, RoundStarted
+    from app.engine.events import CycleEvent, TokenEvent
+    from app.engine.threads import allow_engine_on_current_thread
+    from app.ui.panels import LiveStats
+    from tests.engine_fixtures import OracleDrafter
+
+    allow_engine_on_current_thread()
+    target, real = tiny_hybrid
+    base = {"enable_thinking": False, "max_tokens": 48}
+    events, plain = _tiny_reply(target, None, ReplySettings(mode="plain", **base))
+    reference = plain.tokens
+    prompt_len = next(e.prompt_tokens for e in events if isinstance(e, RoundStarted))
+    assert len(reference) == 48, "the tiny target ended early: the cases need 48 tokens"
+    block = 8
+    schedule = [None] if cause == "end token" else [None, 2, None, 5]
+    oracle = OracleDrafter(reference, prompt_len, target.vocab_size, block,
+                           real.config.target_layer_ids, schedule=schedule)
+    settings = dict(base, block_size=block)
+    cancel_after = None
+    if cause == "end token":  # an accepted draft inside the second block ends the reply
+        cut = next(i for i in range(block + 2, 2 * block) if reference[i] not in reference[:i])
+        monkeypatch.setattr(target, "eos_token_ids", {reference[cut]})
+    elif cause == "stop string":  # text that first shows inside the third cycle's block
+        decode = target.tokenizer.decode
+        for i in range(13, 19):
+            before, upto = decode(reference[:i]), decode(reference[: i + 1])
+            stop = upto[len(before) - 1:]
+            if len(stop) >= 2 and stop not in before:
+                break
+        else:
+            pytest.skip("no stop string found inside the block")
+        settings["stop"] = [stop]
+    elif cause == "max tokens":
+        settings["max_tokens"] = 2 * block + 3
+    else:
+        cancel_after = block + 3
+    events, rep = _tiny_reply(target, oracle, ReplySettings(mode="dflash", **settings),
+                              cancel_after)
+    want = {"end token": "stop", "stop string": "stop", "max tokens": "length",
+            "user stop": "cancelled"}[cause]
+    assert rep.finish_reason == want
+    s = rep.rounds[0].summary
+    tokens, flags = rep.tokens, rep.rounds[0].from_draft
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == tokens
+    assert len(flags) == len(tokens) == s.generated_tokens
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    # the Summary is what the kept tokens' flags say
+    assert s.accepted == sum(flags)
+    assert s.cycles == len(cycles) > 0
+    assert s.tau == pytest.approx((len(tokens) - 1) / s.cycles)
+    assert s.drafted >= s.accepted and s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    assert s.accepted_lengths == [c.accepted for c in cycles]
+    if cause != "max tokens":  # the last block was cut: only its drafts before the cut count
+        assert cycles[-1].committed == cycles[-1].accepted == cycles[-1].drafted
+    # and so are the cycles the live panel counts
+    assert sum(c.accepted for c in cycles) == s.accepted
+    assert sum(c.drafted for c in cycles) == s.drafted
+    assert sum(c.committed for c in cycles) == len(tokens) - 1
+    live = LiveStats(mode="dflash")
+    for e in events:
+        if isinstance(e, TokenEvent):
+            live.on_token()
+        elif isinstance(e, CycleEvent):
+            live.on_cycle(e)
+    shown = live.values()
+    assert shown["acceptance"] == pytest.approx(s.acceptance_rate)
+    assert shown["tau"] == pytest.approx(s.tau)
+    assert shown["cycles"] == s.cycles and shown["tokens"] == len(tokens)
+    # the reply's figures, as stored and shown when the reply is reopened
+    assert rep.summary is s

@@ -645,8 +645,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.generated_tokens += 1
             history.extend(committed)
             pending = committed[-1]
-            cycle = CycleEvent(s.cycles, n_drafts, accepted, len(committed), replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+            # an end token inside the block: the cycle counts as far as it (CycleEvent.kept)
+            cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
+                               t1 - t0, t2 - t1, t3 - t2).kept(len(committed))
             s.add_cycle(cycle)
             yield cycle
             if stop:
