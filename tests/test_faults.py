@@ -190,7 +190,7 @@ def _mount_tmpfs(path, options: str) -> None:
 def _umount(path) -> None:
     import subprocess
 
-    subprocess.run(["umount", str(path)], capture_output=True)
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)  # -l: even if busy
 
 
 @pytest.fixture(params=["under a file", "read-only mount"])
@@ -334,3 +334,179 @@ def test_acceptance_and_tau_count_only_the_tokens_kept(tiny_hybrid, monkeypatch,
     assert shown["cycles"] == s.cycles and shown["tokens"] == len(tokens)
     # the reply's figures, as stored and shown when the reply is reopened
     assert rep.summary is s
+
+
+# ------------------------------------------------------------------ store writes that fail
+def _fill(folder) -> None:
+    """Fill the filesystem holding ``folder`` to the last byte (with a file ``filler``)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (65_536, 4096, 512, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:  # ENOSPC: on to smaller pieces
+                pass
+    finally:
+        os.close(fd)
+
+
+def _integrity(path) -> str:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs data folder (skipped where it cannot be mounted)."""
+    folder = tmp_path / "data"
+    _mount_tmpfs(folder, "size=2m")
+    try:
+        yield folder
+    finally:
+        _umount(folder)
+
+
+def test_a_full_disk_is_a_typed_error_naming_the_cause_and_the_folder(small_disk):
+    from app.chat.storage import Store, StoreWriteError
+
+    db = small_disk / "conversations.db"
+    store = Store(db)
+    conv = store.new_conversation("Earlier chat")
+    store.add_message(conv.id, "user", "What is the capital of France?")
+    reply = store.begin_reply(conv.id, mode="plain")
+    store.finish_reply(reply.id, content="Paris.", token_ids=[1, 2])
+    before = [(m.id, m.role, m.content, m.status) for m in store.messages(conv.id)]
+    _fill(small_disk)
+    with pytest.raises(StoreWriteError) as caught:
+        other = store.new_conversation("A new chat")
+        for _ in range(200):  # the first write may still fit in the space SQLite holds
+            store.add_message(other.id, "user", "x" * 20_000)
+    err = caught.value
+    assert err.cause == "full" and err.folder == small_disk
+    assert "full" in str(err) and str(small_disk) in str(err)
+    # the store still reads, and a write that failed took nothing with it
+    assert [(m.id, m.role, m.content, m.status) for m in store.messages(conv.id)] == before
+    store.close()
+    (small_disk / "filler").unlink()
+    assert _integrity(db) == "ok"
+    with Store(db) as again:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.messages(conv.id)] == before
+
+
+def test_a_database_locked_beyond_the_timeout_is_a_typed_error(tmp_path):
+    from app.chat.storage import Store, StoreWriteError
+
+    db = tmp_path / "conversations.db"
+    store = Store(db, busy_timeout_s=0.2)
+    conv = store.new_conversation("Earlier chat")
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another program holds the write lock
+    try:
+        with pytest.raises(StoreWriteError) as caught:
+            store.add_message(conv.id, "user", "hello")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert caught.value.cause == "locked"
+    assert "locked" in str(caught.value) and str(tmp_path) in str(caught.value)
+    store.add_message(conv.id, "user", "hello")  # once it is free, writes work again
+    assert [m.content for m in store.messages(conv.id)] == ["hello"]
+    store.close()
+
+
+@pytest.mark.parametrize("name, cause", [("SQLITE_FULL", "full"), ("SQLITE_IOERR_WRITE", "io"),
+                                         ("SQLITE_BUSY", "locked"),
+                                         ("SQLITE_READONLY", "readonly"),
+                                         ("SQLITE_CORRUPT", "damaged")])
+def test_every_write_failure_names_its_cause(tmp_path, name, cause):
+    from app.chat.storage import write_error
+
+    exc = sqlite3.OperationalError("low-level text")
+    exc.sqlite_errorname = name
+    err = write_error(exc, tmp_path)
+    assert err.cause == cause and str(tmp_path) in str(err)
+    assert "low-level text" not in str(err) or cause == "other"
+
+
+def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot, qs,
+                                                                          small_disk):
+    """The disk fills while a reply is written: the storage banner says so (the cause and
+    the folder) while the reply still runs, the reply's text stays on screen, and the
+    earlier chat is intact in the database afterwards."""
+    from app.chat.scripted import ScriptedTurn
+    from app.chat.turns import TurnStore
+
+    db = small_disk / "conversations.db"
+    store = TurnStore(db)
+    store.db.partial_interval_s = 0.0  # every event saves the growth
+    long_turn = ScriptedTurn("", "A long answer. " * 4000)
+    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), long_turn], cycles=None,
+                              chunk_chars=600, delay_s=0.01)
+    win = make_window(qtbot, qs, backend, store)
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        first = win.conv.id
+        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
+        win.new_chat()
+        assert win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+        _fill(small_disk)
+
+        def said() -> bool:
+            return any("full" in t and str(small_disk) in t for t in shown_messages(win))
+
+        qtbot.waitUntil(said, timeout=20_000)
+        assert win.busy, "the banner came only after the reply had ended"
+        qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
+        assert said()  # it stays after the reply ended
+        shown = win.chat.toPlainText()
+        assert "A long answer. A long answer." in shown  # the reply is still on screen
+        assert shown.count("A long answer.") >= 100
+        win.new_chat()
+        assert said()
+    finally:
+        win.shutdown()
+    (small_disk / "filler").unlink()
+    assert _integrity(db) == "ok"
+    again = TurnStore(db)
+    try:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.db.messages(first)] == before
+    finally:
+        again.close()
+
+
+def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, monkeypatch,
+                                                                     tmp_path):
+    """No room for the new turn's rows: nothing runs, the message goes back to the box, and
+    the storage banner names the cause and the folder until it is dismissed."""
+    from app.chat.storage import StoreWriteError
+    from app.chat.turns import TurnStore
+
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), TurnStore(tmp_path / "c.db"))
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        before = [(m.role, m.content) for m in win.store.db.messages(win.conv.id)]
+
+        def full(*args, **kwargs):
+            raise StoreWriteError(f"the disk holding {tmp_path} is full", "full", tmp_path)
+
+        monkeypatch.setattr(win.store.db, "begin_reply", full)
+        assert win.send("Tell me more.")
+        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+        said = [t for t in shown_messages(win) if "Could not save this turn" in t]
+        assert said and "full" in said[0] and str(tmp_path) in said[0]
+        assert win.composer.edit.toPlainText() == "Tell me more."
+        assert [(m.role, m.content) for m in win.store.db.messages(win.conv.id)] == before
+        monkeypatch.undo()
+        win._on_loaded(win.model)  # a model load does not take it away
+        assert any("Could not save this turn" in t for t in shown_messages(win))
+    finally:
+        win.shutdown()

@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from app import APP_NAME
 from app.chat.baseline import Baselines, SlowStreak
+from app.chat.storage import StorageError
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
@@ -493,14 +494,21 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     def _refresh_list(self) -> None:
         self.conv_side.refresh(self.conv.id if self.conv is not None else None)
 
-    def new_chat(self) -> ConversationView:
+    def new_chat(self) -> ConversationView | None:
         """Start a new conversation and show it; an empty one already in the list (no
-        messages, no title of its own) is shown instead of adding another "New chat"."""
+        messages, no title of its own) is shown instead of adding another "New chat".
+        None (the storage banner says why, the shown chat stays) when the store cannot
+        write one."""
         if self.busy:
             # the reply stops and is stored first (within a cycle, events keep flowing), so
             # the new chat is the newest in the list, not second below the stopped one
             self.wait_until_idle(5000)
-        conv = self._empty_chat() or self.store.new()
+        try:
+            conv = self._empty_chat() or self.store.new()
+        except StorageError as exc:
+            log.error("new chat: %s", exc)
+            self.show_store_problem(f"Could not start a new chat: {exc}")
+            return None
         self._save(conv)
         self.clear_banner()  # a message about the previous chat does not belong here
         self.conv_side.search_box.clear()  # a filter would hide the new chat from the list
@@ -649,8 +657,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             self.show_note("Saved as the defaults: every chat without its own settings uses "
                            "them from the next reply.")
         else:
-            if self.conv is None:
-                self.new_chat()
+            if self.conv is None and self.new_chat() is None:
+                return  # the store could not make one (its banner says why)
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
