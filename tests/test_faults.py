@@ -510,3 +510,23 @@ def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, 
         assert any("Could not save this turn" in t for t in shown_messages(win))
     finally:
         win.shutdown()
+
+
+# ------------------------------------------------------------------ export file names
+@pytest.mark.parametrize("title, name", [
+    ("Tell me\u202egnp.exe", "Tell megnp.exe"),  # a right-to-left override reverses the name
+    ("zero\u200bwidth\u2066isolate\u2069 here", "zerowidthisolate here"),
+    ("CON", "CON_"),
+    ("con", "con_"),
+    ("Nul.md", "Nul_.md"),
+    ("COM1", "COM1_"),
+    ("lpt9 ", "lpt9_"),
+    ("AUX and friends", "AUX and friends"),  # only the whole stem is reserved
+    ("Console", "Console"),
+])
+def test_an_export_file_name_suggested_from_a_title_is_safe(title, name):
+    """Invisible format characters leave the name (U+202E shows ``exe.png`` as ``gnp.exe``),
+    and a name Windows reserves for a device (``CON``, ``NUL``, ``COM1`` ...) gets a ``_``."""
+    from app.ui.text import file_name
+
+    assert file_name(title) == name
