@@ -137,15 +137,9 @@ class SubcommandParser(argparse.ArgumentParser):
 def check_data_dir(path: str) -> str | None:
     """Make sure ``--data-dir`` is a usable folder, creating it when missing; the one-line
     problem otherwise (every subcommand gets the same check), or None when it is usable."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"--data-dir {path} is a file, not a folder"
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        return f"--data-dir {path} cannot be created: {exc.strerror or exc}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"--data-dir {path} is not writable"
-    return None
+    from app.paths import data_dir_problem
+
+    return data_dir_problem(path, "--data-dir")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,6 +76,28 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", home / ".local" / "share")) / "dflash-chat"
 
 
+def data_dir_problem(path: Path | str, name: str) -> str | None:
+    """Make sure the data folder ``path`` is a usable folder, creating it when missing; the
+    one-line problem otherwise (``name`` says where it was set: ``--data-dir``,
+    ``DFLASH_DATA_DIR``, "the app-data folder"), or None when it is usable."""
+    path = str(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{name} {path} is a file, not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"{name} {path} cannot be created: {exc.strerror or exc}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{name} {path} is not writable"
+    return None
+
+
+def data_dir_source() -> str:
+    """Where :func:`default_data_dir` comes from, as a message names it: ``DFLASH_DATA_DIR``
+    when that is set, else "the app-data folder"."""
+    return "DFLASH_DATA_DIR" if os.environ.get("DFLASH_DATA_DIR") else "the app-data folder"
+
+
 def cache_dir() -> Path:
     """Per-user cache folder (e.g. the tiny fallback pair); ``DFLASH_CACHE_DIR`` overrides."""
     override = os.environ.get("DFLASH_CACHE_DIR")

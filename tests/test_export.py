@@ -198,6 +198,15 @@ def assert_refused(tmp_path, mutate, message: str) -> None:
         (lambda d: _msg(d, 1, id=1), "appears twice"),
         (lambda d: {**d, "conversation": {**d["conversation"], "active_root": 99}},
          "active first message 99"),
+        # JSON allows NaN and Infinity: they are no time (SQLite refused them, in its words)
+        (lambda d: {**d, "conversation": {**d["conversation"], "created_at": float("nan")}},
+         "conversation: 'created_at' should be a time in seconds, not NaN"),
+        (lambda d: {**d, "conversation": {**d["conversation"], "updated_at": float("inf")}},
+         "conversation: 'updated_at' should be a time in seconds, not inf"),
+        (lambda d: _msg(d, 1, created_at=float("nan")),
+         "message 2: 'created_at' should be a time in seconds, not NaN"),
+        (lambda d: json.dumps(_msg(d, 1, updated_at=float("-inf"))),
+         "message 2: 'updated_at' should be a time in seconds, not -inf"),
     ],
 )
 def test_bad_imports_are_refused_and_store_nothing(tmp_path, mutate, message):

@@ -202,7 +202,8 @@ def test_current_time_through_runner_is_now():
     assert r.result["timezone"] == "UTC"
 
 
-@pytest.mark.parametrize("zone", ["Mars/Olympus_Mons", "Paris", "../../etc/passwd", "  ", "EST5"])
+@pytest.mark.parametrize("zone", ["Mars/Olympus_Mons", "Paris", "../../etc/passwd", "  ", "EST5",
+                                  "localtime", "posixrules", "Factory"])
 def test_current_time_unknown_zone(zone):
     r = run_tool("current_time", {"timezone": zone})
     assert not r.ok
@@ -246,6 +247,13 @@ def test_convert_units_values():
         ({"value": 1, "from_unit": "m^2^2", "to_unit": "m"}, "small whole numbers"),
         ({"value": 1, "from_unit": "(10)**99", "to_unit": "m"}, "not a unit name"),
         ({"value": 1e308, "from_unit": "km", "to_unit": "nm"}, "not a finite number"),
+        ({"value": 10**400, "from_unit": "m", "to_unit": "km"}, "too large"),
+        ({"value": -10**400, "from_unit": "m", "to_unit": "km"}, "too large"),
+        # no temperature is below absolute zero (0 K, -273.15 °C, -459.67 °F)
+        ({"value": -300, "from_unit": "degC", "to_unit": "kelvin"}, "below absolute zero"),
+        ({"value": -1, "from_unit": "kelvin", "to_unit": "degC"}, "below absolute zero"),
+        ({"value": -500, "from_unit": "fahrenheit", "to_unit": "celsius"},
+         "below absolute zero"),
     ],
 )
 def test_convert_units_errors(args, fragment):
@@ -253,6 +261,18 @@ def test_convert_units_errors(args, fragment):
     assert not r.ok
     assert "timed out" not in r.error
     assert fragment in r.error, r.error
+    assert "Error" not in r.error  # a sentence, not an exception's name
+
+
+def test_temperatures_down_to_absolute_zero_and_differences_convert():
+    r = run_tool("convert_units", {"value": -273.15, "from_unit": "degC", "to_unit": "kelvin"})
+    assert r.ok and r.result["value"] == 0
+    r = run_tool("convert_units", {"value": -459.67, "from_unit": "degF", "to_unit": "degC"})
+    assert r.ok and r.result["value"] == -273.15
+    # a temperature difference may be negative
+    r = run_tool("convert_units", {"value": -10, "from_unit": "delta_degC",
+                                   "to_unit": "delta_degF"})
+    assert r.ok and r.result["value"] == -18
 
 
 # --------------------------------------------------------------------------- country_info

@@ -36,6 +36,7 @@ Times are POSIX seconds (float). ``from_draft`` is a string of ``0``/``1``, one 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from types import UnionType
@@ -132,6 +133,17 @@ def _field(obj: dict, key: str, types, where: str, default=None, required: bool 
         raise ImportFormatError(
             f"{where}: '{key}' should be {_names(types)}, not {type(value).__name__}"
         )
+    return value
+
+
+def _time(obj: dict, key: str, where: str, default: float | None = None,
+          required: bool = False) -> float:
+    """A timestamp field (POSIX seconds): a finite number (JSON's NaN and Infinity are
+    refused, naming the field)."""
+    value = float(_field(obj, key, (int, float), where, default, required))
+    if not math.isfinite(value):
+        shown = "NaN" if math.isnan(value) else f"{value}"
+        raise ImportFormatError(f"{where}: '{key}' should be a time in seconds, not {shown}")
     return value
 
 
@@ -353,12 +365,11 @@ def parse_json(data: dict | str | bytes) -> tuple[Conversation, list[Message]]:
     c = data.get("conversation")
     if not isinstance(c, dict):
         raise ImportFormatError("the export has no 'conversation' object")
-    num = (int, float)
     conv = Conversation(
         title=_field(c, "title", str, "conversation", ""),
         title_auto=_field(c, "title_auto", bool, "conversation", False),
-        created_at=float(_field(c, "created_at", num, "conversation", required=True)),
-        updated_at=float(_field(c, "updated_at", num, "conversation", required=True)),
+        created_at=_time(c, "created_at", "conversation", required=True),
+        updated_at=_time(c, "updated_at", "conversation", required=True),
         target_path=_field(c, "target_path", str, "conversation"),
         drafter_path=_field(c, "drafter_path", str, "conversation"),
         settings=_check_settings(_field(c, "settings", dict, "conversation", {})),
@@ -414,8 +425,8 @@ def parse_json(data: dict | str | bytes) -> tuple[Conversation, list[Message]]:
                 error=_field(m, "error", str, where),
                 compare_group=_field(m, "compare_group", str, where),
                 rounds=rounds,
-                created_at=float(_field(m, "created_at", num, where, conv.created_at)),
-                updated_at=float(_field(m, "updated_at", num, where, conv.updated_at)),
+                created_at=_time(m, "created_at", where, conv.created_at),
+                updated_at=_time(m, "updated_at", where, conv.updated_at),
             )
         )
     return conv, msgs

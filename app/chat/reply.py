@@ -179,7 +179,8 @@ def run_reply(
             ``resume.index``.
 
     Yields, in order per round: :class:`RoundStarted`; the engine's ``TokenEvent`` (kept tokens
-    only: none after a stop string or end token) and ``CycleEvent``, interleaved with pipeline
+    only: none after a stop string or end token) and ``CycleEvent`` (as far as its tokens were
+    kept, ``CycleEvent.kept``; the round's ``Summary`` counts the same), interleaved with pipeline
     deltas (``ContentDelta``, ``ReasoningDelta``, ``ToolCallDelta``, ``PipelineWarning``,
     ``StopStringHit``); :class:`RoundFinished`; then one :class:`ToolResultEvent` per executed
     call. The last event is :class:`ReplyDone`. A round that repeats the previous round's calls
@@ -275,12 +276,15 @@ def run_reply(
         )
         summary: Summary | None = None
         asked_cancel = False
+        cycles: list[CycleEvent] = []  # this round's cycles, as far as their tokens were kept
+        dropped = 0  # tokens of the current cycle not kept (after a stop string or Stop)
         for ev in gen:
             if cancel_event is not None and cancel_event.is_set() and not asked_cancel:
                 gen.cancel()
                 asked_cancel = cancelled = True
             if isinstance(ev, TokenEvent):
                 if pipe.stopped or cancelled:
+                    dropped += 1
                     continue
                 from_draft.append(bool(ev.from_draft))
                 yield ev
@@ -289,7 +293,11 @@ def run_reply(
                     gen.cancel()
                     asked_cancel = True
             elif isinstance(ev, CycleEvent):
-                yield ev
+                kept_cycle = ev.kept(ev.committed - dropped)
+                dropped = 0
+                if kept_cycle is not None:
+                    cycles.append(kept_cycle)
+                    yield kept_cycle
             elif isinstance(ev, Done):
                 summary = ev.summary
         if summary is None:  # an engine that ended without Done: treat as an error
@@ -301,6 +309,8 @@ def run_reply(
         kept = list(pipe.tokens)
         if max(0, len(kept) - resumed) != summary.generated_tokens:
             summary = replace(summary, generated_tokens=max(0, len(kept) - resumed))
+        if cycles or summary.cycles:  # acceptance and tau over the kept tokens only
+            summary = summary.counted_over(cycles, max(0, summary.generated_tokens - 1))
         rnd = ReplyRound(
             index=index,
             mode=mode,

@@ -52,12 +52,62 @@ DB_FILENAME = "conversations.db"
 SCHEMA_VERSION = 3
 DEFAULT_PARTIAL_INTERVAL_S = 0.5
 TITLE_MAX_CHARS = 60
+WAL_LIMIT_BYTES = 1 << 20
+"""The write-ahead log is cut back to this size after a checkpoint (``journal_size_limit``)."""
 
 _LEAF = object()  # add_message default: append to the active path's last message
 
 
 class StorageError(Exception):
     """A conversation database cannot be used (unreadable file, unknown row, bad value)."""
+
+
+class StoreWriteError(StorageError):
+    """A write to the conversation database failed: nothing of that write was stored, and
+    what was stored before stays as it was (SQLite rolls the transaction back).
+
+    Attributes:
+        cause: ``full`` (no space left on the disk), ``io`` (the disk reported an I/O
+            error), ``locked`` (another program held the database for longer than the busy
+            timeout), ``readonly`` (the file or its folder cannot be written), ``damaged``
+            (the file is damaged) or ``other``.
+        folder: the folder that holds the database.
+    """
+
+    def __init__(self, message: str, cause: str, folder: Path):
+        super().__init__(message)
+        self.cause = cause
+        self.folder = folder
+
+
+_WRITE_CAUSES = {"SQLITE_FULL": "full", "SQLITE_IOERR": "io", "SQLITE_BUSY": "locked",
+                 "SQLITE_LOCKED": "locked", "SQLITE_READONLY": "readonly",
+                 "SQLITE_CANTOPEN": "readonly", "SQLITE_CORRUPT": "damaged",
+                 "SQLITE_NOTADB": "damaged"}
+
+
+def write_error(exc: sqlite3.Error, folder: Path, busy_timeout_s: float = 10.0
+                ) -> StoreWriteError:
+    """The :class:`StoreWriteError` for an SQLite error raised by a write: its cause (from
+    the SQLite result code, e.g. ``SQLITE_FULL``, ``SQLITE_IOERR_WRITE``) and a message
+    that names it and ``folder``, the database's folder."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    cause = next((c for code, c in _WRITE_CAUSES.items()
+                  if name == code or name.startswith(code + "_")), None)
+    if cause is None:  # an older SQLite module: its message says it
+        text = str(exc).lower()
+        cause = ("full" if "full" in text else "locked" if "locked" in text else
+                 "io" if "i/o" in text else "readonly" if "readonly" in text else
+                 "damaged" if "malformed" in text else "other")
+    why = {
+        "full": f"the disk holding {folder} is full (free some space there)",
+        "io": f"the disk holding {folder} reported an I/O error",
+        "locked": f"another program kept the database in {folder} locked for more than "
+                  f"{busy_timeout_s:g} s",
+        "readonly": f"{folder} cannot be written (read-only)",
+        "damaged": f"the database in {folder} is damaged",
+    }.get(cause, f"the database in {folder} failed ({exc})")
+    return StoreWriteError(why, cause, folder)
 
 
 class SchemaTooNewError(StorageError):
@@ -195,10 +245,15 @@ class Store:
         partial_interval_s: least seconds between two writes of one growing reply.
         recover: mark ``generating`` rows of dead writer processes ``interrupted`` on open.
         clock: seconds source for timestamps (``time.time``); tests may pass their own.
+        busy_timeout_s: how long a write waits for another program that holds the database
+            before it fails (:class:`StoreWriteError`, cause ``locked``).
 
     Raises:
         StorageError: the file is not an SQLite database, or cannot be opened/created.
         SchemaTooNewError: the file comes from a newer app version.
+
+    Every write that fails (a full disk, an I/O error, the database locked beyond the
+    timeout) raises :class:`StoreWriteError` and stores nothing of that write.
     """
 
     def __init__(
@@ -208,8 +263,10 @@ class Store:
         partial_interval_s: float = DEFAULT_PARTIAL_INTERVAL_S,
         recover: bool = True,
         clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = 10.0,
     ):
         self.path = Path(path)
+        self.busy_timeout_s = float(busy_timeout_s)
         self.partial_interval_s = float(partial_interval_s)
         self._clock = clock
         self._lock = threading.RLock()
@@ -220,16 +277,23 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
-                str(self.path), timeout=10.0, isolation_level=None, check_same_thread=False
+                str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
+                check_same_thread=False,
             )
         except (OSError, sqlite3.Error) as exc:
             raise StorageError(f"cannot open the conversation database {self.path}: {exc}") from exc
         try:
-            self._db.execute("PRAGMA busy_timeout = 10000")
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._db.execute("PRAGMA foreign_keys = ON")
             self._check_version()  # before anything that writes to the file
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
+            # A growing reply rewrites its row every partial_interval_s, so the WAL grows
+            # fast; SQLite's default checkpoint (1000 pages, ~4 MB) never came on a 4 MB
+            # disk, which then filled with the WAL alone. Checkpoint at ~1 MB and cut the
+            # WAL back to 1 MB after each.
+            self._db.execute("PRAGMA wal_autocheckpoint = 256")
+            self._db.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             self._migrate()
             if recover:
                 self.recover_interrupted()
@@ -252,25 +316,39 @@ class Store:
 
     def close(self) -> None:
         """Write what partial updates are still held back, mark the replies this store began
-        and did not finish ``interrupted``, and close the connection. Safe to call twice."""
+        and did not finish ``interrupted``, and close the connection. Safe to call twice.
+
+        Each step is tried even when an earlier one cannot write (a full disk); the
+        connection is closed in any case, then the first write error is raised
+        (:class:`StoreWriteError`). Rows left ``generating`` become ``interrupted`` on the
+        next open, with the text last saved."""
         with self._lock:
             if self._db is None:
                 return
+            errors: list[StorageError] = []
             try:
                 for mid in list(self._pending):
-                    self._write_partial(mid)
-                with self._tx():
-                    for mid in self._generating:
-                        self._db.execute(
-                            "UPDATE messages SET status = 'interrupted', writer_pid = NULL, "
-                            "finish_reason = coalesce(finish_reason, 'interrupted') "
-                            "WHERE id = ? AND status = 'generating'",
-                            (mid,),
-                        )
-                self._generating.clear()
+                    try:
+                        self._write_partial(mid)
+                    except StorageError as exc:
+                        errors.append(exc)
+                try:
+                    with self._tx():
+                        for mid in self._generating:
+                            self._db.execute(
+                                "UPDATE messages SET status = 'interrupted', writer_pid = NULL, "
+                                "finish_reason = coalesce(finish_reason, 'interrupted') "
+                                "WHERE id = ? AND status = 'generating'",
+                                (mid,),
+                            )
+                    self._generating.clear()
+                except StorageError as exc:
+                    errors.append(exc)
             finally:
                 self._db.close()
                 self._db = None
+            if errors:
+                raise errors[0]
 
     def __enter__(self) -> Store:
         return self
@@ -291,16 +369,40 @@ class Store:
                 finally:
                     self._depth -= 1
                 return
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.DatabaseError as exc:  # locked beyond the timeout, read-only
+                raise self._write_error(exc) from exc
             self._depth = 1
             try:
                 yield self._db
-            except BaseException:
+            except BaseException as exc:
                 self._depth = 0
-                self._db.execute("ROLLBACK")
+                self._rollback()
+                if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+                        exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError)):
+                    raise self._write_error(exc) from exc
                 raise
             self._depth = 0
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:  # e.g. the disk filled up at the commit
+                self._rollback()
+                raise self._write_error(exc) from exc
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already done it (a failed
+        ``COMMIT`` may leave it open); a rollback that fails too leaves the error raised."""
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def _write_error(self, exc: sqlite3.Error) -> StoreWriteError:
+        """:func:`write_error` for this store's folder ("memory" for a memory-only one)."""
+        folder = self.path.parent if str(self.path) != ":memory:" else Path("memory")
+        return write_error(exc, folder, self.busy_timeout_s)
 
     @contextmanager
     def transaction(self) -> Iterator[Store]:

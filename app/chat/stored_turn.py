@@ -13,14 +13,19 @@ A turn, asked for by a :class:`TurnRequest`:
    reply rows (``generating``: one reply, a sibling version of a stored reply, or the rows
    of a Compare turn: plain, DFlash and, when asked, DFlash2); :class:`TurnBegun` gives
    their ids. When this fails nothing is stored and nothing runs (:class:`TurnNotStarted`):
-   the conversation stays as it was. So too when the prompt read back (step 2) does not fit
-   the model's context (``backend.check_prompt``, :class:`TurnRefused`): the rows are
-   rolled back, and a refused message never becomes an earlier turn of the next prompt;
+   the conversation stays as it was (:class:`TurnNotStored` when the store could not write:
+   a full disk, an I/O error, the database locked). So too when the prompt read back
+   (step 2) does not fit the model's context (``backend.check_prompt``,
+   :class:`TurnRefused`): the rows are rolled back, and a refused message never becomes an
+   earlier turn of the next prompt;
 2. the prompt from the stored rows (:func:`prompt_for`: earlier turns' tool calls, tool
    results and reasoning as they were generated);
 3. each side's reply (``backend.reply``), its events passed on as :class:`TaggedEvent`, its
-   growth saved through the store's throttle (``Store.update_partial``); a failure becomes
-   :class:`ReplyFailed` and the side keeps what it had; each side ends with
+   growth saved through the store's throttle (``Store.update_partial``; the first write that
+   fails is said at once, :class:`SaveFailed`, and the reply goes on); a failure (raised,
+   or an engine run that ended in an error, e.g. a drafter that raised mid-reply) becomes
+   :class:`ReplyFailed` and the side keeps what it had, in the mode it ran in, stored
+   ``error``; each side ends with
    :class:`ReplyFinished`;
 4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
    rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
@@ -51,7 +56,7 @@ from typing import Any
 
 from app.chat.conversation import CONTINUED_KEY
 from app.chat.events import ReplyDone, ResumeRound
-from app.chat.storage import Store
+from app.chat.storage import Store, StoreWriteError
 from app.chat.turns import (
     RESUME_KEY,
     TOP2_GAP_KEY,
@@ -138,6 +143,23 @@ class TurnBegun:
 class TurnNotStarted:
     """The turn's rows could not be stored, so nothing was stored and no reply ran;
     ``message`` says why."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnNotStored(TurnNotStarted):
+    """The turn's rows could not be written (``app.chat.storage.StoreWriteError``: a full
+    disk, an I/O error, the database locked beyond its timeout), so nothing was stored and
+    no reply ran; ``message`` names the cause and the folder."""
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    """A write of the running reply failed (``app.chat.storage.StoreWriteError``; its
+    growth, sent at the first failure of a turn): the reply goes on and keeps its text in
+    memory, and its final state is written at the end if the store can take it then
+    (else :class:`TurnStored` says so too). ``message`` names the cause and the folder."""
 
     message: str
 
@@ -311,6 +333,7 @@ class _Turn:
         self.replies: dict[str, Any] = {}  # tag -> app.chat.events.Reply (top-two gap)
         self.ran: list[str] = []  # the sides that ran, in order
         self.resume_records: dict[str, dict | None] = {}  # tag -> RESUME_KEY's value
+        self.save_failed = False  # a growth write failed (SaveFailed was sent)
 
     def _drafter_blocks(self) -> dict[str, int]:
         """The backend's drafters' block sizes by mode (none for a backend without drafters,
@@ -339,6 +362,10 @@ class _Turn:
                                          req.settings.get("mode")))
         except PromptTooLongError as exc:
             yield TaggedEvent(TurnRefused(str(exc)))
+            return
+        except StoreWriteError as exc:
+            log.error("saving the new turn: %s", exc)
+            yield TaggedEvent(TurnNotStored(str(exc)))
             return
         except Exception as exc:
             log.exception("saving the new turn")
@@ -397,18 +424,22 @@ class _Turn:
                     partial.add(ev)
                     if resume is None and at - last_save >= self.store.partial_interval_s:
                         last_save = at
-                        self._save_growth(row_id, partial)
+                        failed = self._save_growth(row_id, partial)
+                        if failed is not None and not self.save_failed:
+                            self.save_failed = True  # said once a turn, at once
+                            yield TaggedEvent(SaveFailed(failed), tag)
                 yield TaggedEvent(ev, tag, at)
         except EngineError as exc:
             error = str(exc)
         except Exception as exc:
             log.exception("generation failed")
             error = f"Generation failed: {type(exc).__name__}: {exc}"
-        if before is not None and error is None and result is not None and \
-                result.finish_reason == "error":
-            # the engine failed mid-run (its Done says so): a continuation keeps nothing
-            error = (result.summary.error if result.summary is not None
+        if error is None and result is not None and result.finish_reason == "error":
+            # the engine failed mid-run (its Done says so, e.g. a drafter that raised): the
+            # reply failed, and keeps what it wrote (a continuation keeps nothing)
+            cause = (result.summary.error if result.summary is not None
                      and result.summary.error else result.note or "the engine failed")
+            error = cause if before is not None else f"Generation failed: {cause}"
         if error is not None:
             self.errors[tag] = error
             if before is not None:
@@ -551,14 +582,22 @@ class _Turn:
             return TurnStored(begun.conversation_id, begun.reply_ids, key, str(exc))
         return TurnStored(begun.conversation_id, begun.reply_ids, key)
 
-    def _save_growth(self, row_id: int, partial: PartialReply) -> None:
+    def _save_growth(self, row_id: int, partial: PartialReply) -> str | None:
+        """Save the reply's growth; what failed, for the user, or None when it was saved
+        (or held back by the store's throttle). The reply keeps streaming either way and
+        the final save tries again."""
         try:
             self.store.update_partial(row_id, content="".join(partial.content),
                                       reasoning="".join(partial.reasoning),
                                       token_ids=list(partial.tokens),
                                       from_draft=list(partial.flags))
-        except Exception:  # the reply keeps streaming; the final save retries
+        except StoreWriteError as exc:
+            log.error("saving a partial reply: %s", exc)
+            return str(exc)
+        except Exception as exc:
             log.exception("saving a partial reply")
+            return f"could not save the reply as it was written: {exc}"
+        return None
 
     def _top2_gap(self, tag: str, result: ReplyResult) -> None:
         """In a Compare, a drafting side's top-two gap where it first differs from plain."""

@@ -15,6 +15,9 @@ Speculative Decoding") and ``shared/DFLASH_NOTES.md``:
 * acceptance rate = accepted draft tokens / drafted tokens (``None`` when nothing was drafted);
 * tau = mean tokens committed per verify cycle (accepted + 1, at most the block size);
   the prefill's first token is not a cycle;
+* both count only the tokens a reply keeps: a block cut by an end token, a stop string or
+  Stop counts as far as the cut (:meth:`CycleEvent.kept`), so the accepted drafts are the
+  kept tokens whose ``from_draft`` is True;
 * replays = cycles whose recurrent state was rolled back and the committed tokens run again
   (through the recurrence only under ``tape``, through the whole target under ``replay``);
 * rollback share = rollback seconds / (draft + verify + rollback seconds).
@@ -22,7 +25,7 @@ Speculative Decoding") and ``shared/DFLASH_NOTES.md``:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 StopCause = Literal["end_token", "length", "cancelled", "error"]
@@ -71,6 +74,19 @@ class CycleEvent:
     draft_s: float
     verify_s: float
     rollback_s: float
+
+    def kept(self, n: int) -> CycleEvent | None:
+        """This cycle as far as its first ``n`` committed tokens are kept (an end token, a
+        stop string or Stop cut the block after them). A cut before the last committed token
+        leaves only accepted drafts, so ``drafted``, ``accepted`` and ``committed`` all become
+        ``n``: the drafts after the cut count neither as accepted nor as drafted. The seconds
+        stay (they were spent). Itself when nothing was cut, None when nothing was kept."""
+        if n >= self.committed:
+            return self
+        if n <= 0:
+            return None
+        return replace(self, drafted=min(self.drafted, n), accepted=min(self.accepted, n),
+                       committed=n)
 
 
 @dataclass
@@ -131,6 +147,19 @@ class Summary:
         self.verify_s += ev.verify_s
         self.rollback_s += ev.rollback_s
         self.accepted_lengths.append(ev.accepted)
+
+    def counted_over(self, cycles: list[CycleEvent], committed: int) -> Summary:
+        """A copy whose cycle counts (cycles, drafted, accepted, replays, accepted lengths)
+        are those of ``cycles`` (the cycles as far as their tokens were kept,
+        :meth:`CycleEvent.kept`) and whose rates follow (:meth:`set_rates` over ``committed``
+        kept tokens after the first); the seconds stay as measured."""
+        out = replace(self, cycles=0, drafted=0, accepted=0, replays=0, accepted_lengths=[])
+        seconds = (self.draft_s, self.verify_s, self.rollback_s)
+        for ev in cycles:
+            out.add_cycle(ev)
+        out.draft_s, out.verify_s, out.rollback_s = seconds
+        out.set_rates(committed)
+        return out
 
     def set_rates(self, committed: int) -> None:
         """Derive ``tau`` (``committed`` tokens per cycle), ``acceptance_rate`` (accepted /

@@ -125,12 +125,14 @@ class Generation:
     Iterate it on the thread that owns MLX. :meth:`cancel` may be called from any thread; it
     takes effect before the next DFlash cycle or plain-path token, and the run then ends with
     ``Done`` whose ``stop_cause`` is ``cancelled``. An unexpected exception ends the run with
-    ``stop_cause == "error"`` and the message in ``summary.error``.
+    ``stop_cause == "error"`` and the message in ``summary.error``; that summary is the run's
+    own (``partial``: its mode and what it counted before the failure).
     """
 
-    def __init__(self, body):
+    def __init__(self, body, partial: Summary | None = None):
         self._cancel = threading.Event()
         self._body = body
+        self._partial = partial
         self.summary: Summary | None = None
 
     def cancel(self) -> None:
@@ -150,7 +152,11 @@ class Generation:
                     summary = ev.summary
                 yield ev
         except Exception as exc:  # surfaced as a Done(error), never a crash of the caller
-            summary = Summary(stop_cause="error", error=f"{type(exc).__name__}: {exc}")
+            summary = self._partial if self._partial is not None else Summary()
+            summary.stop_cause = "error"
+            summary.error = f"{type(exc).__name__}: {exc}"
+            if summary.cycles:
+                summary.set_rates(max(0, summary.generated_tokens - 1))
             yield Done(summary)
         self.summary = summary
 
@@ -311,12 +317,14 @@ def generate(
     if config.max_tokens < 1:
         raise GenerationError("max_tokens must be at least 1")
     if config.mode == "plain":
+        summary = Summary(mode="plain", prompt_tokens=len(prompt_ids))
         return Generation(
             lambda cancel: _clear_on_error(
                 _plain_body(target, list(prompt_ids), config, cancel, session, boundaries,
-                            drafter),
+                            drafter, summary),
                 session,
-            )
+            ),
+            summary,
         )
     if config.mode not in ("dflash", "dflash2"):
         raise GenerationError(f"unknown mode {config.mode!r} (plain, dflash or dflash2)")
@@ -335,14 +343,17 @@ def generate(
             f"block size {block} is outside 1..{drafter.config.block_size} for this drafter"
         )
     runner = TargetRunner(target.model, target.model_type, fast_verify=config.fast_verify)
+    v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    summary = Summary(mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt_ids))
     return Generation(
         lambda cancel: _clear_on_error(
             _dflash_body(
                 target, runner, drafter, list(prompt_ids), config, block, cancel, session,
-                boundaries,
+                boundaries, summary,
             ),
             session,
-        )
+        ),
+        summary,
     )
 
 
@@ -361,13 +372,15 @@ def _clear_on_error(body: Iterator, session: PromptCache | None) -> Iterator:
         raise
 
 
-def _begin(config: GenerationConfig, mode: str, prompt: list[int]):
-    """Common start of both paths: seed, peak-memory reset, the summary, the sampler."""
+def _begin(config: GenerationConfig, summary: Summary):
+    """Common start of both paths: seed, peak-memory reset, the sampler; returns
+    ``(summary, choose, start time)`` (``summary`` is the run's, made by :func:`generate`
+    so that a run that fails still reports its mode and counts)."""
     if config.seed is not None:
         mx.random.seed(config.seed)
     mx.reset_peak_memory()
     choose = None if config.greedy else _make_choose(config)
-    return Summary(mode=mode, prompt_tokens=len(prompt)), choose, time.perf_counter()
+    return summary, choose, time.perf_counter()
 
 
 def _tap_keeper(target, drafter, session: PromptCache | None, start: int):
@@ -403,10 +416,12 @@ def _shared_kernel_runner(target) -> TargetRunner | None:
     return runner if runner.hybrid else None
 
 
-def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=None) -> Iterator:
+def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=None,
+                summary: Summary | None = None) -> Iterator:
     model = target.model
     eos = target.eos_token_ids
-    s, choose, t_start = _begin(config, "plain", prompt)
+    s, choose, t_start = _begin(config, summary or Summary(mode="plain",
+                                                           prompt_tokens=len(prompt)))
     s.reused_tokens = start = _start(session, prompt, False)
     cache = session.target_cache if start else make_prompt_cache(model)
     snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
@@ -482,7 +497,7 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
 
 
 def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel,
-                 session, boundaries) -> Iterator:
+                 session, boundaries, summary: Summary | None = None) -> Iterator:
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids
@@ -490,7 +505,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     # DFlash2 at temperature > 0: sampled walk + min(1, p/q) acceptance (module docstring)
     speculative = v2 and config.temperature > 0
     probs = _d2.make_target_probs(config) if speculative else None
-    s, choose, t_start = _begin(config, "dflash2" if v2 else "dflash", prompt)
+    s, choose, t_start = _begin(config, summary or Summary(
+        mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt)))
     s.fast_verify = runner.fast_verify
     s.stage_timing = config.stage_timing
     s.reused_tokens = start = _start(session, prompt, True)
@@ -629,8 +645,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 s.generated_tokens += 1
             history.extend(committed)
             pending = committed[-1]
-            cycle = CycleEvent(s.cycles, n_drafts, accepted, len(committed), replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+            # an end token inside the block: the cycle counts as far as it (CycleEvent.kept)
+            cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
+                               t1 - t0, t2 - t1, t3 - t2).kept(len(committed))
             s.add_cycle(cycle)
             yield cycle
             if stop:

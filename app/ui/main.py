@@ -20,7 +20,7 @@ from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QApplication
 
 from app import APP_NAME, __version__
-from app.paths import default_data_dir
+from app.paths import data_dir_problem, data_dir_source, default_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,24 @@ def run_gui(args=None) -> int:
     QCoreApplication.setApplicationName(APP_NAME)
     QCoreApplication.setApplicationVersion(__version__)
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    data_dir = Path(getattr(args, "data_dir", None) or default_data_dir())
+    given = getattr(args, "data_dir", None)
+    data_dir = Path(given or default_data_dir())
+    # the window needs its data folder (log, settings, chats): one line when it cannot have
+    # it, whether --data-dir (checked before), DFLASH_DATA_DIR or the platform's named it
+    problem = data_dir_problem(data_dir, "--data-dir" if given else data_dir_source())
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     name = server_name(data_dir)
     if notify_running_instance(name):
         print(f"{APP_NAME} is already running; brought it to the front.")
         return 0
-    handler = setup_logging(data_dir)
+    try:
+        handler = setup_logging(data_dir)
+    except OSError as exc:  # e.g. a full disk: the folder is writable, the log is not
+        print(f"error: cannot write the log in {data_dir}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     log.info("starting %s %s, data in %s", APP_NAME, __version__, data_dir)
     qs = QSettings(str(data_dir / "settings.ini"), QSettings.IniFormat)
 

@@ -233,8 +233,8 @@ class ModelFlow:
         ex = m.examples[index]
         turned_on = ex.needs_tools and not self.current_settings().get("use_tools", True)
         if turned_on:
-            if self.conv is None:
-                self.new_chat()
+            if self.conv is None and self.new_chat() is None:
+                return False  # the store could not make one (its banner says why)
             self.conv.settings = dict(self.conv.settings, use_tools=True)
             self._save(self.conv)
         sent = self.send(ex.prompt)

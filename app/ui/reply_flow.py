@@ -30,10 +30,12 @@ from app.chat.events import (
     tool_call_dict,
 )
 from app.chat.session import Notice
-from app.chat.storage import StorageError
+from app.chat.storage import StorageError, StoreWriteError
 from app.chat.stored_turn import (
+    SaveFailed,
     TurnBegun,
     TurnNotStarted,
+    TurnNotStored,
     TurnRefused,
     TurnRequest,
     TurnStored,
@@ -189,8 +191,8 @@ class ReplyFlow:
                 self.show_banner("Compare needs a DFlash drafter for this target.")
                 return False
             mode = "plain"
-        if self.conv is None:
-            self.new_chat()
+        if self.conv is None and self.new_chat() is None:
+            return False  # the store could not make one (its banner says why)
         conv = self.conv
         values = self.current_settings()
         key = mode
@@ -400,6 +402,14 @@ class ReplyFlow:
     def _on_not_started(self, side: SideRun, ev: TurnNotStarted) -> None:
         self._run.not_started = ev.message
         self._run.refused = isinstance(ev, TurnRefused)
+        self._run.not_stored = isinstance(ev, TurnNotStored)
+
+    def _on_save_failed(self, side: SideRun, ev: SaveFailed) -> None:
+        """A write of the running reply failed: said at once in the storage banner (the
+        reply goes on, on screen; whatever it is shown in)."""
+        self.show_store_problem(
+            f"The reply being written is not being saved: {ev.message}. It stays on screen "
+            "until you quit: copy what you want to keep")
 
     def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
         self._run.stored = ev
@@ -420,6 +430,7 @@ class ReplyFlow:
         (ReplyFinished, _on_reply_finished),
         (TurnBegun, _on_begun),
         (TurnNotStarted, _on_not_started),
+        (SaveFailed, _on_save_failed),
         (TurnStored, _on_stored),
     )
     """(event type, handler) pairs: each event goes to the first type it is an instance of."""
@@ -442,7 +453,7 @@ class ReplyFlow:
             result.tool_calls = list(side.calls.values())
         if not self._shown(self._run):
             return
-        if result.note:
+        if result.note and not side.error:  # a failure's banner stays; the note repeats it
             self.show_note(result.note)
         if calls_of_result:
             self.tools.set_calls(result.tool_calls)
@@ -466,8 +477,10 @@ class ReplyFlow:
         if run.not_started is not None or run.stored is None:
             self._not_started(run)
             return
-        if run.stored.error:
-            self.show_banner(f"Could not save the conversation: {run.stored.error}")
+        if run.stored.error:  # the reply stays on screen (live); the store says why
+            self.show_store_problem(
+                f"Could not save the reply: {run.stored.error}. It stays on screen until you "
+                "quit: copy what you want to keep")
         live = {run.version_key(t): sd.result for t, sd in run.sides.items()
                 if sd.result is not None}
         try:
@@ -501,6 +514,9 @@ class ReplyFlow:
         chat = run.conv.id
         if run.refused:
             self.show_banner(run.not_started, chat=chat)
+        elif run.not_stored:  # a store that cannot write: its banner stays
+            self.show_store_problem("Could not save this turn, so no reply was started "
+                                    f"(your message is back in the box): {run.not_started}")
         elif run.continued is not None:
             self.show_banner("Could not continue the reply, so it is kept as it was: "
                              f"{run.not_started or 'the worker stopped'}", chat=chat)
@@ -567,6 +583,9 @@ class ReplyFlow:
     def _save(self, conv: ConversationView) -> None:
         try:
             self.store.save(conv)
+        except StoreWriteError as exc:
+            log.error("saving the conversation: %s", exc)
+            self.show_store_problem(f"Could not save the chat's settings and choices: {exc}")
         except Exception as exc:
             log.exception("saving the conversation")
             self.show_banner(f"Could not save the conversation: {exc}")

@@ -77,6 +77,9 @@ class ReplyRun:
     """The worker's :class:`~app.chat.stored_turn.TurnStored` once every row is final."""
     not_started: str | None = None
     """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
+    not_stored: bool = False
+    """The turn could not be stored because the store could not write (``TurnNotStored``:
+    a full disk, ...): said in the storage banner."""
     refused: bool = False
     """The turn was refused as too long for the context, or a reply that cannot be continued
     (``TurnRefused``; nothing stored)."""

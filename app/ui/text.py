@@ -5,6 +5,7 @@ that start with a capital letter and end with a full stop, numbers with thousand
 from __future__ import annotations
 
 import re
+import unicodedata
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
@@ -29,13 +30,24 @@ def sentence(text: str) -> str:
 _UNSAFE_IN_NAMES = re.compile(r'[\x00-\x1f/\\:*?"<>|]')
 
 
+_RESERVED_STEMS = re.compile(r"^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³])$", re.IGNORECASE)
+"""Names Windows keeps for devices, whatever the suffix (``CON.md`` cannot be made)."""
+
+
 def file_name(title: str, limit: int = 40) -> str:
     """``title`` as one file name without a suffix, safe on macOS, Linux and Windows: path
     separators and the characters Windows refuses (``/ \\ : * ? " < > |``, control
-    characters) become ``-`` (none at either end: a title's closing ``?`` is left out), runs
-    of white space one space, at most ``limit`` characters, ``"chat"`` when nothing is left
+    characters) become ``-`` (none at either end: a title's closing ``?`` is left out),
+    invisible format characters (``U+202E`` right-to-left override, zero-width spaces, bidi
+    isolates: they make a name read as another) are left out, runs of white space one space,
+    at most ``limit`` characters, a ``_`` after a stem Windows reserves for a device
+    (``CON``, ``NUL``, ``COM1``, ...), ``"chat"`` when nothing is left
     (``"Convert km/h?"`` -> ``"Convert km-h"``)."""
-    name = _UNSAFE_IN_NAMES.sub("-", " ".join(title.split()))[:limit].strip(" .-")
+    shown = "".join(ch for ch in title if unicodedata.category(ch) != "Cf")
+    name = _UNSAFE_IN_NAMES.sub("-", " ".join(shown.split()))[:limit].strip(" .-")
+    stem, dot, rest = name.partition(".")
+    if _RESERVED_STEMS.match(stem.rstrip()):
+        name = f"{stem.rstrip()}_{dot}{rest}"
     return name or "chat"
 
 

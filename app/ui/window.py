@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from app import APP_NAME
 from app.chat.baseline import Baselines, SlowStreak
+from app.chat.storage import StorageError
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
@@ -255,6 +256,24 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         br.addWidget(self.banner, 1)
         br.addWidget(self.banner_close)
         self.banner_row.hide()
+        # where chats are stored has its own banner: a memory-only store or a failed write
+        # is said until the user dismisses it (show_store_problem)
+        self.store_banner = QLabel("")
+        self.store_banner.setObjectName("banner")
+        self.store_banner.setProperty("kind", "error")
+        self.store_banner.setWordWrap(True)
+        self.store_banner.setTextInteractionFlags(Qt.TextSelectableByMouse)  # the folder
+        self.store_banner.setAccessibleName("Storage problem")
+        self.store_banner_close = QToolButton()
+        self.store_banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
+        self.store_banner_close.setAccessibleName("Dismiss the storage message")
+        self.store_banner_close.clicked.connect(self.clear_store_problem)
+        self.store_banner_row = QWidget()
+        sr = QHBoxLayout(self.store_banner_row)
+        sr.setContentsMargins(12, 8, 12, 0)
+        sr.addWidget(self.store_banner, 1)
+        sr.addWidget(self.store_banner_close)
+        self.store_banner_row.hide()
         self.chat = ChatView()
         self.chat.linkActivated.connect(self._on_chat_link)
         self.chat.rendered.connect(lambda conv, _streaming: self._update_regen_action(conv))
@@ -281,6 +300,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(0, 0, 0, 0)
         cl.setSpacing(0)
+        cl.addWidget(self.store_banner_row)
         cl.addWidget(self.banner_row)
         cl.addWidget(self.legend)
         cl.addWidget(self.centre_split, 1)
@@ -327,9 +347,14 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self._flash_timer = QTimer(self)
         self._flash_timer.setSingleShot(True)
         self._flash_timer.timeout.connect(lambda: self.flash_label.setText(""))
+        # lasting while chats are kept in memory only, after its banner was dismissed too
+        self.store_label = QLabel("")
+        self.store_label.setAccessibleName("Storage")
+        self.store_label.hide()
         sb = self.statusBar()
         sb.addWidget(self.model_label)
         sb.addWidget(self.flash_label, 1)
+        sb.addPermanentWidget(self.store_label)
         sb.addPermanentWidget(self.progress)
         sb.addPermanentWidget(self.memory_label)
         self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)
@@ -447,18 +472,43 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.banner_chat = None
         self.banner_row.hide()
 
+    def show_store_problem(self, text: str) -> None:
+        """Say that chats are not being stored as they should be (kept in memory only this
+        time, or a write that failed: the cause and the folder) in the storage banner above
+        the chat. It stays until the user dismisses it: a model that loads, a reply that
+        starts and another chat shown leave it, as they leave no other banner."""
+        log.warning("storage banner: %s", text)
+        self.store_banner.setText(sentence(text))
+        self.store_banner.style().unpolish(self.store_banner)
+        self.store_banner.style().polish(self.store_banner)
+        self.store_banner_row.show()
+        self.flash(sentence(text), 8000)
+
+    def clear_store_problem(self) -> None:
+        """Hide the storage banner (the user dismissed it, or the store works again). While
+        chats are kept in memory only the status bar keeps saying so."""
+        self.store_banner.setText("")
+        self.store_banner_row.hide()
+
     # ------------------------------------------------------------------ conversations
     def _refresh_list(self) -> None:
         self.conv_side.refresh(self.conv.id if self.conv is not None else None)
 
-    def new_chat(self) -> ConversationView:
+    def new_chat(self) -> ConversationView | None:
         """Start a new conversation and show it; an empty one already in the list (no
-        messages, no title of its own) is shown instead of adding another "New chat"."""
+        messages, no title of its own) is shown instead of adding another "New chat".
+        None (the storage banner says why, the shown chat stays) when the store cannot
+        write one."""
         if self.busy:
             # the reply stops and is stored first (within a cycle, events keep flowing), so
             # the new chat is the newest in the list, not second below the stopped one
             self.wait_until_idle(5000)
-        conv = self._empty_chat() or self.store.new()
+        try:
+            conv = self._empty_chat() or self.store.new()
+        except StorageError as exc:
+            log.error("new chat: %s", exc)
+            self.show_store_problem(f"Could not start a new chat: {exc}")
+            return None
         self._save(conv)
         self.clear_banner()  # a message about the previous chat does not belong here
         self.conv_side.search_box.clear()  # a filter would hide the new chat from the list
@@ -607,8 +657,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             self.show_note("Saved as the defaults: every chat without its own settings uses "
                            "them from the next reply.")
         else:
-            if self.conv is None:
-                self.new_chat()
+            if self.conv is None and self.new_chat() is None:
+                return  # the store could not make one (its banner says why)
             self.conv.settings = {k: v for k, v in values.items()
                                   if v != self.defaults.get(k)}
             self._save(self.conv)
@@ -671,7 +721,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             conv = self.store.get(convs[0].id) if convs else None
         self.select_conversation(conv)
         if self.store.problem:
-            self.show_banner(f"Chats are kept in memory only this time: {self.store.problem}")
+            self.show_store_problem(
+                f"Chats are kept in memory only this time: {self.store.problem}")
+            self.store_label.setText("Chats not saved")
+            self.store_label.setToolTip("Chats are kept in memory only this time and are "
+                                        f"lost at quit: {self.store.problem}")
+            self.store_label.show()
 
     def save_layout(self) -> None:
         """Window geometry, splitter states, the switch and Colour drafts to QSettings."""

@@ -34,6 +34,7 @@ from app.chat.storage import Store
 from app.chat.stored_turn import (
     ReplyFailed,
     ReplyFinished,
+    SaveFailed,
     TaggedEvent,
     TurnRequest,
     TurnStored,
@@ -76,7 +77,7 @@ whole turn).
 ``RoundStarted`` / ``RoundResumed`` / ``PipelineWarning`` (:mod:`app.chat.events`), the
 session's ``Notice``, or
 the stored turn's ``TurnBegun`` / ``TurnNotStarted`` / ``ReplyFinished`` / ``ReplyFailed`` /
-``TurnStored`` (:mod:`app.chat.stored_turn`). The window handles them with ``isinstance``.
+``SaveFailed`` / ``TurnStored`` (:mod:`app.chat.stored_turn`). The window handles them with ``isinstance``.
 """
 
 
@@ -113,7 +114,7 @@ class Backend(Protocol):
 _NOT_SHOWN = (RoundFinished, StopStringHit, ReplyDone)
 """Reply events the window does not show (their effect arrives with other events)."""
 
-_FLUSH_NOW = (ReplyFinished, TurnStored)
+_FLUSH_NOW = (ReplyFinished, TurnStored, SaveFailed)
 """Events sent at once rather than with the next batch."""
 
 

@@ -17,9 +17,16 @@ from app.chat.tools.base import ToolError
 _KEY = re.compile(r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+){0,2}$")
 
 
+NOT_ZONES = frozenset({"localtime", "posixrules", "factory"})
+"""Files of the zone database that are not time zones a user means: ``localtime`` (the
+machine's own setting, not an IANA name), ``posixrules`` and ``Factory`` (no local time,
+"-00") are refused as unknown (case-folded names)."""
+
+
 @functools.lru_cache(maxsize=1)
 def _zones_by_folded_name() -> dict[str, str]:
-    zones = {z.casefold(): z for z in zoneinfo.available_timezones()}
+    zones = {z.casefold(): z for z in zoneinfo.available_timezones()
+             if z.casefold() not in NOT_ZONES}
     zones.setdefault("utc", "UTC")
     return zones
 

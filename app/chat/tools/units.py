@@ -16,6 +16,8 @@ from app.chat.tools.base import ToolError
 
 MAX_UNIT_CHARS = 64
 SIGNIFICANT_DIGITS = 10
+MAX_VALUE = 1.7976931348623157e308
+"""The largest value that can be converted (the largest float)."""
 """Converted values are rounded to this many significant digits."""
 
 _UNIT_TEXT = re.compile(r"^[A-Za-z0-9_ /*^.\-\u00b0\u00b5\u03bc\u00b2\u00b3]+$")
@@ -101,7 +103,14 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
     "mile"), "symbol": the short form (e.g. "mi")}``. Raises :class:`ToolError` for an
     unknown unit, units of different dimensions, or a non-finite value.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolError("value must be a finite number")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range, e.g. 10**400
+        raise ToolError(f"value is too large to convert (at most about {MAX_VALUE:.3g})"
+                        ) from None
+    if not math.isfinite(value):
         raise ToolError("value must be a finite number")
     src = _unit_text(from_unit, "from_unit")
     dst = _unit_text(to_unit, "to_unit")
@@ -110,6 +119,7 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
 
     u_src = _parse_unit(ureg, src, "from_unit")
     u_dst = _parse_unit(ureg, dst, "to_unit")
+    _check_above_absolute_zero(ureg, value, u_src, from_unit)
     try:
         converted = ureg.Quantity(value, u_src).to(u_dst)
     except pint.errors.DimensionalityError:
@@ -129,6 +139,21 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> dict:
     if out.is_integer() and abs(out) < 2**53:
         out = int(out)
     return {"value": out, "unit": f"{converted.units:P}", "symbol": f"{converted.units:~P}"}
+
+
+def _check_above_absolute_zero(ureg, value: float, unit, name: str) -> None:
+    """Refuse a temperature below absolute zero (a temperature difference, ``delta_degC``,
+    may be negative).
+
+    Raises:
+        ToolError: naming the value and absolute zero on the common scales.
+    """
+    if str(unit.dimensionality) != "[temperature]" or "delta" in str(unit):
+        return
+    kelvin = float(ureg.Quantity(value, unit).to("kelvin").magnitude)
+    if kelvin < -1e-9:
+        raise ToolError(f"{value:g} {name.strip()} is below absolute zero (0 K, -273.15 °C, "
+                        "-459.67 °F): no temperature is lower")
 
 
 def _dims(unit) -> str:

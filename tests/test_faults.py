@@ -1,0 +1,532 @@
+"""Faults a user meets (issue 47), injected on purpose: a damaged database, a drafter that
+fails mid-reply, a data folder that cannot be written, a full disk, and the figures of a
+reply cut by an end token, a stop string, Max tokens or Stop.
+
+Each case checks what the user is told and that nothing already stored is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from app.chat.scripted import ScriptedSession  # noqa: E402
+
+PROMPT = "What is the capital of France?"
+
+
+# ------------------------------------------------------------------ helpers
+def make_window(qtbot, qs, backend, store=None):
+    from app.ui.window import MainWindow
+
+    win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def shown_messages(win) -> list[str]:
+    """The text of every message banner the window shows now."""
+    from PySide6.QtWidgets import QLabel
+
+    return [b.text() for b in win.findChildren(QLabel, "banner")
+            if b.isVisibleTo(win) and b.text()]
+
+
+def load_scripted(qtbot, win):
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+
+
+def send_and_wait(qtbot, win, text=PROMPT, mode="dflash"):
+    win.composer.set_mode(mode)
+    with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
+        assert win.send(text)
+    return blocker.args[0]
+
+
+# ------------------------------------------------------------------ a damaged database
+def _damage(path, how: str) -> None:
+    """Leave ``path`` as a database the app cannot use, in one of the ways users meet."""
+    from app.chat.storage import Store
+
+    if how == "random bytes":
+        path.write_bytes(os.urandom(16_384))
+        return
+    if how == "not ours":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        db.commit()
+        db.close()
+        return
+    with Store(path) as s:  # a real database with a chat in it
+        conv = s.new_conversation()
+        s.add_message(conv.id, "user", "an earlier chat " * 400)
+    for suffix in ("-wal", "-shm"):
+        (path.parent / (path.name + suffix)).unlink(missing_ok=True)
+    if how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "schema 99":
+        db = sqlite3.connect(path)
+        db.execute("UPDATE schema_version SET version = 99")
+        db.commit()
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["truncated", "random bytes", "schema 99", "not ours"])
+def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, qs, tmp_path,
+                                                                         how):
+    """Chats kept in memory only are said so at start, and still after the model has loaded,
+    a reply has run and another chat was opened: only the user's dismissal hides it."""
+    from app.chat.turns import open_store
+
+    db = tmp_path / "conversations.db"
+    _damage(db, how)
+    before = db.read_bytes()
+    store = open_store(tmp_path)
+    assert store.problem
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
+    try:
+        def memory_only() -> bool:
+            return any("kept in memory only" in t for t in shown_messages(win))
+
+        assert memory_only()
+        load_scripted(qtbot, win)
+        assert memory_only(), "the storage banner went when the model loaded"
+        send_and_wait(qtbot, win)
+        assert memory_only(), "the storage banner went when a reply ran"
+        win.new_chat()
+        assert memory_only(), "the storage banner went with a new chat"
+        win.show_banner("Could not load the model: a test failure")
+        win._on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
+        assert memory_only()
+        win.store_banner_close.click()
+        assert not memory_only()
+        # the status bar still says so, for as long as the window runs
+        assert win.store_label.isVisibleTo(win) and win.store_label.text() == "Chats not saved"
+        assert store.problem in win.store_label.toolTip()
+    finally:
+        win.shutdown()
+    assert db.read_bytes() == before  # the damaged file was left as it was
+
+
+# ------------------------------------------------------------------ a drafter that fails
+class DrafterFault(RuntimeError):
+    """What the failing drafter raises."""
+
+
+def test_a_dflash_reply_that_fails_midway_is_stored_as_failed_in_its_mode(tiny_hybrid,
+                                                                          monkeypatch):
+    """A drafter that raises on its third call: the reply keeps its partial text and tokens,
+    is stored ``error`` with the cause, in DFlash with the two cycles it ran, and shows as
+    failed when the chat is opened again."""
+    from app.chat.session import ChatSession
+    from app.chat.storage import Store
+    from app.chat.turns import TurnStore
+    from app.engine.errors import EngineError
+    from app.engine.threads import allow_engine_on_current_thread
+
+    allow_engine_on_current_thread()
+    target, drafter = tiny_hybrid
+    real = drafter.model.draft
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise DrafterFault("the drafter broke on its third call")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drafter.model, "draft", failing)
+    store = Store(":memory:")
+    session = ChatSession(store)
+    session.target, session.drafter = target, drafter
+    conv = store.new_conversation()
+    settings = {"mode": "dflash", "block_size": 4, "max_tokens": 64, "temperature": 0.0,
+                "use_tools": False, "enable_thinking": False}
+    events = []
+    with pytest.raises(EngineError, match="third call"):
+        for ev in session.send(conv.id, PROMPT, settings):
+            events.append(ev)
+    assert len(calls) == 3
+    from app.engine.events import TokenEvent
+
+    streamed = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    assert streamed, "the two cycles before the failure streamed their tokens"
+    row = store.get_message(session.last_reply_id)
+    assert row.status == "error"
+    assert row.error and "third call" in row.error
+    assert row.mode == "dflash"
+    assert row.summary["mode"] == "dflash" and row.summary["cycles"] == 2
+    assert row.summary["stop_cause"] == "error"
+    assert row.token_ids == streamed and row.content  # the partial reply is kept
+    # reopened, the chat says the reply failed
+    view = TurnStore.__new__(TurnStore)
+    view.db = store
+    shown = view.get(conv.id).messages[-1].version
+    assert shown.error and "third call" in shown.error
+    assert shown.result.mode == "dflash" and shown.result.summary.mode == "dflash"
+    store.close()
+
+
+# ------------------------------------------------------------------ a data folder not writable
+def _mount_tmpfs(path, options: str) -> None:
+    """Mount a tmpfs at ``path`` (skips the test where that cannot be done)."""
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'})")
+
+
+def _umount(path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)  # -l: even if busy
+
+
+@pytest.fixture(params=["under a file", "read-only mount"])
+def unwritable_dir(request, tmp_path):
+    """A data folder the app cannot write: one under a file (it can never be made), or a
+    read-only filesystem (root cannot write it either)."""
+    if request.param == "under a file":
+        (tmp_path / "file").write_text("x")
+        yield tmp_path / "file" / "data"
+        return
+    ro = tmp_path / "ro"
+    _mount_tmpfs(ro, "ro,size=1m")
+    try:
+        yield ro
+    finally:
+        _umount(ro)
+
+
+@pytest.mark.parametrize("how", ["--data-dir", "DFLASH_DATA_DIR"])
+def test_the_window_says_in_one_line_that_its_data_folder_cannot_be_written(unwritable_dir,
+                                                                            how):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
+    argv = [sys.executable, "-m", "app", "--gui"]
+    if how == "--data-dir":
+        argv[3:3] = ["--data-dir", str(unwritable_dir)]
+        env.pop("DFLASH_DATA_DIR", None)
+    else:
+        env["DFLASH_DATA_DIR"] = str(unwritable_dir)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {how} {unwritable_dir} ")
+    assert "cannot be created" in lines[0] or "is not writable" in lines[0]
+
+
+# ------------------------------------------------------------------ figures of a cut reply
+MSGS = [{"role": "user", "content": "What is the capital of France? Think first."}]
+
+
+def _tiny_reply(target, drafter, settings, cancel_after: int | None = None):
+    """Events and the Reply of ``run_reply`` on the tiny pair; with ``cancel_after`` Stop
+    is pressed once that many tokens have arrived."""
+    import threading
+
+    from app.chat.reply import ReplyDone, run_reply
+    from app.engine.events import TokenEvent
+
+    cancel = threading.Event()
+    events, seen = [], 0
+    for ev in run_reply(target, drafter, MSGS, settings, cancel):
+        events.append(ev)
+        if isinstance(ev, TokenEvent):
+            seen += 1
+            if cancel_after is not None and seen >= cancel_after:
+                cancel.set()
+    assert isinstance(events[-1], ReplyDone)
+    return events, events[-1].reply
+
+
+@pytest.mark.parametrize("cause", ["end token", "stop string", "max tokens", "user stop"])
+def test_acceptance_and_tau_count_only_the_tokens_kept(tiny_hybrid, monkeypatch, cause):
+    """However a DFlash reply ends, its figures (the reply's Summary and the live panel's,
+    from the cycles the reply passed on) are those of the tokens it kept: accepted = the
+    drafted tokens among them (their per-token flags), tau = kept tokens after the first per
+    cycle, acceptance = accepted / drafted, where a cycle the end cut counts only the drafts
+    before the cut."""
+    from app.chat.reply import ReplySettings, RoundStarted
+    from app.engine.events import CycleEvent, TokenEvent
+    from app.engine.threads import allow_engine_on_current_thread
+    from app.ui.panels import LiveStats
+    from tests.engine_fixtures import OracleDrafter
+
+    allow_engine_on_current_thread()
+    target, real = tiny_hybrid
+    base = {"enable_thinking": False, "max_tokens": 48}
+    events, plain = _tiny_reply(target, None, ReplySettings(mode="plain", **base))
+    reference = plain.tokens
+    prompt_len = next(e.prompt_tokens for e in events if isinstance(e, RoundStarted))
+    assert len(reference) == 48, "the tiny target ended early: the cases need 48 tokens"
+    block = 8
+    schedule = [None] if cause == "end token" else [None, 2, None, 5]
+    oracle = OracleDrafter(reference, prompt_len, target.vocab_size, block,
+                           real.config.target_layer_ids, schedule=schedule)
+    settings = dict(base, block_size=block)
+    cancel_after = None
+    if cause == "end token":  # an accepted draft inside the second block ends the reply
+        cut = next(i for i in range(block + 2, 2 * block) if reference[i] not in reference[:i])
+        monkeypatch.setattr(target, "eos_token_ids", {reference[cut]})
+    elif cause == "stop string":  # text that first shows inside the third cycle's block
+        decode = target.tokenizer.decode
+        for i in range(13, 19):
+            before, upto = decode(reference[:i]), decode(reference[: i + 1])
+            stop = upto[len(before) - 1:]
+            if len(stop) >= 2 and stop not in before:
+                break
+        else:
+            pytest.skip("no stop string found inside the block")
+        settings["stop"] = [stop]
+    elif cause == "max tokens":
+        settings["max_tokens"] = 2 * block + 3
+    else:
+        cancel_after = block + 3
+    events, rep = _tiny_reply(target, oracle, ReplySettings(mode="dflash", **settings),
+                              cancel_after)
+    want = {"end token": "stop", "stop string": "stop", "max tokens": "length",
+            "user stop": "cancelled"}[cause]
+    assert rep.finish_reason == want
+    s = rep.rounds[0].summary
+    tokens, flags = rep.tokens, rep.rounds[0].from_draft
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == tokens
+    assert len(flags) == len(tokens) == s.generated_tokens
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    # the Summary is what the kept tokens' flags say
+    assert s.accepted == sum(flags)
+    assert s.cycles == len(cycles) > 0
+    assert s.tau == pytest.approx((len(tokens) - 1) / s.cycles)
+    assert s.drafted >= s.accepted and s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    assert s.accepted_lengths == [c.accepted for c in cycles]
+    if cause != "max tokens":  # the last block was cut: only its drafts before the cut count
+        assert cycles[-1].committed == cycles[-1].accepted == cycles[-1].drafted
+    # and so are the cycles the live panel counts
+    assert sum(c.accepted for c in cycles) == s.accepted
+    assert sum(c.drafted for c in cycles) == s.drafted
+    assert sum(c.committed for c in cycles) == len(tokens) - 1
+    live = LiveStats(mode="dflash")
+    for e in events:
+        if isinstance(e, TokenEvent):
+            live.on_token()
+        elif isinstance(e, CycleEvent):
+            live.on_cycle(e)
+    shown = live.values()
+    assert shown["acceptance"] == pytest.approx(s.acceptance_rate)
+    assert shown["tau"] == pytest.approx(s.tau)
+    assert shown["cycles"] == s.cycles and shown["tokens"] == len(tokens)
+    # the reply's figures, as stored and shown when the reply is reopened
+    assert rep.summary is s
+
+
+# ------------------------------------------------------------------ store writes that fail
+def _fill(folder) -> None:
+    """Fill the filesystem holding ``folder`` to the last byte (with a file ``filler``)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (65_536, 4096, 512, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:  # ENOSPC: on to smaller pieces
+                pass
+    finally:
+        os.close(fd)
+
+
+def _integrity(path) -> str:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs data folder (skipped where it cannot be mounted)."""
+    folder = tmp_path / "data"
+    _mount_tmpfs(folder, "size=2m")
+    try:
+        yield folder
+    finally:
+        _umount(folder)
+
+
+def test_a_full_disk_is_a_typed_error_naming_the_cause_and_the_folder(small_disk):
+    from app.chat.storage import Store, StoreWriteError
+
+    db = small_disk / "conversations.db"
+    store = Store(db)
+    conv = store.new_conversation("Earlier chat")
+    store.add_message(conv.id, "user", "What is the capital of France?")
+    reply = store.begin_reply(conv.id, mode="plain")
+    store.finish_reply(reply.id, content="Paris.", token_ids=[1, 2])
+    before = [(m.id, m.role, m.content, m.status) for m in store.messages(conv.id)]
+    _fill(small_disk)
+    with pytest.raises(StoreWriteError) as caught:
+        other = store.new_conversation("A new chat")
+        for _ in range(200):  # the first write may still fit in the space SQLite holds
+            store.add_message(other.id, "user", "x" * 20_000)
+    err = caught.value
+    assert err.cause == "full" and err.folder == small_disk
+    assert "full" in str(err) and str(small_disk) in str(err)
+    # the store still reads, and a write that failed took nothing with it
+    assert [(m.id, m.role, m.content, m.status) for m in store.messages(conv.id)] == before
+    store.close()
+    (small_disk / "filler").unlink()
+    assert _integrity(db) == "ok"
+    with Store(db) as again:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.messages(conv.id)] == before
+
+
+def test_a_database_locked_beyond_the_timeout_is_a_typed_error(tmp_path):
+    from app.chat.storage import Store, StoreWriteError
+
+    db = tmp_path / "conversations.db"
+    store = Store(db, busy_timeout_s=0.2)
+    conv = store.new_conversation("Earlier chat")
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another program holds the write lock
+    try:
+        with pytest.raises(StoreWriteError) as caught:
+            store.add_message(conv.id, "user", "hello")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert caught.value.cause == "locked"
+    assert "locked" in str(caught.value) and str(tmp_path) in str(caught.value)
+    store.add_message(conv.id, "user", "hello")  # once it is free, writes work again
+    assert [m.content for m in store.messages(conv.id)] == ["hello"]
+    store.close()
+
+
+@pytest.mark.parametrize("name, cause", [("SQLITE_FULL", "full"), ("SQLITE_IOERR_WRITE", "io"),
+                                         ("SQLITE_BUSY", "locked"),
+                                         ("SQLITE_READONLY", "readonly"),
+                                         ("SQLITE_CORRUPT", "damaged")])
+def test_every_write_failure_names_its_cause(tmp_path, name, cause):
+    from app.chat.storage import write_error
+
+    exc = sqlite3.OperationalError("low-level text")
+    exc.sqlite_errorname = name
+    err = write_error(exc, tmp_path)
+    assert err.cause == cause and str(tmp_path) in str(err)
+    assert "low-level text" not in str(err) or cause == "other"
+
+
+def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot, qs,
+                                                                          small_disk):
+    """The disk fills while a reply is written: the storage banner says so (the cause and
+    the folder) while the reply still runs, the reply's text stays on screen, and the
+    earlier chat is intact in the database afterwards."""
+    from app.chat.scripted import ScriptedTurn
+    from app.chat.turns import TurnStore
+
+    db = small_disk / "conversations.db"
+    store = TurnStore(db)
+    store.db.partial_interval_s = 0.0  # every event saves the growth
+    long_turn = ScriptedTurn("", "A long answer. " * 4000)
+    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), long_turn], cycles=None,
+                              chunk_chars=600, delay_s=0.01)
+    win = make_window(qtbot, qs, backend, store)
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        first = win.conv.id
+        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
+        win.new_chat()
+        assert win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+        _fill(small_disk)
+
+        def said() -> bool:
+            return any("full" in t and str(small_disk) in t for t in shown_messages(win))
+
+        qtbot.waitUntil(said, timeout=20_000)
+        assert win.busy, "the banner came only after the reply had ended"
+        qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
+        assert said()  # it stays after the reply ended
+        shown = win.chat.toPlainText()
+        assert "A long answer. A long answer." in shown  # the reply is still on screen
+        assert shown.count("A long answer.") >= 100
+        win.new_chat()
+        assert said()
+    finally:
+        win.shutdown()
+    (small_disk / "filler").unlink()
+    assert _integrity(db) == "ok"
+    again = TurnStore(db)
+    try:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.db.messages(first)] == before
+    finally:
+        again.close()
+
+
+def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, monkeypatch,
+                                                                     tmp_path):
+    """No room for the new turn's rows: nothing runs, the message goes back to the box, and
+    the storage banner names the cause and the folder until it is dismissed."""
+    from app.chat.storage import StoreWriteError
+    from app.chat.turns import TurnStore
+
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), TurnStore(tmp_path / "c.db"))
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        before = [(m.role, m.content) for m in win.store.db.messages(win.conv.id)]
+
+        def full(*args, **kwargs):
+            raise StoreWriteError(f"the disk holding {tmp_path} is full", "full", tmp_path)
+
+        monkeypatch.setattr(win.store.db, "begin_reply", full)
+        assert win.send("Tell me more.")
+        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+        said = [t for t in shown_messages(win) if "Could not save this turn" in t]
+        assert said and "full" in said[0] and str(tmp_path) in said[0]
+        assert win.composer.edit.toPlainText() == "Tell me more."
+        assert [(m.role, m.content) for m in win.store.db.messages(win.conv.id)] == before
+        monkeypatch.undo()
+        win._on_loaded(win.model)  # a model load does not take it away
+        assert any("Could not save this turn" in t for t in shown_messages(win))
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ export file names
+@pytest.mark.parametrize("title, name", [
+    ("Tell me\u202egnp.exe", "Tell megnp.exe"),  # a right-to-left override reverses the name
+    ("zero\u200bwidth\u2066isolate\u2069 here", "zerowidthisolate here"),
+    ("CON", "CON_"),
+    ("con", "con_"),
+    ("Nul.md", "Nul_.md"),
+    ("COM1", "COM1_"),
+    ("lpt9 ", "lpt9_"),
+    ("AUX and friends", "AUX and friends"),  # only the whole stem is reserved
+    ("Console", "Console"),
+])
+def test_an_export_file_name_suggested_from_a_title_is_safe(title, name):
+    """Invisible format characters leave the name (U+202E shows ``exe.png`` as ``gnp.exe``),
+    and a name Windows reserves for a device (``CON``, ``NUL``, ``COM1`` ...) gets a ``_``."""
+    from app.ui.text import file_name
+
+    assert file_name(title) == name
