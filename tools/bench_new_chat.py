@@ -40,6 +40,30 @@ MESSAGES = {
 chat in the cache, not only the preamble)."""
 
 
+def demo_sessions(n: int) -> list | None:
+    """``n`` ``ChatSession``s (each on its own in-memory store) with the bundled demo pair
+    loaded, on this thread; prints the BLAS in use. None (with a message) without the pair."""
+    from app.chat.session import ChatSession, PairSpec
+    from app.chat.storage import Store
+    from app.engine.blas import blas_description
+    from app.engine.threads import allow_engine_on_current_thread
+    from app.paths import bundled_pair
+
+    allow_engine_on_current_thread()
+    pair = bundled_pair()
+    if pair is None:
+        print("the bundled demo pair is missing", file=sys.stderr)
+        return None
+    target, drafter, drafter2 = pair
+    spec = PairSpec(target=str(target), drafter=str(drafter),
+                    drafter2=str(drafter2) if drafter2 else None)
+    print(f"BLAS: {blas_description(load_mlx=True)}")
+    sessions = [ChatSession(Store(":memory:")) for _ in range(n)]
+    for s in sessions:
+        s.load(spec)
+    return sessions
+
+
 def _reply_figures(session, store, text, settings):
     """Send ``text`` in a new chat; returns (tokens, first-round Summary, send-to-end s)."""
     from app.chat.events import ReplyDone
@@ -61,25 +85,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write every measurement to this file")
     args = p.parse_args(argv)
 
-    from app.chat.session import ChatSession, PairSpec
     from app.chat.settings import defaults
-    from app.chat.storage import Store
-    from app.engine.blas import blas_description
-    from app.engine.threads import allow_engine_on_current_thread
-    from app.paths import bundled_pair
 
-    allow_engine_on_current_thread()
-    pair = bundled_pair()
-    if pair is None:
-        print("the bundled demo pair is missing", file=sys.stderr)
+    sessions = demo_sessions(2)
+    if sessions is None:
         return 2
-    target, drafter, drafter2 = pair
-    spec = PairSpec(target=str(target), drafter=str(drafter),
-                    drafter2=str(drafter2) if drafter2 else None)
-    print(f"BLAS: {blas_description(load_mlx=True)}")
-    warm, cold = ChatSession(Store(":memory:")), ChatSession(Store(":memory:"))
-    warm.load(spec)
-    cold.load(spec)
+    warm, cold = sessions
     from app.chat.reply import _preamble_boundary
     from app.chat.settings import reply_settings
     from app.chat.templates import render_prompt

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHATS = [
     ("What time is it in Tokyo right now?", "And in Lisbon?"),
@@ -71,29 +72,19 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write every measurement to this file")
     args = p.parse_args(argv)
 
-    from app.chat.measure import ReplyFigures, speedup
-    from app.chat.session import ChatSession, PairSpec
-    from app.chat.settings import defaults
-    from app.chat.storage import Store
-    from app.chat.tools import builtin_tools
-    from app.engine.blas import blas_description
-    from app.engine.threads import allow_engine_on_current_thread
-    from app.paths import bundled_pair
+    from bench_new_chat import demo_sessions
 
-    allow_engine_on_current_thread()
-    pair = bundled_pair()
-    if pair is None:
-        print("the bundled demo pair is missing", file=sys.stderr)
-        return 2
-    target, drafter, drafter2 = pair
-    spec = PairSpec(target=str(target), drafter=str(drafter),
-                    drafter2=str(drafter2) if drafter2 else None)
-    print(f"BLAS: {blas_description(load_mlx=True)}")
+    from app.chat.measure import ReplyFigures, speedup
+    from app.chat.settings import defaults
+    from app.chat.tools import builtin_tools
+
     modes = ("plain", args.mode)
-    sessions = {m: ChatSession(Store(":memory:")) for m in modes}
+    loaded = demo_sessions(len(modes))
+    if loaded is None:
+        return 2
+    sessions = dict(zip(modes, loaded))
     settings = {}
     for m, s in sessions.items():
-        s.load(spec)
         s.warm_up(force=True)
         settings[m] = defaults() | {"mode": m, "runnable_tools": builtin_tools(FROZEN_NOW)}
         if args.max_tokens:
