@@ -530,3 +530,110 @@ def test_an_export_file_name_suggested_from_a_title_is_safe(title, name):
     from app.ui.text import file_name
 
     assert file_name(title) == name
+
+
+# ------------------------------------------------------------------ quitting in every state
+_EXIT_SCRIPT = r'''
+import os, sys
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+from pathlib import Path
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtWidgets import QApplication
+from app.chat.export import write_export
+from app.chat.scripted import ScriptedSession
+from app.chat.storage import Store
+from app.chat.turns import TurnStore
+from app.ui.window import MainWindow
+
+data = Path(sys.argv[1])
+with Store(data / "exported.db") as src:
+    c = src.new_conversation("Exported chat")
+    src.add_message(c.id, "user", "What is the capital of France?")
+    r = src.begin_reply(c.id, mode="plain")
+    src.finish_reply(r.id, content="Paris.", token_ids=[1, 2])
+    write_export(src, c.id, data / "chat.json")
+app = QApplication([])
+win = MainWindow(backend=ScriptedSession(cycles=100_000, delay_s=0.005),
+                 store=TurnStore(data / "conversations.db"),
+                 qsettings=QSettings(str(data / "settings.ini"), QSettings.IniFormat),
+                 auto_load=False)
+win.show()
+win.load_model("scripted-target", "scripted-drafter")
+
+def step():
+    if win.model is None:
+        QTimer.singleShot(20, step)
+        return
+    assert win.import_chat(str(data / "chat.json"))
+    if sys.argv[2] == "mid-reply":
+        win.new_chat()
+        assert win.send("Tell me a long story.")
+        QTimer.singleShot(300, lambda: sys.exit(0))
+    else:
+        sys.exit(0)  # right after the import, as a script or a slot may end the program
+
+QTimer.singleShot(0, step)
+app.exec()
+'''
+
+
+@pytest.mark.parametrize("state", ["after an import", "mid-reply"])
+def test_the_program_ending_without_closing_the_window_stops_the_worker_first(tmp_path,
+                                                                              state):
+    """sys.exit from a slot (nothing closed the window): the worker thread is stopped and
+    the store closed before Qt's objects go, instead of Qt aborting with "QThread:
+    Destroyed while thread 'mlx-worker' is still running"; a reply cut so is stored
+    ``interrupted`` with its text."""
+    import subprocess
+    import sys
+
+    from app.chat.storage import Store
+    from tests.conftest import REPO
+
+    script = tmp_path / "run.py"
+    script.write_text(_EXIT_SCRIPT, encoding="utf-8")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), state], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "QThread: Destroyed" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    with Store(tmp_path / "conversations.db") as s:
+        titles = [c.title for c in s.list_conversations()]
+        assert "Exported chat" in titles
+        rows = [m for c in s.list_conversations() for m in s.messages(c.id)
+                if m.role == "assistant"]
+        assert all(m.status != "generating" for m in rows)
+        if state == "mid-reply":
+            cut = [m for m in rows if m.status == "interrupted"]
+            assert cut and cut[0].content
+
+
+def test_a_terminate_signal_quits_the_window_cleanly(tmp_path):
+    """SIGTERM (a logout, ``kill``) and Ctrl+C quit like File › Quit: the log says so and
+    the process ends with status 0, the worker stopped first."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--gui", "--data-dir",
+                             str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "dflash-chat.log"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                log.is_file() and "starting" in log.read_text(encoding="utf-8")):
+            time.sleep(0.1)
+        time.sleep(1.0)  # the window is up and its event loop runs
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "QThread: Destroyed" not in err and "Traceback" not in err, err
+    assert proc.returncode == 0, err
+    assert "quit" in log.read_text(encoding="utf-8").splitlines()[-1]

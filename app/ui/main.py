@@ -74,6 +74,34 @@ def setup_logging(data_dir: Path) -> logging.Handler:
     return handler
 
 
+def quit_on_signals(app: QApplication):
+    """Quit ``app`` the ordinary way (``aboutToQuit``: the window shuts down, the worker
+    stops, the store closes) on SIGTERM (a logout, ``kill``) and SIGINT (Ctrl+C), instead
+    of dying with the worker thread running or a KeyboardInterrupt raised inside a slot.
+    A timer lets Python see the signal while Qt's loop waits. Returns a function that puts
+    the previous handlers back."""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    def on_signal(signum, _frame) -> None:
+        log.info("signal %s: quitting", signum)
+        app.quit()
+
+    wanted = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+    previous = {sig: signal.signal(sig, on_signal) for sig in wanted}
+    tick = QTimer(app)
+    tick.timeout.connect(lambda: None)  # Python runs handlers between its bytecodes only
+    tick.start(250)
+
+    def restore() -> None:
+        tick.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
 def make_store(data_dir: Path):
     """The conversation store: SQLite storage in ``data_dir``."""
     from app.chat.turns import open_store
@@ -121,6 +149,7 @@ def run_gui(args=None) -> int:
 
     server = listen(name, bring_up)
     app.aboutToQuit.connect(win.shutdown)
+    restore = quit_on_signals(app)
     win.show()
     import asyncio
 
@@ -133,6 +162,7 @@ def run_gui(args=None) -> int:
     with loop:
         loop.run_until_complete(closed.wait())
     code = 0
+    restore()
     server.close()
     log.info("quit")
     logging.getLogger().removeHandler(handler)

@@ -8,6 +8,7 @@ requests and renders the :class:`~app.ui.worker.UiEvent` batches it sends back, 
 
 from __future__ import annotations
 
+import atexit
 import logging
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from app.ui.worker import (
     ModelInfo,
     UiEvent,
     WorkerThread,
+    at_exit,
 )
 
 log = logging.getLogger(__name__)
@@ -224,6 +226,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.timer.start()
         self._set_intro()
         self._restore()
+        # the program may end without closing the window (sys.exit in a slot, a script):
+        # shut down then too, before Qt's objects go (runs before the worker's own hook)
+        self._at_exit = at_exit(self, "shutdown")
         if auto_load:
             QTimer.singleShot(0, self.load_last_or_default)
 
@@ -741,10 +746,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
     def shutdown(self, timeout_ms: int = 15000) -> None:
         """Cancel a running reply, keep its partial text (stored as ``interrupted``: the app
         closed while it was written), stop the worker thread, close the store (a second call
-        does nothing)."""
+        does nothing). Closing the window, quitting the app and the program's end
+        (``atexit``) call it."""
         if getattr(self, "_shut", False):
             return
         self._shut = True
+        atexit.unregister(self._at_exit)
         if self.busy:
             if self._run is not None:
                 self._run.interrupted = True

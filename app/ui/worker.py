@@ -20,10 +20,12 @@ there.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -50,6 +52,28 @@ __all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished",
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
+
+
+# --------------------------------------------------------------------------- program end
+def at_exit(obj: object, method: str) -> Callable[[], None]:
+    """Register ``obj.method()`` to run when the program ends (``atexit``), holding ``obj``
+    only weakly; returns the hook, for ``atexit.unregister`` once it ran another way. A
+    failure in it is logged: the program is ending anyway."""
+    ref = weakref.ref(obj)
+
+    def hook() -> None:
+        target = ref()
+        if target is None:
+            return
+        try:
+            getattr(target, method)()
+        except RuntimeError as exc:  # its Qt object is gone already: nothing left to stop
+            log.debug("%s at exit: %s", method, exc)
+        except Exception:
+            log.exception("%s at exit", method)
+
+    atexit.register(hook)
+    return hook
 
 
 # --------------------------------------------------------------------------- thread checks
@@ -294,7 +318,10 @@ class WorkerThread:
     """Starts a :class:`Worker` on a dedicated :class:`QThread` and stops it cleanly.
 
     ``stop()`` cancels any reply, quits the thread's event loop and waits (never
-    ``QThread.terminate()``)."""
+    ``QThread.terminate()``). Should the program end without calling it (``sys.exit`` from
+    a slot, a script that just ends), an ``atexit`` hook calls it before Qt's objects go: Qt
+    aborts the process ("QThread: Destroyed while thread 'mlx-worker' is still running")
+    when a running thread is destroyed."""
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         self.thread = QThread()
@@ -302,6 +329,7 @@ class WorkerThread:
         self.worker = Worker(backend, store)
         self.worker.moveToThread(self.thread)
         self.thread.start()
+        self._at_exit = at_exit(self, "stop")
 
     def stop(self, timeout_ms: int = 30000) -> bool:
         """Cancel, quit and join the thread; True when it ended within ``timeout_ms``.
@@ -309,6 +337,7 @@ class WorkerThread:
         A model load cannot be interrupted; when the thread is still busy after
         ``timeout_ms`` this keeps waiting (a QThread destroyed while running aborts the
         process) and returns False once it has ended."""
+        atexit.unregister(self._at_exit)
         self.worker.cancel()
         self.thread.quit()
         if self.thread.wait(timeout_ms):
