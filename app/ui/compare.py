@@ -333,7 +333,7 @@ def side_figures(result) -> str:
     if s is None:
         return "no figures"
     stopped = " (stopped)" if getattr(result, "finish_reason", "") == "cancelled" else ""
-    tool_s = sum(float(c.get("duration_s") or 0.0) for c in result.tool_calls or ()
+    tool_s = sum(float(c.get("duration_s") or 0.0) for c in getattr(result, "tool_calls", None) or ()
                  if isinstance(c, dict))
     fig = ReplyFigures.of_summary(result.mode, s, tool_s)
     parts = [f"{s.tok_per_s:.1f} tok/s", f"{s.generated_tokens} tokens{stopped}"]
