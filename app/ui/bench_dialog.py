@@ -45,7 +45,8 @@ HEADER_TIPS = {
     "ratio_to_plain": "How many times as fast as plain, taken prompt by prompt: the median "
                       "of the per-prompt ratios tok/s / plain tok/s.",
     "time_to_answer_s": "How long a reply took from the start to its last token, reading the "
-                        "prompt included. Median over the prompts, in seconds.",
+                        "whole prompt included: each run starts with an empty cache, where a "
+                        "chat reuses its preamble. Median over the prompts, in seconds.",
     "answer_ratio_to_plain": "How many times as fast as plain the whole replies were: plain's "
                              "total time to answer over this row's.",
     "tau": "How many tokens each check by the big model gave on average. Tokens committed "
