@@ -992,6 +992,36 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
         win.shutdown()
 
 
+def test_unfit_drafter_note_needs_a_few_cycles_of_near_zero_acceptance():
+    from app.chat.baseline import unfit_drafter_note
+    from app.engine.events import Summary
+
+    s = Summary(mode="dflash", cycles=3, drafted=45, accepted=1)
+    s.acceptance_rate = 1 / 45
+    note = unfit_drafter_note(s, "my-drafter")
+    assert note.startswith("The drafter my-drafter had 2% of its drafts accepted")
+    assert "1 of 45 over 3 cycles" in note and "does not fit this target" in note
+    s.cycles = 2  # too few cycles to tell
+    assert unfit_drafter_note(s, "my-drafter") is None
+    s.cycles, s.acceptance_rate = 3, 0.4  # a drafter that fits
+    assert unfit_drafter_note(s, "my-drafter") is None
+    assert unfit_drafter_note(Summary(mode="plain"), "my-drafter") is None
+
+
+def test_the_first_reply_of_a_drafter_that_accepts_nothing_names_it(qtbot, qs):
+    """A drafter that does not fit the target (acceptance ~0, tau 1) is named after its first
+    reply, not after three replies' slowness."""
+    backend = BenchBackend(accept=lambda c: 0, cycles=6)
+    win, backend = loaded_window(qtbot, qs, backend)
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert win.banner_kind == "note"
+        assert "The drafter scripted-d had 0% of its drafts accepted" in win.banner.text()
+        assert "does not fit this target" in win.banner.text()
+    finally:
+        win.shutdown()
+
+
 # ------------------------------------------------------------------ the first screen
 def test_empty_chat_shows_the_model_and_its_examples_and_a_click_sends(qtbot, qs, tiny_dirs,
                                                                        tmp_path):

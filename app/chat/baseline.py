@@ -160,3 +160,31 @@ class SlowStreak:
 
     NOTE = ("DFlash was slower than plain for the last 3 replies on this pair. Try Plain, or a "
             "smaller block size in File › Settings.")
+
+
+UNFIT_ACCEPTANCE = 0.05
+"""A reply whose drafts the target accepted less often than this (a fraction) suggests a
+drafter that does not fit the target: a drafter trained for it accepts most (the demo pair
+about 70-90%), while one made for another target, or with untrained weights, accepts almost
+none (acceptance ~0, tau 1.0: the symptom reported in vLLM #49559 and vllm-ascend #11374)."""
+
+UNFIT_MIN_CYCLES = 3
+"""Cycles a reply needs before its acceptance says anything about the drafter."""
+
+
+def unfit_drafter_note(summary, drafter_name: str | None) -> str | None:
+    """The note for a DFlash or DFlash2 reply whose drafter looks unfit for the target, or
+    None: acceptance below :data:`UNFIT_ACCEPTANCE` over at least :data:`UNFIT_MIN_CYCLES`
+    cycles. ``summary``: the reply's ``app.engine.events.Summary`` (whole reply)."""
+    if summary is None or summary.mode not in ("dflash", "dflash2"):
+        return None
+    rate = summary.acceptance_rate
+    if rate is None or summary.cycles < UNFIT_MIN_CYCLES or rate >= UNFIT_ACCEPTANCE:
+        return None
+    name = f"The drafter {drafter_name}" if drafter_name else "The drafter"
+    return (f"{name} had {rate * 100:.0f}% of its drafts accepted in this reply ("
+            f"{summary.accepted} of {summary.drafted} over {summary.cycles} cycles): it "
+            "probably does not fit this target (made for another model, or not a trained "
+            "drafter), and DFlash is slower than plain with it. Choose a drafter made for this "
+            "target in Models, or use Plain.")
+

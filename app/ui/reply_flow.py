@@ -17,7 +17,7 @@ import logging
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
-from app.chat.baseline import PlainSample, SlowStreak, SpeedUp
+from app.chat.baseline import PlainSample, SlowStreak, SpeedUp, unfit_drafter_note
 from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
@@ -568,7 +568,10 @@ class ReplyFlow:
                 r.speed_checked = True
                 self._store_speedup(run.msg.ids.get(run.version_key(tag)), r.speedup)
                 self.slow_streak.add(r.speedup.ratio if r.speedup else None)
-                if self.slow_streak.slow:
+                unfit = unfit_drafter_note(s, self.model.drafter_name)
+                if unfit:
+                    self.show_note(unfit)
+                elif self.slow_streak.slow:
                     self.show_note(SlowStreak.NOTE)
 
     def _store_speedup(self, row_id: int | None, speedup) -> None:
