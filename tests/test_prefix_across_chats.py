@@ -14,7 +14,7 @@ import pytest
 from engine_fixtures import FAST, collect
 from test_engine_exact import _variant, cache_state, cache_tol, max_difference
 
-from app.chat.reply import ReplySettings, _preamble_boundary
+from app.chat.reply import ReplySettings, preamble_boundary
 from app.engine.generate import GenerationConfig, generate
 from app.engine.prefix import PromptCache
 
@@ -33,7 +33,7 @@ def _chat(target, *texts: str) -> tuple[list[int], list[int]]:
     user's messages (a one-message chat when one text is given)."""
     convo = [SYSTEM] + [{"role": "user", "content": t} for t in texts]
     ids = list(target.tokenizer.apply_chat_template(convo, add_generation_prompt=True))
-    return ids, _preamble_boundary(target, convo, ReplySettings(), ids)
+    return ids, preamble_boundary(target, convo, ReplySettings(), ids)
 
 
 def _gen(target, ids, boundaries, session, drafter=None, mode="plain", n=10):

@@ -290,7 +290,10 @@ def test_tiny_pair_plain_equals_dflash_and_compare_identical(qtbot, engine_windo
 def test_second_turn_reuses_the_prefix_and_the_panel_says_so(qtbot, engine_window):
     win = engine_window
     win.new_chat()
-    first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    # after the reply the worker is asked to prefill the chat's next turn (while the user writes)
+    with qtbot.waitSignal(win.worker.prefillRequested, timeout=60_000) as asked:
+        first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
+    assert asked.args[0] == win.conv.id and asked.args[1]["mode"] == "dflash"
     assert first.summary.reused_tokens == 0
     second = send_and_wait(qtbot, win, "And another one?", mode="dflash").version.result
     s = second.summary

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     if sessions is None:
         return 2
     warm, cold = sessions
-    from app.chat.reply import _preamble_boundary
+    from app.chat.reply import preamble_boundary
     from app.chat.settings import reply_settings
     from app.chat.templates import render_prompt
 
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                      {"role": "user", "content": text}]
             ids = render_prompt(warm.target.tokenizer, convo, tools=rs.tools,
                                 enable_thinking=rs.enable_thinking).ids
-            preamble = (_preamble_boundary(warm.target, convo, rs, ids) or [0])[0]
+            preamble = (preamble_boundary(warm.target, convo, rs, ids) or [0])[0]
             cold.cache.clear_all()  # cold: nothing cached, the whole prompt is prefilled
             c_tokens, c_sum, _ = _reply_figures(cold, cold.store, text, settings)
             w_tokens, w_sum, _ = _reply_figures(warm, warm.store, text, settings)

@@ -8,6 +8,11 @@ same results) and without. For every reply the two sides run back to back, the s
 first alternating, and each is timed from send to its last event (``ChatSession.send``, the
 call the window's worker makes: prefill, every round and the tools included).
 
+After every reply each side prefills what the chat's next turn starts with, untimed
+(``ChatSession.prefill_next_turn``), as the window's worker does while the user reads and
+writes; ``--no-prefill`` leaves that out, so that a follow-up prefills the last exchange again
+(the template drops the reasoning of replies before the last user message).
+
 Printed per reply: each side's time to answer and decode tok/s, their ratios, whether the
 tokens are identical. The summary gives the medians of the paired ratios and the pooled
 ratios (``app.chat.measure.speedup``); the issue's gate is a median paired time-to-answer
@@ -70,6 +75,8 @@ def main(argv=None) -> int:
                    help="Max tokens (default: the window's default)")
     p.add_argument("--chats", type=int, default=len(CHATS), help="how many of the chats")
     p.add_argument("--json", default=None, help="write every measurement to this file")
+    p.add_argument("--no-prefill", action="store_true",
+                   help="no prefill of the next turn between replies (the window does one)")
     args = p.parse_args(argv)
 
     from bench_new_chat import demo_sessions
@@ -105,26 +112,34 @@ def main(argv=None) -> int:
                 reply, wall = _send(sessions[m], convs[m], text, settings[m])
                 got[m] = (reply, ReplyFigures.of(reply, wall))
                 figures[m].append(got[m][1])
+                if not args.no_prefill:
+                    sessions[m].prefill_next_turn(convs[m], settings[m],
+                                                  settings[m]["system_prompt"])
             (pr, pf), (dr, df) = got["plain"], got[args.mode]
             row = {"turn": turn, "message": text, "rounds": len(pr.rounds),
                    "first": order[0], "plain": pf.to_dict(), args.mode: df.to_dict(),
                    "answer_ratio": pf.time_to_answer_s / df.time_to_answer_s,
                    "decode_ratio": (df.decode_tok_per_s / pf.decode_tok_per_s
                                     if pf.decode_tok_per_s else None),
-                   "identical": pr.all_tokens == dr.all_tokens}
+                   "identical": pr.all_tokens == dr.all_tokens,
+                   "prefilled": [r.rounds[0].summary.prompt_tokens
+                                 - r.rounds[0].summary.reused_tokens for r in (pr, dr)]}
             rows.append(row)
             dec = "n/a" if row["decode_ratio"] is None else f"{row['decode_ratio']:.2f}x"
             print(f"{turn:9s} {text[:38]:38s} rounds {row['rounds']}  answer "
                   f"{pf.time_to_answer_s:6.2f} s vs {df.time_to_answer_s:6.2f} s "
                   f"({row['answer_ratio']:.2f}x)  decode {pf.decode_tok_per_s:6.1f} vs "
                   f"{df.decode_tok_per_s:6.1f} tok/s ({dec})  tools "
-                  f"{pf.tool_s * 1000:.0f}/{df.tool_s * 1000:.0f} ms  identical "
+                  f"{pf.tool_s * 1000:.0f}/{df.tool_s * 1000:.0f} ms  prefill "
+                  f"{row['prefilled'][0]}/{row['prefilled'][1]}  identical "
                   f"{'yes' if row['identical'] else 'NO'}")
     sp = speedup(figures["plain"], figures[args.mode])
     with_tools = [r for r in rows if r["rounds"] > 1]
     print()
     print(f"{len(rows)} replies ({len(with_tools)} with tool rounds), {args.mode} vs plain, "
-          "warmed sessions, sides alternated, frozen clock")
+          "warmed sessions, sides alternated, frozen clock, "
+          + ("no prefill between turns" if args.no_prefill else
+             "the next turn prefilled between replies"))
     print(f"time to answer: median of paired ratios {sp.median_paired_time_to_answer:.2f}x, "
           f"pooled {sp.time_to_answer:.2f}x")
     print(f"decode tok/s:   median of paired ratios {sp.median_paired_decode:.2f}x, "

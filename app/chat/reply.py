@@ -61,7 +61,7 @@ def _history_boundary(target, convo, settings, prompt_ids: list[int]) -> list[in
     return [n] if 0 < n < len(prompt_ids) and prompt_ids[:n] == history else []
 
 
-def _preamble_boundary(target, convo, settings, prompt_ids: list[int]) -> list[int]:
+def preamble_boundary(target, convo, settings, prompt_ids: list[int]) -> list[int]:
     """Where the system + tools preamble ends: the rendered leading system messages (with the
     tool definitions), or, with no system message, what the template writes before the first
     user message's text. Every new chat with the same system prompt, tools and thinking switch
@@ -96,6 +96,60 @@ def _preamble_boundary(target, convo, settings, prompt_ids: list[int]) -> list[i
         return []
     n = len(ids)
     return [n] if 0 < n < len(prompt_ids) and prompt_ids[:n] == ids else []
+
+
+_PROBES = ("a", "b")
+"""Two different next messages: what their rendered prompts share is what any next message's
+prompt starts with."""
+
+
+def next_turn_prefix(target, messages: list[dict], settings: ReplySettings) -> list[int]:
+    """The token ids every next turn's prompt after ``messages`` starts with, whatever the
+    user writes next: the common prefix of the prompts (:func:`render_prompt`, as
+    :func:`run_reply` renders them) of ``messages`` followed by two different user messages.
+
+    A template may render the history differently once a new user message follows (Qwen's
+    templates drop the reasoning of the replies before the last user message), so the prompt
+    of the next turn is often not an extension of what the target's cache holds after a reply;
+    this prefix is. Empty when nothing is shared or the template fails on these messages.
+    """
+    from app.engine.prefix import common_prefix
+
+    try:
+        a, b = (list(render_prompt(target.tokenizer, [*messages, {"role": "user", "content": t}],
+                                   tools=settings.tools,
+                                   enable_thinking=settings.enable_thinking).ids)
+                for t in _PROBES)
+    except Exception:
+        return []
+    return a[: common_prefix(a, b)]
+
+
+def prefill_prefix(target, drafter, ids: list[int], session, boundaries: list[int] = ()):
+    """Prefill ``ids`` into the kept prefix cache ``session`` (an
+    ``app.engine.prefix.PromptCache``) without generating a reply: what it already holds is
+    reused, the rest is run through the target (and, with ``drafter``, recorded as the
+    drafter's context, so a DFlash or DFlash2 turn reuses it as plain does), and the state
+    after ``ids`` is kept (a recurrent-state snapshot there) for the next prompt that starts
+    with them. Exact as any reuse: a later prompt gives the tokens of a cold prefill.
+
+    Returns the engine's ``Summary`` (``prompt_tokens``, ``reused_tokens``, ``ttft_s``: the
+    seconds of this prefill).
+
+    Raises:
+        GenerationError: ``ids`` is empty.
+    """
+    from app.engine.generate import GenerationConfig
+
+    # one greedy step computes the last position's logits, which a prefill needs anyway; its
+    # token is not fed back, so the cache holds exactly ``ids``
+    gen = _engine_generate(target, list(ids), GenerationConfig(mode="plain", max_tokens=1),
+                           drafter=drafter, session=session, boundaries=list(boundaries))
+    summary = None
+    for ev in gen:
+        if isinstance(ev, Done):
+            summary = ev.summary
+    return summary
 
 
 def _generation_config(settings: ReplySettings, mode: str):
@@ -262,7 +316,7 @@ def run_reply(
         resumed = len(from_draft)  # tokens of the cut round, before this run's
         extra = {}
         if session is not None:
-            boundaries = sorted({*_preamble_boundary(target, convo, settings, prompt_ids),
+            boundaries = sorted({*preamble_boundary(target, convo, settings, prompt_ids),
                                  *_history_boundary(target, convo, settings, prompt_ids)})
             if resuming is not None:  # the cut round's prompt ends where its reply begins
                 boundaries = sorted({*boundaries, len(prompt_ids)})

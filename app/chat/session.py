@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,16 @@ class PairSpec:
         if self.tiny:
             return "tiny random pair"
         return Path(self.target).name or self.target
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What :meth:`ChatSession.prefill_next_turn` did: ``tokens`` of the next turn's prompt
+    are now in the prefix cache, ``reused`` of them were already there, in ``seconds``."""
+
+    tokens: int
+    reused: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -405,6 +416,15 @@ class ChatSession:
             notice = None
         else:
             messages, notice = self._fit(messages, rs)
+        self._use_drafter(drafter)
+        events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
+                                     session=self.cache, resume=resume)
+        if notice:
+            return _prepend(Notice(notice), events)
+        return iter(events)
+
+    def _use_drafter(self, drafter) -> None:
+        """Make ``drafter`` the one whose context the prefix cache extends in the next run."""
         if drafter is not self._cache_drafter and self.cache is not None:
             # the kept drafter context is the other drafter's: put it aside and bring back
             # this drafter's own, cut to the tokens it still shares (PromptCache.switch_drafter)
@@ -416,11 +436,61 @@ class ChatSession:
                 # the drafter not running keeps its own context in step with this turn, plain
                 # ones included, so its first turn after them reuses the prefix
                 self.cache.keep_context(_drafter_key(other), other)
-        events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
-                                     session=self.cache, resume=resume)
-        if notice:
-            return _prepend(Notice(notice), events)
-        return iter(events)
+
+    def prefill_next_turn(self, conversation_id: int, settings: dict, system_prompt: str = "",
+                          store: Store | None = None) -> PrefillResult | None:
+        """Prefill, while the user writes, what the next turn of the stored conversation
+        ``conversation_id`` will start with (``app.chat.reply.next_turn_prefix`` of its shown
+        messages, as :meth:`send` would render them with ``settings`` and ``system_prompt``),
+        so that the next turn prefills only the new message. ``store``: where the
+        conversation is (default: the session's own).
+
+        A chat template that renders earlier replies differently once a new user message
+        follows (Qwen's drop their reasoning) makes the next prompt diverge from what the
+        cache holds after a reply, at the start of that reply: without this, the next turn
+        prefills the whole last exchange (its tool calls and results included) again, in
+        every mode. The window's worker calls it after a reply while it has nothing else to
+        do; exact as every reuse (the next reply's tokens are a cold prefill's).
+
+        Returns a :class:`PrefillResult`, or None when there is nothing to do: no model or
+        store, a conversation without a finished reply at its end, or a prefix the cache
+        already holds.
+
+        Raises:
+            app.chat.storage.StorageError: the conversation cannot be read.
+            EngineError: from the engine (the kept cache is dropped then, as after any
+                failed run).
+        """
+        check_engine_thread()
+        store = store if store is not None else self.store
+        if self.target is None or store is None or self.cache is None:
+            return None
+        from app.chat import reply as reply_mod
+        from app.chat.stored_turn import prompt_for_next
+        from app.engine.prefix import common_prefix
+
+        messages = prompt_for_next(store, conversation_id, system_prompt)
+        if not messages or messages[-1].get("role") not in ("assistant", "tool"):
+            return None
+        rs = reply_settings(settings)
+        try:  # as send() fits them: earlier turns' reasoning may be left out
+            fitted, _ = self._fit([*messages, {"role": "user", "content": "a"}], rs)
+        except PromptTooLongError:
+            return None
+        if len(fitted) != len(messages) + 1:
+            return None  # the next turn leaves earlier turns out: its prompt is not known
+        base = fitted[:-1]
+        ids = reply_mod.next_turn_prefix(self.target, base, rs)
+        if not ids or common_prefix(self.cache.ids, ids) == len(ids):
+            return None
+        drafter = self.drafter_for(rs.mode)
+        self._use_drafter(drafter)
+        t0 = time.perf_counter()
+        summary = reply_mod.prefill_prefix(
+            self.target, drafter, ids, self.cache,
+            reply_mod.preamble_boundary(self.target, base, rs, ids))
+        return PrefillResult(tokens=len(ids), reused=summary.reused_tokens if summary else 0,
+                             seconds=time.perf_counter() - t0)
 
     def check_resume(self, resume: Any) -> None:
         """Refuse a continuation (an ``app.chat.events.ResumeRound``) whose cut round already

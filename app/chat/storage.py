@@ -1154,7 +1154,13 @@ class Store:
         while node.parent_id is not None:
             node = self.get_message(node.parent_id)
             chain.append(node)
-        return _prompt_dicts(chain[::-1])
+        return self.prompt_for_path(chain[::-1])
+
+    @staticmethod
+    def prompt_for_path(messages: list[Message]) -> list[dict]:
+        """The chat-template messages of ``messages`` (a path, first to last), leaving out
+        the replies :meth:`prompt_for_reply` leaves out."""
+        return _prompt_dicts(messages)
 
 
 def _prompt_dicts(messages: list[Message]) -> list[dict]:

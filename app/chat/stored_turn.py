@@ -229,6 +229,20 @@ def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dic
     return messages
 
 
+def prompt_for_next(store: Store, conversation_id: int, system_prompt: str = "") -> list[dict]:
+    """The chat-template messages the next turn of ``conversation_id`` continues: the
+    messages the conversation shows now (``Store.active_path``, as ``prompt_for`` reads a
+    reply's), with ``system_prompt`` first as :func:`prompt_for` puts it.
+
+    Raises:
+        app.chat.storage.ConversationNotFoundError: no such conversation.
+    """
+    messages = store.prompt_for_path(store.active_path(conversation_id))
+    if system_prompt.strip() and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
 def begin_turn(store: Store, request: TurnRequest,
                drafter_blocks: dict[str, int] | None = None) -> TurnBegun:
     """Store the user message and the reply rows of ``request`` in one transaction (all or

@@ -226,6 +226,7 @@ class ReplyFlow:
                                    self.model.context_length)
         self._run.previous = previous
         self._run.text = text if again is None and continued is None else ""
+        self._run.system_prompt = values["system_prompt"]
         self._run.continued = before
         for side in self._run.sides.values():
             side.stats.mode = side.tag or mode
@@ -495,6 +496,10 @@ class ReplyFlow:
                                           third.result if third else None, third is not None)
         self._measure_speed(run)
         self._refresh_list()
+        if not run.compare and not run.interrupted and not run.stored.error:
+            # while the user reads and writes: the next turn then prefills only its message
+            self.worker.prefillRequested.emit(run.conv.id, dict(run.settings),
+                                              run.system_prompt)
         if run.conv is self.conv:
             self.chat.render(self.conv)
             self.show_message_details(msg)

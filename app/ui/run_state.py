@@ -70,6 +70,8 @@ class ReplyRun:
     text: str = ""
     """The user message sent ("" for a regenerated reply): back to the composer when the
     turn cannot be stored."""
+    system_prompt: str = ""
+    """The system prompt the turn was sent with (for the next turn's prefill)."""
     previous: tuple = ((), "")
     """The view's turns and the regenerated reply's chosen key before the request (restored
     when the turn cannot be stored)."""

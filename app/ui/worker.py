@@ -161,6 +161,10 @@ class Worker(QObject):
         memory(int): MLX active memory in bytes.
         benchDone(object) / benchFailed(str): answer ``benchRequested(max_tokens)`` with the
             dict of :meth:`ChatSession.benchmark`, or a user-facing message.
+        (request) prefillRequested(int, object, str): conversation id, reply settings dict
+            and system prompt: prefill what that conversation's next turn starts with
+            (:meth:`ChatSession.prefill_next_turn`) while the user writes; nothing is emitted
+            (a backend without it, or a failure, only skips it: the next turn prefills more).
     """
 
     loading = Signal(str)
@@ -180,6 +184,7 @@ class Worker(QObject):
     replyRequested = Signal(int, object)
     unloadRequested = Signal()
     benchRequested = Signal(int)
+    prefillRequested = Signal(int, object, str)
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         super().__init__()
@@ -195,6 +200,7 @@ class Worker(QObject):
         self.unloadRequested.connect(self._on_unload)
         self.piecesRequested.connect(self._on_pieces)
         self.benchRequested.connect(self._on_bench)
+        self.prefillRequested.connect(self._on_prefill)
 
     def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -275,6 +281,20 @@ class Worker(QObject):
         finally:
             self.memory.emit(self.backend.memory_bytes())
         self.benchDone.emit(result)
+
+    @Slot(int, object, str)
+    def _on_prefill(self, conversation_id: int, settings: object, system_prompt: str) -> None:
+        fn = getattr(self.backend, "prefill_next_turn", None)
+        if not callable(fn):
+            return
+        try:
+            done = fn(conversation_id, dict(settings), system_prompt, store=self.store)
+        except Exception:  # the next turn prefills what this did not
+            log.exception("prefilling the next turn")
+            return
+        if done is not None:
+            log.info("prefilled %d tokens of chat %d's next turn (%d reused) in %.2f s",
+                     done.tokens, conversation_id, done.reused, done.seconds)
 
     @Slot()
     def _on_unload(self) -> None:
