@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 
+from app.engine.modes import DRAFTING_MODES
+
 CONTEXT_TOLERANCE = 0.5
 """A baseline's prompt length may differ by this fraction of the reply's (±50%)."""
 
@@ -176,7 +178,7 @@ def unfit_drafter_note(summary, drafter_name: str | None) -> str | None:
     """The note for a DFlash or DFlash2 reply whose drafter looks unfit for the target, or
     None: acceptance below :data:`UNFIT_ACCEPTANCE` over at least :data:`UNFIT_MIN_CYCLES`
     cycles. ``summary``: the reply's ``app.engine.events.Summary`` (whole reply)."""
-    if summary is None or summary.mode not in ("dflash", "dflash2"):
+    if summary is None or summary.mode not in DRAFTING_MODES:
         return None
     rate = summary.acceptance_rate
     if rate is None or summary.cycles < UNFIT_MIN_CYCLES or rate >= UNFIT_ACCEPTANCE:

@@ -54,6 +54,7 @@ from app.chat.events import ToolCall
 from app.chat.settings import SPECS, ReplySettings, Sampling, SettingError, coerce
 from app.chat.storage import Store
 from app.engine.events import Summary
+from app.engine.modes import DRAFTING_MODES
 
 FORMAT = "dflash-chat.conversation"
 FORMAT_VERSION = 1
@@ -471,7 +472,7 @@ def _fence(text: str, lang: str = "") -> str:
 
 def _reply_heading(m: Message, store: Store) -> str:
     parts = ["Assistant"]
-    if m.mode in ("dflash", "dflash2"):
+    if m.mode in DRAFTING_MODES:
         name = "DFlash2" if m.mode == "dflash2" else "DFlash"
         detail = ", ".join(
             x

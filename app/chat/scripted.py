@@ -30,6 +30,7 @@ from app.chat.events import (
 from app.chat.session import ModelInfo, PairSpec
 from app.engine.errors import ModelLoadError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+from app.engine.modes import DRAFTING_MODES
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ class ScriptedSession:
         s.set_rates(committed=idx)
         s.generated_tokens = idx
         s.stop_cause = "cancelled" if stopped else "end_token"
-        s.mode = mode if mode in ("dflash", "dflash2") else "plain"
+        s.mode = mode if mode in DRAFTING_MODES else "plain"
         for key, value in self.figures.items():
             setattr(s, key, value)
         self.summary = s

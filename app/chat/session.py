@@ -35,6 +35,7 @@ from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import reply_settings
 from app.chat.storage import Store
 from app.engine.errors import EngineError, PromptTooLongError
+from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
 from app.engine.threads import check_engine_thread
 
 log = logging.getLogger(__name__)
@@ -518,8 +519,8 @@ class ChatSession:
         it). None when no target is loaded, or ``mode`` needs a drafter that is not."""
         if self.target is None:
             return None
-        drafter = self.drafter_for(mode) if mode in ("dflash", "dflash2") else None
-        if mode in ("dflash", "dflash2") and drafter is None:
+        drafter = self.drafter_for(mode) if mode in DRAFTING_MODES else None
+        if mode in DRAFTING_MODES and drafter is None:
             return None
         return {"target": str(self.target.path),
                 "drafter": str(drafter.path) if drafter is not None else None}
@@ -552,7 +553,7 @@ class ChatSession:
         if mode == "dflash2":
             if self.drafter2 is not None:
                 return self.drafter2
-            return self.drafter if getattr(self.drafter, "kind", "") == "dflash2" else None
+            return self.drafter if drafter_mode(self.drafter) is Mode.DFLASH2 else None
         if mode == "dflash":
             return self.drafter
         return self._cache_drafter or self.drafter

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.modes import MODES
+
 
 class SettingError(ValueError):
     """A setting's value is unusable (or the setting is unknown); the message names it."""
@@ -201,10 +203,9 @@ class ReplySettings:
     sampling: Sampling = field(default_factory=Sampling)
 
 
-DECODING_MODES: tuple[str, ...] = ("plain", "dflash", "dflash2")
-"""The values of a reply's ``mode`` (and of the window's stored ``composer/mode``): plain
-decoding, DFlash, DFlash2 (a DFlash2 drafter). Additive: stored "plain"/"dflash" values keep
-their meaning."""
+DECODING_MODES = MODES
+"""The values of a reply's ``mode`` (and of the window's stored ``composer/mode``): the
+:class:`app.engine.modes.Mode` table's."""
 
 REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "fast_verify",
                         "enable_thinking",

@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.chat.conversation import (
-    MODES,
     ROLES,
     ROLLBACKS,
     STATUSES,
@@ -47,6 +46,7 @@ from app.chat.conversation import (
     Message,
     SearchHit,
 )
+from app.engine.modes import MODES
 
 DB_FILENAME = "conversations.db"
 SCHEMA_VERSION = 3

@@ -63,7 +63,9 @@ from app.chat.turns import (
     PartialReply,
     ReplyResult,
 )
+from app.engine import modes
 from app.engine.errors import EngineError, PromptTooLongError
+from app.engine.modes import DRAFTING_MODES
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +84,8 @@ class TurnRequest:
             ``regenerate_of``.
         settings: the reply settings dict (``mode``, ``block_size``, ``rollback``, sampling,
             ``use_tools``, ...; ``app.chat.settings.reply_values``).
-        tags: ``("",)`` for one reply, ``("plain", "dflash")`` for a Compare turn,
-            ``("plain", "dflash", "dflash2")`` for one with a DFlash2 drafter too.
+        tags: ``("",)`` for one reply; for a Compare turn the modes of its sides, plain and
+            DFlash, and DFlash2 too with a DFlash2 drafter (``app.engine.modes.MODES``).
         key: the version key of one reply ("" -> its mode; ``app.chat.turns.version_key``).
         system_prompt: put first in the prompt when the conversation has none of its own.
         regenerate_of: a stored reply row: the new reply is a sibling version of it.
@@ -176,10 +178,6 @@ class CannotContinueError(Exception):
     """A stored reply cannot be continued where Max tokens cut it; the message says why and
     what to do instead (a Compare side, a reply that did not end by Max tokens, one stored
     without what Continue needs, or one made by models that are not loaded now)."""
-
-
-MODE_NAMES = {"plain": "Plain", "dflash": "DFlash", "dflash2": "DFlash2"}
-"""How a refusal names a reply's decoding mode."""
 
 
 @dataclass(frozen=True)
@@ -278,9 +276,9 @@ def begin_turn(store: Store, request: TurnRequest,
                     compare_group=plain.compare_group, activate=False)
                 ids["dflash2"] = third.id
         else:
-            kwargs = {"block_size": (block or blocks.get(mode)) if mode in ("dflash", "dflash2")
+            kwargs = {"block_size": (block or blocks.get(mode)) if mode in DRAFTING_MODES
                       else None,
-                      "rollback": rollback if mode in ("dflash", "dflash2") else None,
+                      "rollback": rollback if mode in DRAFTING_MODES else None,
                       "generation": generation}
             if request.regenerate_of is not None:
                 row = store.regenerate(request.regenerate_of, mode=mode, **kwargs)
@@ -354,7 +352,7 @@ class _Turn:
         e.g. the scripted session)."""
         drafter_for = getattr(self.backend, "drafter_for", None)
         out = {}
-        for mode in ("dflash", "dflash2"):
+        for mode in DRAFTING_MODES:
             d = drafter_for(mode) if drafter_for is not None else None
             if d is not None:
                 out[mode] = d.config.block_size
@@ -526,13 +524,13 @@ class _Turn:
         mode = row.mode or "plain"
         made_by = getattr(self.backend, "made_by", None)
         made = made_by(mode) if made_by is not None else None
-        name = MODE_NAMES.get(mode, mode)
+        name = modes.label(mode)
         if made is None:
             raise CannotContinueError(
                 "This backend cannot continue a reply." if made_by is None else
                 f"This reply was made in {name}, and no model that runs {name} is loaded: "
                 "load the pair that made it to continue it. The reply is kept as it is.")
-        drafting = mode in ("dflash", "dflash2")
+        drafting = mode in DRAFTING_MODES
         if made["target"] != record.get("target") or \
                 (drafting and made["drafter"] != record.get("drafter")):
             who = Path(str(record.get("target") or "?")).name
@@ -617,7 +615,7 @@ class _Turn:
         """In a Compare, a drafting side's top-two gap where it first differs from plain."""
         plain = self.replies.get("plain")
         gap_of = getattr(self.backend, "top2_gap", None)  # scripted sessions have none
-        if tag not in ("dflash", "dflash2") or plain is None or tag not in self.replies or \
+        if tag not in DRAFTING_MODES or plain is None or tag not in self.replies or \
                 gap_of is None or result.tokens == plain.all_tokens:
             return
         try:
@@ -643,7 +641,7 @@ class _Turn:
                 if self.resume_records.get(tag) is not None:  # Max tokens ended it
                     self.store.update_generation(begun.reply_ids[key],
                                                  {RESUME_KEY: self.resume_records[tag]})
-                if req.compare and tag in ("dflash", "dflash2") and tag in self.ran:
+                if req.compare and tag in DRAFTING_MODES and tag in self.ran:
                     # the header's figure at the first divergence, for a reopened Compare
                     self.store.update_generation(begun.reply_ids[key],
                                                  {TOP2_GAP_KEY: result.top2_gap})

@@ -63,6 +63,7 @@ from app.engine.bench import (
     run_scaling,
     tape_vs_replay,
 )
+from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
 
 __all__ = ["plot_results", "register", "run_bench", "text_report", "write_outputs"]
 
@@ -214,7 +215,7 @@ def _run_rows(records: list[RunRecord]) -> list[dict]:
         s = r.summary
         rows.append({
             "mode": r.mode.name, "block_size": r.mode.block, "rollback": r.mode.rollback
-            if r.mode.mode in ("dflash", "dflash2") else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
+            if r.mode.mode in DRAFTING_MODES else "", "prompt_id": r.prompt_id, "repeat": r.repeat,
             "prompt_tokens": r.prompt_tokens, "generated_tokens": s.generated_tokens,
             "tok_per_s": s.tok_per_s, "ttft_s": s.ttft_s, "cycles": s.cycles,
             "drafted": s.drafted, "accepted": s.accepted, "tau": s.tau, "replays": s.replays,
@@ -424,7 +425,7 @@ def run_bench(args) -> int:
         d2path = default_dflash2(args)
         if d2path:
             drafter2 = load_drafter(d2path)
-            if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+            if drafter_mode(drafter2) is not Mode.DFLASH2:
                 raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
             check_pair(target, drafter2)
         if args.prompts:
@@ -436,7 +437,7 @@ def run_bench(args) -> int:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)
-    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     limit = min(d.config.block_size for d in (drafter, drafter2) if d is not None)
     blocks = [b for b in args.block_sizes if b <= limit]
     if len(blocks) < len(args.block_sizes):

@@ -25,6 +25,7 @@ from app.commands.generation import (
     settings_from_args,
     warm_up_on_gpu,
 )
+from app.engine.modes import DRAFTING_MODES
 
 
 def register(subparsers) -> None:
@@ -51,7 +52,7 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
 
     fig = ReplyFigures.of(reply, wall_s)
     block = None
-    if reply.mode in ("dflash", "dflash2"):
+    if reply.mode in DRAFTING_MODES:
         block = settings.block_size or (drafter.config.block_size if drafter else None)
     out: dict[str, Any] = {
         "mode": reply.mode,
@@ -90,7 +91,7 @@ def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = 
     parts.append(f"answer in {fig.time_to_answer_s:.2f} s{tools}")
     parts.append(f"{s.tok_per_s:.1f} tok/s")
     parts.append(f"TTFT {s.ttft_s:.2f} s")
-    if reply.mode in ("dflash", "dflash2"):
+    if reply.mode in DRAFTING_MODES:
         acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
         tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
         parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
@@ -132,7 +133,7 @@ def run_chat(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in ("dflash", "dflash2"))
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTING_MODES)
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings.enable_thinking = default_thinking(tpath, dpath)

@@ -43,6 +43,7 @@ from app.commands.generation import (
     warm_up_both,
 )
 from app.engine.compare import first_divergence
+from app.engine.modes import Mode, drafter_mode
 
 
 def register(subparsers) -> None:
@@ -84,11 +85,11 @@ def _compare(args) -> int:
         from app.models.loader import check_pair, load_drafter
 
         drafter2 = load_drafter(d2path)
-        if getattr(drafter2.config, "kind", "dflash") != "dflash2":
+        if drafter_mode(drafter2) is not Mode.DFLASH2:
             raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
     warm_up_both(target, [drafter, drafter2])
-    only_v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
         runs.append(("dflash2", drafter2))

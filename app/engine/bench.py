@@ -31,6 +31,7 @@ from typing import Any
 
 from app.engine.compare import first_divergence, near_tie
 from app.engine.events import Summary
+from app.engine.modes import DRAFTING_MODES
 
 DEFAULT_BLOCK_SIZES = "4,8,16"
 DEFAULT_REPEATS = 2
@@ -300,7 +301,7 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
         pooled = Summary.pool(ss, m.mode)
         cycles, replays, rollback_s = pooled.cycles, pooled.replays, pooled.rollback_s
         busy = pooled.draft_s + pooled.verify_s + pooled.rollback_s
-        dflash = m.mode in ("dflash", "dflash2")
+        dflash = m.mode in DRAFTING_MODES
         out[m.name] = {
             "mode": m.mode,
             "rollback": m.rollback if dflash else None,

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from app.engine.modes import DRAFTING_MODES, Mode
+
 StopCause = Literal["end_token", "length", "cancelled", "error"]
 
 
@@ -207,7 +209,7 @@ class Summary:
         if not rounds:
             return cls()
         # the drafting mode of any round (a reply runs one mode over all its rounds)
-        mode = next((r.mode for r in rounds if r.mode != "plain"), "plain")
+        mode = next((r.mode for r in rounds if r.mode in DRAFTING_MODES), Mode.PLAIN.value)
         out = cls.pool(rounds, mode)
         first, last = rounds[0], rounds[-1]
         out.ttft_s = first.ttft_s

@@ -57,6 +57,7 @@ from app.engine import dflash2 as _d2
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
+from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
 from app.engine.prefix import PromptCache
 from app.engine.target import TargetRunner, cache_arrays, trim_attention
 from app.engine.threads import check_engine_thread
@@ -326,11 +327,11 @@ def generate(
             ),
             summary,
         )
-    if config.mode not in ("dflash", "dflash2"):
+    if config.mode not in DRAFTING_MODES:
         raise GenerationError(f"unknown mode {config.mode!r} (plain, dflash or dflash2)")
     if drafter is None:
         raise GenerationError("DFlash needs a drafter; load one or use plain mode")
-    if config.mode == "dflash2" and getattr(drafter.config, "kind", "dflash") != "dflash2":
+    if config.mode == Mode.DFLASH2 and drafter_mode(drafter) is not Mode.DFLASH2:
         raise GenerationError(
             "DFlash2 mode needs a DFlash2 drafter (DFlash2DraftModel); this one is DFlash: "
             "use mode dflash"
@@ -343,7 +344,7 @@ def generate(
             f"block size {block} is outside 1..{drafter.config.block_size} for this drafter"
         )
     runner = TargetRunner(target.model, target.model_type, fast_verify=config.fast_verify)
-    v2 = getattr(drafter.config, "kind", "dflash") == "dflash2"
+    v2 = drafter_mode(drafter) is Mode.DFLASH2
     summary = Summary(mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt_ids))
     return Generation(
         lambda cancel: _clear_on_error(
@@ -501,7 +502,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids
-    v2 = getattr(dcfg, "kind", "dflash") == "dflash2"
+    v2 = drafter_mode(dcfg) is Mode.DFLASH2
     # DFlash2 at temperature > 0: sampled walk + min(1, p/q) acceptance (module docstring)
     speculative = v2 and config.temperature > 0
     probs = _d2.make_target_probs(config) if speculative else None

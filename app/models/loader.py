@@ -28,6 +28,7 @@ from app.engine.errors import (
     ModelNotFoundError,
     UnsupportedArchitectureError,
 )
+from app.engine.modes import drafter_mode
 from app.engine.threads import check_engine_thread
 from app.models.catalog import (  # noqa: F401 (re-exported for callers of the loader)
     check_pair_configs,
@@ -285,8 +286,8 @@ class LoadedDrafter:
 
     @property
     def kind(self) -> str:
-        """``"dflash"`` or ``"dflash2"`` (``config.kind``)."""
-        return getattr(self.config, "kind", "dflash")
+        """The mode this drafter drafts in: ``Mode.DFLASH`` or ``Mode.DFLASH2``."""
+        return drafter_mode(self.config)
 
 
 def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,

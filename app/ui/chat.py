@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat.baseline import NO_BASELINE
 from app.chat.conversation import continued_text
 from app.chat.turns import ConversationView, Turn
+from app.engine.modes import DRAFTING_MODES, MODES
 from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import (
     answer_tokens_html,
@@ -43,7 +44,7 @@ from app.ui.render import (
     spells_its_text,
     starts_in_reasoning,
 )
-from app.ui.text import DRAFTING_MODES, mode_label, plural
+from app.ui.text import mode_label, plural
 
 COMPARE_TIPS = {
     False: "Run the prompt plain, then with DFlash, side by side (Ctrl+Shift+C)",
@@ -358,7 +359,7 @@ class ChatView(QTextBrowser):
         if m.is_compare:
             others = ["plain" if m.chosen == "dflash" else "dflash"]
             if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
-                others = [k for k in ("plain", "dflash", "dflash2")
+                others = [k for k in MODES
                           if k in m.versions and k != m.chosen
                           and not m.versions[k].never_ran]
             foot += " · compare turn"

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.measure import ReplyFigures
 from app.engine.compare import first_divergence
+from app.engine.modes import DRAFTING_MODES, MODES
 from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
@@ -57,9 +58,9 @@ from app.ui.render import (
     spells_its_text,
     starts_in_reasoning,
 )
-from app.ui.text import DRAFTING_MODES, mode_label, plural, seconds_text
+from app.ui.text import mode_label, plural, seconds_text
 
-SIDES = ("plain", "dflash", "dflash2")
+SIDES = MODES
 """Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
 NARROW_PX = 900
 """Below this width a three-sided Compare shows its sides as tabs."""

@@ -42,6 +42,7 @@ from app.chat.stored_turn import (
 )
 from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
+from app.engine.modes import DRAFTING_MODES
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
@@ -438,12 +439,12 @@ class ReplyFlow:
 
     def _block_for(self, mode: str, rs: dict | None = None) -> int | None:
         """Block size for the chart's scale (None for plain)."""
-        if mode not in ("dflash", "dflash2") or self.model is None:
+        if mode not in DRAFTING_MODES or self.model is None:
             return None
         return (rs or {}).get("block_size") or self.model.drafter_block_size
 
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
-        if result.mode in ("dflash", "dflash2") and not result.block_size and self.model:
+        if result.mode in DRAFTING_MODES and not result.block_size and self.model:
             result.block_size = self.model.drafter_block_size
         side.result = result
         if result.summary is not None:
@@ -567,7 +568,7 @@ class ReplyFlow:
                                      "Compare" if run.compare else "plain reply")
                 self.baselines.add(sample)
                 own_plain = sample if run.compare else None
-            elif r.mode in ("dflash", "dflash2"):
+            elif r.mode in DRAFTING_MODES:
                 r.speedup = (SpeedUp.paired(s.tok_per_s, own_plain) if own_plain is not None
                              else self.baselines.speedup(s.tok_per_s, *key))
                 r.speed_checked = True

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from app.engine import modes
+
 
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``"1 token"``, ``"2 tokens"`` (``many``: the plural when it is not ``word + "s"``)."""
@@ -66,12 +68,5 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-DRAFTING_MODES = ("dflash", "dflash2")
-"""The decoding modes in which a drafter drafts (tau, block size and rollback apply)."""
-
-MODE_LABELS = {"plain": "Plain", "dflash": "DFlash", "dflash2": "DFlash2"}
-
-
-def mode_label(mode: str) -> str:
-    """``"Plain"``, ``"DFlash"`` or ``"DFlash2"`` for a mode name (others as given)."""
-    return MODE_LABELS.get(mode, mode)
+mode_label = modes.label
+"""``"Plain"``, ``"DFlash"`` or ``"DFlash2"`` for a mode (others as given): the Mode table's."""

@@ -42,6 +42,7 @@ from app import APP_NAME
 from app.chat.baseline import Baselines, SlowStreak
 from app.chat.storage import StorageError
 from app.chat.turns import ConversationView, Turn, TurnStore
+from app.engine.modes import DRAFTING_MODES
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
@@ -614,7 +615,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
         temp = v.get("temperature", 0.0)
         parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
-        if self.composer.mode() in ("dflash", "dflash2"):
+        if self.composer.mode() in DRAFTING_MODES:
             parts[:0] = [f"block {block}" if block else "block: drafter's",
                          v.get("rollback", "tape")]
             if v.get("fast_verify"):

@@ -1,0 +1,101 @@
+"""The decoding modes: one table that every layer reads.
+
+A reply is decoded in one :class:`Mode`:
+
+========  =========  ===============  ===========================================
+value     label      drafter          what it is
+========  =========  ===============  ===========================================
+plain     Plain      none             one target step per token
+dflash    DFlash     a DFlash one     a block of drafts verified in one pass
+dflash2   DFlash2    a DFlash2 one    DFlash with the DFlash2 drafter (its own
+                                      candidate walk; ``app.engine.dflash2``)
+========  =========  ===============  ===========================================
+
+:class:`Mode` is a ``StrEnum``: a member equals (and hashes as) its value, so the values
+stored in the database, written in JSON and typed on the command line are the members
+themselves, and a comparison with a plain string still holds. Code asks the table
+(:attr:`Mode.drafts`, :attr:`Mode.label`, :func:`drafter_mode`) instead of listing modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One row of the table: ``label`` as the window and the CLI name the mode, ``drafts``
+    whether a drafter drafts in it (tau, acceptance, block size and rollback apply)."""
+
+    label: str
+    drafts: bool
+
+
+class Mode(StrEnum):
+    """A decoding mode (see the module's table)."""
+
+    PLAIN = "plain"
+    DFLASH = "dflash"
+    DFLASH2 = "dflash2"
+
+    @property
+    def spec(self) -> ModeSpec:
+        """This mode's row of :data:`TABLE`."""
+        return TABLE[self]
+
+    @property
+    def label(self) -> str:
+        """``"Plain"``, ``"DFlash"`` or ``"DFlash2"``."""
+        return self.spec.label
+
+    @property
+    def drafts(self) -> bool:
+        """Whether a drafter drafts in this mode (it needs one loaded)."""
+        return self.spec.drafts
+
+    @classmethod
+    def parse(cls, value: Any) -> Mode:
+        """The member named by ``value`` (a member or its string value).
+
+        Raises:
+            ValueError: ``value`` is no mode; the message lists the modes.
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {value!r}") from None
+
+
+TABLE: dict[Mode, ModeSpec] = {
+    Mode.PLAIN: ModeSpec("Plain", drafts=False),
+    Mode.DFLASH: ModeSpec("DFlash", drafts=True),
+    Mode.DFLASH2: ModeSpec("DFlash2", drafts=True),
+}
+"""Every mode's row; a new mode is one member of :class:`Mode` and one row here."""
+
+MODES: tuple[Mode, ...] = tuple(Mode)
+"""Every mode, in the order the window and the CLI list them."""
+
+DRAFTING_MODES: tuple[Mode, ...] = tuple(m for m in Mode if m.drafts)
+"""The modes in which a drafter drafts."""
+
+
+def drafts(mode: Any) -> bool:
+    """Whether ``mode`` (a :class:`Mode` or its value; anything else: False) drafts."""
+    return mode in DRAFTING_MODES
+
+
+def label(mode: Any) -> str:
+    """The label of ``mode`` (a :class:`Mode` or its value); any other value as given."""
+    return TABLE[mode].label if mode in TABLE else str(mode)
+
+
+def drafter_mode(drafter_or_config: Any) -> Mode:
+    """The mode a loaded drafter (or its config) drafts in: ``Mode.DFLASH2`` for a DFlash2
+    drafter (config ``kind == "dflash2"``), else ``Mode.DFLASH``. Accepts a
+    ``LoadedDrafter`` (its ``.config``), a drafter config, or None (``Mode.DFLASH``)."""
+    config = getattr(drafter_or_config, "config", drafter_or_config)
+    kind = getattr(config, "kind", None) or getattr(drafter_or_config, "kind", None)
+    return Mode.DFLASH2 if kind == Mode.DFLASH2 else Mode.DFLASH
