@@ -54,7 +54,7 @@ from app.chat.events import ToolCall
 from app.chat.settings import SPECS, ReplySettings, Sampling, SettingError, coerce
 from app.chat.storage import Store
 from app.engine.events import Summary
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTING_MODES, Mode
 
 FORMAT = "dflash-chat.conversation"
 FORMAT_VERSION = 1
@@ -473,7 +473,7 @@ def _fence(text: str, lang: str = "") -> str:
 def _reply_heading(m: Message, store: Store) -> str:
     parts = ["Assistant"]
     if m.mode in DRAFTING_MODES:
-        name = "DFlash2" if m.mode == "dflash2" else "DFlash"
+        name = "DFlash2" if m.mode == Mode.DFLASH2 else "DFlash"
         detail = ", ".join(
             x
             for x in (
@@ -483,7 +483,7 @@ def _reply_heading(m: Message, store: Store) -> str:
             if x
         )
         parts.append(f"{name} ({detail})" if detail else name)
-    elif m.mode == "plain":
+    elif m.mode == Mode.PLAIN:
         parts.append("plain decoding")
     versions = store.versions(m.id)
     if len(versions) > 1:

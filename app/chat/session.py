@@ -129,9 +129,9 @@ class ModelInfo:
         """The decoding modes this pair offers: ``"plain"``, then ``"dflash"`` with a DFlash
         drafter, ``"dflash2"`` with a DFlash2 one (either slot)."""
         out = ["plain"]
-        if self.drafter_name and self.drafter_kind != "dflash2":
+        if self.drafter_name and self.drafter_kind != Mode.DFLASH2:
             out.append("dflash")
-        if self.drafter2_name or (self.drafter_name and self.drafter_kind == "dflash2"):
+        if self.drafter2_name or (self.drafter_name and self.drafter_kind == Mode.DFLASH2):
             out.append("dflash2")
         return tuple(out)
 
@@ -301,7 +301,7 @@ class ChatSession:
         new_drafter2 = None
         if spec.drafter2:
             new_drafter2 = loader.load_drafter(spec.drafter2)
-            if new_drafter2.kind != "dflash2":
+            if new_drafter2.kind != Mode.DFLASH2:
                 from app.engine.errors import ModelLoadError
 
                 raise ModelLoadError(f"{new_drafter2.name} is not a DFlash2 drafter "
@@ -401,9 +401,9 @@ class ChatSession:
             raise EngineError("no model is loaded")
         mode = settings.get("mode")
         drafter = self.drafter_for(mode)  # plain too: it keeps the drafter's context
-        if mode == "dflash2" and drafter is None:
+        if mode == Mode.DFLASH2 and drafter is None:
             raise EngineError("DFlash2 needs a DFlash2 drafter; none is loaded for this target")
-        if mode == "dflash" and drafter is None:
+        if mode == Mode.DFLASH and drafter is None:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
         from app.chat import reply as reply_mod
 
@@ -550,11 +550,11 @@ class ChatSession:
         (``drafter2``, else ``drafter`` when that is DFlash2), ``"dflash"`` the first drafter,
         ``"plain"`` the one whose context the prefix cache keeps (so a drafting turn after a
         plain one reuses the prefix). None when there is none."""
-        if mode == "dflash2":
+        if mode == Mode.DFLASH2:
             if self.drafter2 is not None:
                 return self.drafter2
             return self.drafter if drafter_mode(self.drafter) is Mode.DFLASH2 else None
-        if mode == "dflash":
+        if mode == Mode.DFLASH:
             return self.drafter
         return self._cache_drafter or self.drafter
 

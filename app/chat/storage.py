@@ -46,7 +46,7 @@ from app.chat.conversation import (
     Message,
     SearchHit,
 )
-from app.engine.modes import MODES
+from app.engine.modes import MODES, Mode
 
 DB_FILENAME = "conversations.db"
 SCHEMA_VERSION = 3
@@ -905,12 +905,12 @@ class Store:
                 parent_id = path[-1].id if path else None
             plain = self.begin_reply(
                 conversation_id, mode="plain", parent_id=parent_id, generation=generation,
-                compare_group=group, activate=continue_with == "plain",
+                compare_group=group, activate=continue_with == Mode.PLAIN,
             )
             dflash = self.begin_reply(
                 conversation_id, mode="dflash", parent_id=parent_id, block_size=block_size,
                 rollback=rollback, generation=generation, compare_group=group,
-                activate=continue_with == "dflash",
+                activate=continue_with == Mode.DFLASH,
             )
         return self.get_message(plain.id), self.get_message(dflash.id)
 

@@ -150,7 +150,7 @@ def _compare(args) -> int:
         print(json.dumps(obj, ensure_ascii=False))
         return 0
     for name, (reply, _, _) in results.items():
-        if only_v2 and name == "dflash":
+        if only_v2 and name == Mode.DFLASH:
             continue  # the same run as dflash2
         print(f"== {name} ==")
         _print_reply(reply, obj[name]["block_size"], obj[name]["time_to_answer_s"])

@@ -13,6 +13,7 @@ from pathlib import Path
 from app.chat.reply import ReplySettings
 from app.chat.settings import RANGES, Sampling
 from app.engine.errors import EngineError
+from app.engine.modes import Mode
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
@@ -121,7 +122,7 @@ def _warn(msg: str) -> None:
 def _bundled_drafter(pair: tuple, mode: str | None) -> str:
     """The drafter of ``pair`` (:func:`app.paths.bundled_pair`) for ``mode``: the DFlash2 one
     for ``dflash2`` when bundled, else the DFlash one."""
-    return str(pair[2] if mode == "dflash2" and pair[2] is not None else pair[1])
+    return str(pair[2] if mode == Mode.DFLASH2 and pair[2] is not None else pair[1])
 
 
 def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
@@ -140,7 +141,7 @@ def resolve_pair(args, need_drafter: bool) -> tuple[str, str | None]:
             if pair is not None and is_bundled_target(args.model):
                 return args.model, _bundled_drafter(pair, mode)
             hint = " (or use --mode plain)" if mode else ""
-            kind = "DFlash2" if mode == "dflash2" else "DFlash"
+            kind = "DFlash2" if mode == Mode.DFLASH2 else "DFlash"
             raise CommandError(f"{kind} needs --draft-model with --model{hint}")
         return args.model, args.draft_model
     if args.draft_model:

@@ -317,7 +317,7 @@ def generate(
     _check_sampling(config, target)
     if config.max_tokens < 1:
         raise GenerationError("max_tokens must be at least 1")
-    if config.mode == "plain":
+    if config.mode == Mode.PLAIN:
         summary = Summary(mode="plain", prompt_tokens=len(prompt_ids))
         return Generation(
             lambda cancel: _clear_on_error(

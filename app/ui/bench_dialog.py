@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.engine.modes import Mode
 from app.ui.panels import AcceptChart
 
 COLUMNS = [
@@ -77,9 +78,9 @@ def mode_title(name: str) -> str:
     if m is None:
         return name
     kind, rollback, block, flags = m.groups()
-    if kind == "plain":
+    if kind == Mode.PLAIN:
         return "Plain" if not (rollback or flags) else name
-    words = ["DFlash2" if kind == "dflash2" else "DFlash"]
+    words = ["DFlash2" if kind == Mode.DFLASH2 else "DFlash"]
     if rollback == "replay":
         words.append("replay rollback")
     if "+fast" in flags:

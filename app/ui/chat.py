@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat.baseline import NO_BASELINE
 from app.chat.conversation import continued_text
 from app.chat.turns import ConversationView, Turn
-from app.engine.modes import DRAFTING_MODES, MODES
+from app.engine.modes import DRAFTING_MODES, MODES, Mode
 from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import (
     answer_tokens_html,
@@ -357,14 +357,14 @@ class ChatView(QTextBrowser):
                 foot += (f' · <span title="{html.escape(NO_BASELINE_TIP)}">'
                          f"{NO_BASELINE}</span>")
         if m.is_compare:
-            others = ["plain" if m.chosen == "dflash" else "dflash"]
+            others = ["plain" if m.chosen == Mode.DFLASH else "dflash"]
             if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
                 others = [k for k in MODES
                           if k in m.versions and k != m.chosen
                           and not m.versions[k].never_ran]
             foot += " · compare turn"
             for other in others:
-                label = "Plain" if other == "plain" else mode_label(other)
+                label = "Plain" if other == Mode.PLAIN else mode_label(other)
                 foot += (f' · <a href="choose:{other}" style="color:{c.get("accent")};">'
                          f"continue from {label} instead</a>")
         if not m.is_compare and len(m.versions) > 1:
@@ -567,7 +567,7 @@ class Composer(QWidget):
         """Set the switch. "dflash2" before a pair offers it is kept until :meth:`set_modes`
         says whether it does, and shown, disabled, so that a switch restored while the pair
         loads always shows one mode selected."""
-        if mode == "dflash2" and self.dflash2_btn.isHidden():
+        if mode == Mode.DFLASH2 and self.dflash2_btn.isHidden():
             self._offer_dflash2(True, enabled=False)
         btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn}.get(mode, self.plain_btn)
         btn.setChecked(True)

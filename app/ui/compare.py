@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.measure import ReplyFigures
 from app.engine.compare import first_divergence
-from app.engine.modes import DRAFTING_MODES, MODES
+from app.engine.modes import DRAFTING_MODES, MODES, Mode
 from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
@@ -366,7 +366,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     for key in SIDES:
         v = turn.versions.get(key)
         if v is None:
-            if key != "dflash2":
+            if key != Mode.DFLASH2:
                 results[key] = None
                 missing.append(key)
             continue
@@ -376,7 +376,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
         results[key] = None if v.never_ran else r
     notes: list[str] = []
     plain = results.get("plain")
-    differ = [r for k, r in results.items() if k != "plain" and r is not None
+    differ = [r for k, r in results.items() if k != Mode.PLAIN and r is not None
               and plain is not None and divergence(plain, r) is not None]
     if any(r.top2_gap is None and not r.gap_checked for r in differ):
         notes.append("the top-two logit gap was not stored")
@@ -597,7 +597,7 @@ class CompareView(QFrame):
         # each drafting side judged once: its mark and both wordings of the header
         verdicts = {k: judge(plain, r, mode_label(k), named=len(self.results) == 2)
                     for k, r in self.results.items()
-                    if k != "plain" and plain is not None and r is not None}
+                    if k != Mode.PLAIN and plain is not None and r is not None}
         marks = {k: v.mark for k, v in verdicts.items()}
         plain_mark = next((m for m in marks.values() if m is not None), None)
         tail = f"\n{note}" if note else ""
@@ -610,7 +610,7 @@ class CompareView(QFrame):
                 self.buttons[key].setEnabled(False)
                 continue
             self.buttons[key].setEnabled(True)
-            self._show_result(key, r, plain_mark if key == "plain" else marks.get(key))
+            self._show_result(key, r, plain_mark if key == Mode.PLAIN else marks.get(key))
         self.set_choice(chosen)
 
     def _show_result(self, key: str, r, mark: int | None) -> None:

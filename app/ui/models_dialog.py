@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.session import PairSpec
 from app.engine.errors import EngineError
+from app.engine.modes import Mode
 from app.models import download as dl
 from app.models.catalog import (
     KNOWN_PAIRS,
@@ -303,7 +304,7 @@ class ModelsDialog(QDialog):
             block = d.to_dict().get("block_size")
             item = QTreeWidgetItem([d.name, SOURCE_LABELS[d.source], format_bytes(d.size_bytes),
                                     "" if block is None else str(block), str(d.path),
-                                    "DFlash2" if d.drafter_kind == "dflash2" else "DFlash"])
+                                    "DFlash2" if d.drafter_kind == Mode.DFLASH2 else "DFlash"])
             item.setData(0, ROLE_ENTRY, d)
             self.drafters.addTopLevelItem(item)
         cached = {e.repo_id.lower() for e in [*scan.targets, *scan.drafters] if e.repo_id}
@@ -347,13 +348,13 @@ class ModelsDialog(QDialog):
         if target is not None:
             checks = self.catalog.pair_checks(target)
             fits = [c.drafter for c in checks if c.fits]
-            v1 = [d for d in fits if d.drafter_kind != "dflash2"]
-            v2 = [d for d in fits if d.drafter_kind == "dflash2"]
+            v1 = [d for d in fits if d.drafter_kind != Mode.DFLASH2]
+            v2 = [d for d in fits if d.drafter_kind == Mode.DFLASH2]
             if v1 and v2:  # both kinds: the mode switch offers plain / DFlash / DFlash2
                 self.drafter_combo.addItem(
                     f"{v1[0].name} + {v2[0].name} (DFlash and DFlash2)", (v1[0], v2[0]))
             for d in fits:
-                kind = "DFlash2" if d.drafter_kind == "dflash2" else "DFlash"
+                kind = "DFlash2" if d.drafter_kind == Mode.DFLASH2 else "DFlash"
                 self.drafter_combo.addItem(f"{d.name} ({kind})", d)
             self.drafter_combo.addItem("None: plain decoding", None)
             reason = self.catalog.dflash_unavailable_reason(target)

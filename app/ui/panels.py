@@ -44,6 +44,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.events import CycleEvent, Summary
+from app.engine.modes import Mode
 from app.ui.text import plural, seconds_text
 from app.ui.theme import FIGURE_VALUE_PX
 
@@ -501,7 +502,7 @@ class LivePanel(QWidget):
 
     def _show(self, stats: LiveStats) -> None:
         self.shown = stats.values()
-        plain = self.mode == "plain"
+        plain = self.mode == Mode.PLAIN
         if plain != getattr(self, "_plain_layout", None):
             self._layout_tiles(plain)
         for key, label in self.labels.items():

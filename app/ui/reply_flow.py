@@ -42,7 +42,7 @@ from app.chat.stored_turn import (
 )
 from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
@@ -183,10 +183,10 @@ class ReplyFlow:
             return False
         before = continued.version.result if continued is not None else None
         mode = before.mode if before is not None else self.composer.mode()
-        if before is None and mode == "dflash2" and "dflash2" not in self.model.modes \
+        if before is None and mode == Mode.DFLASH2 and "dflash2" not in self.model.modes \
                 and tags == [""]:
             mode = "dflash" if self.model.drafter_name else "plain"
-        if before is None and (mode == "dflash" or tags != [""]) and \
+        if before is None and (mode == Mode.DFLASH or tags != [""]) and \
                 not self.model.drafter_name:
             if tags != [""]:
                 self.show_banner("Compare needs a DFlash drafter for this target.")
@@ -563,7 +563,7 @@ class ReplyFlow:
             s = r.summary
             key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
                    int(s.prompt_tokens))
-            if r.mode == "plain":
+            if r.mode == Mode.PLAIN:
                 sample = PlainSample(*key, s.tok_per_s,
                                      "Compare" if run.compare else "plain reply")
                 self.baselines.add(sample)
