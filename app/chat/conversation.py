@@ -21,7 +21,6 @@ STATUSES: tuple[str, ...] = ("complete", "generating", "stopped", "interrupted",
 written now; ``stopped``: the user stopped it; ``interrupted``: the process died while it was
 ``generating`` (set on the next open); ``error``: generation failed (``Message.error`` says why)."""
 
-ROLLBACKS: tuple[str, ...] = ("tape", "replay")
 
 
 @dataclass

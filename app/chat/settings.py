@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.modes import MODES
+from app.engine.modes import MODES, ROLLBACKS
 
 
 class SettingError(ValueError):
@@ -49,7 +49,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("system_prompt", "You are a helpful assistant."),
     Spec("max_tokens", 512, 1, 131072),
     Spec("block_size", 0, 0, 64),
-    Spec("rollback", "tape", choices=("tape", "replay")),
+    Spec("rollback", ROLLBACKS[0], choices=ROLLBACKS),
     Spec("fast_verify", False),
     Spec("thinking", True),
     Spec("stop_strings", []),

@@ -40,13 +40,12 @@ from pathlib import Path
 
 from app.chat.conversation import (
     ROLES,
-    ROLLBACKS,
     STATUSES,
     Conversation,
     Message,
     SearchHit,
 )
-from app.engine.modes import MODES, Mode
+from app.engine.modes import MODES, ROLLBACKS, Mode
 
 DB_FILENAME = "conversations.db"
 SCHEMA_VERSION = 3

@@ -59,7 +59,8 @@ from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
 from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
 from app.engine.prefix import PromptCache
-from app.engine.target import TargetRunner, cache_arrays, trim_attention
+from app.engine.rollback import STRATEGIES, VerifyCheckpoint
+from app.engine.target import TargetRunner, cache_arrays
 from app.engine.threads import check_engine_thread
 
 
@@ -336,7 +337,7 @@ def generate(
             "DFlash2 mode needs a DFlash2 drafter (DFlash2DraftModel); this one is DFlash: "
             "use mode dflash"
         )
-    if config.rollback not in ("tape", "replay"):
+    if config.rollback not in STRATEGIES:
         raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
     block = config.block_size or drafter.config.block_size
     if not 1 <= block <= drafter.config.block_size:
@@ -546,6 +547,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         on_device = choose is None and not speculative
         staged = config.stage_timing
         queue = mx.eval if staged else mx.async_eval
+        checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
@@ -573,8 +575,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             n_drafts = L - 1 if proposed is not None else 0
             # Verify
             verify_ids = block_ids[None]
-            tapes: list | None = [] if runner.hybrid else None
-            vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps, tapes=tapes)
+            vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps,
+                                            tapes=checkpoint.begin(verify_ids))
             t1 = time.perf_counter()
             if on_device:
                 packed = greedy_acceptance(proposed, vlogits[0])
@@ -611,28 +613,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             # rollback is queued, not waited for: the next cycle's draft and verify are built
             # on it and its work runs before theirs.
             n = len(committed)
-            replayed = False
-            if n == L and runner.fast_verify:
-                # the chunked verify's state is only near-exact: carry the step loop's one
-                for tape in tapes:
-                    tape.rollback(n)
-                queue(cache_arrays(cache))
-            elif n < L:
-                if runner.hybrid:
-                    replayed = True
-                    if config.rollback == "tape":
-                        for tape in tapes:
-                            tape.rollback(n)
-                        trim_attention(cache, runner.linear, L - n)
-                    else:
-                        for tape in tapes:
-                            tape.restore()
-                        trim_attention(cache, runner.linear, L)
-                        runner.forward(verify_ids[:, :n], cache, all_logits=False)
-                    queue(cache_arrays(cache))
-                else:
-                    trim_attention(cache, runner.linear, L - n)
-            del tapes
+            replayed = checkpoint.commit(n)
             t3 = time.perf_counter()
             # taps of the positions now in the target cache; kept until the drafter reads them
             kept = vtaps[:, :n]

@@ -82,6 +82,11 @@ DRAFTING_MODES: tuple[Mode, ...] = tuple(m for m in Mode if m.drafts)
 """The modes in which a drafter drafts."""
 
 
+ROLLBACKS: tuple[str, ...] = ("tape", "replay")
+"""How a drafting mode rolls recurrent state back after a partly accepted block, the default
+first (``app.engine.rollback``)."""
+
+
 def drafts(mode: Any) -> bool:
     """Whether ``mode`` (a :class:`Mode` or its value; anything else: False) drafts."""
     return mode in DRAFTING_MODES
