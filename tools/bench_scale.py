@@ -135,11 +135,11 @@ def build_drafter(tcfg: dict, kind: str, dtype: str, tiny: bool):
     """A random-weight DFlash / DFlash2 :class:`~app.models.loader.LoadedDrafter` (float32
     next to a float32 target, else bfloat16, as z-lab ships them)."""
     import mlx.core as mx
+    from bench_gpu import cast_floats
 
     from app.engine.dflash2 import DFlash2Config, DFlash2Drafter
     from app.engine.drafter import DFlashDrafter, DrafterConfig
     from app.models.loader import LoadedDrafter
-    from bench_gpu import cast_floats
 
     raw = drafter_config(tcfg, kind, tiny)
     cfg = (DFlash2Config if kind == "dflash2" else DrafterConfig).from_dict(raw)
@@ -153,8 +153,9 @@ def build_drafter(tcfg: dict, kind: str, dtype: str, tiny: bool):
 def build_target(tcfg: dict, dtype: str, shape: str):
     """A random-weight :class:`~app.models.loader.LoadedTarget` (no end token: every run
     generates exactly ``max_tokens``)."""
-    from app.models.loader import LoadedTarget
     from bench_gpu import random_target
+
+    from app.models.loader import LoadedTarget
 
     model = random_target(tcfg, dtype)
     return LoadedTarget(model=model, tokenizer=None, path=Path("."), name=f"random-{shape}",
@@ -357,16 +358,18 @@ HEAD = (f"{'config':<26}{'mode':<8}{'tok/s':>8}{'x':>6}{'answer s':>9}{'x':>6}{'
 def table_rows(name: str, figures: dict) -> list[str]:
     """Text rows of one configuration (ms columns: per cycle, from the staged run)."""
     rows = []
+
+    def num(f, key, fmt):
+        v = f.get(key)
+        return format(v, fmt) if v is not None else format("-", fmt.split(".")[0])
+
     for mode, f in figures.items():
-        def num(key, fmt):
-            v = f.get(key)
-            return format(v, fmt) if v is not None else format("-", fmt[0] + fmt[1:].split(".")[0])
         rows.append(
-            f"{name:<26}{mode:<8}{f['decode_tok_per_s']:>8.1f}{num('decode_x_plain', '>6.2f')}"
-            f"{f['time_to_answer_s']:>9.2f}{num('answer_x_plain', '>6.2f')}"
-            f"{f['ttft_s']:>8.2f}{num('tau', '>6.2f')}{num('acceptance', '>6.2f')}"
-            f"{num('draft_ms_per_cycle', '>7.1f')}{num('verify_ms_per_cycle', '>7.1f')}"
-            f"{num('rollback_ms_per_cycle', '>7.1f')}  {'yes' if f['identical'] else 'NO'}")
+            f"{name:<26}{mode:<8}{f['decode_tok_per_s']:>8.1f}{num(f, 'decode_x_plain', '>6.2f')}"
+            f"{f['time_to_answer_s']:>9.2f}{num(f, 'answer_x_plain', '>6.2f')}"
+            f"{f['ttft_s']:>8.2f}{num(f, 'tau', '>6.2f')}{num(f, 'acceptance', '>6.2f')}"
+            f"{num(f, 'draft_ms_per_cycle', '>7.1f')}{num(f, 'verify_ms_per_cycle', '>7.1f')}"
+            f"{num(f, 'rollback_ms_per_cycle', '>7.1f')}  {'yes' if f['identical'] else 'NO'}")
     return rows
 
 
@@ -385,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="DFlash2's (default 6.20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the results here (after every config)")
+    p.add_argument("--budget-s", type=float, default=0,
+                   help="start no new configuration after this many seconds (0: no limit); "
+                        "the skipped ones are listed in the JSON's 'skipped'")
     args = p.parse_args(argv)
 
     import mlx.core as mx
@@ -405,9 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     log(f"# {result['header']['device_name']}, mlx {mx.__version__}")
     lines = [HEAD]
+    started = time.perf_counter()
+    over = lambda: args.budget_s and time.perf_counter() - started > args.budget_s  # noqa: E731
     for shape in split(args.shapes):
         tcfg = target_config(shape)
         for dtype in split(args.dtypes):
+            if over():
+                result.setdefault("skipped", []).extend(
+                    f"{shape}-{dtype}-p{n}" for n in split(args.prompt_lengths))
+                continue
             t0 = time.perf_counter()
             mx.random.seed(args.seed)
             target = build_target(tcfg, dtype, shape)
@@ -415,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"## {shape} {dtype}: built in {time.perf_counter() - t0:.1f} s")
             for length in [int(x) for x in split(args.prompt_lengths)]:
                 name = f"{shape}-{dtype}-p{length}"
+                if over():
+                    result.setdefault("skipped", []).append(name)
+                    log(f"## {name}: skipped (--budget-s)")
+                    continue
                 log(f"## {name}")
                 rng = random.Random(args.seed + length)
                 prompt = [rng.randrange(tcfg["vocab_size"]) for _ in range(length)]
@@ -431,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.json.write_text(json.dumps(result, indent=1))
             del target, drafters
             mx.clear_cache()
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
     log("\n# all configurations (ms columns per cycle, staged run; x = over plain, "
         "median of rounds)")
     log("\n".join(lines))
