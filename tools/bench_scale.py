@@ -117,7 +117,8 @@ def drafter_config(tcfg: dict, kind: str, tiny: bool) -> dict:
             "num_target_layers": n, "tie_word_embeddings": False,
             "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
             "use_sliding_window": True, "sliding_window": 4096,
-            "dflash_config": {"block_size": BLOCK, "mask_token_id": ZLAB_MASK,
+            "dflash_config": {"block_size": BLOCK,
+                              "mask_token_id": min(ZLAB_MASK, tcfg["vocab_size"] - 1),
                               "target_layer_ids": [t for t in ZLAB_TAPS if t < n]},
         }
         window = 2048
@@ -322,7 +323,9 @@ def measure(target, drafters: dict, prompt: list[int], max_tokens: int, repeats:
             row.update({
                 "tau": statistics.median(s.tau for s in sums),
                 "tau_requested": taus[mode],
-                "tau_drawn": sum(min(k, BLOCK - 1) + 1 for k in drawn) / max(len(drawn), 1),
+                # the mean of the drawn k + 1: the cycles that drafted (a last cycle with one
+                # token left drafts nothing, commits 1 and is not drawn)
+                "tau_drawn": sum(k + 1 for k in drawn) / max(len(drawn), 1),
                 "acceptance": statistics.median(s.acceptance_rate for s in sums),
                 "cycles": sums[0].cycles,
                 "decode_x_plain": statistics.median(
@@ -387,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tau2", type=float, default=DEFAULT_TAU["dflash2"],
                    help="DFlash2's (default 6.20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, help="4b/9b: fewer target layers (CPU smoke runs; "
+                   "the drafter keeps the taps below it)")
+    p.add_argument("--vocab", type=int, help="4b/9b: a smaller vocabulary (CPU smoke runs)")
     p.add_argument("--json", type=Path, help="write the results here (after every config)")
     p.add_argument("--budget-s", type=float, default=0,
                    help="start no new configuration after this many seconds (0: no limit); "
@@ -415,18 +421,23 @@ def main(argv: list[str] | None = None) -> int:
     over = lambda: args.budget_s and time.perf_counter() - started > args.budget_s  # noqa: E731
     for shape in split(args.shapes):
         tcfg = target_config(shape)
+        if shape != "tiny":
+            tcfg.update({k: v for k, v in (("num_hidden_layers", args.layers),
+                                           ("vocab_size", args.vocab)) if v})
+        label = shape + (f"-L{args.layers}" if args.layers and shape != "tiny" else "") + (
+            f"-V{args.vocab}" if args.vocab and shape != "tiny" else "")
         for dtype in split(args.dtypes):
             if over():
                 result.setdefault("skipped", []).extend(
-                    f"{shape}-{dtype}-p{n}" for n in split(args.prompt_lengths))
+                    f"{label}-{dtype}-p{n}" for n in split(args.prompt_lengths))
                 continue
             t0 = time.perf_counter()
             mx.random.seed(args.seed)
             target = build_target(tcfg, dtype, shape)
             drafters = {k: build_drafter(tcfg, k, dtype, shape == "tiny") for k in kinds}
-            log(f"## {shape} {dtype}: built in {time.perf_counter() - t0:.1f} s")
+            log(f"## {label} {dtype}: built in {time.perf_counter() - t0:.1f} s")
             for length in [int(x) for x in split(args.prompt_lengths)]:
-                name = f"{shape}-{dtype}-p{length}"
+                name = f"{label}-{dtype}-p{length}"
                 if over():
                     result.setdefault("skipped", []).append(name)
                     log(f"## {name}: skipped (--budget-s)")
