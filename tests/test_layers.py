@@ -120,7 +120,7 @@ def test_the_walker_sees_imports():
     assert "app.engine.events" in g["app.chat.reply"]
     assert "app.chat.storage" in g["app.chat.turns"]
     assert "app.models.loader" in g["app.chat.session"]  # a lazy import inside a method
-    assert layer("app.ui.window") == 4 and layer("app.engine.prefix") == 1
+    assert layer("app.ui.window") == 5 and layer("app.engine.prefix") == 1
     assert layer("app.models.loader") == 2
     assert "app.chat.session" in g["app.serve.worker"]
     assert "app.serve.server" in g["app.commands.serve"]  # a lazy import inside a function

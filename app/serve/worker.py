@@ -161,6 +161,18 @@ class WorkerConfig:
 _STOP = object()
 
 
+def _release_streams() -> None:
+    """Destroy the MLX streams this thread made (``mx.clear_streams``, MLX >= 0.31.2), so the
+    process can exit cleanly after MLX ran on a thread other than the main one: without it,
+    the exit sometimes aborted ("terminate called without an active exception"; see
+    ml-explore/mlx#3126)."""
+    import mlx.core as mx
+
+    clear = getattr(mx, "clear_streams", None)
+    if clear is not None:
+        clear()
+
+
 class ServeWorker:
     """The server's MLX thread: one :class:`ChatSession`, a bounded queue of :class:`Job`.
 
@@ -305,6 +317,7 @@ class ServeWorker:
                 self.served += 1
         try:
             session.unload()
+            _release_streams()
         except Exception:  # pragma: no cover - the process is ending
             log.exception("unloading at shutdown")
 
