@@ -114,8 +114,11 @@ class DrainingServer(uvicorn.Server):
             self.on_started(self.address)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Refuse the queued requests, let the running one finish for ``grace_s`` seconds,
-        cancel it, then uvicorn's shutdown (connections, lifespan: the worker stops)."""
+        """Stop listening, refuse the queued requests, let the running one finish for
+        ``grace_s`` seconds, cancel it, then uvicorn's shutdown (connections, lifespan: the
+        worker stops)."""
+        for server in getattr(self, "servers", []):
+            server.close()  # no new connections while the running reply finishes
         self.worker.drain()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_s
