@@ -49,9 +49,9 @@ from app.serve.worker import (
     Failed,
     Finished,
     Job,
+    JobQueue,
     QueueFullError,
     Refused,
-    ServeWorker,
     ShuttingDownError,
     Started,
     TextDelta,
@@ -153,12 +153,13 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(worker: ServeWorker, options: ServeOptions,
+def create_app(worker: JobQueue, options: ServeOptions,
                on_shutdown: Callable[[], None] | None = None) -> Starlette:
     """The ASGI application serving ``worker``'s loaded pair.
 
     Args:
-        worker: a started :class:`ServeWorker`.
+        worker: the :class:`~app.serve.worker.JobQueue` whose thread runs the jobs (a started
+            :class:`~app.serve.worker.ServeWorker`, or the window's queue).
         options: :class:`ServeOptions` (model id, API key, body limit).
         on_shutdown: called once when the application shuts down (lifespan), e.g.
             ``worker.stop``.

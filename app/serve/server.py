@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import uvicorn
 
 from app.serve.api import ServeOptions, create_app
-from app.serve.worker import ServeWorker
+from app.serve.worker import JobQueue
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,12 @@ class DrainingServer(uvicorn.Server):
 
     Args:
         config: the uvicorn ``Config``.
-        worker: the :class:`ServeWorker` whose jobs are drained and cancelled on the stop.
+        worker: the :class:`JobQueue` whose jobs are drained and cancelled on the stop.
         grace_s: seconds the running reply may take after the stop began.
         on_started: called with the bound (host, port) once it listens.
     """
 
-    def __init__(self, config: uvicorn.Config, worker: ServeWorker, grace_s: float,
+    def __init__(self, config: uvicorn.Config, worker: JobQueue, grace_s: float,
                  on_started: Callable[[tuple[str, int]], None] | None = None) -> None:
         super().__init__(config)
         self.worker = worker
@@ -130,13 +130,14 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def make_server(worker: ServeWorker, options: ServeOptions, host: str = DEFAULT_HOST,
+def make_server(worker: JobQueue, options: ServeOptions, host: str = DEFAULT_HOST,
                 port: int = DEFAULT_PORT, grace_s: float = DEFAULT_GRACE_S,
                 on_started: Callable[[tuple[str, int]], None] | None = None,
                 log_level: str = "warning") -> DrainingServer:
     """A :class:`DrainingServer` serving ``create_app(worker, options)`` on ``host:port``;
-    the app's shutdown stops the worker. Run it with ``.run()`` (or ``.run(sockets=[sock])``
-    on a socket already bound)."""
+    the app's shutdown calls ``worker.stop()`` (a :class:`~app.serve.worker.ServeWorker`'s
+    ends its thread; the window's queue only refuses and cancels its jobs). Run it with
+    ``.run()`` (or ``.run(sockets=[sock])`` on a socket already bound)."""
     app = create_app(worker, options, on_shutdown=worker.stop)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ws="none",
                             lifespan="on", timeout_graceful_shutdown=grace_s + 5,

@@ -173,52 +173,33 @@ def _release_streams() -> None:
         clear()
 
 
-class ServeWorker:
-    """The server's MLX thread: one :class:`ChatSession`, a bounded queue of :class:`Job`.
+class JobQueue:
+    """A bounded queue of :class:`Job` and the code that runs one on a loaded session.
 
-    Call :meth:`start` (loads the pair on the new thread and waits for it), :meth:`submit`
-    from any thread, :meth:`stop` at the end. ``session_factory`` builds the session on the
-    worker thread (tests may pass another).
+    Any thread may :meth:`submit`; the thread that owns MLX takes jobs (:meth:`take`) and runs
+    them (:meth:`run`) on its :class:`ChatSession`. :class:`ServeWorker` is one such thread
+    of its own; the window's worker thread is another (``app.ui.serve_flow``).
+
+    Args:
+        max_queue: jobs that may wait behind the running one (>= 1).
+        enable_thinking: the chat template's thinking switch when a request does not say.
+        default_max_tokens: ``max_tokens`` when a request gives none.
     """
 
-    def __init__(self, config: WorkerConfig,
-                 session_factory: Callable[..., ChatSession] = ChatSession) -> None:
-        self.config = config
-        self._factory = session_factory
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(config.max_queue)))
+    def __init__(self, max_queue: int = 8, enable_thinking: bool | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        self.enable_thinking = enable_thinking
+        self.default_max_tokens = default_max_tokens
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(max_queue)))
         self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
         self._closing = False
         self._current: Job | None = None
-        self.session: ChatSession | None = None
         self.info: ModelInfo | None = None
-        self.load_error: BaseException | None = None
+        """The loaded pair the jobs run on (None: nothing loaded, :meth:`submit` refuses)."""
         self.records: deque[JobRecord] = deque(maxlen=1000)
         """The last 1,000 jobs' outcomes, oldest first."""
         self.served = 0
-        """Jobs taken off the queue so far (finished, refused or failed)."""
-
-    # ------------------------------------------------------------------ life cycle
-    def start(self, timeout: float | None = None) -> ModelInfo:
-        """Start the thread, load the pair on it (and warm it up) and wait.
-
-        Returns:
-            The loaded pair's :class:`ModelInfo`.
-
-        Raises:
-            EngineError: the pair could not be loaded (the thread has ended).
-            TimeoutError: not loaded within ``timeout`` seconds.
-        """
-        self._thread = threading.Thread(target=self._run, name="serve-mlx-worker",
-                                        daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"the pair did not load within {timeout} s")
-        if self.load_error is not None:
-            raise self.load_error
-        assert self.info is not None
-        return self.info
+        """Jobs taken off the queue and run so far (finished, refused or failed)."""
 
     def drain(self) -> None:
         """Take no new jobs and refuse the waiting ones (503); the running one goes on."""
@@ -243,21 +224,15 @@ class ServeWorker:
             job.cancel.set()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse what waits, cancel what runs, end the thread (wait up to ``timeout`` s)."""
+        """Refuse what waits and cancel what runs (``timeout`` is for subclasses that end a
+        thread)."""
         self.drain()
         self.cancel_running()
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:  # pragma: no cover - drained just above
-            pass
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        """True while the thread runs with a loaded pair."""
-        return (self._thread is not None and self._thread.is_alive()
-                and self.info is not None and not self._closing)
+        """True while jobs are taken (a pair is loaded and no stop began)."""
+        return self.info is not None and not self._closing
 
     @property
     def busy(self) -> bool:
@@ -286,40 +261,30 @@ class ServeWorker:
                     f"the server is busy: {self._queue.maxsize} requests are already waiting"
                 ) from None
 
-    # ------------------------------------------------------------------ the thread
-    def _run(self) -> None:
+    def take(self, block: bool = True) -> Job | None:
+        """The next job (waiting for one when ``block``); None when the queue is empty (not
+        blocking) or a stop was queued."""
         try:
-            session = self._factory(None, prefix_cache_bytes=self.config.prefix_cache_bytes)
-            self.info = session.load(self.config.spec)
-            if self.config.warm_up:
-                session.warm_up()
-            self.session = session
-        except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
-            self.load_error = exc
-            self.info = None
-            self._ready.set()
-            return
-        self._ready.set()
-        while True:
-            job = self._queue.get()
-            if job is _STOP:
-                break
-            self._current = job
-            t0 = time.perf_counter()
-            try:
-                self._serve(job, t0)
-            except Exception:  # never lose the thread: the job is answered with 500
-                log.exception("serving a request")
-                self._record("failed", None, 0, t0, job)
-                self._send(job, Failed("internal error while generating; see the server log"))
-            finally:
-                self._current = None
-                self.served += 1
+            job = self._queue.get(block=block)
+        except queue.Empty:
+            return None
+        return None if job is _STOP else job
+
+    def run(self, session: ChatSession, job: Job) -> None:
+        """Run ``job`` on ``session`` (on the thread that owns MLX): its events go to
+        ``job.deliver``, its outcome to :attr:`records`. Never raises: an unexpected error is
+        logged and answered with :class:`Failed`."""
+        self._current = job
+        t0 = time.perf_counter()
         try:
-            session.unload()
-            _release_streams()
-        except Exception:  # pragma: no cover - the process is ending
-            log.exception("unloading at shutdown")
+            self._serve(session, job, t0)
+        except Exception:  # never lose the thread: the job is answered with 500
+            log.exception("serving a request")
+            self._record("failed", None, 0, t0, job)
+            self._send(job, Failed("internal error while generating; see the server log"))
+        finally:
+            self._current = None
+            self.served += 1
 
     def _send(self, job: Job, event: Any) -> bool:
         """Hand ``event`` to the job's client; False (and the job cancelled) when it is gone."""
@@ -339,7 +304,7 @@ class ServeWorker:
         self.records.append(JobRecord("refused", None, 0, 0.0, job.cancel.is_set()))
         self._send(job, Refused(error))
 
-    def _serve(self, job: Job, t0: float) -> None:
+    def _serve(self, session: ChatSession, job: Job, t0: float) -> None:
         from app.chat.events import ContentDelta, ReasoningDelta, ReplyDone, ToolCallDelta
 
         if job.cancel.is_set():  # the client left while it waited
@@ -347,15 +312,13 @@ class ServeWorker:
                                        code="client_closed"))
             return
         try:
-            settings, started = self._prepare(job.request)
+            settings, started = self._prepare(session, job.request)
         except ApiError as exc:
             self._refuse(job, exc)
             return
         if not self._send(job, started):
             self._record("refused", None, 0, t0, job)
             return
-        session = self.session
-        assert session is not None
         reply = None
         calls = 0
         try:
@@ -386,7 +349,7 @@ class ServeWorker:
         self._record("finished", reply.finish_reason, len(reply.tokens), t0, job)
         self._send(job, Finished(result))
 
-    def _prepare(self, req: ChatRequest) -> tuple[dict, Started]:
+    def _prepare(self, session: ChatSession, req: ChatRequest) -> tuple[dict, Started]:
         """The settings dict for ``ChatSession.reply`` and the :class:`Started` event, after
         checking the mode, block size and the prompt against the context.
 
@@ -397,8 +360,7 @@ class ServeWorker:
         from app.chat.history import context_limit
         from app.chat.templates import ChatTemplateError, render_prompt
 
-        session = self.session
-        assert session is not None and self.info is not None
+        assert self.info is not None
         modes = self.info.modes
         mode = req.mode or ("dflash" if "dflash" in modes else
                             "dflash2" if "dflash2" in modes else "plain")
@@ -414,7 +376,7 @@ class ServeWorker:
                                   f"{req.block_size}", "block_size")
             block = req.block_size or own
         thinking = req.enable_thinking if req.enable_thinking is not None \
-            else self.config.enable_thinking
+            else self.enable_thinking
         try:
             prompt = render_prompt(session.target.tokenizer, req.messages, tools=req.tools,
                                    enable_thinking=thinking)
@@ -432,7 +394,7 @@ class ServeWorker:
             raise bad_request(f"This model's maximum context length is {limit:,} tokens; the "
                               f"messages take {n:,}. Shorten the messages.", "messages",
                               "context_length_exceeded")
-        max_tokens = req.max_tokens or min(self.config.default_max_tokens, limit - n)
+        max_tokens = req.max_tokens or min(self.default_max_tokens, limit - n)
         s = req.sampling
         settings: dict[str, Any] = {
             "mode": mode, "max_tokens": max_tokens, "block_size": req.block_size,
@@ -446,5 +408,84 @@ class ServeWorker:
                                  max_tokens=max_tokens)
 
 
-__all__ = ["CallDelta", "Failed", "Finished", "Job", "JobRecord", "QueueFullError", "Refused", "ServeWorker", "ShuttingDownError", "Started",
+class ServeWorker(JobQueue):
+    """The server's own MLX thread: it loads the pair into a :class:`ChatSession` and runs the
+    queued jobs one at a time.
+
+    Call :meth:`start` (loads the pair on the new thread and waits for it), :meth:`submit`
+    from any thread, :meth:`stop` at the end. ``session_factory`` builds the session on the
+    worker thread (tests may pass another).
+    """
+
+    def __init__(self, config: WorkerConfig,
+                 session_factory: Callable[..., ChatSession] = ChatSession) -> None:
+        super().__init__(config.max_queue, config.enable_thinking, config.default_max_tokens)
+        self.config = config
+        self._factory = session_factory
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.session: ChatSession | None = None
+        self.load_error: BaseException | None = None
+
+    def start(self, timeout: float | None = None) -> ModelInfo:
+        """Start the thread, load the pair on it (and warm it up) and wait.
+
+        Returns:
+            The loaded pair's :class:`ModelInfo`.
+
+        Raises:
+            EngineError: the pair could not be loaded (the thread has ended).
+            TimeoutError: not loaded within ``timeout`` seconds.
+        """
+        self._thread = threading.Thread(target=self._run, name="serve-mlx-worker",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the pair did not load within {timeout} s")
+        if self.load_error is not None:
+            raise self.load_error
+        assert self.info is not None
+        return self.info
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse what waits, cancel what runs, end the thread (wait up to ``timeout`` s)."""
+        super().stop()
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:  # pragma: no cover - drained just above
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """True while the thread runs with a loaded pair and no stop began."""
+        return self._thread is not None and self._thread.is_alive() and super().alive
+
+    def _run(self) -> None:
+        try:
+            session = self._factory(None, prefix_cache_bytes=self.config.prefix_cache_bytes)
+            info = session.load(self.config.spec)
+            if self.config.warm_up:
+                session.warm_up()
+            self.session = session
+        except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
+            self.load_error = exc
+            self._ready.set()
+            return
+        self.info = info
+        self._ready.set()
+        while True:
+            job = self.take()
+            if job is None:
+                break
+            self.run(session, job)
+        try:
+            session.unload()
+            _release_streams()
+        except Exception:  # pragma: no cover - the process is ending
+            log.exception("unloading at shutdown")
+
+
+__all__ = ["CallDelta", "Failed", "Finished", "Job", "JobQueue", "JobRecord", "QueueFullError", "Refused", "ServeWorker", "ShuttingDownError", "Started",
            "TextDelta", "WorkerConfig", "WorkerEvent"]
