@@ -126,13 +126,15 @@ class JobRecord:
 
     ``outcome``: ``"finished"``, ``"refused"`` or ``"failed"``; ``finish_reason`` and
     ``generated_tokens`` for finished ones; ``seconds`` from the worker taking the job to its
-    end; ``cancelled``: the cancel flag was set by then."""
+    end; ``cancelled``: the cancel flag was set by then; ``thread``: the name of the thread
+    that handled it (the MLX worker's, or the one that drained the queue)."""
 
     outcome: str
     finish_reason: str | None
     generated_tokens: int
     seconds: float
     cancelled: bool
+    thread: str = ""
 
 
 @dataclass(frozen=True)
@@ -298,10 +300,11 @@ class JobQueue:
     def _record(self, outcome: str, reason: str | None, tokens: int, t0: float,
                 job: Job) -> None:
         self.records.append(JobRecord(outcome, reason, tokens, time.perf_counter() - t0,
-                                      job.cancel.is_set()))
+                                      job.cancel.is_set(), threading.current_thread().name))
 
     def _refuse(self, job: Job, error: ApiError) -> None:
-        self.records.append(JobRecord("refused", None, 0, 0.0, job.cancel.is_set()))
+        self.records.append(JobRecord("refused", None, 0, 0.0, job.cancel.is_set(),
+                                      threading.current_thread().name))
         self._send(job, Refused(error))
 
     def _serve(self, session: ChatSession, job: Job, t0: float) -> None:

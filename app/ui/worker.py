@@ -161,6 +161,8 @@ class Worker(QObject):
         memory(int): MLX active memory in bytes.
         benchDone(object) / benchFailed(str): answer ``benchRequested(max_tokens)`` with the
             dict of :meth:`ChatSession.benchmark`, or a user-facing message.
+        (request) serveRequested(JobQueue): run one job of the window's server queue
+            (``app.ui.serve_flow``) on this thread; its answer goes to the job's callback.
     """
 
     loading = Signal(str)
@@ -180,6 +182,7 @@ class Worker(QObject):
     replyRequested = Signal(int, object)
     unloadRequested = Signal()
     benchRequested = Signal(int)
+    serveRequested = Signal(object)
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         super().__init__()
@@ -195,6 +198,7 @@ class Worker(QObject):
         self.unloadRequested.connect(self._on_unload)
         self.piecesRequested.connect(self._on_pieces)
         self.benchRequested.connect(self._on_bench)
+        self.serveRequested.connect(self._on_serve)
 
     def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -275,6 +279,21 @@ class Worker(QObject):
         finally:
             self.memory.emit(self.backend.memory_bytes())
         self.benchDone.emit(result)
+
+    @Slot(object)
+    def _on_serve(self, jobs: Any) -> None:
+        """Run one job of the window's server queue (an ``app.serve.worker.JobQueue``) on
+        the loaded session, between the window's own replies; none when it was drained."""
+        job = jobs.take(block=False)
+        if job is None:
+            return
+        me = threading.current_thread()
+        if me.name.startswith("Dummy"):  # Python's name for a QThread: use the Qt one
+            me.name = self.thread().objectName() or me.name
+        try:
+            jobs.run(self.backend, job)
+        finally:
+            self.memory.emit(self.backend.memory_bytes())
 
     @Slot()
     def _on_unload(self) -> None:
