@@ -88,7 +88,7 @@ def _model_id(model_arg: str | None, target_path: str, name: str) -> str:
 def _serve(args) -> int:
     from app.chat.session import PairSpec
     from app.serve.api import ServeOptions
-    from app.serve.server import ServeConfigError, check_host, make_server
+    from app.serve.server import ServeConfigError, bind_socket, check_host, make_server
     from app.serve.worker import ServeWorker, WorkerConfig
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -98,6 +98,10 @@ def _serve(args) -> int:
         raise CommandError(str(exc)) from None
     if args.grace < 0:
         raise CommandError("--grace must be at least 0 seconds")
+    try:
+        sock = bind_socket(args.host, args.port)  # a busy port is an error before the load
+    except ServeConfigError as exc:
+        raise CommandError(str(exc)) from None
     target, drafter = resolve_pair(args, need_drafter=False)
     drafter2 = default_dflash2(args)
     if drafter2 is not None and drafter is not None and Path(drafter2) == Path(drafter):
@@ -106,7 +110,11 @@ def _serve(args) -> int:
     spec = PairSpec(target=target, drafter=drafter, drafter2=drafter2)
     worker = ServeWorker(WorkerConfig(spec=spec, max_queue=args.max_queue,
                                       enable_thinking=thinking))
-    info = worker.start()
+    try:
+        info = worker.start()
+    except BaseException:
+        sock.close()
+        raise
     for line in filter(None, [info.note]):
         _warn(f"note: {line}")
     model_id = _model_id(args.model, info.target_path, info.target_name)
@@ -125,15 +133,15 @@ def _serve(args) -> int:
     server = make_server(worker, options, args.host, args.port, args.grace, started,
                          args.log_level)
     try:
-        server.run()
-    except SystemExit as exc:  # uvicorn exits when it cannot bind
-        worker.stop()
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits when its startup fails
         if exc.code not in (0, None):
-            raise CommandError(f"cannot listen on {args.host}:{args.port} (in use, or not an "
-                               "address of this machine)") from None
+            raise CommandError(f"the server could not start on {args.host}:{args.port}") \
+                from None
     finally:
         worker.stop()
+        sock.close()
     if not server.started:
-        raise CommandError(f"cannot listen on {args.host}:{args.port}")
+        raise CommandError(f"the server could not start on {args.host}:{args.port}")
     print("Stopped.", file=sys.stderr, flush=True)
     return 0

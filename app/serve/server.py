@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import signal
@@ -59,6 +60,29 @@ def check_host(host: str, api_key: str | None) -> None:
             f"--host {host} would accept requests from other machines: give --api-key KEY "
             "too (clients then send 'Authorization: Bearer KEY'), or keep the default "
             f"--host {DEFAULT_HOST}")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free one), for uvicorn's
+    ``run(sockets=[...])``; binding before the model loads makes a busy port an error at once.
+
+    Raises:
+        ServeConfigError: the address cannot be bound (in use, or not this machine's).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ServeConfigError(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else str(exc)
+        raise ServeConfigError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
 
 
 class DrainingServer(uvicorn.Server):
