@@ -200,3 +200,35 @@ def test_sigterm_cancels_the_running_reply_and_exits_cleanly(tiny_paths, tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_stop_lets_the_running_reply_finish_and_refuses_the_waiting_one(tiny_paths):
+    srv = RunningServer(PairSpec(*tiny_paths), model_id="tiny", grace_s=60)
+    try:
+        waiting: list[httpx.Response] = []
+        lines = []
+        with httpx.stream("POST", srv.url + URL, timeout=60,
+                          json={**LONG, "max_tokens": 200, "stream": True}) as r:
+            it = r.iter_lines()
+            lines.append(next(it))
+            t = threading.Thread(target=lambda: waiting.append(httpx.post(
+                srv.url + URL, json={**LONG, "max_tokens": 2}, timeout=60)))
+            t.start()
+            deadline = time.monotonic() + 10
+            while srv.worker.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            srv.server.handle_exit(signal.SIGTERM, None)  # what SIGTERM does
+            lines.extend(it)
+        events = sse_events(lines)
+        assert events[-1] == "[DONE]"
+        figures = events[-2]["dflash"]
+        assert figures["stop_cause"] == "length" and figures["generated_tokens"] == 200
+        t.join(30)
+        assert waiting[0].status_code == 503
+        assert waiting[0].json()["error"]["code"] == "shutting_down"
+        srv.thread.join(30)
+        assert not srv.thread.is_alive() and not srv.worker.alive
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(srv.url + "/health", timeout=5)
+    finally:
+        srv.close()
