@@ -98,6 +98,29 @@ def test_plain_and_dflash_are_identical_at_temperature_0_with_their_figures(clie
     assert small.choices[0].message.content == plain.content
 
 
+def test_stop_seed_and_thinking_fields_reach_the_reply(client):
+    plain = _complete(client, QUESTION, mode="plain").choices[0].message
+    assert "Paris" in plain.content
+    # stop strings are matched in the reasoning too (as in the window): it names Paris first
+    cut = _complete(client, QUESTION, mode="plain", stop=["Paris"])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].message.content == ""
+    reasoning = plain.model_extra["reasoning_content"]
+    assert "Paris" in reasoning
+    assert cut.choices[0].message.model_extra["reasoning_content"] == \
+        reasoning.split("Paris")[0].rstrip()
+    assert cut.usage.completion_tokens < _complete(client, QUESTION, mode="plain") \
+        .usage.completion_tokens
+    # a seeded sampled reply is the same twice
+    sampled = [_complete(client, QUESTION, mode="plain", temperature=1.0, top_k=20, seed=7)
+               .choices[0].message.content for _ in range(2)]
+    assert sampled[0] == sampled[1]
+    # thinking off: no reasoning comes back
+    off = _complete(client, QUESTION, chat_template_kwargs={"enable_thinking": False})
+    assert "reasoning_content" not in off.choices[0].message.model_extra
+    assert plain.model_extra["reasoning_content"]
+    assert off.choices[0].message.content
+
+
 def _stream_raw(server, body: dict) -> list[dict | str]:
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                       timeout=120) as r:
