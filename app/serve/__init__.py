@@ -4,10 +4,11 @@
   :class:`~app.serve.protocol.ChatRequest`), response objects and stream chunks out, and
   :class:`~app.serve.protocol.ApiError` (an HTTP status with an OpenAI-style error body).
   Imports no MLX.
-* :mod:`app.serve.worker`: :class:`~app.serve.worker.ServeWorker`, the one thread that owns
-  the :class:`app.chat.session.ChatSession` (the pair's loading and every generation), fed by
-  a bounded queue of :class:`~app.serve.worker.Job`; it hands typed events back through a
-  callback.
+* :mod:`app.serve.worker`: :class:`~app.serve.worker.JobQueue`, a bounded queue of
+  :class:`~app.serve.worker.Job` run one at a time on the thread that owns MLX, handing typed
+  events back through a callback; :class:`~app.serve.worker.ServeWorker` is one with a thread
+  of its own that loads the pair into a :class:`app.chat.session.ChatSession` (the window's
+  switch runs the jobs on its own worker thread, ``app.ui.serve_flow``).
 * :mod:`app.serve.api`: the Starlette application (routes, Bearer auth, body limit, errors);
   its handlers run on the event loop and never call MLX: they await the worker's events.
 * :mod:`app.serve.server`: running it on uvicorn (loopback by default, SIGTERM/SIGINT drain).

@@ -1,8 +1,8 @@
 """The Starlette application: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``.
 
 Handlers run on the event loop and never call MLX: a request becomes a
-:class:`~app.serve.worker.Job` on the :class:`~app.serve.worker.ServeWorker`'s bounded queue,
-and the handler awaits the worker's events from an ``asyncio.Queue`` fed with
+:class:`~app.serve.worker.Job` on a :class:`~app.serve.worker.JobQueue` (the
+:class:`~app.serve.worker.ServeWorker`'s, or the window's), and the handler awaits the worker's events from an ``asyncio.Queue`` fed with
 ``loop.call_soon_threadsafe``. A client that goes away (``http.disconnect``, or the stream's
 send failing) sets the job's cancel flag: the engine stops before its next token / cycle and
 the worker takes the next job.

@@ -1,18 +1,21 @@
-"""The one thread that owns MLX for the server: it loads the pair and runs every reply.
+"""Where the server's requests meet MLX: a bounded job queue and the thread that runs it.
 
 MLX arrays are bound to the thread that made them, so the event loop never touches the
 session: an HTTP handler makes a :class:`Job` (the checked request, a ``deliver`` callback and
-a cancel flag) and :meth:`ServeWorker.submit` puts it on a bounded queue (full:
-:class:`QueueFullError`, which the API answers with 429). The worker thread takes jobs one at a
-time, checks the prompt against the context, runs
-:meth:`app.chat.session.ChatSession.reply` with the job's cancel flag (the engine checks it
-every token / cycle) and hands typed events back through ``deliver``: :class:`Refused` (the
-request could not start: an :class:`~app.serve.protocol.ApiError`) or :class:`Started`, then
-:class:`TextDelta` / :class:`CallDelta` as the reply is written, then :class:`Finished` or
-:class:`Failed`. ``deliver`` is called on the worker thread; the API's one posts onto its
-event loop with ``loop.call_soon_threadsafe``.
+a cancel flag) and :meth:`JobQueue.submit` puts it on a bounded queue (full:
+:class:`QueueFullError`, which the API answers with 429). The thread that owns MLX takes jobs
+one at a time (:meth:`JobQueue.take`) and runs each (:meth:`JobQueue.run`): it checks the
+prompt against the context, runs :meth:`app.chat.session.ChatSession.reply` with the job's
+cancel flag (the engine checks it every token / cycle) and hands typed events back through
+``deliver``: :class:`Refused` (the request could not start: an
+:class:`~app.serve.protocol.ApiError`) or :class:`Started`, then :class:`TextDelta` /
+:class:`CallDelta` as the reply is written, then :class:`Finished` or :class:`Failed`.
+``deliver`` is called on that thread; the API's posts onto its event loop with
+``loop.call_soon_threadsafe``.
 
-Tools are never run here: a reply's tool calls are returned to the client.
+:class:`ServeWorker` is a :class:`JobQueue` with a thread of its own that loads the pair
+(``python -m app serve``); the window's switch uses its worker thread instead
+(``app.ui.serve_flow``). Tools are never run here: a reply's tool calls go to the client.
 """
 
 from __future__ import annotations
@@ -112,7 +115,6 @@ class Job:
             not block (the API's posts onto its event loop). If it raises, the job is cancelled.
         cancel: set from any thread to stop the reply (the engine stops before its next
             token / cycle; a job still queued is refused when its turn comes).
-        block_size: filled by the worker: the block size that ran.
     """
 
     request: ChatRequest
@@ -336,7 +338,7 @@ class JobQueue:
                     calls += 1
                 elif isinstance(ev, ReplyDone):
                     reply = ev.reply
-        except EngineError as exc:
+        except (EngineError, ValueError) as exc:  # engine errors, a refused setting
             self._record("failed", None, 0, t0, job)
             self._send(job, Failed(str(exc)))
             return
