@@ -121,6 +121,9 @@ class ServeFlow:
         if self.serving is not None:
             return self.serving.url
         info = self.model
+        if getattr(self, "_loading", None) is not None:
+            self._serve_failed("A model is loading: serve it once it is loaded.")
+            return None
         if info is None:
             self._serve_failed("Load a model first: the server serves the loaded pair.")
             return None
