@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "app.commands.tools",
     "app.commands.models",
     "app.commands.bench",
+    "app.commands.serve",
 ]
 
 

@@ -78,7 +78,8 @@ def test_empty_prompt_is_refused(capsys, command, prompt):
 @pytest.mark.parametrize("argv, prog", [(["chat", "--bogus"], "python -m app chat"),
                                         (["compare", "--bogus"], "python -m app compare"),
                                         (["tools", "run", "calculator", "--bogus"],
-                                         "python -m app tools run")])
+                                         "python -m app tools run"),
+                                        (["serve", "--bogus"], "python -m app serve")])
 def test_unknown_argument_shows_the_subcommands_usage(capsys, argv, prog):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -153,3 +154,38 @@ def test_temperature_has_the_windows_range(capsys):
     assert exc.value.code == 2
     assert "--temp: must be between 0 and 2, got 5" in capsys.readouterr().err
     assert build_parser().parse_args(["chat", "--temp", "2"]).temp == 2.0
+
+
+# ------------------------------------------------------------------------------ serve
+def test_serve_with_a_missing_model_is_one_line_and_exit_2(capsys, tmp_path):
+    code, err = _exit_code(capsys, ["serve", "--port", "0", "--model",
+                                    str(tmp_path / "no-such-model")])
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("error: ") and "no-such-model" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, words", [(["--port", "-1"], "must be at least 0"),
+                                         (["--max-queue", "0"], "must be at least 1"),
+                                         (["--log-level", "loud"], "invalid choice")])
+def test_serve_arguments_are_checked(capsys, argv, words):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_serve_on_a_busy_port_says_so_before_loading(capsys):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        code, err = _exit_code(capsys, ["serve", "--port", str(port), "--model", "/nowhere"])
+    finally:
+        busy.close()
+    # the model (missing here) is not even looked at: the address comes first
+    assert code == 2 and err.strip() == f"error: cannot listen on 127.0.0.1:{port}: the port " \
+        "is in use"

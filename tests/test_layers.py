@@ -1,4 +1,5 @@
-"""The package's import structure: engine <- models <- chat <- ui / commands, and no cycles.
+"""The package's import structure: engine <- models <- chat <- serve <- ui / commands, and no
+cycles.
 
 Every ``import app.x`` / ``from app.x import y`` in ``app/`` is read with :mod:`ast`, lazy
 imports inside functions included (they run too, just later).
@@ -11,9 +12,11 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
 
-LAYER = {"paths": 0, "engine": 1, "models": 2, "chat": 3, "ui": 4, "commands": 4, "cli": 5,
-         "__main__": 5}
-"""Higher layers may import lower ones only; ui and commands do not import each other."""
+LAYER = {"paths": 0, "engine": 1, "models": 2, "chat": 3, "serve": 4, "ui": 5, "commands": 5,
+         "cli": 6, "__main__": 6}
+"""Higher layers may import lower ones only; ui and commands do not import each other. The
+server (``serve``) sits on chat: ``commands.serve`` runs it and the window may serve its
+loaded pair through it."""
 
 
 def module_name(path: Path) -> str:
@@ -76,9 +79,9 @@ def test_imports_go_one_way():
     assert wrong == [], "upward imports:\n" + "\n".join(sorted(wrong))
 
 
-def test_engine_and_chat_never_import_qt():
+def test_engine_chat_and_serve_never_import_qt():
     qt = []
-    for path in list((APP / "engine").rglob("*.py")) + list((APP / "chat").rglob("*.py")):
+    for path in [p for pkg in ("engine", "chat", "serve") for p in (APP / pkg).rglob("*.py")]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -117,5 +120,25 @@ def test_the_walker_sees_imports():
     assert "app.engine.events" in g["app.chat.reply"]
     assert "app.chat.storage" in g["app.chat.turns"]
     assert "app.models.loader" in g["app.chat.session"]  # a lazy import inside a method
-    assert layer("app.ui.window") == 4 and layer("app.engine.prefix") == 1
+    assert layer("app.ui.window") == 5 and layer("app.engine.prefix") == 1
     assert layer("app.models.loader") == 2
+    assert "app.chat.session" in g["app.serve.worker"]
+    assert "app.serve.server" in g["app.commands.serve"]  # a lazy import inside a function
+    assert layer("app.serve.api") == 4 and layer("app.commands.serve") == 5
+
+
+def test_the_server_event_loop_never_imports_mlx():
+    """MLX arrays belong to the thread that made them: only the worker (through the chat
+    session) touches the engine; the API and server modules, which run on the event loop,
+    import neither ``mlx`` nor the engine's decoding."""
+    loop_side = ["app.serve.api", "app.serve.server", "app.serve.protocol"]
+    g = graph()
+    for mod in loop_side:
+        path = APP / (mod.split(".", 1)[1].replace(".", "/") + ".py")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] in ("mlx", "mlx_lm")], mod
+        assert not {d for d in g[mod] if d.startswith(("app.engine.generate", "app.models",
+                                                       "app.chat.session",
+                                                       "app.chat.reply"))}, mod

@@ -63,7 +63,9 @@ class ModelFlow:
         """Ask the worker to load a pair (progress shows; the window stays responsive).
 
         ``target`` is a :class:`PairSpec` (it keeps the display name and repo id), or a folder
-        path with ``drafter`` ("" for none; :data:`TINY_PAIR` for the tiny pair)."""
+        path with ``drafter`` ("" for none; :data:`TINY_PAIR` for the tiny pair). Serving the
+        previous pair stops."""
+        self.stop_serving("another model is loading")
         if self.busy:
             self.stop()
         if isinstance(target, PairSpec):
@@ -78,7 +80,8 @@ class ModelFlow:
         self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:
-        """Drop the loaded models."""
+        """Drop the loaded models (and stop serving them)."""
+        self.stop_serving("the model was unloaded")
         if self.busy:
             self.stop()
         self.model = None

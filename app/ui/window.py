@@ -54,6 +54,7 @@ from app.ui.fit import ElidedLabel
 from app.ui.model_flow import ModelFlow, default_pair  # noqa: F401 (re-exported)
 from app.ui.reply_flow import ReplyFlow
 from app.ui.run_state import ReplyRun
+from app.ui.serve_flow import ServeFlow
 from app.ui.text import mode_label, sentence
 from app.ui.theme import colours, make_palette, stylesheet
 from app.ui.worker import (
@@ -152,7 +153,7 @@ class PaneSplitter(QSplitter):
         self.setSizes([new_left, total - new_left - new_right, new_right])
 
 
-class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
+class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow):
     """The DFlash Chat window.
 
     Args:
@@ -388,6 +389,11 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         act(f, "Open model folder…", self.open_model_dialog, "Ctrl+O", QStyle.SP_DirOpenIcon)
         act(f, "Use default model", self.load_default)
         act(f, "Unload model", self.unload)
+        self.serve_action = QAction("Serve on localhost", self)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setToolTip("Serve the loaded pair on 127.0.0.1 (OpenAI API).")
+        self.serve_action.toggled.connect(self.toggle_serving)
+        f.addAction(self.serve_action)
         f.addSeparator()
         act(f, "Export chat…", self.export_chat, "Ctrl+E")
         act(f, "Import chat…", self.import_chat)
@@ -759,6 +765,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
             self.wait_until_idle(timeout_ms)
         self.timer.stop()
         self.save_layout()
+        self.stop_serving()
         self.workers.stop(timeout_ms)
         try:
             self.store.close()

@@ -165,6 +165,8 @@ class Worker(QObject):
             and system prompt: prefill what that conversation's next turn starts with
             (:meth:`ChatSession.prefill_next_turn`) while the user writes; nothing is emitted
             (a backend without it, or a failure, only skips it: the next turn prefills more).
+        (request) serveRequested(JobQueue): run one job of the window's server queue
+            (``app.ui.serve_flow``) on this thread; its answer goes to the job's callback.
     """
 
     loading = Signal(str)
@@ -185,6 +187,7 @@ class Worker(QObject):
     unloadRequested = Signal()
     benchRequested = Signal(int)
     prefillRequested = Signal(int, object, str)
+    serveRequested = Signal(object)
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         super().__init__()
@@ -201,6 +204,7 @@ class Worker(QObject):
         self.piecesRequested.connect(self._on_pieces)
         self.benchRequested.connect(self._on_bench)
         self.prefillRequested.connect(self._on_prefill)
+        self.serveRequested.connect(self._on_serve)
 
     def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -295,6 +299,21 @@ class Worker(QObject):
         if done is not None:
             log.info("prefilled %d tokens of chat %d's next turn (%d reused) in %.2f s",
                      done.tokens, conversation_id, done.reused, done.seconds)
+
+    @Slot(object)
+    def _on_serve(self, jobs: Any) -> None:
+        """Run one job of the window's server queue (an ``app.serve.worker.JobQueue``) on
+        the loaded session, between the window's own replies; none when it was drained."""
+        job = jobs.take(block=False)
+        if job is None:
+            return
+        me = threading.current_thread()
+        if me.name.startswith("Dummy"):  # Python's name for a QThread: use the Qt one
+            me.name = self.thread().objectName() or me.name
+        try:
+            jobs.run(self.backend, job)
+        finally:
+            self.memory.emit(self.backend.memory_bytes())
 
     @Slot()
     def _on_unload(self) -> None:

@@ -1,0 +1,147 @@
+"""``python -m app serve``: a local OpenAI-compatible server for the loaded pair.
+
+``python -m app serve [--host 127.0.0.1] [--port 8080] [--model M --draft-model D]
+[--dflash2-model D2] [--api-key KEY]`` loads the pair (the bundled demo pair and its DFlash and
+DFlash2 drafters when no model is named) on the server's worker thread, prints one line naming
+the address, and answers ``/v1/chat/completions`` until SIGINT / SIGTERM (docs/serve.md).
+Exit codes: 0 after a clean stop, 2 bad arguments, unusable model files or an address it
+cannot listen on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from app.commands.generation import (
+    CommandError,
+    _guard,
+    _warn,
+    default_dflash2,
+    default_thinking,
+    int_at_least,
+    resolve_pair,
+)
+
+API_KEY_ENV = "DFLASH_API_KEY"
+"""An API key from the environment, used when ``--api-key`` is not given (keeps it out of
+the process list)."""
+
+
+def register(subparsers) -> None:
+    """Add the ``serve`` subcommand."""
+    from app.serve.server import DEFAULT_GRACE_S, DEFAULT_HOST, DEFAULT_PORT
+
+    p = subparsers.add_parser(
+        "serve", help="a local OpenAI-compatible server (/v1/chat/completions)",
+        description="Serve the model pair over an OpenAI-compatible HTTP API (chat "
+        "completions, streamed or not, tool calls returned to the client, DFlash figures "
+        "with every reply). Listens on 127.0.0.1 unless told otherwise; another host needs "
+        "--api-key.",
+    )
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default {DEFAULT_HOST}; anything but loopback "
+                   "needs --api-key)")
+    p.add_argument("--port", type=int_at_least(0), default=DEFAULT_PORT,
+                   help=f"port (default {DEFAULT_PORT}; 0 picks a free one, printed at start)")
+    p.add_argument("--model", help="target: a folder or a cached Hugging Face repo id "
+                   "(default: the bundled demo pair)")
+    p.add_argument("--draft-model", help="DFlash or DFlash2 drafter folder or cached repo id "
+                   "(default with the bundled demo target: its drafter; none with another "
+                   "--model: plain decoding only)")
+    p.add_argument("--dflash2-model", help="a DFlash2 drafter beside the DFlash one (default "
+                   "on the bundled demo pair: its DFlash2 drafter; 'none' leaves it out)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ requests "
+                   f"(default: ${API_KEY_ENV} when set, else no key)")
+    think = p.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", default=None,
+                       help="thinking on in the chat template unless a request says")
+    think.add_argument("--no-think", dest="think", action="store_false",
+                       help="thinking off in the chat template unless a request says")
+    p.add_argument("--max-queue", type=int_at_least(1), default=8,
+                   help="requests that may wait behind the running one (default 8; more "
+                   "get 429)")
+    p.add_argument("--max-body-kb", type=int_at_least(1), default=4096,
+                   help="largest request body in KiB (default 4096; larger get 413)")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                   help=f"seconds a running reply may finish after SIGTERM before it is "
+                   f"cancelled (default {DEFAULT_GRACE_S:g})")
+    p.add_argument("--log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default warning; info logs every request)")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args) -> int:
+    """``serve``: returns the exit code once the server stopped."""
+    return _guard(_serve, args)
+
+
+def _model_id(model_arg: str | None, target_path: str, name: str) -> str:
+    """The id ``/v1/models`` lists: a repo id as given, else the target folder's name."""
+    if model_arg and not Path(model_arg).expanduser().exists():
+        return model_arg
+    return name or Path(target_path).name
+
+
+def _serve(args) -> int:
+    from app.chat.session import PairSpec
+    from app.serve.api import ServeOptions
+    from app.serve.server import ServeConfigError, bind_socket, check_host, make_server
+    from app.serve.worker import ServeWorker, WorkerConfig
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_host(args.host, api_key)
+    except ServeConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if args.grace < 0:
+        raise CommandError("--grace must be at least 0 seconds")
+    try:
+        sock = bind_socket(args.host, args.port)  # a busy port is an error before the load
+    except ServeConfigError as exc:
+        raise CommandError(str(exc)) from None
+    target, drafter = resolve_pair(args, need_drafter=False)
+    drafter2 = default_dflash2(args)
+    if drafter2 is not None and drafter is not None and Path(drafter2) == Path(drafter):
+        drafter2 = None
+    thinking = args.think if args.think is not None else default_thinking(target, drafter)
+    spec = PairSpec(target=target, drafter=drafter, drafter2=drafter2)
+    worker = ServeWorker(WorkerConfig(spec=spec, max_queue=args.max_queue,
+                                      enable_thinking=thinking))
+    try:
+        info = worker.start()
+    except BaseException:
+        sock.close()
+        raise
+    for line in filter(None, [info.note]):
+        _warn(f"note: {line}")
+    model_id = _model_id(args.model, info.target_path, info.target_name)
+    options = ServeOptions(model_id=model_id, api_key=api_key,
+                           max_body_bytes=args.max_body_kb * 1024,
+                           aliases=tuple({a for a in (args.model, info.target_path) if a}))
+
+    def started(address: tuple[str, int]) -> None:
+        host, port = address
+        shown = f"[{host}]" if ":" in host else host
+        modes = ", ".join(info.modes)
+        print(f"Serving {model_id} ({modes}) on http://{shown}:{port}/v1"
+              f"{' with an API key' if api_key else ''}; Ctrl+C or SIGTERM stops it.",
+              flush=True)
+
+    server = make_server(worker, options, args.host, args.port, args.grace, started,
+                         args.log_level)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits when its startup fails
+        if exc.code not in (0, None):
+            raise CommandError(f"the server could not start on {args.host}:{args.port}") \
+                from None
+    finally:
+        worker.stop()
+        sock.close()
+    if not server.started:
+        raise CommandError(f"the server could not start on {args.host}:{args.port}")
+    print("Stopped.", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,317 @@
+"""The Starlette application: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``.
+
+Handlers run on the event loop and never call MLX: a request becomes a
+:class:`~app.serve.worker.Job` on a :class:`~app.serve.worker.JobQueue` (the
+:class:`~app.serve.worker.ServeWorker`'s, or the window's), and the handler awaits the worker's events from an ``asyncio.Queue`` fed with
+``loop.call_soon_threadsafe``. A client that goes away (``http.disconnect``, or the stream's
+send failing) sets the job's cancel flag: the engine stops before its next token / cycle and
+the worker takes the next job.
+
+Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): 400 malformed
+JSON or fields and prompts over the context, 401 a missing or wrong Bearer key (when the
+server has one), 404 an unknown model or route, 413 a body over the limit, 429 the queue is
+full, 503 shutting down, 500 a failure while generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.serve.protocol import (
+    ApiError,
+    ChatRequest,
+    bad_request,
+    chunk_object,
+    completion_object,
+    dflash_object,
+    new_completion_id,
+    openai_finish_reason,
+    parse_chat_request,
+    sse,
+    tool_call_object,
+    usage_object,
+)
+from app.serve.worker import (
+    CallDelta,
+    Failed,
+    Finished,
+    Job,
+    JobQueue,
+    QueueFullError,
+    Refused,
+    ShuttingDownError,
+    Started,
+    TextDelta,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Request bodies above this many bytes are refused with 413 (4 MiB)."""
+
+
+@dataclass
+class ServeOptions:
+    """How the API answers.
+
+    Attributes:
+        model_id: the id ``/v1/models`` lists and requests must name (or leave out).
+        api_key: when set, every ``/v1/`` request needs ``Authorization: Bearer <key>``
+            (401 otherwise); ``/health`` stays open.
+        max_body_bytes: larger request bodies get 413.
+        aliases: other names accepted for the model (e.g. the path it was loaded from).
+    """
+
+    model_id: str
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    aliases: tuple[str, ...] = ()
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    """``error`` as its status and OpenAI-style body (``WWW-Authenticate`` on a 401)."""
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+class BearerAuth:
+    """ASGI middleware: ``/v1/`` requests need ``Authorization: Bearer <key>`` (compared in
+    constant time); others pass. A missing or wrong key is answered with 401."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith("/v1"):
+            given = b""
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    given = value
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._key):
+                what = "no API key was given" if not given else "the API key is not valid"
+                response = error_response(ApiError(
+                    401, f"{what}: send the header 'Authorization: Bearer <key>' with the key "
+                    "the server was started with (--api-key)", type="authentication_error",
+                    code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def read_json(request: Request, limit: int) -> object:
+    """The request body decoded as JSON, read at most ``limit`` bytes far.
+
+    Raises:
+        ApiError: 413 when the body (or its Content-Length) is over ``limit``; 400 when it is
+            empty, not UTF-8 or not JSON.
+    """
+    length = request.headers.get("content-length", "")
+    too_big = ApiError(413, f"the request body is over the server's limit of {limit:,} bytes",
+                       code="request_too_large")
+    if length.isdigit() and int(length) > limit:
+        raise too_big
+    size, parts = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    raw = b"".join(parts)
+    if not raw.strip():
+        raise bad_request("the request body is empty: send a JSON object")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno}"
+                          f" column {exc.colno}", code="invalid_json") from None
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Set ``job.cancel`` when the client disconnects (the body has been read, so the next
+    message the server hands over is ``http.disconnect``)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+def create_app(worker: JobQueue, options: ServeOptions,
+               on_shutdown: Callable[[], None] | None = None) -> Starlette:
+    """The ASGI application serving ``worker``'s loaded pair.
+
+    Args:
+        worker: the :class:`~app.serve.worker.JobQueue` whose thread runs the jobs (a started
+            :class:`~app.serve.worker.ServeWorker`, or the window's queue).
+        options: :class:`ServeOptions` (model id, API key, body limit).
+        on_shutdown: called once when the application shuts down (lifespan), e.g.
+            ``worker.stop``.
+    """
+    created = int(time.time())
+
+    def model_card() -> dict:
+        info = worker.info
+        card = {"id": options.model_id, "object": "model", "created": created,
+                "owned_by": "dflash-chat"}
+        if info is not None:
+            card["dflash"] = {"modes": list(info.modes), "drafter": info.drafter_name,
+                              "dflash2_drafter": info.drafter2_name,
+                              "block_size": info.drafter_block_size,
+                              "context_length": info.context_length, "device": info.device}
+        return card
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != options.model_id and name not in options.aliases:
+            raise ApiError(404, f"the model {name!r} does not exist here: this server serves "
+                           f"{options.model_id!r} (GET /v1/models)", type="not_found_error",
+                           param="model", code="model_not_found")
+
+    async def health(request: Request) -> Response:
+        status = "ok" if worker.alive else "stopping" if worker.info else "not_loaded"
+        return JSONResponse({"status": status, "model": options.model_id, "busy": worker.busy,
+                             "queued": worker.queued, "served": worker.served},
+                            status_code=200 if status == "ok" else 503)
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def get_model(request: Request) -> Response:
+        check_model(request.path_params["model"])
+        return JSONResponse(model_card())
+
+    async def chat_completions(request: Request) -> Response:
+        req = parse_chat_request(await read_json(request, options.max_body_bytes))
+        check_model(req.model)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def deliver(event: object) -> None:  # on the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(req, deliver)
+        try:
+            worker.submit(job)
+        except QueueFullError as exc:
+            raise ApiError(429, f"{exc}; retry later", type="rate_limit_error",
+                           code="queue_full") from None
+        except ShuttingDownError as exc:
+            raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
+        watch = asyncio.ensure_future(_watch_disconnect(request, job))
+        try:
+            first = await events.get()
+            if isinstance(first, Refused):
+                raise first.error
+            assert isinstance(first, Started)
+            completion_id = new_completion_id()
+            if req.stream:
+                watch.cancel()  # StreamingResponse listens for the disconnect itself
+                return StreamingResponse(
+                    _stream(req, job, events, completion_id, options.model_id),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            while True:
+                event = await events.get()
+                if isinstance(event, Finished):
+                    return JSONResponse(completion_object(event.result, completion_id,
+                                                          options.model_id))
+                if isinstance(event, Failed):
+                    raise ApiError(500, event.message, type="server_error",
+                                   code="generation_failed")
+        except BaseException:
+            job.cancel.set()  # a refused, failed or abandoned request frees the worker
+            raise
+        finally:
+            watch.cancel()
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = (f"no route {request.method} {request.url.path}" if exc.status_code in
+                   (404, 405) else str(exc.detail))
+        return error_response(ApiError(exc.status_code, message, type=kind))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(ApiError(500, "internal server error; see the server log",
+                                       type="server_error"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
+
+    app = Starlette(
+        routes=[Route("/health", health, methods=["GET"]),
+                Route("/v1/models", list_models, methods=["GET"]),
+                Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"])],
+        exception_handlers={ApiError: api_error, HTTPException: http_error,
+                            Exception: server_error},
+        lifespan=lifespan,
+    )
+    if options.api_key:
+        app.add_middleware(BearerAuth, api_key=options.api_key)
+    return app
+
+
+async def _stream(req: ChatRequest, job: Job, events: asyncio.Queue, completion_id: str,
+                  model: str) -> AsyncIterator[bytes]:
+    """The reply as server-sent events: a role chunk, one chunk per text delta
+    (``content`` or ``reasoning_content``) or tool call, the finish chunk, with
+    ``include_usage`` a last chunk with no choices, then ``data: [DONE]``. The last chunk
+    carries ``usage`` and ``dflash``. Leaving early (the client went away) cancels the job."""
+    created = int(time.time())
+    try:
+        yield sse(chunk_object(completion_id, model, created, {"role": "assistant",
+                                                               "content": ""}))
+        while True:
+            event = await events.get()
+            if isinstance(event, TextDelta):
+                key = "content" if event.kind == "content" else "reasoning_content"
+                yield sse(chunk_object(completion_id, model, created, {key: event.text}))
+            elif isinstance(event, CallDelta):
+                call = tool_call_object(completion_id, event.index, event.name,
+                                        event.arguments, with_index=True)
+                yield sse(chunk_object(completion_id, model, created, {"tool_calls": [call]}))
+            elif isinstance(event, Finished):
+                result = event.result
+                figures = {"usage": usage_object(result), "dflash": dflash_object(result)}
+                reason = openai_finish_reason(result.finish_reason)
+                if req.include_usage:
+                    yield sse(chunk_object(completion_id, model, created, {}, reason))
+                    yield sse(chunk_object(completion_id, model, created, None, **figures))
+                else:
+                    yield sse(chunk_object(completion_id, model, created, {}, reason,
+                                           **figures))
+                yield sse("[DONE]")
+                return
+            elif isinstance(event, Failed):
+                error = ApiError(500, event.message, type="server_error",
+                                 code="generation_failed")
+                yield sse(error.body())
+                yield sse("[DONE]")
+                return
+    finally:
+        job.cancel.set()  # no-op once finished; stops the engine when the client left

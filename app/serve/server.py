@@ -1,0 +1,169 @@
+"""Running the API on uvicorn: loopback by default, a clean stop on SIGTERM / SIGINT.
+
+:func:`check_host` refuses a host other than loopback unless an API key is set.
+:class:`DrainingServer` is uvicorn's server with the stop this app wants: on the first SIGTERM
+or SIGINT it stops taking requests, refuses the queued ones (503), gives the reply being
+generated ``grace_s`` seconds to finish, then cancels it (the engine stops before its next
+cycle; its stream still ends with a finish chunk and ``[DONE]``), closes the connections, stops
+the worker thread and returns, so the process exits with status 0. A second SIGINT forces
+the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from app.serve.api import ServeOptions, create_app
+from app.serve.worker import JobQueue
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_GRACE_S = 10.0
+"""Seconds a running reply may go on after SIGTERM before it is cancelled."""
+
+
+class ServeConfigError(ValueError):
+    """The server cannot start as asked (e.g. a public host without an API key)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); False for every
+    other name or address (``0.0.0.0`` and ``::`` listen on every interface)."""
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, api_key: str | None) -> None:
+    """Refuse to listen beyond this machine without a key.
+
+    Raises:
+        ServeConfigError: ``host`` is not loopback and ``api_key`` is empty.
+    """
+    if not is_loopback(host) and not api_key:
+        raise ServeConfigError(
+            f"--host {host} would accept requests from other machines: give --api-key KEY "
+            "too (clients then send 'Authorization: Bearer KEY'), or keep the default "
+            f"--host {DEFAULT_HOST}")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free one), for uvicorn's
+    ``run(sockets=[...])``; binding before the model loads makes a busy port an error at once.
+
+    Raises:
+        ServeConfigError: the address cannot be bound (in use, or not this machine's).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ServeConfigError(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else str(exc)
+        raise ServeConfigError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, stopping as the module doc says.
+
+    Args:
+        config: the uvicorn ``Config``.
+        worker: the :class:`JobQueue` whose jobs are drained and cancelled on the stop.
+        grace_s: seconds the running reply may take after the stop began.
+        on_started: called with the bound (host, port) once it listens.
+    """
+
+    def __init__(self, config: uvicorn.Config, worker: JobQueue, grace_s: float,
+                 on_started: Callable[[tuple[str, int]], None] | None = None) -> None:
+        super().__init__(config)
+        self.worker = worker
+        self.grace_s = grace_s
+        self.on_started = on_started
+        self.address: tuple[str, int] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM start the stop (main thread only); unlike uvicorn's own, the
+        signal is not raised again afterwards, so the process exits with status 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = [signal.SIGINT, signal.SIGTERM]
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        """The first signal starts the stop; a second SIGINT forces it."""
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, then :attr:`address` and ``on_started``."""
+        await super().startup(sockets=sockets)
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                name = sock.getsockname()
+                self.address = (str(name[0]), int(name[1]))
+                break
+            if self.address:
+                break
+        if self.started and self.on_started is not None and self.address is not None:
+            self.on_started(self.address)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop listening, refuse the queued requests, let the running one finish for
+        ``grace_s`` seconds, cancel it, then uvicorn's shutdown (connections, lifespan: the
+        worker stops)."""
+        for server in getattr(self, "servers", []):
+            server.close()  # no new connections while the running reply finishes
+        self.worker.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s
+        while self.worker.busy and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        if self.worker.busy:
+            log.warning("cancelling the running reply: the %.0f s grace is over", self.grace_s)
+            self.worker.cancel_running()
+        await super().shutdown(sockets=sockets)
+
+
+def make_server(worker: JobQueue, options: ServeOptions, host: str = DEFAULT_HOST,
+                port: int = DEFAULT_PORT, grace_s: float = DEFAULT_GRACE_S,
+                on_started: Callable[[tuple[str, int]], None] | None = None,
+                log_level: str = "warning") -> DrainingServer:
+    """A :class:`DrainingServer` serving ``create_app(worker, options)`` on ``host:port``;
+    the app's shutdown calls ``worker.stop()`` (a :class:`~app.serve.worker.ServeWorker`'s
+    ends its thread; the window's queue only refuses and cancels its jobs). Run it with
+    ``.run()`` (or ``.run(sockets=[sock])`` on a socket already bound)."""
+    app = create_app(worker, options, on_shutdown=worker.stop)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ws="none",
+                            lifespan="on", timeout_graceful_shutdown=grace_s + 5,
+                            server_header=False, access_log=log_level in ("info", "debug"))
+    return DrainingServer(config, worker, grace_s, on_started)

@@ -1,0 +1,168 @@
+"""The window's "Serve on localhost" switch: the loaded pair over the OpenAI-compatible API
+(``app/serve``, docs/serve.md), generated on the window's own worker thread.
+
+The window's worker already owns MLX, so the server gets no thread of its own for it:
+:class:`WindowJobs` is the server's bounded job queue, and each submitted job asks the worker
+(``Worker.serveRequested``) to take one job and run it on the window's ``ChatSession``
+(:meth:`app.serve.worker.JobQueue.run`), between the window's own replies. uvicorn runs on a
+thread of its own with its event loop (:class:`WindowServer`); it never touches MLX.
+
+The server listens on 127.0.0.1 only (no API key in the window), on the port in the
+``serve/port`` setting (default 8080). Loading another pair, unloading it or closing the
+window stops serving. :class:`ServeFlow` is mixed into :class:`app.ui.window.MainWindow`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from app.serve.api import ServeOptions
+from app.serve.server import DEFAULT_PORT, DrainingServer, make_server
+from app.serve.worker import JobQueue
+from app.ui.worker import ModelInfo
+
+log = logging.getLogger("app.ui.window")
+
+SERVE_HOST = "127.0.0.1"
+"""The window serves on loopback only."""
+
+
+class WindowJobs(JobQueue):
+    """The server's job queue, run by the window's worker thread: :meth:`submit` queues a job
+    and calls ``request_run`` (which emits ``Worker.serveRequested`` with this queue), so the
+    worker takes exactly one job per submitted one.
+
+    Args:
+        info: the loaded pair the jobs run on.
+        request_run: asks the worker thread to run one job of this queue (any thread).
+        max_queue: jobs that may wait (beyond it: 429).
+    """
+
+    def __init__(self, info: ModelInfo, request_run: Callable[[], None],
+                 max_queue: int = 8) -> None:
+        super().__init__(max_queue)
+        self.info = info
+        self._request_run = request_run
+
+    def submit(self, job) -> None:
+        """Queue ``job`` and ask the worker to run it (see :meth:`JobQueue.submit` for the
+        errors raised)."""
+        super().submit(job)
+        self._request_run()
+
+
+class WindowServer:
+    """uvicorn serving ``jobs`` on ``127.0.0.1:port`` from a thread of its own.
+
+    Raises:
+        OSError: the port cannot be bound (in use); nothing is started then.
+        RuntimeError: uvicorn did not start within 10 s.
+    """
+
+    def __init__(self, jobs: WindowJobs, model_id: str, port: int = DEFAULT_PORT) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((SERVE_HOST, port))
+        except OSError:
+            sock.close()
+            raise
+        self.jobs = jobs
+        self.port = sock.getsockname()[1]
+        self.server: DrainingServer = make_server(jobs, ServeOptions(model_id), SERVE_HOST,
+                                                  self.port, grace_s=2.0)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       name="serve-http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>/v1``, the base URL clients use."""
+        return f"http://{SERVE_HOST}:{self.port}/v1"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop listening, refuse the queued jobs, cancel the running one after 2 s, and wait
+        up to ``timeout`` seconds for uvicorn's thread."""
+        self.jobs.drain()
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+class ServeFlow:
+    """The "Serve on localhost" switch (File menu), mixed into the main window.
+
+    Needs from the window: ``worker`` (:class:`app.ui.worker.Worker`), ``model``
+    (:class:`ModelInfo` or None), ``qs`` (QSettings), ``flash``, ``show_banner`` and
+    ``serve_action`` (the checkable menu action, made in ``_build_menus``).
+    """
+
+    serving: WindowServer | None = None
+
+    def toggle_serving(self, on: bool) -> None:
+        """The menu action's slot: start or stop serving."""
+        if on:
+            self.start_serving()
+        else:
+            self.stop_serving()
+
+    def start_serving(self, port: int | None = None) -> str | None:
+        """Serve the loaded pair on 127.0.0.1 (``port``, else the ``serve/port`` setting);
+        returns the base URL, or None when it could not start (the banner says why)."""
+        if self.serving is not None:
+            return self.serving.url
+        info = self.model
+        if getattr(self, "_loading", None) is not None:
+            self._serve_failed("A model is loading: serve it once it is loaded.")
+            return None
+        if info is None:
+            self._serve_failed("Load a model first: the server serves the loaded pair.")
+            return None
+        if port is None:
+            try:
+                port = int(self.qs.value("serve/port", DEFAULT_PORT))
+            except (TypeError, ValueError):
+                port = DEFAULT_PORT
+        jobs = WindowJobs(info, lambda: self.worker.serveRequested.emit(jobs))
+        try:
+            self.serving = WindowServer(jobs, info.target_name, port)
+        except (OSError, RuntimeError) as exc:
+            self._serve_failed(f"Cannot serve on {SERVE_HOST}:{port}: {exc}. Another program "
+                               "may use the port (set serve/port in the settings file).")
+            return None
+        self._set_serve_checked(True)
+        url = self.serving.url
+        self.flash(f"Serving {info.target_name} on {url} (OpenAI-compatible)", 10000)
+        self.serve_action.setToolTip(f"Serving on {url}; click to stop.")
+        log.info("serving %s on %s", info.target_name, url)
+        return url
+
+    def stop_serving(self, why: str = "") -> None:
+        """Stop serving (no-op when not serving); ``why`` is flashed in the status bar."""
+        server, self.serving = self.serving, None
+        self._set_serve_checked(False)
+        if server is None:
+            return
+        server.stop()
+        self.serve_action.setToolTip("Serve the loaded pair on 127.0.0.1 (OpenAI API).")
+        self.flash(f"Stopped serving{': ' + why if why else ''}", 6000)
+
+    def _serve_failed(self, message: str) -> None:
+        self._set_serve_checked(False)
+        self.show_banner(message)
+
+    def _set_serve_checked(self, on: bool) -> None:
+        action = getattr(self, "serve_action", None)
+        if action is not None and action.isChecked() != on:
+            action.blockSignals(True)
+            action.setChecked(on)
+            action.blockSignals(False)

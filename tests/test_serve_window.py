@@ -1,0 +1,80 @@
+"""The window's "Serve on localhost" switch: the loaded pair served over HTTP from the
+window's own worker thread (no MLX thread of the server's own), stopped by the switch, by
+unloading and by closing the window."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from app.chat.session import ChatSession
+
+pytest.importorskip("pytestqt")
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    """(target, drafter) folders of a tiny random ``qwen3_5`` pair."""
+    from app.models.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tmp_path_factory.mktemp("serve_window"), "qwen3_5", seed=0,
+                           block_size=8)
+    return str(t), str(d)
+
+
+def _window(qtbot, qs):
+    from app.ui.window import MainWindow
+
+    qs.setValue("serve/port", 0)  # a free port
+    win = MainWindow(backend=ChatSession(), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
+    win = _window(qtbot, qs)
+    try:
+        win.serve_action.setChecked(True)  # no model yet: refused, with a reason
+        assert win.serving is None and not win.serve_action.isChecked()
+        assert "Load a model first" in win.banner.text()
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(*tiny_paths)
+        win.serve_action.setChecked(True)
+        assert win.serving is not None and win.serve_action.isChecked()
+        url = win.serving.url
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        models = httpx.get(url + "/models", timeout=30).json()
+        assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash"]
+        replies = {}
+        for mode in ("plain", "dflash"):
+            r = httpx.post(url + "/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
+                "mode": mode})
+            assert r.status_code == 200, r.text
+            replies[mode] = r.json()
+            assert replies[mode]["dflash"]["mode"] == mode
+            assert replies[mode]["usage"]["completion_tokens"] == 12
+        assert replies["plain"]["choices"][0]["message"] == \
+            replies["dflash"]["choices"][0]["message"]
+        records = list(win.serving.jobs.records)
+        assert [r.thread for r in records] == ["mlx-worker", "mlx-worker"]
+        assert not [t for t in threading.enumerate() if t.name == "serve-mlx-worker"]
+        # the switch stops it: the port no longer answers
+        win.serve_action.setChecked(False)
+        assert win.serving is None
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/models", timeout=5)
+        # unloading stops it too
+        win.serve_action.setChecked(True)
+        assert win.serving is not None
+        url = win.serving.url
+        win.unload()
+        assert win.serving is None and not win.serve_action.isChecked()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/models", timeout=5)
+    finally:
+        win.shutdown()
+    assert win.serving is None
