@@ -466,11 +466,28 @@ class ChatSession:
         store = store if store is not None else self.store
         if self.target is None or store is None or self.cache is None:
             return None
-        from app.chat import reply as reply_mod
         from app.chat.stored_turn import prompt_for_next
+
+        return self.prefill_after(prompt_for_next(store, conversation_id, system_prompt),
+                                  settings)
+
+    def prefill_after(self, messages: list[dict], settings: dict) -> PrefillResult | None:
+        """Prefill what the next turn after ``messages`` (chat-template dicts ending with a
+        reply) will start with, as :meth:`prefill_next_turn` does for a stored conversation;
+        the local server calls it after a final answer, since its clients send the whole
+        history again with the next message. None when there is nothing to do (no model, no
+        reply at the end, a prefix the cache already holds, or earlier turns that would be
+        left out to fit the context).
+
+        Raises:
+            EngineError: from the engine (the kept cache is dropped then).
+        """
+        check_engine_thread()
+        if self.target is None or self.cache is None:
+            return None
+        from app.chat import reply as reply_mod
         from app.engine.prefix import common_prefix
 
-        messages = prompt_for_next(store, conversation_id, system_prompt)
         if not messages or messages[-1].get("role") not in ("assistant", "tool"):
             return None
         rs = reply_settings(settings)

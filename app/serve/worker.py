@@ -204,6 +204,8 @@ class JobQueue:
         """The last 1,000 jobs' outcomes, oldest first."""
         self.served = 0
         """Jobs taken off the queue and run so far (finished, refused or failed)."""
+        self.prefilled = 0
+        """Times a next turn was prefilled while no request waited (``_prefill_next``)."""
 
     def drain(self) -> None:
         """Take no new jobs and refuse the waiting ones (503); the running one goes on."""
@@ -353,6 +355,21 @@ class JobQueue:
             block_size=started.block_size, completion_tokens=len(reply.tokens))
         self._record("finished", reply.finish_reason, len(reply.tokens), t0, job)
         self._send(job, Finished(result))
+        if not reply.tool_calls and not job.cancel.is_set() and self._queue.empty():
+            self._prefill_next(session, [*job.request.messages, *reply.messages], settings)
+
+    def _prefill_next(self, session: ChatSession, messages: list[dict], settings: dict) -> None:
+        """After a final answer, with no request waiting: prefill what the client's next
+        request (the same history, the answer and a new message) starts with
+        (``ChatSession.prefill_after``), so that it prefills only the new message. A failure
+        only costs that request a longer prefill."""
+        try:
+            done = session.prefill_after(messages, settings)
+        except Exception:
+            log.exception("prefilling the next turn")
+            return
+        if done is not None:
+            self.prefilled += 1
 
     def _prepare(self, session: ChatSession, req: ChatRequest) -> tuple[dict, Started]:
         """The settings dict for ``ChatSession.reply`` and the :class:`Started` event, after
