@@ -306,6 +306,8 @@ def test_a_bounded_load_with_cancelled_streams_loses_nothing(server):
     questions = ["What is the capital of France?", "What is 6 times 7?",
                  "Convert 10 km to miles.", "What is the capital of Japan?"]
     records_before = len(server.worker.records)
+    server.wait_idle(30)
+    held = _memory_beside_the_prefix_cache(server)
 
     async def one(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore):
         body = {"model": "demo", "max_tokens": 6, "mode": ("plain", "dflash")[i % 2],
@@ -353,3 +355,17 @@ def test_a_bounded_load_with_cancelled_streams_loses_nothing(server):
     assert all(r.outcome in ("finished", "refused") for r in records)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert httpx.post(server.url + URL, json=OK, timeout=60).status_code == 200
+    server.wait_idle(30)
+    # memory flat: beside the prefix cache (bounded in bytes on its own), nothing piled up
+    assert _memory_beside_the_prefix_cache(server) - held < 64 * 2**20
+
+
+def _memory_beside_the_prefix_cache(server) -> int:
+    """MLX's active memory less what the session's prefix cache holds (bytes), read while
+    the worker is idle."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    return int(mx.get_active_memory()) - server.worker.session.cache.nbytes
