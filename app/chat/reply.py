@@ -140,12 +140,12 @@ def prefill_prefix(target, drafter, ids: list[int], session, boundaries: list[in
     Raises:
         GenerationError: ``ids`` is empty.
     """
-    from app.engine.generate import GenerationConfig
+    from app.engine.generate import GenerationConfig, generate
 
     # one greedy step computes the last position's logits, which a prefill needs anyway; its
     # token is not fed back, so the cache holds exactly ``ids``
-    gen = _engine_generate(target, list(ids), GenerationConfig(mode="plain", max_tokens=1),
-                           drafter=drafter, session=session, boundaries=list(boundaries))
+    gen = generate(target, list(ids), GenerationConfig(mode="plain", max_tokens=1),
+                   drafter=drafter, session=session, boundaries=list(boundaries))
     summary = None
     for ev in gen:
         if isinstance(ev, Done):
