@@ -637,3 +637,56 @@ def test_a_terminate_signal_quits_the_window_cleanly(tmp_path):
     assert "QThread: Destroyed" not in err and "Traceback" not in err, err
     assert proc.returncode == 0, err
     assert "quit" in log.read_text(encoding="utf-8").splitlines()[-1]
+
+
+# ------------------------------------------------------------------ integer typed weights
+@pytest.fixture
+def int32_pair(tiny_root, tmp_path):
+    """(tiny target, its drafter, a copy of the target with int32 weights)."""
+    import shutil
+
+    import mlx.core as mx
+
+    from app.models.tiny import build_tiny_pair
+
+    t_dir, d_dir = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    bad = tmp_path / "int32-target"
+    shutil.copytree(t_dir, bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    mx.save_safetensors(str(bad / "model.safetensors"),
+                        {k: (v * 100).astype(mx.int32) for k, v in weights.items()})
+    return t_dir, d_dir, bad
+
+
+def test_the_cli_exits_2_naming_int32_weights(capsys, int32_pair):
+    from app.cli import main
+
+    _, _, bad = int32_pair
+    code = main(["chat", "--prompt", "x", "--max-tokens", "2", "--mode", "plain",
+                 "--model", str(bad)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err
+    assert "int32 weights" in err and str(bad) in err
+
+
+def test_the_window_says_int32_weights_failed_to_load_and_keeps_the_pair(qtbot, qs,
+                                                                        int32_pair):
+    """A failed load: the banner names the folder and the dtype, and the pair loaded before
+    still replies."""
+    from app.chat.session import ChatSession
+
+    t_dir, d_dir, bad = int32_pair
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        win.load_model(str(t_dir), str(d_dir))
+        qtbot.waitUntil(lambda: win.model is not None, timeout=60_000)
+        before = win.model
+        with qtbot.waitSignal(win.loadFailed, timeout=60_000) as blocker:
+            win.load_model(str(bad), "")
+        assert "int32 weights" in blocker.args[0] and str(bad) in blocker.args[0]
+        assert any("int32 weights" in t for t in shown_messages(win))
+        assert win.model is before
+        reply = send_and_wait(qtbot, win, mode="dflash")
+        assert reply.version is not None and reply.version.result.tokens
+    finally:
+        win.shutdown()
