@@ -482,6 +482,70 @@ def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot,
         again.close()
 
 
+def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot, qs,
+                                                                          small_disk,
+                                                                          monkeypatch,
+                                                                          tmp_path):
+    """The disk fills while a reply is written and its final write fails: the reply stays
+    on screen and exports whole, Retry now on a still-full disk says it is still not saved,
+    and once space returns the app's own retry stores the row with its whole text, the
+    banner says so and then goes; the earlier chat is untouched."""
+    from app.chat.scripted import ScriptedTurn
+    from app.chat.turns import TurnStore
+    from app.ui import window as window_mod
+
+    monkeypatch.setattr(window_mod, "SAVE_RETRY_MS", 200)
+    monkeypatch.setattr(window_mod, "SAVED_NOTE_MS", 300)
+    db = small_disk / "conversations.db"
+    store = TurnStore(db)
+    store.db.partial_interval_s = 0.0
+    answer = "A long answer. " * 4000
+    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), ScriptedTurn("", answer)],
+                              cycles=None, chunk_chars=600, delay_s=0.01)
+    win = make_window(qtbot, qs, backend, store)
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        first = win.conv.id
+        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
+        win.new_chat()
+        assert win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+        row_id = win._run.msg.ids[win._run.key]
+        _fill(small_disk)
+        qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
+        assert len(win.pending_writes) == 1, "the final write went through on a full disk"
+        assert store.db.get_message(row_id).status == "generating"  # not stored yet
+        assert any("Could not save the reply" in t and "full" in t and str(small_disk) in t
+                   for t in shown_messages(win))
+        assert win.store_retry.isVisibleTo(win)
+        assert win.chat.toPlainText().count("A long answer.") >= 100  # on screen, to copy
+        out = tmp_path / "exported.md"  # another disk: the export holds the whole reply
+        assert win.export_chat(str(out))
+        assert answer.strip() in out.read_text(encoding="utf-8")
+        win.store_retry.click()  # still full: still kept, and said
+        assert len(win.pending_writes) == 1 and win.retry_timer.isActive()
+        assert any("full" in t for t in shown_messages(win))
+        (small_disk / "filler").unlink()  # space returns: the timer's retry saves it
+        qtbot.waitUntil(lambda: any(t.startswith("Saved") for t in shown_messages(win)),
+                        timeout=10_000)
+        assert not len(win.pending_writes) and not win.retry_timer.isActive()
+        assert not win.store_retry.isVisibleTo(win)
+        row = store.db.get_message(row_id)
+        assert row.status == "complete" and row.content.strip() == answer.strip()
+        qtbot.waitUntil(lambda: not win.store_banner_row.isVisibleTo(win), timeout=5_000)
+    finally:
+        win.shutdown()
+    assert _integrity(db) == "ok"
+    again = TurnStore(db)
+    try:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.db.messages(first)] == before
+        assert again.db.get_message(row_id).content.strip() == answer.strip()
+    finally:
+        again.close()
+
+
 def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, monkeypatch,
                                                                      tmp_path):
     """No room for the new turn's rows: nothing runs, the message goes back to the box, and

@@ -411,6 +411,27 @@ class Store:
         with self._tx():
             yield self
 
+    def memory_copy(self) -> Store:
+        """A copy of the whole database in memory (SQLite's backup API), for reading or
+        changing without touching the file: the window exports a conversation from one with
+        the writes the file could not take applied (a full disk). Close it when done.
+
+        Raises:
+            StorageError: the store is closed, or the copy could not be made (out of memory).
+        """
+        copy = Store(":memory:", recover=False, partial_interval_s=self.partial_interval_s,
+                     clock=self._clock)
+        with self._lock:
+            if self._db is None:
+                copy.close()
+                raise StorageError("the conversation store is closed")
+            try:
+                self._db.backup(copy._db)
+            except sqlite3.Error as exc:
+                copy.close()
+                raise StorageError(f"could not copy the conversation database: {exc}") from exc
+        return copy
+
     def _q(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             if self._db is None:

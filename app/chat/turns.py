@@ -595,11 +595,27 @@ class TurnStore:
         """Set a conversation's title (raises ValueError when empty)."""
         self.db.rename(conv_id, title)
 
-    def export(self, conv_id: int, path: Path) -> Path:
-        """Write the conversation to ``path`` (``.json``: JSON, else Markdown)."""
+    def export(self, conv_id: int, path: Path, pending=None) -> Path:
+        """Write the conversation to ``path`` (``.json``: JSON, else Markdown).
+
+        ``pending``: an ``app.chat.stored_turn.PendingWrites`` whose writes the database
+        could not take yet (a full disk); when it holds some of this conversation, they are
+        made in an in-memory copy of the database (``Store.memory_copy``) and the export is
+        written from it, so it holds what the window shows. The file is not changed.
+
+        Raises:
+            app.chat.storage.StorageError, OSError: nothing was exported.
+        """
         from app.chat.export import write_export
 
-        return write_export(self.db, conv_id, Path(path))
+        if pending is None or conv_id not in pending.conversations():
+            return write_export(self.db, conv_id, Path(path))
+        copy = self.db.memory_copy()
+        try:
+            pending.apply_to(copy, conv_id)
+            return write_export(copy, conv_id, Path(path))
+        finally:
+            copy.close()
 
     def import_file(self, path: Path) -> ConversationView:
         """Import a JSON export as a new conversation and return it.

@@ -175,6 +175,8 @@ class ReplyFlow:
         version, in the mode that made it)."""
         if self.busy:
             return False
+        if len(self.pending_writes):  # kept writes first: the turns stay in order
+            self.retry_saves()
         if self.model is None:
             self._say_no_model()
             if again is None and continued is None:
@@ -407,9 +409,11 @@ class ReplyFlow:
     def _on_save_failed(self, side: SideRun, ev: SaveFailed) -> None:
         """A write of the running reply failed: said at once in the storage banner (the
         reply goes on, on screen; whatever it is shown in)."""
+        self._run.save_failed = True
         self.show_store_problem(
             f"The reply being written is not being saved: {ev.message}. It stays on screen "
-            "until you quit: copy what you want to keep")
+            "(copy it, or export the chat), and it is saved when it ends if there is room "
+            "then, else as soon as there is")
 
     def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
         self._run.stored = ev
@@ -477,10 +481,14 @@ class ReplyFlow:
         if run.not_started is not None or run.stored is None:
             self._not_started(run)
             return
-        if run.stored.error:  # the reply stays on screen (live); the store says why
+        if run.stored.pending is not None:  # kept, and tried again until the store takes it
+            self.keep_unsaved(run.stored.pending, run.stored.error)
+        elif run.stored.error:  # the reply stays on screen (live); the store says why
             self.show_store_problem(
                 f"Could not save the reply: {run.stored.error}. It stays on screen until you "
                 "quit: copy what you want to keep")
+        elif run.save_failed:  # its growth was not saved, but its final state is
+            self.say_saved("Saved: the reply is stored now, whole")
         live = {run.version_key(t): sd.result for t, sd in run.sides.items()
                 if sd.result is not None}
         try:
