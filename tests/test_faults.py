@@ -14,6 +14,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
+from PySide6.QtCore import QUrl  # noqa: E402
 
 from app.chat.scripted import ScriptedSession  # noqa: E402
 
@@ -752,5 +753,145 @@ def test_the_window_says_int32_weights_failed_to_load_and_keeps_the_pair(qtbot, 
         assert win.model is before
         reply = send_and_wait(qtbot, win, mode="dflash")
         assert reply.version is not None and reply.version.result.tokens
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ huge chats in the view
+def _export_of(contents: list[str]) -> dict:
+    """A conversation export (``app.chat.export`` JSON) of one line of turns: user and reply
+    by turns, ``contents`` their texts."""
+    from app.chat.export import FORMAT, FORMAT_VERSION
+
+    n = len(contents)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "conversation": {"title": "Huge", "created_at": 1.0, "updated_at": 1.0,
+                             "active_root": 1},
+            "messages": [{"id": i, "parent": i - 1 or None,
+                          "active_child": i + 1 if i < n else None,
+                          "role": "user" if i % 2 else "assistant", "content": text,
+                          "mode": None if i % 2 else "plain", "status": "complete",
+                          "created_at": 1.0, "updated_at": 1.0}
+                         for i, text in enumerate(contents, start=1)]}
+
+
+def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp_path):
+    """A reply of 30 MB on one line (and a 1 MB prompt without a line break): the window
+    opens with that store and draws the start of each with a note saying how much is not
+    shown; the store, Copy all and Export keep every character."""
+    import json
+
+    from PySide6.QtGui import QGuiApplication
+
+    from app.chat.turns import TurnStore
+    from app.ui.render import VIEW_LINE_CHARS, VIEW_MESSAGE_CHARS
+
+    reply = "word " * 6_000_000  # 30 MB, one line
+    prompt = "q" * 1_000_000
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(_export_of([prompt, reply])), encoding="utf-8")
+    store = TurnStore(tmp_path / "c.db")
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+    try:
+        assert win.import_chat(str(path))
+    finally:
+        win.shutdown()
+    store = TurnStore(tmp_path / "c.db")  # a store holding that chat: the window opens
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+    try:
+        assert win.conv is not None and win.conv.title == "Huge"
+        doc = win.chat.document()
+        assert doc.characterCount() < 2 * VIEW_LINE_CHARS + 3_000  # each line cut in the view
+        shown = win.chat.toPlainText()
+        assert f"… {len(reply) - VIEW_LINE_CHARS:,} more characters not shown here" in shown
+        assert f"… {len(prompt) - VIEW_LINE_CHARS:,} more characters not shown here" in shown
+        assert "word word word" in shown and "qqqq" in shown
+        rows = store.db.messages(win.conv.id)  # the store keeps every character
+        assert [len(m.content) for m in rows] == [len(prompt), len(reply)]
+        win.chat._on_anchor(QUrl("copymsg:1"))  # the note's Copy all
+        assert QGuiApplication.clipboard().text() == reply
+        win.chat._on_anchor(QUrl("copymsg:0"))
+        assert QGuiApplication.clipboard().text() == prompt
+        out = tmp_path / "out.md"
+        assert win.export_chat(str(out))
+        assert reply.strip() in out.read_text(encoding="utf-8")
+        assert win.chat.full_text("copymsg:1") == reply and VIEW_MESSAGE_CHARS < len(reply)
+    finally:
+        win.shutdown()
+
+
+def test_a_chat_of_200000_messages_opens_with_its_latest_turns(qtbot, qs, tmp_path):
+    """The window opens with a store holding a chat of 200,000 messages: it loads the latest
+    turns, draws the last ones with a "Show earlier messages" link, and each click draws
+    earlier turns, loading them from the store when needed."""
+    from app.chat.turns import LOAD_TURNS, TurnStore
+    from app.ui.chat import VIEW_TURNS
+
+    n = 200_000
+    _long_chat(tmp_path / "c.db", n)
+    store = TurnStore(tmp_path / "c.db")
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+
+    def drawn(i: int) -> bool:  # a reply's number is shown with thousands separators
+        return f"text {i}\n" in win.chat.toPlainText() + "\n" or \
+            f"text {i:,}\n" in win.chat.toPlainText() + "\n"
+
+    try:
+        assert win.conv.title == "Very long"
+        assert len(win.conv.messages) == LOAD_TURNS and win.conv.earlier == n - LOAD_TURNS
+        assert drawn(n - 1) and drawn(n - VIEW_TURNS) and not drawn(n - VIEW_TURNS - 1)
+        shown = win.chat.toPlainText()
+        assert f"{n - VIEW_TURNS:,} earlier messages not shown" in shown
+        win._on_chat_link("earlier:")  # loaded already: drawn
+        assert win.chat.first_shown == LOAD_TURNS - 2 * VIEW_TURNS
+        assert drawn(n - 2 * VIEW_TURNS) and not drawn(n - 2 * VIEW_TURNS - 1)
+        assert f"{n - 2 * VIEW_TURNS:,} earlier messages not shown" in win.chat.toPlainText()
+        win.chat.earlier_steps = LOAD_TURNS // VIEW_TURNS - 1  # every loaded turn drawn
+        win.chat.render(win.conv)
+        assert win.chat.first_shown == 0
+        win._on_chat_link("earlier:")  # loaded from the store
+        assert len(win.conv.messages) == 2 * LOAD_TURNS
+        assert win.conv.earlier == n - 2 * LOAD_TURNS
+        assert drawn(n - LOAD_TURNS - VIEW_TURNS)
+        assert not drawn(n - LOAD_TURNS - VIEW_TURNS - 1)
+        shown = win.chat.toPlainText()
+        assert f"{n - LOAD_TURNS - VIEW_TURNS:,} earlier messages not shown" in shown
+        assert win.chat.document().characterCount() < 60 * (LOAD_TURNS + VIEW_TURNS)
+    finally:
+        win.shutdown()
+
+
+def _long_chat(path, n: int) -> None:
+    """A database at ``path`` with one chat of ``n`` short messages ("text i"), written
+    straight (as an import stores them, only faster)."""
+    from app.chat.storage import Store
+
+    with Store(path) as s:
+        conv = s.new_conversation("Very long")
+        first = s.add_message(conv.id, "user", "text 0").id
+        with s.transaction():
+            s._db.executemany(
+                "INSERT INTO messages (id, conversation_id, parent_id, role, content, mode, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 1.0, 1.0)",
+                [(first + i, conv.id, first + i - 1, "user" if i % 2 == 0 else "assistant",
+                  f"text {i}", None if i % 2 == 0 else "plain") for i in range(1, n)])
+
+
+def test_a_reply_in_a_chat_loaded_in_part_keeps_the_view_in_step(qtbot, qs, tmp_path):
+    """A chat longer than the turns loaded: a reply adds its two turns to the view, which
+    keeps the live result and the turns it had (the store read back as many)."""
+    from app.chat.turns import LOAD_TURNS, TurnStore
+
+    _long_chat(tmp_path / "c.db", 2 * LOAD_TURNS + 10)
+    win = make_window(qtbot, qs, ScriptedSession(), TurnStore(tmp_path / "c.db"))
+    try:
+        win._on_chat_link("earlier:")
+        load_scripted(qtbot, win)
+        before = len(win.conv.messages), win.conv.earlier
+        assert before == (LOAD_TURNS, LOAD_TURNS + 10)
+        reply = send_and_wait(qtbot, win, mode="plain")
+        assert (len(win.conv.messages), win.conv.earlier) == (before[0] + 2, before[1])
+        assert win.conv.messages[-1] is reply and reply.version.result.summary is not None
+        assert win.conv.messages[-2].content == PROMPT and PROMPT in win.chat.toPlainText()
     finally:
         win.shutdown()

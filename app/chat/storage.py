@@ -686,6 +686,46 @@ class Store:
             current = nxt if nxt in kids else (kids[-1] if kids else None)
         return path
 
+    def path_outline(self, conversation_id: int) -> tuple[list[tuple[int, str]],
+                                                          dict[int | None, list[tuple[int, str]]]]:
+        """The conversation's active path as ``(id, role)`` pairs, first to last (as
+        :meth:`active_path`), and every message's children as ``(id, role)`` pairs by parent
+        id (None: the first messages), oldest first; read from the ids and links only, so
+        it costs little however long the messages are.
+
+        Raises:
+            ConversationNotFoundError: no such conversation.
+        """
+        conv = self.get_conversation(conversation_id)
+        rows = self._q("SELECT id, parent_id, active_child_id, role FROM messages "
+                       "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
+        link = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        children: dict[int | None, list[tuple[int, str]]] = {}
+        for mid, parent, _, role in rows:
+            children.setdefault(parent, []).append((mid, role))
+        path: list[tuple[int, str]] = []
+        current = conv.active_root_id
+        if current not in link or link[current][0] is not None:
+            roots = children.get(None, [])
+            current = roots[-1][0] if roots else None
+        while current is not None:
+            _, chosen, role = link[current]
+            path.append((current, role))
+            kids = [k for k, _ in children.get(current, [])]
+            current = chosen if chosen in kids else (kids[-1] if kids else None)
+        return path, children
+
+    def messages_by_id(self, ids: list[int]) -> list[Message]:
+        """The messages ``ids``, in that order (ids with no message are left out)."""
+        found: dict[int, Message] = {}
+        for start in range(0, len(ids), 500):  # SQLite's host-parameter limit
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self._q(f"SELECT {_MSG_COLS} FROM messages WHERE id IN ({marks})",
+                             tuple(chunk)):
+                found[r[0]] = _msg(r)
+        return [found[i] for i in ids if i in found]
+
     def versions(self, message_id: int) -> list[Message]:
         """The message and its siblings (the versions of its turn), oldest first."""
         m = self.get_message(message_id)

@@ -40,7 +40,7 @@ from app.chat.stored_turn import (
     TurnRequest,
     TurnStored,
 )
-from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
+from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
@@ -621,6 +621,8 @@ class ReplyFlow:
                 return
         elif link.startswith("continue:"):
             self.continue_reply()
+        elif link.startswith("earlier:"):
+            self.show_earlier()
         elif link.startswith("edit:"):
             try:
                 self.edit_message(int(link.split(":", 1)[1]))
@@ -660,6 +662,29 @@ class ReplyFlow:
             self.show_message_details(msg)
             if not self.busy:
                 self.chat.render(self.conv)
+
+    def show_earlier(self) -> None:
+        """Draw earlier turns of the shown conversation (its "Show earlier messages" link):
+        ``app.ui.chat.VIEW_TURNS`` more, loading them from the store when they were not
+        loaded (``TurnStore.get`` with a larger ``last``). What was in view stays in view.
+        Not while a reply is written."""
+        conv = self.conv
+        if conv is None or self.busy:
+            return
+        chat = self.chat
+        if chat.first_shown == 0 and conv.earlier:
+            more = self.store.get(conv.id, last=len(conv.messages) + LOAD_TURNS)
+            if more is None:
+                return
+            added = len(more.messages) - len(conv.messages)
+            chat.expanded = {i + added for i in chat.expanded}
+            conv.messages, conv.earlier = more.messages, more.earlier
+        chat.earlier_steps += 1
+        sb = chat.verticalScrollBar()
+        from_bottom = sb.maximum() - sb.value()
+        chat.follow = False
+        chat.render(conv)
+        sb.setValue(max(0, sb.maximum() - from_bottom))
 
     def _on_colour_toggled(self, on: bool) -> None:
         from app.ui.render import draft_legend_html

@@ -622,6 +622,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, QMainWindow):
         self.conv = conv
         self._refresh_list()
         self.chat.expanded = set()
+        self.chat.earlier_steps = 0
         self.chat.follow = True
         self.chat.render(conv)
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
