@@ -8,6 +8,10 @@ drew.
 
     python tools/bench_huge_chat.py line 30000000 [--nospace]   # one reply of 30 MB
     python tools/bench_huge_chat.py messages 200000             # 200,000 short messages
+    python tools/bench_huge_chat.py messages 200000 --send      # then one reply in it
+
+``--send``: then load the scripted pair and send one message in that chat, timed from Send to
+the reply's end (stored and drawn; the worker stores the turn and reads its prompt back).
 
 ``line N``: a prompt and one reply of N characters on one line (``word word ...``, or
 ``xxx...`` with ``--nospace``); ``messages N``: N messages, user and reply by turns.
@@ -48,6 +52,7 @@ def main() -> None:
     ap.add_argument("kind", choices=["line", "messages"])
     ap.add_argument("size", type=int, help="characters of the reply, or messages")
     ap.add_argument("--nospace", action="store_true", help="a line without spaces")
+    ap.add_argument("--send", action="store_true", help="then time one reply in that chat")
     args = ap.parse_args()
 
     from PySide6.QtCore import QSettings
@@ -82,6 +87,20 @@ def main() -> None:
         app.processEvents()
         print(f"window open: {time.perf_counter() - t:.2f} s "
               f"({win.chat.document().characterCount():,} characters drawn)")
+        if args.send:
+            from PySide6.QtCore import QEventLoop
+
+            win.load_model("scripted-target", "scripted-drafter")
+            while win.model is None:
+                app.processEvents(QEventLoop.AllEvents, 50)
+            win.composer.set_mode("plain")
+            done: list[float] = []
+            win.replyFinished.connect(lambda _m: done.append(time.perf_counter()))
+            t = time.perf_counter()
+            win.send("hello")
+            while not done:
+                app.processEvents(QEventLoop.AllEvents, 50)
+            print(f"send: {done[0] - t:.2f} s to the reply's end")
         win.shutdown()
 
 

@@ -761,19 +761,19 @@ class Store:
         branch). Below it, the path follows the choices already stored."""
         with self._tx() as db:
             m = self.get_message(message_id)
-            node = m
-            while True:
-                if node.parent_id is None:
-                    db.execute(
-                        "UPDATE conversations SET active_root_id = ? WHERE id = ?",
-                        (node.id, node.conversation_id),
-                    )
-                    break
-                db.execute(
-                    "UPDATE messages SET active_child_id = ? WHERE id = ?",
-                    (node.id, node.parent_id),
-                )
-                node = self.get_message(node.parent_id)
+            # the links only (a chat of 200,000 messages): each ancestor whose choice differs
+            links = {r[0]: (r[1], r[2]) for r in db.execute(
+                "SELECT id, parent_id, active_child_id FROM messages WHERE conversation_id = ?",
+                (m.conversation_id,))}
+            changes, node = [], m.id
+            while links[node][0] is not None:
+                parent = links[node][0]
+                if links[parent][1] != node:
+                    changes.append((node, parent))
+                node = parent
+            db.executemany("UPDATE messages SET active_child_id = ? WHERE id = ?", changes)
+            db.execute("UPDATE conversations SET active_root_id = ? WHERE id = ?",
+                       (node, m.conversation_id))
 
     def add_message(
         self,
@@ -1159,12 +1159,15 @@ class Store:
         included as ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier
         turns' reasoning and trims to the context limit.
         """
-        chain: list[Message] = []
         node = self.get_message(reply_id)
-        while node.parent_id is not None:
-            node = self.get_message(node.parent_id)
-            chain.append(node)
-        return _prompt_dicts(chain[::-1])
+        parent_of = dict(self._q("SELECT id, parent_id FROM messages WHERE conversation_id = ?",
+                                 (node.conversation_id,)))
+        chain: list[int] = []  # the links first, then the rows in one read (a long chat)
+        current = node.parent_id
+        while current is not None:
+            chain.append(current)
+            current = parent_of.get(current)
+        return _prompt_dicts(self.messages_by_id(chain[::-1]))
 
 
 def _prompt_dicts(messages: list[Message]) -> list[dict]:
