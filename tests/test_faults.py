@@ -895,3 +895,20 @@ def test_a_reply_in_a_chat_loaded_in_part_keeps_the_view_in_step(qtbot, qs, tmp_
         assert win.conv.messages[-2].content == PROMPT and PROMPT in win.chat.toPlainText()
     finally:
         win.shutdown()
+
+
+def test_the_view_cuts_only_long_messages_and_long_lines():
+    """``cut_for_view``: a usual long reply comes back whole; a long line is cut to its
+    first characters and a long message to its start, with the count of those left out."""
+    from app.ui.render import VIEW_LINE_CHARS, VIEW_MESSAGE_CHARS, cut_for_view
+
+    usual = "A paragraph of a long reply, as a model writes it.\n\n" * 600  # 31,200 chars
+    assert cut_for_view(usual) == (usual, 0)
+    line = "x" * (VIEW_LINE_CHARS + 5)
+    shown, cut = cut_for_view(f"before\n{line}\nafter")
+    assert shown == f"before\n{'x' * VIEW_LINE_CHARS}\nafter" and cut == 5
+    many = "y" * 99 + "\n"
+    text = many * (2 * VIEW_MESSAGE_CHARS // len(many))
+    shown, cut = cut_for_view(text)
+    assert VIEW_MESSAGE_CHARS - 1 <= len(shown) <= VIEW_MESSAGE_CHARS  # up to a line's end
+    assert text.startswith(shown) and cut == len(text) - len(shown)

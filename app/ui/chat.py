@@ -89,7 +89,7 @@ STREAM_MARKDOWN_CHARS = 6000
 VIEW_TURNS = 100
 """The chat view draws at most this many of the conversation's latest turns, and more
 (this many at a time) each time "Show earlier messages" is clicked."""
-VIEW_CHARS = 200_000
+VIEW_CHARS = 300_000
 """...and only as many of them, from the last, as fit in this many characters (each message
 counted as shown, :data:`app.ui.render.VIEW_MESSAGE_CHARS` at most; the last turn always
 drawn); each "Show earlier messages" adds as much again."""
