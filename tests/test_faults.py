@@ -912,3 +912,16 @@ def test_the_view_cuts_only_long_messages_and_long_lines():
     shown, cut = cut_for_view(text)
     assert VIEW_MESSAGE_CHARS - 1 <= len(shown) <= VIEW_MESSAGE_CHARS  # up to a line's end
     assert text.startswith(shown) and cut == len(text) - len(shown)
+
+
+def test_a_huge_compare_side_without_token_texts_is_cut_in_the_view():
+    """A Compare side shown from its stored text (an imported turn, no token texts): its
+    start, with the count of characters not shown."""
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import text_sections_html
+    from app.ui.render import VIEW_LINE_CHARS
+
+    side = ReplyResult(mode="plain", content="z" * 5_000_000)
+    out = text_sections_html(side, {})
+    assert len(out) < VIEW_LINE_CHARS + 1_000
+    assert f"… {5_000_000 - VIEW_LINE_CHARS:,} more characters not shown here" in out
