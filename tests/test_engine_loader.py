@@ -317,3 +317,66 @@ def test_model_type_that_does_not_fit_the_weights_is_one_line(tiny_root):
     msg = str(info.value)
     assert "\n" not in msg and "model_type 'llama'" in msg
     assert "12 tensors the checkpoint has" in msg and ("q_norm" in msg or "k_norm" in msg)
+
+
+# ------------------------------------------------------------------ integer typed weights
+def _as_int32(src, dst, keep=lambda name: False):
+    """A copy of the model folder ``src`` at ``dst`` whose tensors are int32 (those ``keep``
+    names stay as they are), as a checkpoint saved with the wrong dtype is."""
+    shutil.copytree(src, dst)
+    weights = mx.load(str(dst / "model.safetensors"))
+    mx.save_safetensors(str(dst / "model.safetensors"),
+                        {k: v if keep(k) else (v * 100).astype(mx.int32)
+                         for k, v in weights.items()})
+    return dst
+
+
+def test_a_target_with_int32_weights_is_refused_naming_the_folder_and_dtype(tiny_root,
+                                                                            tmp_path):
+    """Loaded as they were, int32 weights gave a model that wrote only end tokens."""
+    from app.engine.errors import IntegerWeightsError
+    from app.models.tiny import build_tiny_pair
+
+    t_dir, _ = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    folder = _as_int32(t_dir, tmp_path / "int32-target")
+    with pytest.raises(IntegerWeightsError) as caught:
+        load_target(folder)
+    err = caught.value
+    assert isinstance(err, ModelLoadError)  # the CLI's exit 2, the window's failed load
+    assert err.dtype == "int32" and err.folder == folder and err.count > 1
+    assert str(folder) in str(err) and "int32 weights" in str(err)
+    assert "not floating point" in str(err)
+    # one integer tensor among float ones is refused too, and named
+    one = _as_int32(t_dir, tmp_path / "one-int32",
+                    keep=lambda k: k != "model.norm.weight")
+    with pytest.raises(IntegerWeightsError, match=r"int32 weights \(model\.norm\.weight\)"):
+        load_target(one)
+
+
+def test_a_drafter_with_int32_weights_is_refused(tiny_root, tmp_path):
+    from app.engine.errors import IntegerWeightsError
+    from app.models.tiny import build_tiny_pair
+
+    _, d_dir = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    folder = _as_int32(d_dir, tmp_path / "int32-drafter")
+    with pytest.raises(IntegerWeightsError, match="int32") as caught:
+        load_drafter(folder)
+    assert str(folder) in str(caught.value)
+
+
+def test_quantized_layers_packed_integer_weights_are_not_refused(tiny_root):
+    """A quantized layer's packed weight is uint32 by design; its float scales and biases
+    beside it are what the check reads."""
+    from app.engine.errors import IntegerWeightsError
+    from app.models.loader import check_floating_weights
+
+    w, scales, biases = mx.quantize(mx.ones((8, 64)), group_size=64, bits=4)
+    assert w.dtype == mx.uint32
+    pairs = [("layers.0.proj.weight", w), ("layers.0.proj.scales", scales),
+             ("layers.0.proj.biases", biases), ("norm.weight", mx.ones((4,)))]
+    check_floating_weights(pairs, tiny_root, quantized={"layers.0.proj"})
+    with pytest.raises(IntegerWeightsError, match="uint32"):  # the same, not quantized
+        check_floating_weights(pairs, tiny_root)
+    with pytest.raises(IntegerWeightsError, match="int32"):  # integer biases of a layer
+        check_floating_weights(pairs[:2] + [("layers.0.proj.biases", biases.astype(mx.int32))],
+                               tiny_root, quantized={"layers.0.proj"})

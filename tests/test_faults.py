@@ -14,6 +14,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
+from PySide6.QtCore import QUrl  # noqa: E402
 
 from app.chat.scripted import ScriptedSession  # noqa: E402
 
@@ -482,6 +483,70 @@ def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot,
         again.close()
 
 
+def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot, qs,
+                                                                          small_disk,
+                                                                          monkeypatch,
+                                                                          tmp_path):
+    """The disk fills while a reply is written and its final write fails: the reply stays
+    on screen and exports whole, Retry now on a still-full disk says it is still not saved,
+    and once space returns the app's own retry stores the row with its whole text, the
+    banner says so and then goes; the earlier chat is untouched."""
+    from app.chat.scripted import ScriptedTurn
+    from app.chat.turns import TurnStore
+    from app.ui import window as window_mod
+
+    monkeypatch.setattr(window_mod, "SAVE_RETRY_MS", 200)
+    monkeypatch.setattr(window_mod, "SAVED_NOTE_MS", 300)
+    db = small_disk / "conversations.db"
+    store = TurnStore(db)
+    store.db.partial_interval_s = 0.0
+    answer = "A long answer. " * 4000
+    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), ScriptedTurn("", answer)],
+                              cycles=None, chunk_chars=600, delay_s=0.01)
+    win = make_window(qtbot, qs, backend, store)
+    try:
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win, mode="plain")
+        first = win.conv.id
+        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
+        win.new_chat()
+        assert win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+        row_id = win._run.msg.ids[win._run.key]
+        _fill(small_disk)
+        qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
+        assert len(win.pending_writes) == 1, "the final write went through on a full disk"
+        assert store.db.get_message(row_id).status == "generating"  # not stored yet
+        assert any("Could not save the reply" in t and "full" in t and str(small_disk) in t
+                   for t in shown_messages(win))
+        assert win.store_retry.isVisibleTo(win)
+        assert win.chat.toPlainText().count("A long answer.") >= 100  # on screen, to copy
+        out = tmp_path / "exported.md"  # another disk: the export holds the whole reply
+        assert win.export_chat(str(out))
+        assert answer.strip() in out.read_text(encoding="utf-8")
+        win.store_retry.click()  # still full: still kept, and said
+        assert len(win.pending_writes) == 1 and win.retry_timer.isActive()
+        assert any("full" in t for t in shown_messages(win))
+        (small_disk / "filler").unlink()  # space returns: the timer's retry saves it
+        qtbot.waitUntil(lambda: any(t.startswith("Saved") for t in shown_messages(win)),
+                        timeout=10_000)
+        assert not len(win.pending_writes) and not win.retry_timer.isActive()
+        assert not win.store_retry.isVisibleTo(win)
+        row = store.db.get_message(row_id)
+        assert row.status == "complete" and row.content.strip() == answer.strip()
+        qtbot.waitUntil(lambda: not win.store_banner_row.isVisibleTo(win), timeout=5_000)
+    finally:
+        win.shutdown()
+    assert _integrity(db) == "ok"
+    again = TurnStore(db)
+    try:
+        assert [(m.id, m.role, m.content, m.status)
+                for m in again.db.messages(first)] == before
+        assert again.db.get_message(row_id).content.strip() == answer.strip()
+    finally:
+        again.close()
+
+
 def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, monkeypatch,
                                                                      tmp_path):
     """No room for the new turn's rows: nothing runs, the message goes back to the box, and
@@ -637,3 +702,226 @@ def test_a_terminate_signal_quits_the_window_cleanly(tmp_path):
     assert "QThread: Destroyed" not in err and "Traceback" not in err, err
     assert proc.returncode == 0, err
     assert "quit" in log.read_text(encoding="utf-8").splitlines()[-1]
+
+
+# ------------------------------------------------------------------ integer typed weights
+@pytest.fixture
+def int32_pair(tiny_root, tmp_path):
+    """(tiny target, its drafter, a copy of the target with int32 weights)."""
+    import shutil
+
+    import mlx.core as mx
+
+    from app.models.tiny import build_tiny_pair
+
+    t_dir, d_dir = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    bad = tmp_path / "int32-target"
+    shutil.copytree(t_dir, bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    mx.save_safetensors(str(bad / "model.safetensors"),
+                        {k: (v * 100).astype(mx.int32) for k, v in weights.items()})
+    return t_dir, d_dir, bad
+
+
+def test_the_cli_exits_2_naming_int32_weights(capsys, int32_pair):
+    from app.cli import main
+
+    _, _, bad = int32_pair
+    code = main(["chat", "--prompt", "x", "--max-tokens", "2", "--mode", "plain",
+                 "--model", str(bad)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err
+    assert "int32 weights" in err and str(bad) in err
+
+
+def test_the_window_says_int32_weights_failed_to_load_and_keeps_the_pair(qtbot, qs,
+                                                                        int32_pair):
+    """A failed load: the banner names the folder and the dtype, and the pair loaded before
+    still replies."""
+    from app.chat.session import ChatSession
+
+    t_dir, d_dir, bad = int32_pair
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        win.load_model(str(t_dir), str(d_dir))
+        qtbot.waitUntil(lambda: win.model is not None, timeout=60_000)
+        before = win.model
+        with qtbot.waitSignal(win.loadFailed, timeout=60_000) as blocker:
+            win.load_model(str(bad), "")
+        assert "int32 weights" in blocker.args[0] and str(bad) in blocker.args[0]
+        assert any("int32 weights" in t for t in shown_messages(win))
+        assert win.model is before
+        reply = send_and_wait(qtbot, win, mode="dflash")
+        assert reply.version is not None and reply.version.result.tokens
+    finally:
+        win.shutdown()
+
+
+# ------------------------------------------------------------------ huge chats in the view
+def _export_of(contents: list[str]) -> dict:
+    """A conversation export (``app.chat.export`` JSON) of one line of turns: user and reply
+    by turns, ``contents`` their texts."""
+    from app.chat.export import FORMAT, FORMAT_VERSION
+
+    n = len(contents)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "conversation": {"title": "Huge", "created_at": 1.0, "updated_at": 1.0,
+                             "active_root": 1},
+            "messages": [{"id": i, "parent": i - 1 or None,
+                          "active_child": i + 1 if i < n else None,
+                          "role": "user" if i % 2 else "assistant", "content": text,
+                          "mode": None if i % 2 else "plain", "status": "complete",
+                          "created_at": 1.0, "updated_at": 1.0}
+                         for i, text in enumerate(contents, start=1)]}
+
+
+def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp_path):
+    """A reply of 30 MB on one line (and a 1 MB prompt without a line break): the window
+    opens with that store and draws the start of each with a note saying how much is not
+    shown; the store, Copy all and Export keep every character."""
+    import json
+
+    from PySide6.QtGui import QGuiApplication
+
+    from app.chat.turns import TurnStore
+    from app.ui.render import VIEW_LINE_CHARS, VIEW_MESSAGE_CHARS
+
+    reply = "word " * 6_000_000  # 30 MB, one line
+    prompt = "q" * 1_000_000
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(_export_of([prompt, reply])), encoding="utf-8")
+    store = TurnStore(tmp_path / "c.db")
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+    try:
+        assert win.import_chat(str(path))
+    finally:
+        win.shutdown()
+    store = TurnStore(tmp_path / "c.db")  # a store holding that chat: the window opens
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+    try:
+        assert win.conv is not None and win.conv.title == "Huge"
+        doc = win.chat.document()
+        assert doc.characterCount() < 2 * VIEW_LINE_CHARS + 3_000  # each line cut in the view
+        shown = win.chat.toPlainText()
+        assert f"… {len(reply) - VIEW_LINE_CHARS:,} more characters not shown here" in shown
+        assert f"… {len(prompt) - VIEW_LINE_CHARS:,} more characters not shown here" in shown
+        assert "word word word" in shown and "qqqq" in shown
+        rows = store.db.messages(win.conv.id)  # the store keeps every character
+        assert [len(m.content) for m in rows] == [len(prompt), len(reply)]
+        win.chat._on_anchor(QUrl("copymsg:1"))  # the note's Copy all
+        assert QGuiApplication.clipboard().text() == reply
+        win.chat._on_anchor(QUrl("copymsg:0"))
+        assert QGuiApplication.clipboard().text() == prompt
+        out = tmp_path / "out.md"
+        assert win.export_chat(str(out))
+        assert reply.strip() in out.read_text(encoding="utf-8")
+        assert win.chat.full_text("copymsg:1") == reply and VIEW_MESSAGE_CHARS < len(reply)
+    finally:
+        win.shutdown()
+
+
+def test_a_chat_of_200000_messages_opens_with_its_latest_turns(qtbot, qs, tmp_path):
+    """The window opens with a store holding a chat of 200,000 messages: it loads the latest
+    turns, draws the last ones with a "Show earlier messages" link, and each click draws
+    earlier turns, loading them from the store when needed."""
+    from app.chat.turns import LOAD_TURNS, TurnStore
+    from app.ui.chat import VIEW_TURNS
+
+    n = 200_000
+    _long_chat(tmp_path / "c.db", n)
+    store = TurnStore(tmp_path / "c.db")
+    win = make_window(qtbot, qs, ScriptedSession(), store)
+
+    def drawn(i: int) -> bool:  # a reply's number is shown with thousands separators
+        return f"text {i}\n" in win.chat.toPlainText() + "\n" or \
+            f"text {i:,}\n" in win.chat.toPlainText() + "\n"
+
+    try:
+        assert win.conv.title == "Very long"
+        assert len(win.conv.messages) == LOAD_TURNS and win.conv.earlier == n - LOAD_TURNS
+        assert drawn(n - 1) and drawn(n - VIEW_TURNS) and not drawn(n - VIEW_TURNS - 1)
+        shown = win.chat.toPlainText()
+        assert f"{n - VIEW_TURNS:,} earlier messages not shown" in shown
+        win._on_chat_link("earlier:")  # loaded already: drawn
+        assert win.chat.first_shown == LOAD_TURNS - 2 * VIEW_TURNS
+        assert drawn(n - 2 * VIEW_TURNS) and not drawn(n - 2 * VIEW_TURNS - 1)
+        assert f"{n - 2 * VIEW_TURNS:,} earlier messages not shown" in win.chat.toPlainText()
+        win.chat.earlier_steps = LOAD_TURNS // VIEW_TURNS - 1  # every loaded turn drawn
+        win.chat.render(win.conv)
+        assert win.chat.first_shown == 0
+        win._on_chat_link("earlier:")  # loaded from the store
+        assert len(win.conv.messages) == 2 * LOAD_TURNS
+        assert win.conv.earlier == n - 2 * LOAD_TURNS
+        assert drawn(n - LOAD_TURNS - VIEW_TURNS)
+        assert not drawn(n - LOAD_TURNS - VIEW_TURNS - 1)
+        shown = win.chat.toPlainText()
+        assert f"{n - LOAD_TURNS - VIEW_TURNS:,} earlier messages not shown" in shown
+        assert win.chat.document().characterCount() < 60 * (LOAD_TURNS + VIEW_TURNS)
+    finally:
+        win.shutdown()
+
+
+def _long_chat(path, n: int) -> None:
+    """A database at ``path`` with one chat of ``n`` short messages ("text i"), written
+    straight (as an import stores them, only faster)."""
+    from app.chat.storage import Store
+
+    with Store(path) as s:
+        conv = s.new_conversation("Very long")
+        first = s.add_message(conv.id, "user", "text 0").id
+        with s.transaction():
+            s._db.executemany(
+                "INSERT INTO messages (id, conversation_id, parent_id, role, content, mode, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 1.0, 1.0)",
+                [(first + i, conv.id, first + i - 1, "user" if i % 2 == 0 else "assistant",
+                  f"text {i}", None if i % 2 == 0 else "plain") for i in range(1, n)])
+
+
+def test_a_reply_in_a_chat_loaded_in_part_keeps_the_view_in_step(qtbot, qs, tmp_path):
+    """A chat longer than the turns loaded: a reply adds its two turns to the view, which
+    keeps the live result and the turns it had (the store read back as many)."""
+    from app.chat.turns import LOAD_TURNS, TurnStore
+
+    _long_chat(tmp_path / "c.db", 2 * LOAD_TURNS + 10)
+    win = make_window(qtbot, qs, ScriptedSession(), TurnStore(tmp_path / "c.db"))
+    try:
+        win._on_chat_link("earlier:")
+        load_scripted(qtbot, win)
+        before = len(win.conv.messages), win.conv.earlier
+        assert before == (LOAD_TURNS, LOAD_TURNS + 10)
+        reply = send_and_wait(qtbot, win, mode="plain")
+        assert (len(win.conv.messages), win.conv.earlier) == (before[0] + 2, before[1])
+        assert win.conv.messages[-1] is reply and reply.version.result.summary is not None
+        assert win.conv.messages[-2].content == PROMPT and PROMPT in win.chat.toPlainText()
+    finally:
+        win.shutdown()
+
+
+def test_the_view_cuts_only_long_messages_and_long_lines():
+    """``cut_for_view``: a usual long reply comes back whole; a long line is cut to its
+    first characters and a long message to its start, with the count of those left out."""
+    from app.ui.render import VIEW_LINE_CHARS, VIEW_MESSAGE_CHARS, cut_for_view
+
+    usual = "A paragraph of a long reply, as a model writes it.\n\n" * 600  # 31,200 chars
+    assert cut_for_view(usual) == (usual, 0)
+    line = "x" * (VIEW_LINE_CHARS + 5)
+    shown, cut = cut_for_view(f"before\n{line}\nafter")
+    assert shown == f"before\n{'x' * VIEW_LINE_CHARS}\nafter" and cut == 5
+    many = "y" * 99 + "\n"
+    text = many * (2 * VIEW_MESSAGE_CHARS // len(many))
+    shown, cut = cut_for_view(text)
+    assert VIEW_MESSAGE_CHARS - 1 <= len(shown) <= VIEW_MESSAGE_CHARS  # up to a line's end
+    assert text.startswith(shown) and cut == len(text) - len(shown)
+
+
+def test_a_huge_compare_side_without_token_texts_is_cut_in_the_view():
+    """A Compare side shown from its stored text (an imported turn, no token texts): its
+    start, with the count of characters not shown."""
+    from app.chat.turns import ReplyResult
+    from app.ui.compare import text_sections_html
+    from app.ui.render import VIEW_LINE_CHARS
+
+    side = ReplyResult(mode="plain", content="z" * 5_000_000)
+    out = text_sections_html(side, {})
+    assert len(out) < VIEW_LINE_CHARS + 1_000
+    assert f"… {5_000_000 - VIEW_LINE_CHARS:,} more characters not shown here" in out

@@ -302,3 +302,44 @@ def test_a_tool_replys_round_figures_survive_reopening(store):
     view = TurnStore.__new__(TurnStore)
     view.db = store
     assert len(view.get(conv.id).messages[-1].version.result.round_summaries) == 2
+
+
+def test_kept_writes_are_retried_in_order_and_dropped_once_stored(tmp_path):
+    """``PendingWrites.retry``: oldest first, stops at the first that still fails (kept
+    with the later ones), drops what was stored; an export made meanwhile holds them."""
+    from app.chat.storage import StoreWriteError
+    from app.chat.stored_turn import PendingWrite, PendingWrites
+    from app.chat.turns import TurnStore
+
+    ts = TurnStore(tmp_path / "c.db")
+    store = ts.db
+    conv = store.new_conversation("Kept")
+    store.add_message(conv.id, "user", "hello")
+    row = store.begin_reply(conv.id, mode="plain")
+    full = [True]
+    done = []
+
+    def first(s) -> None:
+        if full[0]:
+            raise StoreWriteError("the disk holding x is full", "full", tmp_path)
+        s.finish_reply(row.id, content="Hello there.", token_ids=[1, 2])
+        done.append("first")
+
+    def second(s) -> None:
+        done.append("second")
+
+    kept = PendingWrites()
+    kept.add(PendingWrite(conv.id, "the reply", first))
+    kept.add(PendingWrite(conv.id, "another", second))
+    err = kept.retry(store)
+    assert err is not None and err.cause == "full" and len(kept) == 2 and done == []
+    assert store.get_message(row.id).status == "generating"
+    full[0] = False
+    out = ts.export(conv.id, tmp_path / "chat.md", kept)  # from a copy: the file unchanged
+    assert "Hello there." in out.read_text(encoding="utf-8")
+    assert store.get_message(row.id).status == "generating" and len(kept) == 2
+    done.clear()
+    assert kept.retry(store) is None and len(kept) == 0 and done == ["first", "second"]
+    got = store.get_message(row.id)
+    assert got.status == "complete" and got.content == "Hello there."
+    ts.close()

@@ -410,6 +410,27 @@ class Store:
         with self._tx():
             yield self
 
+    def memory_copy(self) -> Store:
+        """A copy of the whole database in memory (SQLite's backup API), for reading or
+        changing without touching the file: the window exports a conversation from one with
+        the writes the file could not take applied (a full disk). Close it when done.
+
+        Raises:
+            StorageError: the store is closed, or the copy could not be made (out of memory).
+        """
+        copy = Store(":memory:", recover=False, partial_interval_s=self.partial_interval_s,
+                     clock=self._clock)
+        with self._lock:
+            if self._db is None:
+                copy.close()
+                raise StorageError("the conversation store is closed")
+            try:
+                self._db.backup(copy._db)
+            except sqlite3.Error as exc:
+                copy.close()
+                raise StorageError(f"could not copy the conversation database: {exc}") from exc
+        return copy
+
     def _q(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             if self._db is None:
@@ -664,6 +685,46 @@ class Store:
             current = nxt if nxt in kids else (kids[-1] if kids else None)
         return path
 
+    def path_outline(self, conversation_id: int) -> tuple[list[tuple[int, str]],
+                                                          dict[int | None, list[tuple[int, str]]]]:
+        """The conversation's active path as ``(id, role)`` pairs, first to last (as
+        :meth:`active_path`), and every message's children as ``(id, role)`` pairs by parent
+        id (None: the first messages), oldest first; read from the ids and links only, so
+        it costs little however long the messages are.
+
+        Raises:
+            ConversationNotFoundError: no such conversation.
+        """
+        conv = self.get_conversation(conversation_id)
+        rows = self._q("SELECT id, parent_id, active_child_id, role FROM messages "
+                       "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
+        link = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        children: dict[int | None, list[tuple[int, str]]] = {}
+        for mid, parent, _, role in rows:
+            children.setdefault(parent, []).append((mid, role))
+        path: list[tuple[int, str]] = []
+        current = conv.active_root_id
+        if current not in link or link[current][0] is not None:
+            roots = children.get(None, [])
+            current = roots[-1][0] if roots else None
+        while current is not None:
+            _, chosen, role = link[current]
+            path.append((current, role))
+            kids = [k for k, _ in children.get(current, [])]
+            current = chosen if chosen in kids else (kids[-1] if kids else None)
+        return path, children
+
+    def messages_by_id(self, ids: list[int]) -> list[Message]:
+        """The messages ``ids``, in that order (ids with no message are left out)."""
+        found: dict[int, Message] = {}
+        for start in range(0, len(ids), 500):  # SQLite's host-parameter limit
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self._q(f"SELECT {_MSG_COLS} FROM messages WHERE id IN ({marks})",
+                             tuple(chunk)):
+                found[r[0]] = _msg(r)
+        return [found[i] for i in ids if i in found]
+
     def versions(self, message_id: int) -> list[Message]:
         """The message and its siblings (the versions of its turn), oldest first."""
         m = self.get_message(message_id)
@@ -699,19 +760,19 @@ class Store:
         branch). Below it, the path follows the choices already stored."""
         with self._tx() as db:
             m = self.get_message(message_id)
-            node = m
-            while True:
-                if node.parent_id is None:
-                    db.execute(
-                        "UPDATE conversations SET active_root_id = ? WHERE id = ?",
-                        (node.id, node.conversation_id),
-                    )
-                    break
-                db.execute(
-                    "UPDATE messages SET active_child_id = ? WHERE id = ?",
-                    (node.id, node.parent_id),
-                )
-                node = self.get_message(node.parent_id)
+            # the links only (a chat of 200,000 messages): each ancestor whose choice differs
+            links = {r[0]: (r[1], r[2]) for r in db.execute(
+                "SELECT id, parent_id, active_child_id FROM messages WHERE conversation_id = ?",
+                (m.conversation_id,))}
+            changes, node = [], m.id
+            while links[node][0] is not None:
+                parent = links[node][0]
+                if links[parent][1] != node:
+                    changes.append((node, parent))
+                node = parent
+            db.executemany("UPDATE messages SET active_child_id = ? WHERE id = ?", changes)
+            db.execute("UPDATE conversations SET active_root_id = ? WHERE id = ?",
+                       (node, m.conversation_id))
 
     def add_message(
         self,
@@ -750,28 +811,21 @@ class Store:
             ValueError: unknown role/mode/rollback/status, or ``from_draft`` and ``token_ids``
                 of different lengths. ConversationNotFoundError / MessageNotFoundError.
         """
-        _check(role, ROLES, "role")
-        _check(status, STATUSES, "status")
-        if mode is not None:
-            _check(mode, MODES, "mode")
-        if rollback is not None:
-            _check(rollback, ROLLBACKS, "rollback")
-        token_ids = [int(t) for t in (token_ids or [])]
-        flags = [bool(f) for f in (from_draft or [])]
-        if flags and len(flags) != len(token_ids):
-            raise ValueError(
-                f"from_draft has {len(flags)} flags for {len(token_ids)} token ids"
-            )
-        if not flags:
-            flags = [False] * len(token_ids)
+        fields = dict(
+            reasoning=reasoning, tool_calls=tool_calls, tool_call_id=tool_call_id, name=name,
+            mode=mode, block_size=block_size, rollback=rollback, generation=generation,
+            summary=summary, token_ids=token_ids, from_draft=from_draft,
+            finish_reason=finish_reason, status=status, error=error,
+            compare_group=compare_group, rounds=rounds)
         now = self._clock()
         created = now if created_at is None else float(created_at)
         updated = created if updated_at is None else float(updated_at)
+        row = _message_row(role, content, created, updated, **fields)  # checks the values
         with self._tx() as db:
             conv = self.get_conversation(conversation_id)
             if parent_id is _LEAF:
-                path = self.active_path(conversation_id)
-                parent_id = path[-1].id if path else None
+                path, _ = self.path_outline(conversation_id)
+                parent_id = path[-1][0] if path else None
             if parent_id is not None:
                 parent = self.get_message(parent_id)
                 if parent.conversation_id != conversation_id:
@@ -783,38 +837,7 @@ class Store:
                 "SELECT 1 FROM messages WHERE conversation_id = ? AND role = 'user' LIMIT 1",
                 (conversation_id,),
             ).fetchall()
-            cur = db.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, "
-                "tool_calls, tool_call_id, name, mode, block_size, rollback, generation, summary, "
-                "token_ids, from_draft, finish_reason, status, error, compare_group, writer_pid, "
-                "rounds, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    conversation_id,
-                    parent_id,
-                    role,
-                    content,
-                    reasoning,
-                    _dumps(list(tool_calls or [])),
-                    tool_call_id,
-                    name,
-                    mode,
-                    None if block_size is None else int(block_size),
-                    rollback,
-                    _dumps(generation or {}),
-                    None if summary is None else _dumps(summary),
-                    _dumps(token_ids),
-                    _draft_string(flags),
-                    finish_reason,
-                    status,
-                    error,
-                    compare_group,
-                    os.getpid() if status == "generating" else None,
-                    _dumps(list(rounds or [])),
-                    created,
-                    updated,
-                ),
-            )
+            cur = db.execute(_INSERT_MESSAGE, (conversation_id, parent_id, *row))
             mid = int(cur.lastrowid)
             if status == "generating":
                 self._generating.add(mid)
@@ -1063,7 +1086,7 @@ class Store:
                 created_at=conversation.created_at,
             )
             cid = created.id
-            for m in messages:
+            for m in messages:  # straight INSERTs: 200,000 messages in seconds, not minutes
                 if m.id in ids:
                     raise ValueError(f"message id {m.id} appears twice")
                 if m.parent_id is not None and m.parent_id not in ids:
@@ -1071,32 +1094,21 @@ class Store:
                         f"message {m.id} follows message {m.parent_id}, which does not come "
                         "before it"
                     )
-                stored = self.add_message(
-                    cid,
-                    m.role,
-                    m.content,
-                    parent_id=None if m.parent_id is None else ids[m.parent_id],
-                    activate=False,
-                    reasoning=m.reasoning,
-                    tool_calls=m.tool_calls,
-                    tool_call_id=m.tool_call_id,
-                    name=m.name,
-                    mode=m.mode,
-                    block_size=m.block_size,
-                    rollback=m.rollback,
-                    generation=m.generation,
-                    summary=m.summary,
-                    token_ids=m.token_ids,
-                    from_draft=m.from_draft,
+                created_at = float(m.created_at)
+                row = _message_row(
+                    m.role, m.content, created_at,
+                    created_at if m.updated_at is None else float(m.updated_at),
+                    reasoning=m.reasoning, tool_calls=m.tool_calls,
+                    tool_call_id=m.tool_call_id, name=m.name, mode=m.mode,
+                    block_size=m.block_size, rollback=m.rollback, generation=m.generation,
+                    summary=m.summary, token_ids=m.token_ids, from_draft=m.from_draft,
                     finish_reason=m.finish_reason,
                     status="interrupted" if m.status == "generating" else m.status,
-                    error=m.error,
-                    compare_group=m.compare_group,
-                    rounds=m.rounds,
-                    created_at=m.created_at,
-                    updated_at=m.updated_at,
-                )
-                ids[m.id] = stored.id
+                    error=m.error, compare_group=m.compare_group, rounds=m.rounds)
+                cur = db.execute(_INSERT_MESSAGE, (
+                    cid, None if m.parent_id is None else ids[m.parent_id], *row))
+                ids[m.id] = int(cur.lastrowid)
+            links = []
             for m in messages:
                 if m.active_child_id is None:
                     continue
@@ -1104,10 +1116,8 @@ class Store:
                     raise ValueError(
                         f"message {m.id}'s active child {m.active_child_id} is unknown"
                     )
-                db.execute(
-                    "UPDATE messages SET active_child_id = ? WHERE id = ?",
-                    (ids[m.active_child_id], ids[m.id]),
-                )
+                links.append((ids[m.active_child_id], ids[m.id]))
+            db.executemany("UPDATE messages SET active_child_id = ? WHERE id = ?", links)
             root = conversation.active_root_id
             if root is not None and root not in ids:
                 raise ValueError(f"the active first message {root} is unknown")
@@ -1148,12 +1158,15 @@ class Store:
         included as ``reasoning_content``; :func:`app.chat.history.fit_history` drops earlier
         turns' reasoning and trims to the context limit.
         """
-        chain: list[Message] = []
         node = self.get_message(reply_id)
-        while node.parent_id is not None:
-            node = self.get_message(node.parent_id)
-            chain.append(node)
-        return self.prompt_for_path(chain[::-1])
+        parent_of = dict(self._q("SELECT id, parent_id FROM messages WHERE conversation_id = ?",
+                                 (node.conversation_id,)))
+        chain: list[int] = []  # the links first, then the rows in one read (a long chat)
+        current = node.parent_id
+        while current is not None:
+            chain.append(current)
+            current = parent_of.get(current)
+        return self.prompt_for_path(self.messages_by_id(chain[::-1]))
 
     @staticmethod
     def prompt_for_path(messages: list[Message]) -> list[dict]:
@@ -1189,6 +1202,50 @@ _MSG_COLS = (
     "tool_call_id, name, mode, block_size, rollback, generation, summary, token_ids, from_draft, "
     "finish_reason, status, error, compare_group, created_at, updated_at, rounds"
 )
+
+
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, "
+    "tool_calls, tool_call_id, name, mode, block_size, rollback, generation, summary, "
+    "token_ids, from_draft, finish_reason, status, error, compare_group, writer_pid, "
+    "rounds, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+"""One message row; its values: conversation id, parent id, then :func:`_message_row`."""
+
+
+def _message_row(role: str, content: str, created: float, updated: float, *,
+                 reasoning: str = "", tool_calls: list[dict] | None = None,
+                 tool_call_id: str | None = None, name: str | None = None,
+                 mode: str | None = None, block_size: int | None = None,
+                 rollback: str | None = None, generation: dict | None = None,
+                 summary: dict | None = None, token_ids: list[int] | None = None,
+                 from_draft: list[bool] | None = None, finish_reason: str | None = None,
+                 status: str = "complete", error: str | None = None,
+                 compare_group: str | None = None, rounds: list[dict] | None = None) -> tuple:
+    """The values of :data:`_INSERT_MESSAGE` after the conversation and parent ids.
+
+    Raises:
+        ValueError: unknown role/mode/rollback/status, or ``from_draft`` and ``token_ids``
+            of different lengths.
+    """
+    _check(role, ROLES, "role")
+    _check(status, STATUSES, "status")
+    if mode is not None:
+        _check(mode, MODES, "mode")
+    if rollback is not None:
+        _check(rollback, ROLLBACKS, "rollback")
+    token_ids = [int(t) for t in (token_ids or [])]
+    flags = [bool(f) for f in (from_draft or [])]
+    if flags and len(flags) != len(token_ids):
+        raise ValueError(f"from_draft has {len(flags)} flags for {len(token_ids)} token ids")
+    if not flags:
+        flags = [False] * len(token_ids)
+    return (role, content, reasoning, _dumps(list(tool_calls or [])), tool_call_id, name, mode,
+            None if block_size is None else int(block_size), rollback,
+            _dumps(generation or {}), None if summary is None else _dumps(summary),
+            _dumps(token_ids), _draft_string(flags), finish_reason, status, error,
+            compare_group, os.getpid() if status == "generating" else None,
+            _dumps(list(rounds or [])), created, updated)
 
 
 def _conv(r: tuple) -> Conversation:

@@ -27,11 +27,13 @@ A turn, asked for by a :class:`TurnRequest`:
    :class:`ReplyFailed` and the side keeps what it had, in the mode it ran in, stored
    ``error``; each side ends with
    :class:`ReplyFinished`;
-4. every row's final state (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
+4. every row's final state, in one transaction (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
    rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
    ``app.chat.turns.TOP2_GAP_KEY``; a reply Max tokens ended keeps what Continue needs,
    ``app.chat.turns.RESUME_KEY``), the version the conversation continues from, then
-   :class:`TurnStored`.
+   :class:`TurnStored`. When the store cannot write it (a full disk, ...), the write is
+   kept in :class:`TurnStored` as a :class:`PendingWrite`, which the window tries again
+   (:class:`PendingWrites`) until the store takes it.
 
 A request to continue a stored reply that Max tokens ended (``TurnRequest.continue_of``,
 the window's Continue) stores no new row: it checks that the reply can be resumed (not a
@@ -209,6 +211,84 @@ class TurnStored:
     reply_ids: dict[str, int]
     chosen: str
     error: str = ""
+    pending: PendingWrite | None = None
+    """When the final write failed because the store could not write
+    (``app.chat.storage.StoreWriteError``: a full disk, ...): that write, to be tried again
+    (:class:`PendingWrites`); None otherwise."""
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A write of a turn's final state that the store could not take, kept to be tried
+    again when it can (the disk has room again, the lock is free).
+
+    ``write(store)`` redoes it whole, in one transaction: every reply row's final state (text,
+    tokens, figures, status) and the version the conversation continues from. Writing it
+    twice stores the same thing, so a retry never damages what is stored. ``what`` names it
+    for the user; ``conversation_id`` is the conversation it belongs to."""
+
+    conversation_id: int
+    what: str
+    write: Callable[[Store], None]
+
+
+class PendingWrites:
+    """The writes the store could not take (:class:`PendingWrite`), in the order they failed,
+    tried again in that order (:meth:`retry`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._items: list[PendingWrite] = []
+        self._lock = threading.Lock()
+
+    def add(self, write: PendingWrite) -> None:
+        """Keep ``write`` to be tried again (after those kept before it)."""
+        with self._lock:
+            self._items.append(write)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def conversations(self) -> set[int]:
+        """The conversations with a write still to be made."""
+        with self._lock:
+            return {w.conversation_id for w in self._items}
+
+    def retry(self, store: Store) -> StoreWriteError | None:
+        """Try the kept writes again, oldest first, each in its own transaction; a write that
+        succeeds is dropped. Stops at the first that still fails (it and the later ones are
+        kept, in order) and returns its error; None when none is left. A write that fails
+        otherwise (its conversation was deleted meanwhile, a bug) is dropped and logged: trying
+        it again would not help."""
+        while True:
+            with self._lock:
+                if not self._items:
+                    return None
+                w = self._items[0]
+            try:
+                with store.transaction():
+                    w.write(store)
+            except StoreWriteError as exc:
+                log.info("retrying %s: %s", w.what, exc)
+                return exc
+            except Exception:
+                log.exception("retrying %s; dropped", w.what)
+            with self._lock:
+                if self._items and self._items[0] is w:
+                    self._items.pop(0)
+
+    def apply_to(self, store: Store, conversation_id: int) -> None:
+        """Make the kept writes of ``conversation_id`` in ``store`` (an in-memory copy of the
+        database, to export what is shown), keeping them for the real one.
+
+        Raises:
+            app.chat.storage.StorageError: a write failed there too.
+        """
+        with self._lock:
+            items = [w for w in self._items if w.conversation_id == conversation_id]
+        for w in items:
+            with store.transaction():
+                w.write(store)
 
 
 def prompt_for(store: Store, reply_id: int, system_prompt: str = "") -> list[dict]:
@@ -235,7 +315,8 @@ def prompt_for_next(store: Store, conversation_id: int, system_prompt: str = "")
     Raises:
         app.chat.storage.ConversationNotFoundError: no such conversation.
     """
-    messages = store.prompt_for_path(store.active_path(conversation_id))
+    path, _ = store.path_outline(conversation_id)  # links first, rows in one read
+    messages = store.prompt_for_path(store.messages_by_id([mid for mid, _ in path]))
     if system_prompt.strip() and not (messages and messages[0].get("role") == "system"):
         messages = [{"role": "system", "content": system_prompt}, *messages]
     return messages
@@ -583,16 +664,15 @@ class _Turn:
         status = "complete"
         if result.finish_reason == "cancelled":
             status = "interrupted" if self.interrupted.is_set() else "stopped"
-        try:
-            with self.store.transaction():
-                finish_row(self.store, row_id, result, status)
-                self.store.update_generation(row_id, {
-                    RESUME_KEY: self.resume_records.get(""),
-                    CONTINUED_KEY: list(result.continued)})
-        except Exception as exc:
-            log.exception("saving the continued reply")
-            return TurnStored(begun.conversation_id, begun.reply_ids, key, str(exc))
-        return TurnStored(begun.conversation_id, begun.reply_ids, key)
+        result = dataclasses.replace(result)
+        generation = {RESUME_KEY: self.resume_records.get(""),
+                      CONTINUED_KEY: list(result.continued)}
+
+        def write(store: Store) -> None:
+            finish_row(store, row_id, result, status)
+            store.update_generation(row_id, generation)
+
+        return self._final(begun, key, write, "the continued reply")
 
     def _save_growth(self, row_id: int, partial: PartialReply) -> str | None:
         """Save the reply's growth; what failed, for the user, or None when it was saved
@@ -624,9 +704,12 @@ class _Turn:
             log.exception("top-two gap")
 
     def _store_final(self, begun: TurnBegun) -> TurnStored:
-        """Every row's final state and the version the conversation continues from."""
+        """Every row's final state and the version the conversation continues from, in one
+        transaction; when the store cannot write, the write is kept in the event
+        (:attr:`TurnStored.pending`) to be tried again."""
         req = self.request
         interrupted = self.interrupted.is_set()
+        rows = []
         for tag, key in zip(req.tags, req.keys, strict=True):
             # a Compare side stopped before it ran: empty, stopped
             result = self.results.get(tag) or ReplyResult(mode=tag, finish_reason="cancelled")
@@ -636,18 +719,14 @@ class _Turn:
             stopped = result.finish_reason == "cancelled" or tag not in self.ran
             status = ("error" if error else ("interrupted" if interrupted else "stopped")
                       if stopped else "complete")
-            try:
-                finish_row(self.store, begun.reply_ids[key], result, status, error)
-                if self.resume_records.get(tag) is not None:  # Max tokens ended it
-                    self.store.update_generation(begun.reply_ids[key],
-                                                 {RESUME_KEY: self.resume_records[tag]})
-                if req.compare and tag in DRAFTING_MODES and tag in self.ran:
-                    # the header's figure at the first divergence, for a reopened Compare
-                    self.store.update_generation(begun.reply_ids[key],
-                                                 {TOP2_GAP_KEY: result.top2_gap})
-            except Exception as exc:
-                log.exception("saving the reply")
-                return TurnStored(begun.conversation_id, begun.reply_ids, "", str(exc))
+            generation = {}
+            if self.resume_records.get(tag) is not None:  # Max tokens ended it
+                generation[RESUME_KEY] = self.resume_records[tag]
+            if req.compare and tag in DRAFTING_MODES and tag in self.ran:
+                # the header's figure at the first divergence, for a reopened Compare
+                generation[TOP2_GAP_KEY] = result.top2_gap
+            rows.append((begun.reply_ids[key], dataclasses.replace(result), status, error,
+                         generation))
         if req.compare:
             ran = [t for t in req.tags if t in self.ran]
             # continue from DFlash's side when it finished, else from a side that finished
@@ -658,10 +737,32 @@ class _Turn:
                       else ran[0] if ran else "dflash")
         else:
             chosen = req.keys[0]
+        active = (begun.reply_ids[chosen]
+                  if len(begun.reply_ids) > 1 or req.regenerate_of is not None else None)
+
+        def write(store: Store) -> None:
+            for row_id, result, status, error, generation in rows:
+                finish_row(store, row_id, result, status, error)
+                if generation:
+                    store.update_generation(row_id, generation)
+            if active is not None:
+                store.set_active(active)
+
+        return self._final(begun, chosen, write, "the reply" if len(rows) == 1 else
+                           "the Compare turn")
+
+    def _final(self, begun: TurnBegun, chosen: str, write: Callable[[Store], None],
+               what: str) -> TurnStored:
+        """Make a turn's final ``write`` in one transaction: :class:`TurnStored`, with the
+        write kept (:class:`PendingWrite`) when the store could not take it."""
         try:
-            if len(begun.reply_ids) > 1 or req.regenerate_of is not None:
-                self.store.set_active(begun.reply_ids[chosen])
+            with self.store.transaction():
+                write(self.store)
+        except StoreWriteError as exc:
+            log.error("saving %s: %s", what, exc)
+            return TurnStored(begun.conversation_id, begun.reply_ids, chosen, str(exc),
+                              PendingWrite(begun.conversation_id, what, write))
         except Exception as exc:
-            log.exception("choosing the version to continue from")
+            log.exception("saving %s", what)
             return TurnStored(begun.conversation_id, begun.reply_ids, chosen, str(exc))
         return TurnStored(begun.conversation_id, begun.reply_ids, chosen)

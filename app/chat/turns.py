@@ -456,6 +456,16 @@ class ConversationView:
     messages: list[Turn] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     updated: float = field(default_factory=time.time)
+    earlier: int = 0
+    """Turns of the conversation before :attr:`messages` that were not loaded (a very long
+    chat loads its latest :data:`LOAD_TURNS`; ``TurnStore.get`` with a larger ``last``
+    loads more)."""
+
+
+LOAD_TURNS = 400
+"""How many of a conversation's latest turns :meth:`TurnStore.get` loads by default: a chat
+of 200,000 messages opens as fast as a short one, and the window loads earlier turns when
+asked (its "Show earlier messages" link)."""
 
 
 class TurnStore:
@@ -487,25 +497,30 @@ class TurnStore:
         c = self.db.new_conversation()
         return ConversationView(id=c.id, title="New chat", updated=c.updated_at)
 
-    def get(self, conv_id: int) -> ConversationView | None:
-        """The conversation's active path as turns (None when it does not exist)."""
+    def get(self, conv_id: int, last: int | None = LOAD_TURNS) -> ConversationView | None:
+        """The conversation's active path as turns (None when it does not exist): its latest
+        ``last`` turns (user messages and replies; None: all of them), the number before them
+        in :attr:`ConversationView.earlier`. Only the rows of those turns are read (with
+        :meth:`Store.path_outline` for the path), so the time it takes does not grow with
+        the conversation's length beyond reading its ids."""
         try:
             c = self.db.get_conversation(conv_id)
-            path = self.db.active_path(conv_id)
+            path, children = self.db.path_outline(conv_id)
         except StorageError:
             return None
         conv = ConversationView(id=c.id, title=c.title or "New chat",
                                 settings=dict(c.settings), updated=c.updated_at)
-        prompts: dict[int | None, list[int]] = {}  # a user message's versions, by parent
-        for m in self.db.messages(conv_id):
+        shown = [(mid, role) for mid, role in path if role in ("user", "assistant")]
+        parent_of = {k: parent for parent, kids in children.items() for k, _ in kids}
+        cut = 0 if last is None else max(0, len(shown) - max(1, int(last)))
+        conv.earlier = cut
+        for m in self.db.messages_by_id([mid for mid, _ in shown[cut:]]):
             if m.role == "user":
-                prompts.setdefault(m.parent_id, []).append(m.id)
-        for m in path:
-            if m.role == "user":
-                edits = prompts.get(m.parent_id, [])
+                edits = [k for k, role in children.get(parent_of.get(m.id), [])
+                         if role == "user"]
                 conv.messages.append(Turn("user", m.content, ids={"": m.id},
                                           edits=tuple(edits) if len(edits) > 1 else ()))
-            elif m.role == "assistant":
+            else:
                 conv.messages.append(self._reply_turn(m))
         return conv
 
@@ -566,14 +581,16 @@ class TurnStore:
         maps version keys to the results streamed in this run of the app, which the view keeps
         (they hold what the store has, plus what only the live run knows: token texts,
         per-round figures, the top-two gap)."""
-        fresh = self.get(conv.id)
+        fresh = self.get(conv.id, last=max(1, len(conv.messages)))  # as many as the view has
         if fresh is None:
             return
         conv.title, conv.updated = fresh.title, fresh.updated
         if len(fresh.messages) != len(conv.messages) or not fresh.messages or \
                 conv.messages[-1] is not reply or fresh.messages[-1].role != "assistant":
             conv.messages = fresh.messages  # the view went out of step: take the store's
+            conv.earlier = fresh.earlier
             return
+        conv.earlier = fresh.earlier
         stored = fresh.messages[-1]
         for key, v in stored.versions.items():
             if key in live:
@@ -595,11 +612,27 @@ class TurnStore:
         """Set a conversation's title (raises ValueError when empty)."""
         self.db.rename(conv_id, title)
 
-    def export(self, conv_id: int, path: Path) -> Path:
-        """Write the conversation to ``path`` (``.json``: JSON, else Markdown)."""
+    def export(self, conv_id: int, path: Path, pending=None) -> Path:
+        """Write the conversation to ``path`` (``.json``: JSON, else Markdown).
+
+        ``pending``: an ``app.chat.stored_turn.PendingWrites`` whose writes the database
+        could not take yet (a full disk); when it holds some of this conversation, they are
+        made in an in-memory copy of the database (``Store.memory_copy``) and the export is
+        written from it, so it holds what the window shows. The file is not changed.
+
+        Raises:
+            app.chat.storage.StorageError, OSError: nothing was exported.
+        """
         from app.chat.export import write_export
 
-        return write_export(self.db, conv_id, Path(path))
+        if pending is None or conv_id not in pending.conversations():
+            return write_export(self.db, conv_id, Path(path))
+        copy = self.db.memory_copy()
+        try:
+            pending.apply_to(copy, conv_id)
+            return write_export(copy, conv_id, Path(path))
+        finally:
+            copy.close()
 
     def import_file(self, path: Path) -> ConversationView:
         """Import a JSON export as a new conversation and return it.

@@ -20,6 +20,24 @@ class ModelLoadError(EngineError):
     safetensors, a tensor of the wrong shape, or a config field that cannot be read."""
 
 
+class IntegerWeightsError(ModelLoadError):
+    """A checkpoint's weights are integer typed where the model computes in floating point
+    (an ``int32`` copy of a float model, say): loaded as they are, the model would write
+    nothing but end tokens. The packed weights (and ``mxfp4``/``nvfp4`` scales) of a
+    quantized layer are integer by design and are not refused. ``folder`` is the model
+    folder, ``dtype`` the first such tensor's dtype name (``"int32"``), ``tensor`` its name
+    and ``count`` how many tensors are integer typed."""
+
+    def __init__(self, folder, dtype: str, tensor: str, count: int):
+        self.folder, self.dtype, self.tensor, self.count = folder, dtype, tensor, count
+        super().__init__(
+            f"the model folder {folder} holds {dtype} weights ({tensor}"
+            + (f" and {count - 1} more" if count > 1 else "")
+            + "), not floating point ones, in layers that are not quantized: the model "
+            "would write nothing but end tokens. Convert the checkpoint again with float "
+            "weights (float16, bfloat16 or float32) or download it again")
+
+
 class UnsupportedArchitectureError(EngineError):
     """The checkpoint's architecture is not one this engine can run for the requested
     purpose (e.g. ``DFlash2DraftModel`` as a drafter, or DFlash on a target family

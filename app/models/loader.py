@@ -24,6 +24,7 @@ from typing import Any
 
 from app.engine.errors import (
     EngineError,
+    IntegerWeightsError,
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedArchitectureError,
@@ -93,6 +94,46 @@ def _quantized_modules(model) -> list[tuple[str, Any]]:
     """``(path, module)`` of every quantized leaf module (it has ``scales`` and ``bits``)."""
     return [(name, m) for name, m in model.named_modules()
             if hasattr(m, "scales") and hasattr(m, "bits") and hasattr(m, "group_size")]
+
+
+QUANTIZED_INTEGER_PARAMETERS = ("weight", "scales")
+"""Parameters of a quantized layer that may be integer typed: its packed weight (``uint32``)
+and, in the ``mxfp4``/``nvfp4`` modes, its scales (``uint8``)."""
+
+
+def dtype_name(dtype) -> str:
+    """An MLX dtype as its short name (``mlx.core.int32`` -> ``"int32"``)."""
+    return str(dtype).removeprefix("mlx.core.")
+
+
+def check_floating_weights(named_arrays, folder: Path, quantized: set[str] = frozenset()) -> None:
+    """Refuse weights that are integer (or boolean) typed where the model computes in floating
+    point. ``named_arrays``: ``(name, mx.array)`` pairs; ``quantized``: the paths of the
+    quantized layers, whose :data:`QUANTIZED_INTEGER_PARAMETERS` may be integer.
+
+    Raises:
+        IntegerWeightsError: naming ``folder``, the first such tensor and its dtype.
+    """
+    import mlx.core as mx
+
+    bad = []
+    for name, a in named_arrays:
+        if mx.issubdtype(a.dtype, mx.floating):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        if owner in quantized and leaf in QUANTIZED_INTEGER_PARAMETERS:
+            continue
+        bad.append((name, a.dtype))
+    if bad:
+        raise IntegerWeightsError(folder, dtype_name(bad[0][1]), bad[0][0], len(bad))
+
+
+def _check_target_weights(model, folder: Path) -> None:
+    """:func:`check_floating_weights` over a loaded target's parameters."""
+    from mlx.utils import tree_flatten
+
+    check_floating_weights(tree_flatten(model.parameters()), folder,
+                           {name for name, _ in _quantized_modules(model)})
 
 
 def _logical_size(m) -> int:
@@ -307,6 +348,8 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
 
     Raises:
         ModelNotFoundError, ModelLoadError (missing/corrupt files, wrong tensor shapes),
+        IntegerWeightsError (a ModelLoadError: integer weights outside quantized layers,
+            :func:`check_floating_weights`),
         UnsupportedArchitectureError (a ``model_type`` mlx-lm does not know).
     """
     check_engine_thread()
@@ -369,6 +412,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
         raise ModelLoadError(f"could not load {folder.name}: {type(exc).__name__}: {exc}") from exc
     from app.engine.device import configure_cuda_attention, configure_cuda_kernel_cache
 
+    _check_target_weights(model, folder)  # before anything is dequantized or upcast
     configure_cuda_attention()  # before the first attention pass (its docstring says why)
     configure_cuda_kernel_cache()  # before MLX's first kernel compile (likewise)
     if keep_dtype is None:
@@ -427,7 +471,8 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
         ModelNotFoundError, UnsupportedArchitectureError (another drafter architecture, or a
             DFlash2 variant this engine does not run),
         ModelLoadError (missing file or field, corrupt safetensors, wrong tensor shape; an
-            adapter's backbone folder missing or misfit, named with the tensor).
+            adapter's backbone folder missing or misfit, named with the tensor),
+        IntegerWeightsError (a ModelLoadError: integer typed weights, named with the dtype).
     """
     check_engine_thread()
     import mlx.core as mx
@@ -458,6 +503,7 @@ def load_drafter(path_or_repo: str | Path, keep_dtype: bool | None = None) -> Lo
                 f"drafter tensor {name} has shape {tuple(weights[name].shape)}, "
                 f"expected {shape} from config.json"
             )
+    check_floating_weights(((k, weights[k]) for k in shapes), folder)  # none is quantized
     extra = sorted(set(weights) - set(shapes))
     if extra:
         log.warning("ignoring %d unexpected drafter tensors (e.g. %s)", len(extra), extra[0])

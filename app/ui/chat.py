@@ -39,7 +39,10 @@ from app.chat.turns import ConversationView, Turn
 from app.engine.modes import DRAFTING_MODES, MODES, Mode
 from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import (
+    VIEW_MESSAGE_CHARS,
     answer_tokens_html,
+    cut_for_view,
+    cut_note_html,
     message_html,
     spells_its_text,
     starts_in_reasoning,
@@ -83,6 +86,14 @@ under it."""
 
 STREAM_MARKDOWN_CHARS = 6000
 """Streamed replies up to this many characters are re-rendered as Markdown every tick."""
+
+VIEW_TURNS = 100
+"""The chat view draws at most this many of the conversation's latest turns, and more
+(this many at a time) each time "Show earlier messages" is clicked."""
+VIEW_CHARS = 300_000
+"""...and only as many of them, from the last, as fit in this many characters (each message
+counted as shown, :data:`app.ui.render.VIEW_MESSAGE_CHARS` at most; the last turn always
+drawn); each "Show earlier messages" adds as much again."""
 
 
 def figures_line(msg: Turn) -> str:
@@ -129,7 +140,9 @@ class ChatView(QTextBrowser):
     """Read-only rendered conversation with copy links on code blocks.
 
     Signals: ``linkActivated(str)`` for app links (``continue:``, ``choose:plain``,
-    ``choose:dflash``, ``reasoning:N``); copy links are handled here (clipboard);
+    ``choose:dflash``, ``reasoning:N``, ``earlier:`` to draw earlier turns); copy links
+    are handled here (clipboard: ``copy:N`` a code block, ``copymsg:N`` / ``copyreasoning:N``
+    the whole text of a message cut in the view);
     ``rendered(object)`` after each :meth:`render`, with the conversation (or None) and
     whether it streams (the window keeps its actions in step with what is shown)."""
 
@@ -152,6 +165,14 @@ class ChatView(QTextBrowser):
         self._stream_pos: int | None = None
         self.expanded: set[int] = set()
         """Indices of the messages whose reasoning is unfolded in the bubble."""
+        self.earlier_steps = 0
+        """How many times "Show earlier messages" was clicked in the conversation shown (0
+        when another is shown): the view draws (1 + this) times :data:`VIEW_TURNS` turns
+        and :data:`VIEW_CHARS` characters."""
+        self.first_shown = 0
+        """The index of the first turn drawn by the last :meth:`render` (earlier ones are
+        behind "Show earlier messages")."""
+        self._conv: ConversationView | None = None
         self.intro_title = ""
         self.intro_about = ""
         self.intro_examples: list = []
@@ -208,7 +229,59 @@ class ChatView(QTextBrowser):
             except (ValueError, IndexError):
                 pass
             return
+        if link.startswith(("copymsg:", "copyreasoning:")):
+            text = self.full_text(link)
+            if text is not None:
+                QGuiApplication.clipboard().setText(text)
+            return
         self.linkActivated.emit(link)
+
+    def full_text(self, link: str) -> str | None:
+        """The whole text behind a cut message's "Copy all" link: ``copymsg:N`` (turn N's
+        message, a reply's chosen version) or ``copyreasoning:N`` (its reasoning); None
+        for a link to no such turn."""
+        kind, _, index = link.partition(":")
+        try:
+            m = self._conv.messages[int(index)]
+        except (AttributeError, ValueError, IndexError):
+            return None
+        if m.role == "user":
+            return m.content
+        v = m.version
+        if v is None:
+            return None
+        return v.result.all_reasoning() if kind == "copyreasoning" else v.result.content
+
+    @staticmethod
+    def _shown_chars(m: Turn) -> int:
+        """How many characters turn ``m`` takes in the view (its cut message)."""
+        if m.role == "user":
+            text = m.content
+        else:
+            v = m.version
+            text = v.result.content if v is not None else ""
+        return min(len(text), VIEW_MESSAGE_CHARS)
+
+    def _first_to_draw(self, msgs: list[Turn]) -> int:
+        """The index of the first turn to draw: the latest ones within the turn and
+        character bounds (:data:`VIEW_TURNS`, :data:`VIEW_CHARS`), the last always."""
+        steps = 1 + max(0, self.earlier_steps)
+        first = max(0, len(msgs) - VIEW_TURNS * steps)
+        budget = VIEW_CHARS * steps
+        i = len(msgs) - 1
+        while i > first:
+            budget -= self._shown_chars(msgs[i])
+            if budget - self._shown_chars(msgs[i - 1]) < 0:
+                return i
+            i -= 1
+        return first
+
+    def _earlier_html(self, hidden: int) -> str:
+        c = self.palette_colours
+        return (f'<p style="color:{c.get("muted")}; font-size:small;">'
+                f"{hidden:,} earlier message{'s' if hidden != 1 else ''} not shown · "
+                f'<a href="earlier:" style="color:{c.get("accent")};">Show earlier '
+                "messages</a></p>")
 
     # ---- tooltips of footer figures (``title`` in the HTML)
     def viewportEvent(self, event) -> bool:  # noqa: N802 (Qt override)
@@ -272,8 +345,16 @@ class ChatView(QTextBrowser):
             out.append(self._intro_html())
         last_assistant = max((i for i, m in enumerate(msgs) if m.role == "assistant"),
                              default=-1)
-        for i, m in enumerate(msgs):
+        # a very long chat draws its latest turns only; the rest is a click away
+        self._conv = conv
+        self.first_shown = first = self._first_to_draw(msgs) if msgs else 0
+        hidden = first + (conv.earlier if conv is not None else 0)
+        if hidden:
+            out.append(self._earlier_html(hidden))
+        for i in range(first, len(msgs)):
+            m = msgs[i]
             if m.role == "user":
+                text, cut = cut_for_view(m.content)
                 out.append(
                     f'<table width="100%" cellpadding="10" style="margin-top:10px;'
                     f' background-color:{c.get("user_bg")};"><tr><td>'
@@ -282,8 +363,9 @@ class ChatView(QTextBrowser):
                        f'&nbsp;&nbsp;<a href="edit:{i}" style="color:{c.get("muted")};'
                        f' font-size:small;">edit</a>' + self._prompt_versions(m))
                     + '<br>'
-                    f'{message_html(m.content, self.codes, c, keep_line_breaks=True)}'
-                    '</td></tr></table>')
+                    f'{message_html(text, self.codes, c, keep_line_breaks=True)}'
+                    + (cut_note_html(cut, f"copymsg:{i}", c) if cut else "")
+                    + '</td></tr></table>')
             elif m.role == "assistant":
                 out.append(self._assistant_html(i, m, i == last_assistant, streaming))
         out.append("</div>")
@@ -324,11 +406,16 @@ class ChatView(QTextBrowser):
                      f"({plural(len(reasoning.split()), 'word')})</a>"
                      f"{'' if open_ else ' — click to show it here and in the pane'}</p>")
             if open_:
-                body_r = html.escape(reasoning).replace("\n", "<br>")
+                shown_r, cut_r = cut_for_view(reasoning)
+                body_r = html.escape(shown_r).replace("\n", "<br>")
                 head += (f'<p style="color:{c.get("muted")}; font-size:small; '
                          f'margin-left:12px;">{body_r}</p>')
+                if cut_r:
+                    head += cut_note_html(cut_r, f"copyreasoning:{i}", c)
         coloured = None
-        if self.colour_drafts and r.pieces and spells_its_text(r, answer_only=True):
+        content, cut = cut_for_view(r.content)
+        if self.colour_drafts and r.pieces and not cut and \
+                spells_its_text(r, answer_only=True):
             # only the answer is coloured (reasoning and tool calls have their own place);
             # token texts whose answer is not the stored one (another tokenizer's, or a tool
             # call kept as text) are not used: the stored text is shown as it is
@@ -336,8 +423,10 @@ class ChatView(QTextBrowser):
         if coloured is not None:
             body = coloured
         else:
-            body = message_html(r.content, self.codes, c, readable_numbers=True) \
-                if r.content.strip() else ""
+            body = message_html(content, self.codes, c, readable_numbers=True) \
+                if content.strip() else ""
+            if cut:  # the view shows the start; the store, Copy all and Export keep it all
+                body += cut_note_html(cut, f"copymsg:{i}", c)
         if r.tool_calls:
             names = ", ".join(html.escape(str(t.get("name"))) for t in r.tool_calls)
             body += (f'<p style="color:{c.get("muted")}; font-size:small;">'

@@ -51,6 +51,7 @@ from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
     call_text,
+    cut_for_view,
     earlier_rounds,
     earlier_rounds_html,
     mark_section,
@@ -321,10 +322,16 @@ def text_sections_html(result, colours: dict) -> str:
                         ("Tool calls", "<br>".join(
                             html.escape(call_text(c)) for c in result.tool_calls or []))):
         if body.strip():
-            text = body if title == "Tool calls" else html.escape(body.strip()).replace(
-                "\n", "<br>")
+            cut = 0
+            if title != "Tool calls":  # a huge imported side: its start, as the chat shows
+                shown, cut = cut_for_view(body.strip())
+                body = html.escape(shown).replace("\n", "<br>")
             out.append(f'<p style="color:{muted}; font-size:small;"><b>{title}</b></p>'
-                       f"<p>{text}</p>")
+                       f"<p>{body}</p>")
+            if cut:
+                out.append(f'<p style="color:{muted}; font-size:small;">… {cut:,} more '
+                           "characters not shown here: export the chat (File › Export) to "
+                           "read all of it</p>")
     return "".join(out) or "<p></p>"
 
 

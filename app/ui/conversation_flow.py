@@ -132,8 +132,10 @@ class ConversationFlow:
                 self, "Export chat", str(start), "Markdown (*.md);;JSON (*.json)")
             if not path:
                 return False
-        try:
-            self.store.export(self.conv.id, Path(path))
+        if len(self.pending_writes):  # there may be room again: then the file has it all
+            self.retry_saves()
+        try:  # a reply not saved yet is exported as shown (TurnStore.export's pending)
+            self.store.export(self.conv.id, Path(path), self.pending_writes)
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False

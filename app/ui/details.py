@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFrame, QPlainTextEdit, QVBoxLayout
 from app.chat.conversation import continued_text
 from app.chat.turns import ReplyResult, Turn
 from app.ui.panels import PANE_HINT_HEIGHT, Collapsible, LivePanel, LiveStats, ToolPane
+from app.ui.render import cut_for_view
 
 
 class ReasoningPane(QPlainTextEdit):
@@ -72,7 +73,11 @@ class DetailsPanel(QFrame):
         user message). ``context_length`` in tokens; ``block_size`` for the chart's scale
         (None for plain)."""
         v = msg.version if msg else None
-        self.reasoning.setPlainText(v.result.all_reasoning() if v else "")
+        reasoning, cut = cut_for_view(v.result.all_reasoning() if v else "")
+        if cut:  # as the bubble: the start only (the store and Export keep all of it)
+            reasoning += (f"\n\n… {cut:,} more characters not shown here, to keep the pane "
+                          "quick: export the chat (File › Export) to read all of it")
+        self.reasoning.setPlainText(reasoning)
         self.tools.set_calls(v.result.tool_calls if v else [])
         if v is not None and v.result.summary is not None:
             st = LiveStats(context_limit=context_length)

@@ -40,7 +40,7 @@ from app.chat.stored_turn import (
     TurnRequest,
     TurnStored,
 )
-from app.chat.turns import ConversationView, ReplyResult, Turn, version_key
+from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.engine.modes import DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
@@ -176,6 +176,8 @@ class ReplyFlow:
         version, in the mode that made it)."""
         if self.busy:
             return False
+        if len(self.pending_writes):  # kept writes first: the turns stay in order
+            self.retry_saves()
         if self.model is None:
             self._say_no_model()
             if again is None and continued is None:
@@ -409,9 +411,11 @@ class ReplyFlow:
     def _on_save_failed(self, side: SideRun, ev: SaveFailed) -> None:
         """A write of the running reply failed: said at once in the storage banner (the
         reply goes on, on screen; whatever it is shown in)."""
+        self._run.save_failed = True
         self.show_store_problem(
             f"The reply being written is not being saved: {ev.message}. It stays on screen "
-            "until you quit: copy what you want to keep")
+            "(copy it, or export the chat), and it is saved when it ends if there is room "
+            "then, else as soon as there is")
 
     def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
         self._run.stored = ev
@@ -479,10 +483,14 @@ class ReplyFlow:
         if run.not_started is not None or run.stored is None:
             self._not_started(run)
             return
-        if run.stored.error:  # the reply stays on screen (live); the store says why
+        if run.stored.pending is not None:  # kept, and tried again until the store takes it
+            self.keep_unsaved(run.stored.pending, run.stored.error)
+        elif run.stored.error:  # the reply stays on screen (live); the store says why
             self.show_store_problem(
                 f"Could not save the reply: {run.stored.error}. It stays on screen until you "
                 "quit: copy what you want to keep")
+        elif run.save_failed:  # its growth was not saved, but its final state is
+            self.say_saved("Saved: the reply is stored now, whole")
         live = {run.version_key(t): sd.result for t, sd in run.sides.items()
                 if sd.result is not None}
         try:
@@ -619,6 +627,8 @@ class ReplyFlow:
                 return
         elif link.startswith("continue:"):
             self.continue_reply()
+        elif link.startswith("earlier:"):
+            self.show_earlier()
         elif link.startswith("edit:"):
             try:
                 self.edit_message(int(link.split(":", 1)[1]))
@@ -658,6 +668,29 @@ class ReplyFlow:
             self.show_message_details(msg)
             if not self.busy:
                 self.chat.render(self.conv)
+
+    def show_earlier(self) -> None:
+        """Draw earlier turns of the shown conversation (its "Show earlier messages" link):
+        ``app.ui.chat.VIEW_TURNS`` more, loading them from the store when they were not
+        loaded (``TurnStore.get`` with a larger ``last``). What was in view stays in view.
+        Not while a reply is written."""
+        conv = self.conv
+        if conv is None or self.busy:
+            return
+        chat = self.chat
+        if chat.first_shown == 0 and conv.earlier:
+            more = self.store.get(conv.id, last=len(conv.messages) + LOAD_TURNS)
+            if more is None:
+                return
+            added = len(more.messages) - len(conv.messages)
+            chat.expanded = {i + added for i in chat.expanded}
+            conv.messages, conv.earlier = more.messages, more.earlier
+        chat.earlier_steps += 1
+        sb = chat.verticalScrollBar()
+        from_bottom = sb.maximum() - sb.value()
+        chat.follow = False
+        chat.render(conv)
+        sb.setValue(max(0, sb.maximum() - from_bottom))
 
     def _on_colour_toggled(self, on: bool) -> None:
         from app.ui.render import draft_legend_html

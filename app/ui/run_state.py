@@ -82,6 +82,8 @@ class ReplyRun:
     not_stored: bool = False
     """The turn could not be stored because the store could not write (``TurnNotStored``:
     a full disk, ...): said in the storage banner."""
+    save_failed: bool = False
+    """A write of the reply's growth failed while it ran (``SaveFailed``, said at once)."""
     refused: bool = False
     """The turn was refused as too long for the context, or a reply that cannot be continued
     (``TurnRefused``; nothing stored)."""

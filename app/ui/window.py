@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QPushButton,
     QScrollArea,
     QSizePolicy,
     QSplitter,
@@ -41,6 +42,7 @@ from PySide6.QtWidgets import (
 from app import APP_NAME
 from app.chat.baseline import Baselines, SlowStreak
 from app.chat.storage import StorageError
+from app.chat.stored_turn import PendingWrites
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.engine.modes import DRAFTING_MODES
 from app.ui import settings as settings_mod
@@ -80,6 +82,11 @@ would be drawn over the message box)."""
 #: The side panel's narrowest (px): two figure tiles side by side (three from about 300 px,
 #: ``LivePanel.columns_for``), so that a narrow window keeps its conversation the wider pane.
 SIDE_MIN_WIDTH = 230
+SAVE_RETRY_MS = 3000
+"""While a write the store could not take is kept (a full disk), it is tried again this often
+(milliseconds); the storage banner's Retry now tries at once."""
+SAVED_NOTE_MS = 8000
+"""How long the storage banner says a kept write is saved now before it goes (milliseconds)."""
 
 
 
@@ -201,6 +208,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self._pending: list[UiEvent] = []
         self.shown_message: Turn | None = None
         self._drafts: dict[int, str] = {}  # conversation id -> its unsent message
+        self.pending_writes = PendingWrites()  # replies the store could not take yet
         self.benchmarking = False  # the short benchmark runs on the worker
 
         self.workers = WorkerThread(backend, self.store.db)  # the worker writes replies
@@ -226,6 +234,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.timer.setInterval(RENDER_MS)
         self.timer.timeout.connect(self.render_pending)
         self.timer.start()
+        self.retry_timer = QTimer(self)  # runs while a write is kept (pending_writes)
+        self.retry_timer.setInterval(SAVE_RETRY_MS)
+        self.retry_timer.timeout.connect(self.retry_saves)
         self._set_intro()
         self._restore()
         # the program may end without closing the window (sys.exit in a slot, a script):
@@ -275,10 +286,18 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.store_banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
         self.store_banner_close.setAccessibleName("Dismiss the storage message")
         self.store_banner_close.clicked.connect(self.clear_store_problem)
+        # shown while a write the store could not take is kept: tries it again now
+        self.store_retry = QPushButton("Retry now")
+        self.store_retry.setAccessibleName("Retry saving now")
+        self.store_retry.setToolTip("Try the unsaved writes again now (they are tried every "
+                                    f"{SAVE_RETRY_MS / 1000:g} s anyway)")
+        self.store_retry.clicked.connect(self.retry_saves)
+        self.store_retry.hide()
         self.store_banner_row = QWidget()
         sr = QHBoxLayout(self.store_banner_row)
         sr.setContentsMargins(12, 8, 12, 0)
         sr.addWidget(self.store_banner, 1)
+        sr.addWidget(self.store_retry)
         sr.addWidget(self.store_banner_close)
         self.store_banner_row.hide()
         self.chat = ChatView()
@@ -491,6 +510,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         starts and another chat shown leave it, as they leave no other banner."""
         log.warning("storage banner: %s", text)
         self.store_banner.setText(sentence(text))
+        self.store_banner.setProperty("kind", "error")
+        self.store_banner.setAccessibleName("Storage problem")
         self.store_banner.style().unpolish(self.store_banner)
         self.store_banner.style().polish(self.store_banner)
         self.store_banner_row.show()
@@ -498,9 +519,62 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
 
     def clear_store_problem(self) -> None:
         """Hide the storage banner (the user dismissed it, or the store works again). While
-        chats are kept in memory only the status bar keeps saying so."""
+        chats are kept in memory only the status bar keeps saying so; kept writes are still
+        tried again (:meth:`retry_saves`)."""
         self.store_banner.setText("")
         self.store_banner_row.hide()
+
+    def keep_unsaved(self, pending, error: str) -> None:
+        """A turn's final write failed because the store could not write (``pending``, an
+        ``app.chat.stored_turn.PendingWrite``; ``error`` names the cause and the folder):
+        keep it, try it again every :data:`SAVE_RETRY_MS` ms (:meth:`retry_saves`) and say
+        so in the storage banner, with Retry now."""
+        self.pending_writes.add(pending)
+        self.retry_timer.start()
+        self.store_retry.show()
+        self.show_store_problem(
+            f"Could not save {pending.what}: {error}. It stays on screen (copy it, or export "
+            "the chat), and it is saved as soon as there is room: the app tries again every "
+            f"{SAVE_RETRY_MS / 1000:g} s (Retry now tries at once)")
+
+    def retry_saves(self) -> bool:
+        """Try the kept writes again (``PendingWrites.retry``, oldest first). When all are
+        stored the timer stops and the storage banner says so, then goes after
+        :data:`SAVED_NOTE_MS` ms; when one still fails the banner names its cause. Returns
+        True when nothing is left to write."""
+        if not len(self.pending_writes):
+            self.retry_timer.stop()
+            self.store_retry.hide()
+            return True
+        error = self.pending_writes.retry(self.store.db)
+        if error is None:
+            self.retry_timer.stop()
+            self.store_retry.hide()
+            self.say_saved("Saved: the reply that could not be saved is stored now")
+            return True
+        if self.store_retry.isVisibleTo(self) and str(error) not in self.store_banner.text():
+            self.show_store_problem(f"Still not saved: {error}. The app tries again every "
+                                    f"{SAVE_RETRY_MS / 1000:g} s (Retry now tries at once)")
+        return False
+
+    def say_saved(self, text: str) -> None:
+        """Say in the storage banner that what could not be saved is stored now (a quiet
+        note that goes after :data:`SAVED_NOTE_MS` ms, unless something replaced it)."""
+        log.info("storage banner: %s", text)
+        shown = sentence(text)
+        self.store_banner.setText(shown)
+        self.store_banner.setProperty("kind", "note")
+        self.store_banner.setAccessibleName("Storage")
+        self.store_banner.style().unpolish(self.store_banner)
+        self.store_banner.style().polish(self.store_banner)
+        self.store_banner_row.show()
+        self.flash(shown, SAVED_NOTE_MS)
+
+        def clear() -> None:
+            if self.store_banner.text() == shown:
+                self.clear_store_problem()
+
+        QTimer.singleShot(SAVED_NOTE_MS, self, clear)
 
     # ------------------------------------------------------------------ conversations
     def _refresh_list(self) -> None:
@@ -555,6 +629,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.conv = conv
         self._refresh_list()
         self.chat.expanded = set()
+        self.chat.earlier_steps = 0
         self.chat.follow = True
         self.chat.render(conv)
         last = next((m for m in reversed(conv.messages) if m.role == "assistant"), None) \
@@ -764,9 +839,12 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
                 self._run.interrupted = True
             self.wait_until_idle(timeout_ms)
         self.timer.stop()
+        self.retry_timer.stop()
         self.save_layout()
         self.stop_serving()
         self.workers.stop(timeout_ms)
+        if len(self.pending_writes):  # a last try; else the rows are ``interrupted`` next time
+            self.pending_writes.retry(self.store.db)
         try:
             self.store.close()
         except Exception:
