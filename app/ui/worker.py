@@ -25,8 +25,8 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
