@@ -14,7 +14,9 @@ appended to the drafter's cache plus one forward over the block), the verify
 (``GDNTape.rollback`` and ``trim_attention``). Acceptance is fixed, not measured: every cycle
 commits ``--accepted + 1`` tokens whatever the drafts are, so tau is the same at every length
 and only the context length differs between rows. Medians over the cycles, after 3 untimed
-ones.
+ones. With ``--concat`` the drafter's old join of context and block K/V runs beside the
+current one, each on its own caches, their cycles alternating (a busy machine slows both
+alike).
 
 The bundled demo pair's context is 4,096 tokens (``max_position_embeddings``): rows past it
 run the same weights at positions the model was not trained for; the arithmetic (and so the
@@ -36,59 +38,89 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def measure(target, drafter, length: int, cycles: int, accepted: int, block: int,
-            warm: int = 3, seed: int = 0) -> dict:
-    """Per-stage medians (ms) of ``cycles`` fixed-acceptance cycles after a ``length``-token
-    prefill (see the module doc)."""
-    import mlx.core as mx
+class Cycles:
+    """A ``length``-token context on the target and the drafter, and fixed-acceptance cycles
+    over it (see the module doc); :meth:`step` runs one cycle and returns its stages'
+    seconds."""
 
-    from app.engine.target import TargetRunner, cache_arrays, trim_attention
+    def __init__(self, target, drafter, length: int, accepted: int, block: int,
+                 seed: int = 0):
+        import mlx.core as mx
 
-    runner = TargetRunner(target.model, target.model_type)
-    dmodel = drafter.model
-    taps = list(drafter.config.target_layer_ids)
-    vocab = runner.vocab_size
-    mx.random.seed(seed)
-    ids = mx.random.randint(4, vocab, (length,)).astype(mx.int32)
-    cache, dcache = runner.make_cache(), dmodel.make_cache()
-    t0 = time.perf_counter()
-    for a in range(0, length, 512):
-        _, ctx = runner.forward(ids[None, a:a + 512], cache, taps=taps, all_logits=False)
-        dmodel.extend_context(ctx, dcache)
-        mx.eval(cache_arrays(cache), cache_arrays(dcache))
-    prefill_s = time.perf_counter() - t0
-    n = accepted + 1
-    ctx_taps = None
-    pending = 5
-    stages: dict[str, list[float]] = {"draft": [], "verify": [], "rollback": []}
-    for i in range(warm + cycles):
+        from app.engine.target import TargetRunner, cache_arrays
+
+        self.runner = runner = TargetRunner(target.model, target.model_type)
+        self.dmodel = drafter.model
+        self.taps = list(drafter.config.target_layer_ids)
+        self.n, self.block = accepted + 1, block
+        mx.random.seed(seed)
+        ids = mx.random.randint(4, runner.vocab_size, (length,)).astype(mx.int32)
+        self.cache, self.dcache = runner.make_cache(), self.dmodel.make_cache()
         t0 = time.perf_counter()
-        drafts = dmodel.draft(runner, pending, block, ctx_taps, dcache)
+        for a in range(0, length, 512):
+            _, ctx = runner.forward(ids[None, a:a + 512], self.cache, taps=self.taps,
+                                    all_logits=False)
+            self.dmodel.extend_context(ctx, self.dcache)
+            mx.eval(cache_arrays(self.cache), cache_arrays(self.dcache))
+        self.prefill_s = time.perf_counter() - t0
+        self.ctx_taps = None
+        self.pending = 5
+
+    def step(self) -> tuple[float, float, float]:
+        """One cycle: (draft, verify, rollback) seconds, each stage waited for."""
+        import mlx.core as mx
+
+        from app.engine.target import cache_arrays, trim_attention
+
+        runner, n = self.runner, self.n
+        t0 = time.perf_counter()
+        drafts = self.dmodel.draft(runner, self.pending, self.block, self.ctx_taps, self.dcache)
         mx.eval(drafts)
         t1 = time.perf_counter()
-        block_ids = mx.concatenate([mx.array([pending], dtype=mx.int32),
+        block_ids = mx.concatenate([mx.array([self.pending], dtype=mx.int32),
                                     drafts.astype(mx.int32)])[None]
         tapes: list | None = [] if runner.hybrid else None
-        logits, vtaps = runner.forward(block_ids, cache, taps=taps, tapes=tapes)
+        logits, vtaps = runner.forward(block_ids, self.cache, taps=self.taps, tapes=tapes)
         mx.eval(logits, vtaps)
         t2 = time.perf_counter()
         for tape in tapes or ():
             tape.rollback(n)
-        trim_attention(cache, runner.linear, block - n)
-        mx.eval(cache_arrays(cache))
+        trim_attention(self.cache, runner.linear, self.block - n)
+        mx.eval(cache_arrays(self.cache))
         t3 = time.perf_counter()
-        ctx_taps = vtaps[:, :n]
-        pending = int(mx.argmax(logits[0, n - 1]).item())
-        if i >= warm:
-            stages["draft"].append(t1 - t0)
-            stages["verify"].append(t2 - t1)
-            stages["rollback"].append(t3 - t2)
-    out = {k: statistics.median(v) * 1000 for k, v in stages.items()}
-    out["cycle"] = sum(out.values())
-    out["drafter_cache_rows"] = int(sum(c.size for c in dcache))
-    out["drafter_cache_mib"] = sum(c.nbytes for c in dcache) / 2**20
-    out["prefill_s"] = prefill_s
-    return out
+        self.ctx_taps = vtaps[:, :n]
+        self.pending = int(mx.argmax(logits[0, n - 1]).item())
+        return t1 - t0, t2 - t1, t3 - t2
+
+    def row(self, times: list[tuple[float, float, float]]) -> dict:
+        """Per-stage medians (ms) of ``times``, the drafter cache's size, the prefill's s."""
+        out = {k: statistics.median(t[i] for t in times) * 1000
+               for i, k in enumerate(("draft", "verify", "rollback"))}
+        out["cycle"] = out["draft"] + out["verify"] + out["rollback"]
+        out["drafter_cache_rows"] = int(sum(c.size for c in self.dcache))
+        out["drafter_cache_mib"] = sum(c.nbytes for c in self.dcache) / 2**20
+        out["prefill_s"] = self.prefill_s
+        return out
+
+
+def measure(target, drafter, length: int, cycles: int, accepted: int, block: int,
+            variants: tuple[str, ...] = ("with_block",), warm: int = 3) -> list[dict]:
+    """One row per variant: per-stage medians (ms) of ``cycles`` cycles after ``warm``
+    untimed ones. Several variants run their cycles alternately (each on its own caches),
+    so a busy machine slows them alike."""
+    runs = {}
+    for v in variants:
+        with _joined_by(v):
+            runs[v] = Cycles(target, drafter, length, accepted, block)
+    times: dict[str, list] = {v: [] for v in variants}
+    for i in range(warm + cycles):
+        order = variants if i % 2 == 0 else variants[::-1]
+        for v in order:
+            with _joined_by(v):
+                t = runs[v].step()
+            if i >= warm:
+                times[v].append(t)
+    return [{**runs[v].row(times[v]), "variant": v} for v in variants]
 
 
 @contextlib.contextmanager
@@ -160,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{'cycle ms':>9} {'drafter K/V rows':>17} {'MiB':>6}")
     rows = []
     for length in args.lengths:
-        for variant in ("with_block", "concat") if args.concat else ("with_block",):
-            with _joined_by(variant):
-                r = measure(target, drafter, length, args.cycles, args.accepted, args.block)
-            r["context"], r["variant"] = length, variant
+        variants = ("with_block", "concat") if args.concat else ("with_block",)
+        for r in measure(target, drafter, length, args.cycles, args.accepted, args.block,
+                         variants):
+            r["context"] = length
+            variant = r["variant"]
             rows.append(r)
             mark = "*" if length > ctx else " "
             print(f"{length:>7,}{mark} {r['draft']:>9.2f} {r['verify']:>10.2f} "
