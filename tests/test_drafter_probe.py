@@ -142,6 +142,8 @@ def test_the_window_names_an_unfit_drafter_once_its_pair_loads(qtbot, qs, unfit_
         dlg = ModelsDialog(None, catalog, lambda spec: None, probes=win.drafter_probes)
         qtbot.addWidget(dlg)
         assert dlg.select_target(str(unfit_dirs[0]))
+        assert dlg.targets.currentItem().text(3) == (
+            f"{unfit_dirs[1].name} (does not fit this target: 0% accepted on a probe)")
         assert "does not fit this target: 0% accepted on a probe" in \
             dlg.drafter_combo.currentText()
         assert dlg.probe_label.text().startswith(
@@ -161,6 +163,7 @@ def test_models_window_without_a_probe_says_nothing_of_fit(qtbot, tmp_path, unfi
     dlg = ModelsDialog(None, catalog, lambda spec: None, probes={fits.key: fits})
     qtbot.addWidget(dlg)
     assert dlg.select_target(str(unfit_dirs[0]))
+    assert dlg.targets.currentItem().text(3) == unfit_dirs[1].name
     assert "probe" not in dlg.drafter_combo.currentText()
     assert dlg.probe_label.text() == ""
     assert fits.label() == "drafter fit: 71% accepted on a probe"

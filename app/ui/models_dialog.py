@@ -298,7 +298,8 @@ class ModelsDialog(QDialog):
         self.targets.clear()
         for t in scan.targets:
             fits = self.catalog.drafters_for(t)
-            dflash = ", ".join(d.name for d in fits) if fits else "plain only"
+            dflash = ", ".join(d.name + self._probe_suffix(t, d) for d in fits) if fits \
+                else "plain only"
             item = QTreeWidgetItem([t.name, SOURCE_LABELS[t.source], format_bytes(t.size_bytes),
                                     dflash, str(t.path)])
             item.setData(0, ROLE_ENTRY, t)
@@ -394,6 +395,12 @@ class ModelsDialog(QDialog):
         from app.chat.drafter_probe import pair_key
 
         return self.probes.get(pair_key(target.path, drafter.path))
+
+    def _probe_suffix(self, target: ModelEntry, drafter: ModelEntry) -> str:
+        """`` (drafter fit: 100% accepted on a probe)`` after a probed drafter's name in the
+        targets list ("" when not probed)."""
+        probe = self.probe_for(target, drafter)
+        return f" ({probe.label()})" if probe is not None else ""
 
     def _on_drafter_changed(self) -> None:
         self._update_estimate()
