@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 from app.engine.modes import DRAFTING_MODES
 
@@ -174,19 +175,45 @@ UNFIT_MIN_CYCLES = 3
 """Cycles a reply needs before its acceptance says anything about the drafter."""
 
 
-def unfit_drafter_note(summary, drafter_name: str | None) -> str | None:
-    """The note for a DFlash or DFlash2 reply whose drafter looks unfit for the target, or
-    None: acceptance below :data:`UNFIT_ACCEPTANCE` over at least :data:`UNFIT_MIN_CYCLES`
-    cycles. ``summary``: the reply's ``app.engine.events.Summary`` (whole reply)."""
-    if summary is None or summary.mode not in DRAFTING_MODES:
-        return None
-    rate = summary.acceptance_rate
-    if rate is None or summary.cycles < UNFIT_MIN_CYCLES or rate >= UNFIT_ACCEPTANCE:
-        return None
+FitVerdict = Literal["fits", "unfit", "unknown"]
+"""Whether a drafter fits its target by its acceptance: ``fits``, ``unfit`` (below
+:data:`UNFIT_ACCEPTANCE`), or ``unknown`` (fewer than :data:`UNFIT_MIN_CYCLES` cycles, or no
+rate)."""
+
+
+def fit_verdict(acceptance_rate: float | None, cycles: int) -> FitVerdict:
+    """The one rule for a drafter's fit, for a reply and for the probe after a load
+    (:mod:`app.chat.drafter_probe`): ``unfit`` when ``acceptance_rate`` (a fraction of the
+    drafted tokens) is below :data:`UNFIT_ACCEPTANCE` over at least :data:`UNFIT_MIN_CYCLES`
+    ``cycles``; ``fits`` at or above it over as many; else ``unknown``."""
+    if acceptance_rate is None or cycles < UNFIT_MIN_CYCLES:
+        return "unknown"
+    return "unfit" if acceptance_rate < UNFIT_ACCEPTANCE else "fits"
+
+
+def unfit_note_text(drafter_name: str | None, acceptance_rate: float, accepted: int,
+                    drafted: int, cycles: int, where: str = "in this reply") -> str:
+    """The lasting note naming a drafter that does not fit its target, shown after a reply
+    (:func:`unfit_drafter_note`) and after a load whose probe says so (``where`` "on a short
+    probe after loading"): its acceptance (a fraction), ``accepted`` of ``drafted`` tokens
+    over ``cycles`` cycles."""
     name = f"The drafter {drafter_name}" if drafter_name else "The drafter"
-    return (f"{name} had {rate * 100:.0f}% of its drafts accepted in this reply ("
-            f"{summary.accepted} of {summary.drafted} over {summary.cycles} cycles): it "
+    return (f"{name} had {acceptance_rate * 100:.0f}% of its drafts accepted {where} ("
+            f"{accepted} of {drafted} over {cycles} cycles): it "
             "probably does not fit this target (made for another model, or not a trained "
             "drafter), and DFlash is slower than plain with it. Choose a drafter made for this "
             "target in Models, or use Plain.")
 
+
+def unfit_drafter_note(summary, drafter_name: str | None) -> str | None:
+    """The note for a DFlash or DFlash2 reply whose drafter looks unfit for the target, or
+    None: :func:`fit_verdict` says ``unfit`` (acceptance below :data:`UNFIT_ACCEPTANCE` over
+    at least :data:`UNFIT_MIN_CYCLES` cycles). ``summary``: the reply's
+    ``app.engine.events.Summary`` (whole reply)."""
+    if summary is None or summary.mode not in DRAFTING_MODES:
+        return None
+    rate = summary.acceptance_rate
+    if fit_verdict(rate, summary.cycles) != "unfit":
+        return None
+    return unfit_note_text(drafter_name, rate, summary.accepted, summary.drafted,
+                           summary.cycles)

@@ -123,6 +123,15 @@ class ModelInfo:
     drafter2_name: str | None = None
     """The DFlash2 drafter loaded beside a DFlash one (``PairSpec.drafter2``), else None."""
     drafter2_path: str | None = None
+    drafter_probes: tuple = ()
+    """The fit probe of each loaded drafter (:class:`app.chat.drafter_probe.DrafterProbe`,
+    :meth:`ChatSession.probe_drafters`), the DFlash drafter's first; empty until probed."""
+
+    @property
+    def unfit_note(self) -> str | None:
+        """The lasting note for the first probed drafter that does not fit (the live check's
+        text), else None."""
+        return next((p.note() for p in self.drafter_probes if p.verdict == "unfit"), None)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -259,6 +268,22 @@ class ChatSession:
         short = not (force or needs_warm_up())
         return warm_up(self.target, [self.drafter, self.drafter2],
                        **({"max_tokens": CPU_WARM_UP_TOKENS} if short else {})).seconds
+
+    def probe_drafters(self) -> list:
+        """Probe each loaded drafter's fit (:func:`app.chat.drafter_probe.probe_drafter`: a
+        few greedy cycles on a fixed short prompt; no prompt cache is touched).
+
+        Returns:
+            One :class:`app.chat.drafter_probe.DrafterProbe` per loaded drafter (the DFlash
+            drafter's, then the DFlash2 one's); empty with no drafter or no pair.
+        """
+        check_engine_thread()
+        from app.chat.drafter_probe import probe_drafter
+
+        if self.target is None:
+            return []
+        return [probe_drafter(self.target, d) for d in (self.drafter, self.drafter2)
+                if d is not None]
 
     def set_prefix_cache_bytes(self, n: int | None) -> None:
         """Bound the prefix cache's saved conversation states to ``n`` bytes (None: the

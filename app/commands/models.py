@@ -27,6 +27,10 @@ def _print_text(report: dict) -> None:
             print("    no DFlash drafter fits: plain decoding only")
         for nf in t["not_fitting"]:
             print(f"    does not fit: {nf['name']}: {nf['reason']}")
+        for p in t.get("drafter_probes", []):
+            extra = (f" (tau {p['tau']:.1f}, {p['cycles']} cycles, {p['seconds']:.2f} s)"
+                     if p["cycles"] else "")
+            print(f"    probe with {p['drafter_name']}: {p['label']}{extra}")
     print("Drafters:")
     if not report["drafters"]:
         print("  (none)")
@@ -76,6 +80,8 @@ def _run_models(args: argparse.Namespace) -> int:
             return code
         catalog.refresh()
     report = catalog_report(catalog)
+    if args.probe is not None:
+        _probe_pairs(catalog, report, args.probe)
     if catalog.folders_error:
         print(f"warning: {catalog.folders_error}", file=sys.stderr)
     if args.json:
@@ -83,6 +89,59 @@ def _run_models(args: argparse.Namespace) -> int:
     else:
         _print_text(report)
     return 0
+
+
+def _probe_pairs(catalog: Catalog, report: dict, names: list[str]) -> None:
+    """``--probe``: load each listed target (those named in ``names``, by name, repo id or
+    path; every one when empty) with each DFlash or DFlash2 drafter that fits it, one pair at
+    a time, and run the drafter fit probe (:func:`app.chat.drafter_probe.probe_drafter`);
+    each result goes into the target's ``drafter_probes`` as
+    :meth:`~app.chat.drafter_probe.DrafterProbe.to_dict`. A pair that fails to load gets an
+    ``unknown`` verdict with the message in ``error``. Progress lines go to stderr."""
+    from app.chat.drafter_probe import DrafterProbe, pair_key, probe_drafter
+    from app.models import loader
+
+    entries = {str(t.path): t for t in catalog.scan().targets}
+    for item in report["targets"]:
+        entry = entries.get(item["path"])
+        if entry is None or (names and not {item["name"], item.get("repo_id"),
+                                            item["path"]} & set(names)):
+            continue
+        drafters = [c.drafter for c in catalog.pair_checks(entry) if c.fits]
+        if not drafters:
+            continue
+        print(f"probing {item['name']} with {len(drafters)} drafter"
+              f"{'' if len(drafters) == 1 else 's'}…", file=sys.stderr)
+        try:
+            target = loader.load_target(entry.path)
+        except EngineError as exc:
+            item["drafter_probes"] = [DrafterProbe(*pair_key(entry.path, d.path), d.name,
+                                                   "unknown", error=str(exc)).to_dict()
+                                      for d in drafters]
+            continue
+        probes = []
+        for d in drafters:
+            try:
+                drafter = loader.load_drafter(d.path)
+                loader.check_pair(target, drafter)
+                probes.append(probe_drafter(target, drafter).to_dict())
+            except EngineError as exc:
+                probes.append(DrafterProbe(*pair_key(entry.path, d.path), d.name, "unknown",
+                                           error=str(exc)).to_dict())
+            drafter = None
+        item["drafter_probes"] = probes
+        target = None
+        _release_memory()
+
+
+def _release_memory() -> None:
+    """Drop MLX's buffer cache after a probed pair (the next one loads on a clean slate)."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
 
 
 def _download_cli(repos: list[str]) -> int:
@@ -114,7 +173,8 @@ def _download_cli(repos: list[str]) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``models [--json] [--add-folder DIR] [--remove-folder DIR] [--download REPO...]``."""
+    """Add ``models [--json] [--probe [TARGET...]] [--add-folder DIR] [--remove-folder DIR]
+    [--download REPO...]``."""
     p = subparsers.add_parser(
         "models",
         help="list targets and DFlash drafters (bundled, folders, HF cache) and which fit",
@@ -122,6 +182,16 @@ def register(subparsers) -> None:
         "cache), path and size on disk, and for each target the drafters that fit it.",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--probe",
+        nargs="*",
+        metavar="TARGET",
+        help="load each target (or only those named, by name, repo id or path) with each "
+        "drafter that fits it and run a short greedy DFlash probe (3 cycles on a fixed "
+        "prompt): does the drafter fit? Loads the models, so it takes as long as loading "
+        "them; the listing alone reads only config files. The results go in each target's "
+        "drafter_probes (JSON) or a 'probe with' line",
+    )
     p.add_argument("--add-folder", metavar="DIR", help="add a model folder (persisted)")
     p.add_argument("--remove-folder", metavar="DIR", help="forget a model folder")
     p.add_argument(

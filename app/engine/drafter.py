@@ -356,6 +356,28 @@ class DraftContextCache:
             return None, None
         return self.keys[..., a : self.size, :], self.values[..., a : self.size, :]
 
+    def with_block(self, lo: int, keys: mx.array, values: mx.array
+                   ) -> tuple[mx.array, mx.array]:
+        """K/V of the held positions ``max(lo, start) .. offset - 1`` followed by a block's
+        ``keys``/``values`` ``(B, n_kv_heads, L, head_dim)``: what :meth:`fetch` gives,
+        concatenated with the block, along axis 2.
+
+        Where the buffers have room for ``L`` rows past ``offset``, the block is written
+        there (scratch rows: ``offset`` does not move, the next :meth:`append` overwrites
+        them) and views of the buffers are returned, so a cycle does not copy every context
+        row into a new array; otherwise (no room, or nothing held) the arrays are
+        concatenated. Both give the same values in the same order."""
+        a = max(lo, self.start) - self.start
+        if self.keys is None or a >= self.size:
+            return keys, values
+        n, count = self.size, keys.shape[2]
+        if n + count > self.keys.shape[2]:
+            return (mx.concatenate([self.keys[..., a:n, :], keys], axis=2),
+                    mx.concatenate([self.values[..., a:n, :], values], axis=2))
+        self.keys[..., n : n + count, :] = keys
+        self.values[..., n : n + count, :] = values
+        return self.keys[..., a : n + count, :], self.values[..., a : n + count, :]
+
     def is_trimmable(self) -> bool:
         """Always True (mlx-lm's cache protocol)."""
         return True
@@ -443,13 +465,8 @@ class DraftAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=start)
         k_blk, v_blk = self._kv(x, start)
-        lo = cache.visible_start(start)
-        k_ctx, v_ctx = cache.fetch(lo)
-        if k_ctx is not None:
-            keys = mx.concatenate([k_ctx, k_blk], axis=2)
-            values = mx.concatenate([v_ctx, v_blk], axis=2)
-        else:
-            keys, values = k_blk, v_blk
+        # [context rows this block sees; block], without copying the context rows
+        keys, values = cache.with_block(cache.visible_start(start), k_blk, v_blk)
         mask = attention_visibility(
             start, L, start + L - keys.shape[2], keys.shape[2], self.window, self.causal
         )

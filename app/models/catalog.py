@@ -944,7 +944,8 @@ def catalog_report(catalog: Catalog) -> dict:
 
     Keys: ``cache_dir``, ``folders``, ``targets`` (each with ``drafters``: names that fit,
     ``not_fitting``: ``{name, field, reason}``, and ``memory``: :class:`MemoryEstimate` as a
-    dict for the target with its first fitting drafter), ``drafters``, ``known_pairs`` (with whether
+    dict for the target with its first fitting drafter; ``drafter_probes``: empty here,
+    the fit probes of its pairs with ``models --probe``), ``drafters``, ``known_pairs`` (with whether
     each repo is in the cache), ``skipped`` (``{path, reason}``).
     """
     scan = catalog.scan()
@@ -961,6 +962,7 @@ def catalog_report(catalog: Catalog) -> dict:
             for c in checks
             if not c.fits
         ]
+        item["drafter_probes"] = []  # filled by `models --probe` (app.commands.models)
         targets.append(item)
     return {
         "cache_dir": str(scan.cache_dir) if scan.cache_dir else None,

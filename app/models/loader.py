@@ -331,6 +331,30 @@ class LoadedDrafter:
         return drafter_mode(self.config)
 
 
+TOKENIZER_NO_LIMIT = int(1e30)
+"""The ``model_max_length`` transformers itself gives a tokenizer that names none."""
+
+
+def lift_tokenizer_length_limit(tokenizer) -> None:
+    """Stop transformers warning "Token indices sequence length is longer than the specified
+    maximum sequence length for this model" on stderr for every long prompt.
+
+    The app checks a prompt against the model's context itself (``LoadedTarget.context_length``,
+    ``app.chat.history`` fits the history into it and says what it left out; the engine raises
+    ``PromptTooLongError``), so the tokenizer's ``model_max_length`` (a value from
+    ``tokenizer_config.json``, often smaller than the context, e.g. the demo's 4,096 or a
+    Qwen tokenizer's 131,072 under a larger RoPE-scaled context) only produced that warning:
+    the app never asks the tokenizer to truncate. ``tokenizer``: mlx-lm's
+    ``TokenizerWrapper`` (its ``_tokenizer`` is the transformers tokenizer) or a transformers
+    tokenizer; anything without ``model_max_length`` is left alone."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    if hasattr(inner, "model_max_length"):
+        try:
+            inner.model_max_length = TOKENIZER_NO_LIMIT
+        except (AttributeError, TypeError):  # a read-only attribute: keep the warning
+            pass
+
+
 def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
                 keep_quantized: bool | None = None) -> LoadedTarget:
     """Load a target with mlx-lm's loader from a folder or a cached Hugging Face repo id.
@@ -429,6 +453,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     use_row_stable_products(model)  # CUDA: plain steps and verify passes multiply alike
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    lift_tokenizer_length_limit(tokenizer)
     return LoadedTarget(
         model=model,
         tokenizer=tokenizer,

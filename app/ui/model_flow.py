@@ -141,7 +141,7 @@ class ModelFlow:
 
         try:
             catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
-            dlg = ModelsDialog(self, catalog, self.load_model)
+            dlg = ModelsDialog(self, catalog, self.load_model, probes=self.drafter_probes)
         except Exception as exc:  # the window stays usable whatever the scan hits
             log.exception("models dialog")
             self.show_banner(f"Could not open the models list: {exc}")
@@ -180,8 +180,12 @@ class ModelFlow:
             self.clear_banner()
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         self.compare_action.setText(self.composer.compare_btn.accessibleName())
-        if info.note:
-            self.show_note(info.note)
+        for probe in getattr(info, "drafter_probes", ()):  # the Models window shows each pair's verdict
+            self.drafter_probes[probe.key] = probe
+        # a drafter whose probe says it does not fit: the live check's lasting note, at once
+        note = " ".join(n for n in (info.note, getattr(info, "unfit_note", None)) if n)
+        if note:
+            self.show_note(note)
         self._on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
             self.flash(

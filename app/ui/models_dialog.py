@@ -158,6 +158,10 @@ class ModelsDialog(QDialog):
         on_load_pair: called with a :class:`~app.chat.session.PairSpec` (paths, display name,
             repo id) when the user loads;
             ``None`` means plain decoding.
+        probes: the drafter fit probes of pairs loaded so far
+            (:class:`~app.chat.drafter_probe.DrafterProbe` by
+            :func:`~app.chat.drafter_probe.pair_key`; the window's, read live): a probed
+            pair's drafter item and the line under the drafter choice say its verdict.
     """
 
     def __init__(
@@ -165,8 +169,10 @@ class ModelsDialog(QDialog):
         parent: QWidget | None,
         catalog: Catalog,
         on_load_pair: Callable[[PairSpec], None],
+        probes: dict | None = None,
     ):
         super().__init__(parent)
+        self.probes = probes if probes is not None else {}
         self.setWindowTitle("Models")
         self.resize(960, 680)
         self.catalog = catalog
@@ -195,7 +201,7 @@ class ModelsDialog(QDialog):
         pick = QHBoxLayout()
         pick.addWidget(QLabel("Drafter:"))
         self.drafter_combo = QComboBox()
-        self.drafter_combo.currentIndexChanged.connect(lambda *_: self._update_estimate())
+        self.drafter_combo.currentIndexChanged.connect(lambda *_: self._on_drafter_changed())
         pick.addWidget(self.drafter_combo, 1)
         self.load_button = QPushButton("Load pair")
         self.load_button.clicked.connect(self.load_selected)
@@ -205,7 +211,10 @@ class ModelsDialog(QDialog):
         self.dflash_reason.setWordWrap(True)
         self.memory_label = QLabel()
         self.memory_label.setWordWrap(True)
+        self.probe_label = QLabel()  # the selected pair's drafter fit probe, when probed
+        self.probe_label.setWordWrap(True)
         layout.addWidget(self.dflash_reason)
+        layout.addWidget(self.probe_label)
         layout.addWidget(self.memory_label)
 
         self.drafters = self._tree(["Drafter", "Source", "Size", "Block", "Path", "Kind"])
@@ -290,7 +299,8 @@ class ModelsDialog(QDialog):
         self.targets.clear()
         for t in scan.targets:
             fits = self.catalog.drafters_for(t)
-            dflash = ", ".join(d.name for d in fits) if fits else "plain only"
+            dflash = ", ".join(d.name + self._probe_suffix(t, d) for d in fits) if fits \
+                else "plain only"
             item = QTreeWidgetItem([t.name, SOURCE_LABELS[t.source], format_bytes(t.size_bytes),
                                     dflash, str(t.path)])
             item.setData(0, ROLE_ENTRY, t)
@@ -355,7 +365,9 @@ class ModelsDialog(QDialog):
                     f"{v1[0].name} + {v2[0].name} (DFlash and DFlash2)", (v1[0], v2[0]))
             for d in fits:
                 kind = "DFlash2" if d.drafter_kind == Mode.DFLASH2 else "DFlash"
-                self.drafter_combo.addItem(f"{d.name} ({kind})", d)
+                probe = self.probe_for(target, d)
+                self.drafter_combo.addItem(
+                    f"{d.name} ({kind})" + (f" · {probe.label()}" if probe else ""), d)
             self.drafter_combo.addItem("None: plain decoding", None)
             reason = self.catalog.dflash_unavailable_reason(target)
             refused = [f"{c.drafter.name}: {c.reason}" for c in checks if not c.fits]
@@ -372,8 +384,39 @@ class ModelsDialog(QDialog):
                 )
             self.drafter_combo.setCurrentIndex(0)
         self.drafter_combo.blockSignals(False)
-        self._update_estimate()
+        self._on_drafter_changed()
         self._update_buttons()
+
+    def probe_for(self, target: ModelEntry | None, drafter: ModelEntry | None):
+        """The fit probe of ``target`` with ``drafter`` (a
+        :class:`~app.chat.drafter_probe.DrafterProbe`), or None when that pair was not
+        probed (not loaded since the app started)."""
+        if target is None or drafter is None:
+            return None
+        from app.chat.drafter_probe import pair_key
+
+        return self.probes.get(pair_key(target.path, drafter.path))
+
+    def _probe_suffix(self, target: ModelEntry, drafter: ModelEntry) -> str:
+        """`` (drafter fit: 100% accepted on a probe)`` after a probed drafter's name in the
+        targets list ("" when not probed)."""
+        probe = self.probe_for(target, drafter)
+        return f" ({probe.label()})" if probe is not None else ""
+
+    def _on_drafter_changed(self) -> None:
+        self._update_estimate()
+        target = self.selected_target()
+        lines = []
+        for d in (self.selected_drafter(), self.selected_drafter2()):
+            probe = self.probe_for(target, d)
+            if probe is not None:
+                lines.append(f"{d.name}: {probe.label()} ({probe.tau or 0:.1f} tokens per "
+                             f"cycle over {probe.cycles} cycles, when it was loaded).")
+        self.probe_label.setText("\n".join(lines))
+        unfit = any(self.probe_for(target, d) is not None
+                    and self.probe_for(target, d).verdict == "unfit"
+                    for d in (self.selected_drafter(), self.selected_drafter2()))
+        self.probe_label.setStyleSheet("color: #b00020;" if unfit else "")
 
     def dflash_available(self) -> bool:
         """True when the combo offers at least one drafter for the selected target."""

@@ -202,6 +202,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.busy = False
         self.baselines = Baselines()  # plain speeds measured since the app started
         self.slow_streak = SlowStreak()
+        # drafter fit probes of the pairs loaded since the app started, by
+        # app.chat.drafter_probe.pair_key (the Models window shows them)
+        self.drafter_probes: dict = {}
         self._loading = None  # the PairSpec being loaded, None when no load runs
         self._req = 0
         self._run: ReplyRun | None = None

@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -229,7 +230,7 @@ class Worker(QObject):
             self.loadFailed.emit(f"{type(exc).__name__}: {exc}", self._still_loaded())
             return
         self._warm_up(spec)
-        self.loaded.emit(info)
+        self.loaded.emit(self._probe(info))
         self.memory.emit(self.backend.memory_bytes())
 
     def _warm_up(self, spec: PairSpec) -> None:
@@ -250,6 +251,22 @@ class Worker(QObject):
             return
         if seconds is not None:
             log.info("warm-up of %s took %.2f s", spec.label, seconds)
+
+    def _probe(self, info: ModelInfo) -> ModelInfo:
+        """After the warm-up: ``info`` with the drafters' fit probes
+        (``ChatSession.probe_drafters``; :mod:`app.chat.drafter_probe`). A backend without
+        ``probe_drafters``, or a failure, leaves ``info`` as it was."""
+        probe = getattr(self.backend, "probe_drafters", None)
+        if not callable(probe) or not isinstance(info, ModelInfo):
+            return info
+        try:
+            probes = tuple(probe())
+        except Exception:  # the pair is loaded; a failed probe must not undo that
+            log.exception("drafter probe failed")
+            return info
+        for p in probes:
+            log.info("drafter probe of %s: %s (%.2f s)", p.drafter_name, p.label(), p.seconds)
+        return replace(info, drafter_probes=probes)
 
     def _still_loaded(self) -> bool:
         """After a failed load: does the backend still hold a working pair?"""
