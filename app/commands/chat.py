@@ -25,7 +25,7 @@ from app.commands.generation import (
     settings_from_args,
     warm_up_on_gpu,
 )
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTING_MODES, MODES
 
 
 def register(subparsers) -> None:
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
         "print it with its figures.",
     )
     _add_common(chat)
-    chat.add_argument("--mode", choices=["plain", "dflash", "dflash2"], default="dflash",
+    chat.add_argument("--mode", choices=[m.value for m in MODES], default="dflash",
                       help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter: "
                       "on the bundled demo pair its bundled one, else --draft-model)")
     chat.set_defaults(func=run_chat)

@@ -109,7 +109,7 @@ class Summary:
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     """
 
-    mode: Literal["plain", "dflash", "dflash2"] = "plain"
+    mode: str = Mode.PLAIN.value  # a Mode (app.engine.modes)
     prompt_tokens: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0

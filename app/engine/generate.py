@@ -99,7 +99,7 @@ class GenerationConfig:
             depend on it.
     """
 
-    mode: Literal["plain", "dflash", "dflash2"] = "plain"
+    mode: str = Mode.PLAIN.value  # a Mode (app.engine.modes)
     max_tokens: int = 256
     block_size: int | None = None
     rollback: Literal["tape", "replay"] = "tape"

@@ -42,7 +42,7 @@ from app.chat.stored_turn import (
 )
 from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
-from app.engine.modes import DRAFTING_MODES, Mode
+from app.engine.modes import DRAFTING_MODES, MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
@@ -92,8 +92,8 @@ class ReplyFlow:
         """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
         drafter too), each from the same prompt; show them side by side."""
         modes = set(self.model.modes) if self.model is not None else set()
-        return self._start(text, ["plain", "dflash", "dflash2"]
-                           if {"dflash", "dflash2"} <= modes else ["plain", "dflash"])
+        sides = MODES if set(DRAFTING_MODES) <= modes else (Mode.PLAIN, Mode.DFLASH)
+        return self._start(text, [str(m) for m in sides])
 
     def regenerate(self) -> bool:
         """Generate a new version of the last reply in the selected mode; the earlier
