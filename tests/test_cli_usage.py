@@ -189,3 +189,24 @@ def test_serve_on_a_busy_port_says_so_before_loading(capsys):
     # the model (missing here) is not even looked at: the address comes first
     assert code == 2 and err.strip() == f"error: cannot listen on 127.0.0.1:{port}: the port " \
         "is in use"
+
+
+def test_the_other_commands_work_without_the_servers_packages():
+    """Only ``serve`` needs Starlette and uvicorn: the parser and every other command load
+    without them (a GPU host given MLX alone runs ``python -m app compare``)."""
+    import subprocess
+    import sys
+
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def imp(name, *a, **k):\n"
+            "    if name.split('.')[0] in ('uvicorn', 'starlette'):\n"
+            "        raise ImportError('no ' + name)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = imp\n"
+            "from app.cli import main\n"
+            "sys.exit(main(['chat', '--help']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--mode" in done.stdout

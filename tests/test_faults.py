@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
+from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -434,29 +436,41 @@ def test_every_write_failure_names_its_cause(tmp_path, name, cause):
     assert "low-level text" not in str(err) or cause == "other"
 
 
+LONG_ANSWER = "A long answer. " * 4000
+
+
+def _long_reply_on_a_small_disk(qtbot, qs, small_disk):
+    """A window on a store in ``small_disk``: one short chat answered, then a long reply
+    started in a new chat. Returns (TurnStore, window, the first chat's id, that chat's
+    rows as (id, role, content, status))."""
+    from app.chat.scripted import ScriptedTurn
+    from app.chat.turns import TurnStore
+
+    store = TurnStore(small_disk / "conversations.db")
+    store.db.partial_interval_s = 0.0  # every event saves the growth
+    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), ScriptedTurn("", LONG_ANSWER)],
+                              cycles=None, chunk_chars=600, delay_s=0.01)
+    win = make_window(qtbot, qs, backend, store)
+    load_scripted(qtbot, win)
+    send_and_wait(qtbot, win, mode="plain")
+    first = win.conv.id
+    before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
+    win.new_chat()
+    assert win.send("Tell me a long story.")
+    qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+    return store, win, first, before
+
+
 def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot, qs,
                                                                           small_disk):
     """The disk fills while a reply is written: the storage banner says so (the cause and
     the folder) while the reply still runs, the reply's text stays on screen, and the
     earlier chat is intact in the database afterwards."""
-    from app.chat.scripted import ScriptedTurn
     from app.chat.turns import TurnStore
 
     db = small_disk / "conversations.db"
-    store = TurnStore(db)
-    store.db.partial_interval_s = 0.0  # every event saves the growth
-    long_turn = ScriptedTurn("", "A long answer. " * 4000)
-    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), long_turn], cycles=None,
-                              chunk_chars=600, delay_s=0.01)
-    win = make_window(qtbot, qs, backend, store)
+    store, win, first, before = _long_reply_on_a_small_disk(qtbot, qs, small_disk)
     try:
-        load_scripted(qtbot, win)
-        send_and_wait(qtbot, win, mode="plain")
-        first = win.conv.id
-        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
-        win.new_chat()
-        assert win.send("Tell me a long story.")
-        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
         _fill(small_disk)
 
         def said() -> bool:
@@ -491,27 +505,16 @@ def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot,
     on screen and exports whole, Retry now on a still-full disk says it is still not saved,
     and once space returns the app's own retry stores the row with its whole text, the
     banner says so and then goes; the earlier chat is untouched."""
-    from app.chat.scripted import ScriptedTurn
     from app.chat.turns import TurnStore
     from app.ui import window as window_mod
 
     monkeypatch.setattr(window_mod, "SAVE_RETRY_MS", 200)
     monkeypatch.setattr(window_mod, "SAVED_NOTE_MS", 300)
+    answer = LONG_ANSWER
+
     db = small_disk / "conversations.db"
-    store = TurnStore(db)
-    store.db.partial_interval_s = 0.0
-    answer = "A long answer. " * 4000
-    backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), ScriptedTurn("", answer)],
-                              cycles=None, chunk_chars=600, delay_s=0.01)
-    win = make_window(qtbot, qs, backend, store)
+    store, win, first, before = _long_reply_on_a_small_disk(qtbot, qs, small_disk)
     try:
-        load_scripted(qtbot, win)
-        send_and_wait(qtbot, win, mode="plain")
-        first = win.conv.id
-        before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
-        win.new_chat()
-        assert win.send("Tell me a long story.")
-        qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
         row_id = win._run.msg.ids[win._run.key]
         _fill(small_disk)
         qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
@@ -759,20 +762,11 @@ def test_the_window_says_int32_weights_failed_to_load_and_keeps_the_pair(qtbot, 
 
 # ------------------------------------------------------------------ huge chats in the view
 def _export_of(contents: list[str]) -> dict:
-    """A conversation export (``app.chat.export`` JSON) of one line of turns: user and reply
-    by turns, ``contents`` their texts."""
-    from app.chat.export import FORMAT, FORMAT_VERSION
+    """tools/bench_huge_chat.py's export of one line of turns with ``contents`` as texts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from bench_huge_chat import export_of
 
-    n = len(contents)
-    return {"format": FORMAT, "format_version": FORMAT_VERSION,
-            "conversation": {"title": "Huge", "created_at": 1.0, "updated_at": 1.0,
-                             "active_root": 1},
-            "messages": [{"id": i, "parent": i - 1 or None,
-                          "active_child": i + 1 if i < n else None,
-                          "role": "user" if i % 2 else "assistant", "content": text,
-                          "mode": None if i % 2 else "plain", "status": "complete",
-                          "created_at": 1.0, "updated_at": 1.0}
-                         for i, text in enumerate(contents, start=1)]}
+    return export_of(contents)
 
 
 def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp_path):

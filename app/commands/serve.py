@@ -31,7 +31,7 @@ the process list)."""
 
 def register(subparsers) -> None:
     """Add the ``serve`` subcommand."""
-    from app.serve.server import DEFAULT_GRACE_S, DEFAULT_HOST, DEFAULT_PORT
+    from app.serve import DEFAULT_GRACE_S, DEFAULT_HOST, DEFAULT_PORT
 
     p = subparsers.add_parser(
         "serve", help="a local OpenAI-compatible server (/v1/chat/completions)",

@@ -16,3 +16,8 @@
 docs/serve.md describes the endpoints and where they differ from OpenAI's, mlx-lm's and
 llama.cpp's servers.
 """
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_GRACE_S = 10.0
+"""Seconds a running reply may go on after SIGTERM before it is cancelled."""

@@ -23,15 +23,12 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from app.serve import DEFAULT_GRACE_S, DEFAULT_HOST, DEFAULT_PORT  # noqa: F401 (re-exported)
 from app.serve.api import ServeOptions, create_app
 from app.serve.worker import JobQueue
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
-DEFAULT_GRACE_S = 10.0
-"""Seconds a running reply may go on after SIGTERM before it is cancelled."""
 
 
 class ServeConfigError(ValueError):
