@@ -23,6 +23,14 @@ def test_the_table():
     assert label("dflash2") == "DFlash2" and label("lookup") == "lookup"
 
 
+def test_the_type_names_the_same_values():
+    from typing import get_args
+
+    from app.engine.modes import ModeName
+
+    assert get_args(ModeName) == tuple(m.value for m in MODES)
+
+
 def test_parse_names_the_modes():
     assert Mode.parse("dflash2") is Mode.DFLASH2
     with pytest.raises(ValueError, match="plain, dflash, dflash2, not 'fast'"):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from app.engine.modes import DRAFTING_MODES, Mode
+from app.engine.modes import DRAFTING_MODES, Mode, ModeName
 
 StopCause = Literal["end_token", "length", "cancelled", "error"]
 
@@ -109,7 +109,7 @@ class Summary:
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     """
 
-    mode: str = Mode.PLAIN.value  # a Mode (app.engine.modes)
+    mode: ModeName = Mode.PLAIN.value
     prompt_tokens: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0

@@ -57,7 +57,7 @@ from app.engine import dflash2 as _d2
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
-from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
+from app.engine.modes import DRAFTING_MODES, Mode, ModeName, drafter_mode
 from app.engine.prefix import PromptCache
 from app.engine.rollback import STRATEGIES, VerifyCheckpoint
 from app.engine.target import TargetRunner, cache_arrays
@@ -99,7 +99,7 @@ class GenerationConfig:
             depend on it.
     """
 
-    mode: str = Mode.PLAIN.value  # a Mode (app.engine.modes)
+    mode: ModeName = Mode.PLAIN.value
     max_tokens: int = 256
     block_size: int | None = None
     rollback: Literal["tape", "replay"] = "tape"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ TABLE: dict[Mode, ModeSpec] = {
     Mode.DFLASH2: ModeSpec("DFlash2", drafts=True),
 }
 """Every mode's row; a new mode is one member of :class:`Mode` and one row here."""
+
+ModeName = Literal["plain", "dflash", "dflash2"]
+"""The modes' values as a type (for records checked by their type hints, e.g. an imported
+``Summary``); :data:`MODES` holds the same values (``tests/test_modes.py``)."""
 
 MODES: tuple[Mode, ...] = tuple(Mode)
 """Every mode, in the order the window and the CLI list them."""
