@@ -109,12 +109,9 @@ def pair_key(target_path: str | Path, drafter_path: str | Path) -> tuple[str, st
 def probe_prompt(target) -> list[int]:
     """:data:`PROBE_TEXT` as the target's chat-template prompt ids (the plain encoding for a
     tokenizer without a template)."""
-    tok = target.tokenizer
-    try:
-        return list(tok.apply_chat_template([{"role": "user", "content": PROBE_TEXT}],
-                                            add_generation_prompt=True))
-    except Exception:  # a tokenizer without a chat template
-        return list(tok.encode(PROBE_TEXT))
+    from app.engine.warmup import user_prompt_ids
+
+    return user_prompt_ids(target, PROBE_TEXT)
 
 
 def probe_drafter(target, drafter, cycles: int = PROBE_CYCLES) -> DrafterProbe:

@@ -147,13 +147,15 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
     return built
 
 
-def _prompt_ids(target) -> list[int]:
+def user_prompt_ids(target, text: str) -> list[int]:
+    """``text`` as one user message in the target's chat-template prompt (token ids), or its
+    plain encoding for a tokenizer without a template."""
     tok = target.tokenizer
     try:
-        return list(tok.apply_chat_template([{"role": "user", "content": WARM_UP_TEXT}],
+        return list(tok.apply_chat_template([{"role": "user", "content": text}],
                                             add_generation_prompt=True))
     except Exception:  # a tokenizer without a chat template
-        return list(tok.encode(WARM_UP_TEXT))
+        return list(tok.encode(text))
 
 
 def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
@@ -197,7 +199,7 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         built = _prebuild(target, drafters, later)
     blocks = [int(getattr(d.config, "block_size", 16) or 16) for d in drafters]
     n = max_tokens or 2 * max(blocks or [8]) + 1
-    ids = _prompt_ids(target)
+    ids = user_prompt_ids(target, WARM_UP_TEXT)
     tokens = 0
 
     def one(mode: str, drafter) -> float:
