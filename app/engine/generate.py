@@ -57,9 +57,9 @@ from app.engine import dflash2 as _d2
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
-from app.engine.modes import DRAFTING_MODES, Mode, ModeName, drafter_mode
+from app.engine.modes import DRAFTING_MODES, ROLLBACKS, Mode, ModeName, drafter_mode
 from app.engine.prefix import PromptCache
-from app.engine.rollback import STRATEGIES, VerifyCheckpoint
+from app.engine.rollback import VerifyCheckpoint
 from app.engine.target import TargetRunner, cache_arrays
 from app.engine.threads import check_engine_thread
 
@@ -337,7 +337,7 @@ def generate(
             "DFlash2 mode needs a DFlash2 drafter (DFlash2DraftModel); this one is DFlash: "
             "use mode dflash"
         )
-    if config.rollback not in STRATEGIES:
+    if config.rollback not in ROLLBACKS:
         raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
     block = config.block_size or drafter.config.block_size
     if not 1 <= block <= drafter.config.block_size:

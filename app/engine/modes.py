@@ -14,7 +14,7 @@ dflash2   DFlash2    a DFlash2 one    DFlash with the DFlash2 drafter (its own
 :class:`Mode` is a ``StrEnum``: a member equals (and hashes as) its value, so the values
 stored in the database, written in JSON and typed on the command line are the members
 themselves, and a comparison with a plain string still holds. Code asks the table
-(:attr:`Mode.drafts`, :attr:`Mode.label`, :func:`drafter_mode`) instead of listing modes.
+(:data:`DRAFTING_MODES`, :attr:`Mode.label`, :func:`drafter_mode`) instead of listing modes.
 """
 
 from __future__ import annotations
@@ -89,11 +89,6 @@ DRAFTING_MODES: tuple[Mode, ...] = tuple(m for m in Mode if m.drafts)
 ROLLBACKS: tuple[str, ...] = ("tape", "replay")
 """How a drafting mode rolls recurrent state back after a partly accepted block, the default
 first (``app.engine.rollback``)."""
-
-
-def drafts(mode: Any) -> bool:
-    """Whether ``mode`` (a :class:`Mode` or its value; anything else: False) drafts."""
-    return mode in DRAFTING_MODES
 
 
 def label(mode: Any) -> str:

@@ -34,9 +34,6 @@ from app.engine.errors import GenerationError
 from app.engine.modes import ROLLBACKS
 from app.engine.target import GDNTape, TargetRunner, cache_arrays, trim_attention
 
-STRATEGIES = ROLLBACKS
-"""The rollback strategies, ``"tape"`` first (the default): the Mode table's."""
-
 
 class VerifyCheckpoint:
     """The target ``cache`` before one verify pass of ``runner``, and how to keep part of it.
@@ -54,7 +51,7 @@ class VerifyCheckpoint:
 
     def __init__(self, runner: TargetRunner, cache: list, strategy: str = "tape",
                  queue=mx.async_eval) -> None:
-        if strategy not in STRATEGIES:
+        if strategy not in ROLLBACKS:
             raise GenerationError(f"unknown rollback strategy {strategy!r} (tape or replay)")
         self.runner = runner
         self.cache = cache
