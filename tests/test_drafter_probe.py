@@ -123,10 +123,13 @@ def test_the_window_names_an_unfit_drafter_once_its_pair_loads(qtbot, qs, unfit_
 
     win = make_window(qtbot, qs, ChatSession())
     try:
-        with qtbot.waitSignal(win.modelLoaded, timeout=60_000) as blocker:
+        # the pair is ready first; the probe's verdict follows
+        with qtbot.waitSignals([win.modelLoaded, win.worker.probed], order="strict",
+                               timeout=60_000) as blocker:
             win.load_model(str(unfit_dirs[0]), str(unfit_dirs[1]))
-        info = blocker.args[0]
-        assert [p.verdict for p in info.drafter_probes] == ["unfit"]
+        info, probes = blocker.all_signals_and_args[0].args[0], \
+            blocker.all_signals_and_args[1].args[0]
+        assert [p.verdict for p in probes] == ["unfit"]
         assert win.banner_kind == "note"
         text = win.banner.text()
         assert f"The drafter {info.drafter_name} had 0% of its drafts accepted on a short " \

@@ -123,16 +123,6 @@ class ModelInfo:
     drafter2_name: str | None = None
     """The DFlash2 drafter loaded beside a DFlash one (``PairSpec.drafter2``), else None."""
     drafter2_path: str | None = None
-    drafter_probes: tuple = ()
-    """The fit probe of each loaded drafter (:class:`app.chat.drafter_probe.DrafterProbe`,
-    :meth:`ChatSession.probe_drafters`), the DFlash drafter's first; empty until probed."""
-
-    @property
-    def unfit_note(self) -> str | None:
-        """The lasting note for the first probed drafter that does not fit (the live check's
-        text), else None."""
-        return next((p.note() for p in self.drafter_probes if p.verdict == "unfit"), None)
-
     @property
     def modes(self) -> tuple[str, ...]:
         """The decoding modes this pair offers: ``"plain"``, then ``"dflash"`` with a DFlash

@@ -180,12 +180,8 @@ class ModelFlow:
             self.clear_banner()
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         self.compare_action.setText(self.composer.compare_btn.accessibleName())
-        for probe in getattr(info, "drafter_probes", ()):  # the Models window shows each pair's verdict
-            self.drafter_probes[probe.key] = probe
-        # a drafter whose probe says it does not fit: the live check's lasting note, at once
-        note = " ".join(n for n in (info.note, getattr(info, "unfit_note", None)) if n)
-        if note:
-            self.show_note(note)
+        if info.note:
+            self.show_note(info.note)
         self._on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
             self.flash(
@@ -230,6 +226,17 @@ class ModelFlow:
             self.chat.set_intro(f"{m.target_name} is ready", about, m.examples)
         if self.conv is None or not self.conv.messages:
             self.chat.render(self.conv)
+
+    def _on_probed(self, probes: tuple) -> None:
+        """The loaded drafters' fit probes (``Worker.probed``, right after a load): the Models
+        window shows each pair's verdict, and a drafter that does not fit gets the live
+        check's lasting note at once (beside a note the load left)."""
+        for probe in probes:
+            self.drafter_probes[probe.key] = probe
+        unfit = next((p.note() for p in probes if p.verdict == "unfit"), None)
+        if unfit:
+            before = self.banner.text() if self.banner_kind == "note" else ""
+            self.show_note(f"{before} {unfit}" if before else unfit)
 
     def send_example(self, index: int) -> bool:
         """Send the loaded model's example ``index`` (tools turned on for this chat when the

@@ -218,6 +218,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.worker = self.workers.worker
         self.worker.loading.connect(self._on_loading)
         self.worker.loaded.connect(self._on_loaded)
+        self.worker.probed.connect(self._on_probed)
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.events.connect(self._on_events)
         self.worker.finished.connect(self._on_finished)

@@ -26,7 +26,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -172,6 +171,7 @@ class Worker(QObject):
 
     loading = Signal(str)
     loaded = Signal(object)
+    probed = Signal(object)
     loadFailed = Signal(str, bool)
     events = Signal(int, list)
     finished = Signal(int)
@@ -230,8 +230,9 @@ class Worker(QObject):
             self.loadFailed.emit(f"{type(exc).__name__}: {exc}", self._still_loaded())
             return
         self._warm_up(spec)
-        self.loaded.emit(self._probe(info))
+        self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
+        self._probe()
 
     def _warm_up(self, spec: PairSpec) -> None:
         """After a load: run both paths once before anything is timed (``ChatSession.warm_up``:
@@ -252,21 +253,22 @@ class Worker(QObject):
         if seconds is not None:
             log.info("warm-up of %s took %.2f s", spec.label, seconds)
 
-    def _probe(self, info: ModelInfo) -> ModelInfo:
-        """After the warm-up: ``info`` with the drafters' fit probes
-        (``ChatSession.probe_drafters``; :mod:`app.chat.drafter_probe`). A backend without
-        ``probe_drafters``, or a failure, leaves ``info`` as it was."""
+    def _probe(self) -> None:
+        """After ``loaded``: probe the drafters' fit (``ChatSession.probe_drafters``;
+        :mod:`app.chat.drafter_probe`) and emit ``probed``, so the pair is ready without
+        waiting for it. A backend without ``probe_drafters``, or a failure, emits nothing."""
         probe = getattr(self.backend, "probe_drafters", None)
-        if not callable(probe) or not isinstance(info, ModelInfo):
-            return info
+        if not callable(probe):
+            return
         try:
             probes = tuple(probe())
         except Exception:  # the pair is loaded; a failed probe must not undo that
             log.exception("drafter probe failed")
-            return info
+            return
         for p in probes:
             log.info("drafter probe of %s: %s (%.2f s)", p.drafter_name, p.label(), p.seconds)
-        return replace(info, drafter_probes=probes)
+        if probes:
+            self.probed.emit(probes)
 
     def _still_loaded(self) -> bool:
         """After a failed load: does the backend still hold a working pair?"""
