@@ -124,11 +124,11 @@ def test_the_window_names_an_unfit_drafter_once_its_pair_loads(qtbot, qs, unfit_
     win = make_window(qtbot, qs, ChatSession())
     try:
         # the pair is ready first; the probe's verdict follows
-        with qtbot.waitSignals([win.modelLoaded, win.worker.probed], order="strict",
-                               timeout=60_000) as blocker:
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000) as blocker:
             win.load_model(str(unfit_dirs[0]), str(unfit_dirs[1]))
-        info, probes = blocker.all_signals_and_args[0].args[0], \
-            blocker.all_signals_and_args[1].args[0]
+        info = blocker.args[0]
+        qtbot.waitUntil(lambda: bool(win.drafter_probes), timeout=60_000)
+        probes = list(win.drafter_probes.values())
         assert [p.verdict for p in probes] == ["unfit"]
         assert win.banner_kind == "note"
         text = win.banner.text()
