@@ -102,6 +102,36 @@ def _allow_engine_after():
     allow_engine_on_current_thread()
 
 
+@pytest.fixture(autouse=True)
+def _no_unanswered_dialogs(request, monkeypatch):
+    """A message box that a test did not answer itself would wait for a click for ever (CI
+    then stops at its time limit with no report). Here it is answered at once: "Quit while a
+    reply is written?" with Yes (so a failed test's window still closes), any other question
+    with its default; and the test fails, naming the dialog. Tests that expect a dialog patch
+    ``QMessageBox`` themselves, which replaces this."""
+    import sys
+
+    if "PySide6.QtWidgets" not in sys.modules and "qtbot" not in request.fixturenames:
+        yield
+        return
+    from PySide6.QtWidgets import QMessageBox
+
+    opened = []
+
+    def answer(kind):
+        def box(parent, title, text, buttons=None, default=None):
+            opened.append(f"{kind} {title!r}: {text}")
+            if title.startswith("Quit while"):
+                return QMessageBox.StandardButton.Yes
+            return default if default is not None else QMessageBox.StandardButton.Ok
+        return box
+
+    for kind in ("question", "warning", "critical", "information"):
+        monkeypatch.setattr(QMessageBox, kind, answer(kind))
+    yield
+    assert not opened, f"a message box opened that the test did not answer: {opened}"
+
+
 @pytest.fixture
 def qs(tmp_path):
     """The window's QSettings in a file of the test's own (tools off, short replies, no

@@ -1098,6 +1098,24 @@ def test_short_benchmark_from_the_window(qtbot, engine_window):
                if n == "generate")
 
 
+def test_benchmark_end_keeps_a_note_that_joined_its_wait_note(qtbot, qs):
+    """The drafter probe's note can join the "benchmark still running" note; when the
+    benchmark ends only its own sentence goes."""
+    from app.ui.text import sentence
+
+    win = make_window(qtbot, qs, ChatSession())
+    win.benchmarking = True
+    probe = "The drafter had 0% of its drafts accepted."
+    win.show_note(f"{sentence(win.BENCH_WAIT)} {probe}")
+    win._bench_ended()
+    assert win.banner_kind == "note" and win.banner.text() == probe
+    win.benchmarking = True
+    win.show_note(win.BENCH_WAIT)
+    win._bench_ended()
+    assert win.banner_kind == "" and win.banner.text() == ""
+    close_window(win)
+
+
 def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
     win = make_window(qtbot, qs, ChatSession())
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):

@@ -107,11 +107,17 @@ class ModelFlow:
         self.worker.benchRequested.emit(max_tokens)
 
     def _bench_ended(self) -> None:
-        """The benchmark is over: a reply sent meanwhile starts now, so its note goes."""
+        """The benchmark is over: a reply sent meanwhile starts now, so its note goes (a note
+        that joined it meanwhile, such as the drafter probe's, stays)."""
         self.benchmarking = False
         self.statusBar().clearMessage()
-        if self.banner_kind == "note" and self.banner.text() == sentence(self.BENCH_WAIT):
-            self.clear_banner()
+        wait = sentence(self.BENCH_WAIT)
+        if self.banner_kind == "note" and wait in self.banner.text():
+            rest = self.banner.text().replace(wait, "").strip()
+            if rest:
+                self.show_note(rest)
+            else:
+                self.clear_banner()
 
     def _on_bench_done(self, result: dict) -> None:
         from app.ui.bench_dialog import BenchDialog
