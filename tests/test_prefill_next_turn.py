@@ -93,3 +93,61 @@ def test_the_worker_prefills_on_request_and_survives_a_failure(qtbot):
     w._on_prefill(2, {"mode": "plain"}, "")  # logged, not raised: the next turn prefills more
     assert calls == [(1, {"mode": "dflash"}, "Be brief.", store),
                      (2, {"mode": "plain"}, "", store)]
+
+
+@pytest.mark.parametrize("mode", ["plain", "dflash", "dflash2"])
+def test_a_new_chat_prefilled_after_load_reads_only_its_message(demo_spec, mode):
+    """``prefill_new_chat`` (the window's worker runs it after a load): the first reply of a
+    fresh start reuses the whole system + tools preamble and gives a cold start's tokens and
+    target cache."""
+    from test_engine_exact import cache_state, cache_tol, max_difference
+
+    settings = {**SETTINGS, "mode": mode}
+    ahead, cold = _session(demo_spec), _session(demo_spec)
+    done = ahead.prefill_new_chat(settings, settings["system_prompt"])
+    assert done is not None and done.reused == 0 and done.tokens > 500  # tools are long
+    assert ahead.prefill_new_chat(settings, settings["system_prompt"]) is None  # held now
+    convs = [s.store.new_conversation(system_prompt=settings["system_prompt"]).id
+             for s in (ahead, cold)]
+    warm, fresh = (_send(s, c, FIRST, settings) for s, c in zip((ahead, cold), convs))
+    assert warm.all_tokens == fresh.all_tokens
+    w, f = warm.rounds[0].summary, fresh.rounds[0].summary
+    assert w.prompt_tokens == f.prompt_tokens and f.reused_tokens == 0
+    assert w.reused_tokens == done.tokens
+    new_message = len(ahead.target.tokenizer.encode(FIRST, add_special_tokens=False))
+    assert w.prompt_tokens - w.reused_tokens <= new_message + 12
+    # zero but in float32 under OpenBLAS, whose rounding depends on the row count (as in
+    # tests/test_prefix_across_chats.py): the demo target runs in float32 on this CPU
+    dtype = next(c.keys.dtype for c in cold.cache.target_cache if hasattr(c, "keys"))
+    assert max_difference(cache_state(ahead.cache.target_cache),
+                          cache_state(cold.cache.target_cache)) <= cache_tol(dtype)
+
+
+def test_a_preamble_prefilled_without_tools_or_system_prompt(demo_spec):
+    """No system prompt and no tools: what the template writes before the first message is
+    still prefilled, and a different system prompt is a different preamble."""
+    s = _session(demo_spec)
+    plain = {"max_tokens": 8, "mode": "plain"}
+    done = s.prefill_new_chat(plain)
+    assert done is not None and 0 < done.tokens < 20
+    other = s.prefill_new_chat(plain, "Answer in French.")
+    assert other is not None and other.tokens > done.tokens
+
+
+def test_the_worker_prefills_a_new_chat_on_request_and_survives_a_failure(qtbot):
+    from app.chat.storage import Store
+    from app.ui.worker import Worker
+
+    calls = []
+
+    class Backend:
+        def prefill_new_chat(self, settings, system_prompt):
+            calls.append((settings, system_prompt))
+            if system_prompt == "boom":
+                raise RuntimeError("boom")
+            return None
+
+    w = Worker(Backend(), Store(":memory:"))
+    w._on_preamble({"mode": "dflash"}, "Be brief.")
+    w._on_preamble({"mode": "plain"}, "boom")  # logged, not raised
+    assert calls == [({"mode": "dflash"}, "Be brief."), ({"mode": "plain"}, "boom")]

@@ -294,11 +294,31 @@ def test_second_turn_reuses_the_prefix_and_the_panel_says_so(qtbot, engine_windo
     with qtbot.waitSignal(win.worker.prefillRequested, timeout=60_000) as asked:
         first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
     assert asked.args[0] == win.conv.id and asked.args[1]["mode"] == "dflash"
-    assert first.summary.reused_tokens == 0
+    # only what the template writes before a first message was prefilled after the load
+    assert first.summary.reused_tokens < 8
     second = send_and_wait(qtbot, win, "And another one?", mode="dflash").version.result
     s = second.summary
-    assert 0 < s.reused_tokens < s.prompt_tokens
+    assert first.summary.reused_tokens + 8 < s.reused_tokens < s.prompt_tokens
     assert win.live.shown["prompt"] == (s.reused_tokens, s.prompt_tokens - s.reused_tokens)
+
+
+def test_a_load_prefills_a_new_chats_preamble_for_the_first_reply(qtbot, qs, tiny_dirs):
+    """After a load the worker prefills a new chat's system prompt and tools with the
+    window's settings, so the first reply of a fresh start reads only its message."""
+    qs.setValue("generation/system_prompt", "You are a terse assistant. Answer in one line.")
+    win = make_window(qtbot, qs, ChatSession())
+    t, d = tiny_dirs
+    with qtbot.waitSignal(win.worker.preambleRequested, timeout=60_000) as asked:
+        win.load_model(str(t), str(d))
+    settings, system_prompt = asked.args
+    assert system_prompt == "You are a terse assistant. Answer in one line."
+    assert settings["mode"] == win.composer.mode()
+    win.new_chat()
+    first = send_and_wait(qtbot, win, PROMPT).version.result.summary
+    preamble = len(win.worker.backend.target.tokenizer.encode(
+        "<|im_start|>system\nYou are a terse assistant. Answer in one line.<|im_end|>\n"))
+    assert preamble <= first.reused_tokens < first.prompt_tokens
+    close_window(win)
 
 
 def test_tool_call_goes_to_tool_pane_not_chat(qtbot, engine_window, tiny_dirs, monkeypatch):

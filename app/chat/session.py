@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app.chat.examples import DEMO_ABOUT, read_examples
-from app.chat.settings import reply_settings
+from app.chat.settings import ReplySettings, reply_settings
 from app.chat.storage import Store
 from app.engine.errors import EngineError, PromptTooLongError
 from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
@@ -500,9 +500,6 @@ class ChatSession:
         check_engine_thread()
         if self.target is None or self.cache is None:
             return None
-        from app.chat import reply as reply_mod
-        from app.engine.prefix import common_prefix
-
         if not messages or messages[-1].get("role") not in ("assistant", "tool"):
             return None
         rs = reply_settings(settings)
@@ -512,7 +509,37 @@ class ChatSession:
             return None
         if len(fitted) != len(messages) + 1:
             return None  # the next turn leaves earlier turns out: its prompt is not known
-        base = fitted[:-1]
+        return self._prefill_next(fitted[:-1], rs)
+
+    def prefill_new_chat(self, settings: dict, system_prompt: str = "") -> PrefillResult | None:
+        """Prefill what every new chat with ``settings`` (the reply values of
+        :func:`app.chat.settings.reply_values`: tools, thinking switch, mode) and
+        ``system_prompt`` starts with: the system prompt and tool definitions up to where the
+        first user message's text begins. The window's worker calls it after a load, so the
+        first reply of a fresh start prefills only the user's message; the state is kept at
+        the end of the preamble, where every later new chat reuses it as well. Exact as any
+        reuse (the reply's tokens are a cold prefill's).
+
+        Returns a :class:`PrefillResult`, or None when there is nothing to do (no model, or a
+        preamble the cache already holds).
+
+        Raises:
+            SettingError: ``settings`` holds a value that is no setting.
+            EngineError: from the engine (the kept cache is dropped then).
+        """
+        check_engine_thread()
+        if self.target is None or self.cache is None:
+            return None
+        base = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+        return self._prefill_next(base, reply_settings(settings))
+
+    def _prefill_next(self, base: list[dict], rs: ReplySettings) -> PrefillResult | None:
+        """Prefill the prefix every next turn after the chat-template messages ``base``
+        starts with (:func:`app.chat.reply.next_turn_prefix`), with a snapshot at the end of
+        the system + tools preamble; None when the cache already holds it."""
+        from app.chat import reply as reply_mod
+        from app.engine.prefix import common_prefix
+
         ids = reply_mod.next_turn_prefix(self.target, base, rs)
         if not ids or common_prefix(self.cache.ids, ids) == len(ids):
             return None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
+from app.ui import settings as settings_mod
 from app.ui.text import sentence
 from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 
@@ -200,6 +201,10 @@ class ModelFlow:
                 self._request_pieces()
             else:
                 self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
+        # while the user writes the first message: a new chat's system prompt and tools
+        values = settings_mod.effective(self.defaults, {})
+        self.worker.preambleRequested.emit(
+            settings_mod.reply_settings(values, self.composer.mode()), values["system_prompt"])
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:

@@ -165,6 +165,9 @@ class Worker(QObject):
             and system prompt: prefill what that conversation's next turn starts with
             (:meth:`ChatSession.prefill_next_turn`) while the user writes; nothing is emitted
             (a backend without it, or a failure, only skips it: the next turn prefills more).
+        (request) preambleRequested(object, str): reply settings dict and system prompt of a
+            new chat: prefill its system prompt and tools (:meth:`ChatSession.prefill_new_chat`)
+            after a load, so the first reply prefills only its message; emits nothing.
         (request) serveRequested(JobQueue): run one job of the window's server queue
             (``app.ui.serve_flow``) on this thread; its answer goes to the job's callback.
     """
@@ -188,6 +191,7 @@ class Worker(QObject):
     unloadRequested = Signal()
     benchRequested = Signal(int)
     prefillRequested = Signal(int, object, str)
+    preambleRequested = Signal(object, str)
     serveRequested = Signal(object)
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
@@ -205,6 +209,7 @@ class Worker(QObject):
         self.piecesRequested.connect(self._on_pieces)
         self.benchRequested.connect(self._on_bench)
         self.prefillRequested.connect(self._on_prefill)
+        self.preambleRequested.connect(self._on_preamble)
         self.serveRequested.connect(self._on_serve)
 
     def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
@@ -318,6 +323,20 @@ class Worker(QObject):
         if done is not None:
             log.info("prefilled %d tokens of chat %d's next turn (%d reused) in %.2f s",
                      done.tokens, conversation_id, done.reused, done.seconds)
+
+    @Slot(object, str)
+    def _on_preamble(self, settings: object, system_prompt: str) -> None:
+        fn = getattr(self.backend, "prefill_new_chat", None)
+        if not callable(fn):
+            return
+        try:
+            done = fn(dict(settings), system_prompt)
+        except Exception:  # the first reply prefills what this did not
+            log.exception("prefilling a new chat's preamble")
+            return
+        if done is not None:
+            log.info("prefilled a new chat's %d preamble tokens in %.2f s", done.tokens,
+                     done.seconds)
 
     @Slot(object)
     def _on_serve(self, jobs: Any) -> None:
