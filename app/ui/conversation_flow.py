@@ -139,8 +139,8 @@ class ConversationFlow:
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
-        if self.banner_kind == "error" and self.banner.text().startswith("Could not export"):
-            self.clear_banner()  # that failure is behind us now
+        # that failure is behind us now
+        self.withdraw_banner(lambda e: e.kind == "error" and e.text.startswith("Could not export"))
         self.flash(f"Exported to {path}", 5000)
         return True
 
