@@ -17,7 +17,13 @@ import logging
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
-from app.chat.baseline import PlainSample, SpeedUp, long_context, unfit_drafter_note
+from app.chat.baseline import (
+    PlainSample,
+    SlowStreak,
+    SpeedUp,
+    long_context,
+    unfit_drafter_note,
+)
 from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
@@ -593,8 +599,9 @@ class ReplyFlow:
                 if unfit and not long:  # in a long chat low acceptance is the chat's doing
                     self.show_note(unfit)
                 elif self.slow_streak.slow:  # below a note on this reply's prompt
-                    self.show_note(self.slow_streak.advice(), Priority.NOTE if long
-                                   else Priority.TIP)
+                    advice = self.slow_streak.advice()
+                    self.show_note(advice, Priority.TIP if advice == SlowStreak.NOTE
+                                   else Priority.NOTE)
 
     def _store_speedup(self, row_id: int | None, speedup) -> None:
         """Keep a reply's speed-up with its stored row (a reloaded footer shows it too)."""
