@@ -213,3 +213,76 @@ def test_fit_for_tokenizer_leaves_out_old_turns_and_their_reasoning(qwen_tokeniz
     assert fit.left_out_turns == 1 and fit.left_out_messages == 2
     assert [m["content"] for m in fit.messages] == ["How are you?", "Fine.", "And today?"]
     assert fit.prompt_tokens <= tight
+
+
+def tool_turn(i: int) -> list[dict]:
+    """A turn with one tool round: user 4+2, the call 4+0, a long result 4+30, answer 4+3."""
+    return [
+        {"role": "user", "content": f"lookup{i} please"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"id": f"c{i}", "type": "function",
+                         "function": {"name": "country_info", "arguments": {}}}]},
+        {"role": "tool", "content": f"result{i} " + "field " * 29, "tool_call_id": f"c{i}"},
+        {"role": "assistant", "content": f"answer{i} is here"},
+    ]
+
+
+def test_old_tool_results_are_shortened_before_any_turn_is_left_out():
+    from app.chat.history import SHORTENED_MARK, TOOL_RESULT_KEEP_CHARS
+
+    msgs = [SYSTEM, *tool_turn(0), *tool_turn(1), *tool_turn(2), CURRENT]
+    full = words(msgs)
+    short_words = len(("result0 " + "field " * 29)[:TOOL_RESULT_KEEP_CHARS].split()) + \
+        len(SHORTENED_MARK.split())
+    saved = 30 - short_words  # words one shortened result saves
+    assert saved > 10
+    # room for everything but one result's savings: the oldest turn's result is cut
+    fit = fit_history(msgs, words, limit=full - 1)
+    assert fit.left_out_turns == 0 and fit.shortened_turns == 1
+    results = [m["content"] for m in fit.messages if m["role"] == "tool"]
+    assert results[0].startswith("result0 field") and results[0].endswith(SHORTENED_MARK)
+    assert results[1] == msgs[7]["content"] and results[2] == msgs[11]["content"]
+    assert fit.prompt_tokens == full - saved
+    assert "the tool results of 1 earlier turn were shortened" in fit.notice()
+    assert "left out" not in fit.notice()
+    # two results' worth: the two oldest are cut, every call keeps a result
+    fit = fit_history(msgs, words, limit=full - saved - 1)
+    assert (fit.left_out_turns, fit.shortened_turns) == (0, 2)
+    assert sum(m["role"] == "tool" for m in fit.messages) == 3
+    # with every result cut still too long: the oldest turn goes, the rest stay cut
+    all_cut = full - 3 * saved
+    fit = fit_history(msgs, words, limit=all_cut - 1)
+    assert (fit.left_out_turns, fit.left_out_messages, fit.shortened_turns) == (1, 4, 2)
+    assert fit.prompt_tokens == all_cut - (4 + 2 + 4 + 4 + short_words + 4 + 3)
+    assert all(m["content"].endswith(SHORTENED_MARK)
+               for m in fit.messages if m["role"] == "tool")
+    assert fit.notice().startswith("1 earlier turn was left out of the prompt and the tool "
+                                   "results of 2 earlier turns were shortened to fit")
+    assert msgs[3]["content"] == "result0 " + "field " * 29  # the input is not changed
+
+
+def test_shown_reasoning_goes_before_tool_results():
+    msgs = [SYSTEM, *turn(0), *tool_turn(1), CURRENT]
+    with_reasoning = words(msgs)
+    fit = fit_history(msgs, words, limit=with_reasoning - 1, keep_reasoning=True)
+    assert fit.dropped_reasoning and fit.shortened_turns == 0 and fit.left_out_turns == 0
+    assert fit.prompt_tokens == with_reasoning - 5
+    assert fit.notice() is None  # nothing the user wrote or saw in a result is missing
+
+
+def test_a_trained_chat_length_caps_the_budget_softly():
+    msgs = history(10)
+    fixed = 3 + 7 + 14
+    fit = fit_history(msgs, words, limit=10_000, trained=fixed + 3 * 38)
+    assert fit.left_out_turns == 7 and fit.budget == fixed + 3 * 38 and fit.trained_cap
+    assert "to fit the chat length this model was trained on" in fit.notice()
+    # a cap above the context's room changes nothing
+    roomy = fit_history(msgs, words, limit=300, trained=10_000)
+    assert roomy.left_out_turns == fit_history(msgs, words, limit=300).left_out_turns
+    assert not roomy.trained_cap and roomy.budget == 300
+    # a current message longer than the cap is still sent, alone, when the context holds it
+    long = [SYSTEM, *turn(0), {"role": "user", "content": "w " * 100}]
+    fit = fit_history(long, words, limit=10_000, trained=50)
+    assert fit.left_out_turns == 1 and fit.prompt_tokens == 3 + 7 + 104 > fit.budget
+    with pytest.raises(ContextOverflowError):
+        fit_history(long, words, limit=100, trained=50)

@@ -333,3 +333,29 @@ def test_a_compares_sides_start_from_the_same_reused_prefix_on_the_demo_pair():
     after = turn("And its capital?")
     assert after[0].summary.reused_tokens > 0
     store.close()
+
+
+def test_a_trained_chat_length_leaves_turns_out_and_the_reply_keeps_the_note(
+        monkeypatch, session, qwen_tokenizer):
+    """A target whose folder states a short trained chat length: the next turn's prompt
+    leaves the earlier turn out (the current message is still sent), the reply's first event
+    says so, and its row keeps the note."""
+    from app.chat.events import Notice
+    from app.chat.turns import CONTEXT_KEY, ReplyResult
+
+    engine = PrefixEngine(qwen_tokenizer, [LOOKUP, ANSWER_1, ANSWER_2])
+    monkeypatch.setattr(reply_mod, "_engine_generate", engine)
+    conv = session.store.new_conversation()
+    events = list(session.send(conv.id, "Tell me about Chile.", SETTINGS))
+    assert not any(isinstance(e, Notice) for e in events)
+    session.target.trained_chat_length = 1  # shorter than any prompt: a soft cap
+    events = list(session.send(conv.id, "And its population?", SETTINGS))
+    notices = [e for e in events if isinstance(e, Notice)]
+    assert events[0] is notices[0] and len(notices) == 1
+    assert notices[0].left_out_turns == 1 and notices[0].budget == 1
+    assert "the chat length this model was trained on" in notices[0].message
+    prompt = qwen_tokenizer.decode(engine.prompts[2])
+    assert "Tell me about Chile." not in prompt and "And its population?" in prompt
+    row = session.store.get_message(session.last_reply_id)
+    assert row.generation[CONTEXT_KEY] == notices[0].to_dict()
+    assert ReplyResult.from_row(row).context_note == notices[0]

@@ -705,6 +705,8 @@ def test_messages_start_with_a_capital_and_notes_are_not_errors(qtbot, qs):
         assert win.banner.text() == "Could not export: disk full."
         assert win.banner_kind == "error"
         win._on_notice(None, Notice("2 earlier turns were left out to fit the context."))
+        assert win.banner_kind == "error"  # a note waits behind an error
+        win.banner_close.click()
         assert win.banner_kind == "note"
         assert win.banner.property("kind") == "note"
         assert win.banner.accessibleName() == "Note"

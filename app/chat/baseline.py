@@ -10,7 +10,11 @@ baseline only from samples with the same pair, dtype and Max tokens, at a prompt
 moves by 2x between runs on a busy machine; a median of several does not). A Compare's
 drafting side is instead compared with its own plain side (:meth:`SpeedUp.paired`): the same
 prompt, run back to back. :class:`SlowStreak` watches the last three DFlash
-replies for the note that DFlash is slower than plain here. Qt-free and MLX-free.
+replies and gives the advice when each was slower than its comparable plain speed: try Plain
+or a smaller block (:attr:`SlowStreak.NOTE`) when the chat was short, or start a new chat
+(:data:`LONG_CHAT_NOTE`) when one of them had a long prompt (:func:`long_context`), since a
+model's drafts are accepted less, and its answers go astray, in a chat longer than those it
+was trained on; a smaller block does not help there. Qt-free and MLX-free.
 """
 
 from __future__ import annotations
@@ -143,17 +147,51 @@ class Baselines:
         return SpeedUp(tok_per_s / base.tok_per_s, base)
 
 
+LONG_CONTEXT_SHARE = 0.5
+"""A prompt longer than this fraction of the usable context (the context, or the chat length
+the model was trained on when smaller) counts as a long chat (:func:`long_context`)."""
+
+LONG_CHAT_NOTE = ("Long chats degrade this model: in this chat its drafts are accepted less "
+                  "and its answers may go astray, so DFlash was slower than plain and a "
+                  "smaller block will not help. Start a new chat (File › New chat).")
+"""The advice when DFlash was slower in a long chat (:meth:`SlowStreak.advice`)."""
+
+
+def long_context(prompt_tokens: int, context_length: int, trained: int | None = None,
+                 left_out: bool = False) -> bool:
+    """Whether a reply's context was long enough to be the cause of a slow or wrong reply:
+    earlier turns were left out of its prompt (``left_out``), or its prompt (``prompt_tokens``,
+    its last round's) took more than :data:`LONG_CONTEXT_SHARE` of the usable context, the
+    smaller of ``context_length`` and the chat length the model was trained on
+    (``trained``, tokens; None or 0: not stated). A zero ``context_length`` is unknown."""
+    if left_out:
+        return True
+    usable = [int(x) for x in (context_length, trained) if x]
+    return bool(usable) and prompt_tokens > LONG_CONTEXT_SHARE * min(usable)
+
+
 @dataclass
 class SlowStreak:
     """The speed-ups of the last DFlash replies; :attr:`slow` when the last ``n`` were each
-    below 1.0x (a reply without a baseline breaks the streak)."""
+    below 1.0x (a reply without a baseline breaks the streak), and which of them had a long
+    context (:func:`long_context`)."""
 
     n: int = 3
     ratios: list[float | None] = field(default_factory=list)
+    long: list[bool] = field(default_factory=list)
 
-    def add(self, ratio: float | None) -> None:
-        """One DFlash reply's ratio (None: no baseline)."""
+    def add(self, ratio: float | None, long_context: bool = False) -> None:
+        """One DFlash reply's ratio (None: no baseline) and whether its context was long."""
         self.ratios = (self.ratios + [ratio])[-self.n:]
+        self.long = (self.long + [bool(long_context)])[-self.n:]
+
+    def advice(self) -> str | None:
+        """What to say about the streak: None unless :attr:`slow`; :data:`LONG_CHAT_NOTE`
+        when one of its replies had a long context (the context, not DFlash's settings, is
+        the likely cause then); else :attr:`NOTE`."""
+        if not self.slow:
+            return None
+        return LONG_CHAT_NOTE if any(self.long) else self.NOTE
 
     @property
     def slow(self) -> bool:

@@ -5,8 +5,9 @@ The text pipeline (:mod:`app.chat.pipeline`) emits :class:`ContentDelta`,
 :class:`StopStringHit`; the reply runner (:mod:`app.chat.reply`) adds :class:`RoundStarted`,
 :class:`RoundResumed` (when it continues a round Max tokens cut, :class:`ResumeRound`),
 :class:`ToolResultEvent`, :class:`RoundFinished` and ends with :class:`ReplyDone` carrying the
-:class:`Reply`. Engine events (``TokenEvent``, ``CycleEvent``, ``Done``) come from
-:mod:`app.engine.events`. Consumers match them with ``isinstance``, never by class name.
+:class:`Reply`. ``app.chat.session.ChatSession.reply`` puts a :class:`Notice` first when the
+prompt was fitted to the context (turns left out, tool results shortened). Engine events
+(``TokenEvent``, ``CycleEvent``, ``Done``) come from :mod:`app.engine.events`. Consumers match them with ``isinstance``, never by class name.
 """
 
 from __future__ import annotations
@@ -15,6 +16,64 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.events import CycleEvent, Summary, TokenEvent
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A sentence for the user about this reply's prompt: what was left out or shortened to
+    fit the context (``app.chat.history.FittedHistory.notice``). Stored with the reply
+    (``app.chat.turns.CONTEXT_KEY``, :meth:`to_dict`), so a reopened chat shows it too.
+
+    Attributes:
+        message: the sentence.
+        left_out_turns: earlier turns left out of the prompt (0 when none).
+        shortened_turns: earlier turns whose tool results were shortened.
+        prompt_tokens: tokens of the prompt as sent (its first round).
+        budget: tokens the prompt could take (context minus the reply's room, or the trained
+            chat length when smaller).
+    """
+
+    message: str
+    left_out_turns: int = 0
+    shortened_turns: int = 0
+    prompt_tokens: int = 0
+    budget: int = 0
+
+    def label(self) -> str:
+        """The footer's short text, e.g. "3 earlier turns left out"."""
+        n, k = self.left_out_turns, self.shortened_turns
+        if n:
+            return "1 earlier turn left out" if n == 1 else f"{n} earlier turns left out"
+        if k:
+            return "earlier tool results shortened"
+        return "prompt fitted to the context"
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (stored with the reply, read back by :meth:`from_dict`)."""
+        return {"message": self.message, "left_out_turns": self.left_out_turns,
+                "shortened_turns": self.shortened_turns,
+                "prompt_tokens": self.prompt_tokens, "budget": self.budget}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Notice | None:
+        """The notice stored by :meth:`to_dict` (None for None or a record it cannot read)."""
+        if not isinstance(d, dict) or not isinstance(d.get("message"), str):
+            return None
+        try:
+            return cls(d["message"], *(int(d.get(k) or 0) for k in (
+                "left_out_turns", "shortened_turns", "prompt_tokens", "budget")))
+        except (TypeError, ValueError):
+            return None
+
+    @classmethod
+    def of_fit(cls, fitted: Any) -> Notice | None:
+        """The notice of an ``app.chat.history.FittedHistory``, None when nothing was left
+        out or shortened."""
+        message = fitted.notice()
+        if not message:
+            return None
+        return cls(message, fitted.left_out_turns, fitted.shortened_turns,
+                   fitted.prompt_tokens, fitted.budget)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ those of the events (``Summary.add_cycle``) and whose timings are the made-up ``
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from app.chat.events import (
     ContentDelta,
+    Notice,
     ReasoningDelta,
     ToolCall,
     ToolCallDelta,
@@ -35,13 +37,15 @@ from app.engine.modes import DRAFTING_MODES
 
 @dataclass(frozen=True)
 class ScriptedTurn:
-    """One scripted reply: ``reasoning`` (split into words), ``content`` (Markdown), and an
+    """One scripted reply: ``reasoning`` (split into words), ``content`` (Markdown), an
     optional tool call (``tool_call``: ``(name, arguments, result)``, the call succeeding with
-    ``result``)."""
+    ``result``) and an optional :class:`~app.chat.events.Notice` sent first (``notice``: the
+    prompt was fitted to the context, as ``ChatSession.reply`` says it)."""
 
     reasoning: str
     content: str
     tool_call: tuple[str, dict, object] | None = None
+    notice: Notice | None = None
 
 
 DEFAULT_TURN = ScriptedTurn(
@@ -129,7 +133,10 @@ class ScriptedSession:
         self.last_settings, self.last_messages = dict(settings), list(messages)
         turn = self.turns[min(self.turn, len(self.turns) - 1)]
         self.turn += 1
-        return self._events(turn, settings.get("mode", "dflash"), cancel or threading.Event())
+        events = self._events(turn, settings.get("mode", "dflash"), cancel or threading.Event())
+        if turn.notice is not None:
+            return itertools.chain([turn.notice], events)
+        return events
 
     # ---- the stream
     def _events(self, turn: ScriptedTurn, mode: str, cancel: threading.Event) -> Iterator:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.chat.events import Notice
 from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import ReplySettings, reply_settings
 from app.chat.storage import Store
@@ -123,6 +124,9 @@ class ModelInfo:
     drafter2_name: str | None = None
     """The DFlash2 drafter loaded beside a DFlash one (``PairSpec.drafter2``), else None."""
     drafter2_path: str | None = None
+    trained_chat_length: int | None = None
+    """The longest chat example the target was trained on, in tokens, when its folder states
+    it (``app.models.catalog.trained_chat_length``); prompts are kept within it."""
     @property
     def modes(self) -> tuple[str, ...]:
         """The decoding modes this pair offers: ``"plain"``, then ``"dflash"`` with a DFlash
@@ -133,13 +137,6 @@ class ModelInfo:
         if self.drafter2_name or (self.drafter_name and self.drafter_kind == Mode.DFLASH2):
             out.append("dflash2")
         return tuple(out)
-
-
-@dataclass(frozen=True)
-class Notice:
-    """A sentence for the user about this reply's prompt (e.g. earlier turns left out)."""
-
-    message: str
 
 
 def _about(folder: Path) -> str:
@@ -350,6 +347,7 @@ class ChatSession:
             drafter_name=str(new_drafter.name) if new_drafter else None,
             drafter_path=str(new_drafter.path) if new_drafter else None,
             context_length=int(getattr(new_target, "context_length", 0) or 0),
+            trained_chat_length=getattr(new_target, "trained_chat_length", None),
             model_type=str(getattr(new_target, "model_type", "")),
             drafter_block_size=int(new_drafter.config.block_size) if new_drafter else None,
             memory_bytes=self.memory_bytes(),
@@ -435,8 +433,8 @@ class ChatSession:
         self._use_drafter(drafter)
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache, resume=resume)
-        if notice:
-            return _prepend(Notice(notice), events)
+        if notice is not None:
+            return _prepend(notice, events)
         return iter(events)
 
     def _use_drafter(self, drafter) -> None:
@@ -710,9 +708,12 @@ class ChatSession:
         tie = divergence_near_tie(self.target, plain, dflash) if self.target else None
         return tie["gap"] if tie else None
 
-    def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], str | None]:
-        """Leave out the oldest turns so the prompt fits the context limit with room for
-        ``max_tokens`` (``app.chat.history.fit_for_tokenizer``); returns (messages, notice).
+    def _fit(self, messages: list[dict], rs: Any) -> tuple[list[dict], Notice | None]:
+        """Fit the prompt into the context limit with room for ``max_tokens``, and into the
+        chat length the model was trained on when its folder states one
+        (``LoadedTarget.trained_chat_length``): earlier reasoning, then earlier tool results,
+        then the oldest turns go (``app.chat.history.fit_for_tokenizer``); returns (messages,
+        the :class:`Notice` to give, or None).
 
         Raises :class:`PromptTooLongError` when the current message alone does not fit."""
         from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
@@ -723,14 +724,15 @@ class ChatSession:
             kwargs["enable_thinking"] = rs.enable_thinking
         reserve = min(int(rs.max_tokens), limit // 2)
         try:
-            fitted = fit_for_tokenizer(messages, self.target.tokenizer, limit,
-                                       reserve=reserve, tools=rs.tools, **kwargs)
+            fitted = fit_for_tokenizer(
+                messages, self.target.tokenizer, limit, reserve=reserve, tools=rs.tools,
+                trained=getattr(self.target, "trained_chat_length", None), **kwargs)
         except ContextOverflowError as exc:
             raise PromptTooLongError(
                 f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "
                 "reply: Max tokens reserves up to half the context). Shorten the message, or "
                 "lower Max tokens in File › Settings.") from exc
-        return fitted.messages, fitted.notice()
+        return fitted.messages, Notice.of_fit(fitted)
 
     # ------------------------------------------------------------------ extras
     def benchmark(self, max_tokens: int = 48, n_prompts: int = 3) -> dict:

@@ -30,7 +30,9 @@ A turn, asked for by a :class:`TurnRequest`:
 4. every row's final state, in one transaction (``complete``, ``stopped``, ``interrupted`` or ``error``, tool
    rounds included; a Compare's drafting side keeps its top-two gap at the first divergence,
    ``app.chat.turns.TOP2_GAP_KEY``; a reply Max tokens ended keeps what Continue needs,
-   ``app.chat.turns.RESUME_KEY``), the version the conversation continues from, then
+   ``app.chat.turns.RESUME_KEY``; a reply whose prompt left earlier turns out or shortened
+   their tool results keeps the ``Notice`` that said so, ``app.chat.turns.CONTEXT_KEY``),
+   the version the conversation continues from, then
    :class:`TurnStored`. When the store cannot write it (a full disk, ...), the write is
    kept in :class:`TurnStored` as a :class:`PendingWrite`, which the window tries again
    (:class:`PendingWrites`) until the store takes it.
@@ -57,9 +59,10 @@ from pathlib import Path
 from typing import Any
 
 from app.chat.conversation import CONTINUED_KEY
-from app.chat.events import ReplyDone, ResumeRound
+from app.chat.events import Notice, ReplyDone, ResumeRound
 from app.chat.storage import Store, StoreWriteError
 from app.chat.turns import (
+    CONTEXT_KEY,
     RESUME_KEY,
     TOP2_GAP_KEY,
     PartialReply,
@@ -505,6 +508,7 @@ class _Turn:
         partial = PartialReply()
         result: ReplyResult | None = None
         error: str | None = None
+        notice: Notice | None = None  # what the prompt left out to fit (stored with the row)
         last_save = 0.0
         extra = {"resume": resume} if resume is not None else {}
         try:
@@ -513,6 +517,8 @@ class _Turn:
                 if isinstance(ev, ReplyDone):
                     result = ReplyResult.from_reply(ev.reply, settings, self.pieces)
                     self.replies[tag] = ev.reply
+                elif isinstance(ev, Notice):
+                    notice = ev
                 else:
                     partial.add(ev)
                     if resume is None and at - last_save >= self.store.partial_interval_s:
@@ -544,6 +550,8 @@ class _Turn:
                                     cancelled=self.cancel.is_set())
         if not result.tool_calls and partial.calls:
             result.tool_calls = list(partial.calls.values())
+        if notice is not None:
+            result.context_note = notice
         if before is not None:
             result = (dataclasses.replace(before) if error is not None else
                       before.continued_by(result, int(settings.get("max_tokens") or 0)))
@@ -722,6 +730,8 @@ class _Turn:
             generation = {}
             if self.resume_records.get(tag) is not None:  # Max tokens ended it
                 generation[RESUME_KEY] = self.resume_records[tag]
+            if result.context_note is not None:  # its prompt left turns out: said again later
+                generation[CONTEXT_KEY] = result.context_note.to_dict()
             if req.compare and tag in DRAFTING_MODES and tag in self.ran:
                 # the header's figure at the first divergence, for a reopened Compare
                 generation[TOP2_GAP_KEY] = result.top2_gap

@@ -36,6 +36,7 @@ from app.chat.conversation import CONTINUED_KEY, all_reasoning
 from app.chat.conversation import Message as StoredMessage
 from app.chat.events import (
     ContentDelta,
+    Notice,
     ReasoningDelta,
     Reply,
     RoundResumed,
@@ -60,6 +61,10 @@ SPEEDUP_KEY = "speedup"
 TOP2_GAP_KEY = "top2_gap"
 """Where a Compare turn's drafting row keeps its top-two logit gap at the first divergence
 from plain (None: the sides agree, or no gap was computed); rows stored before it have none."""
+CONTEXT_KEY = "context"
+"""Where a reply row's generation record keeps the :class:`app.chat.events.Notice` of its
+prompt (``Notice.to_dict``): earlier turns left out or tool results shortened to fit the
+context. Absent when the whole chat was sent."""
 RESUME_KEY = "resume"
 """Where a reply row that Max tokens ended keeps what Continue needs to resume it:
 ``{"prompt_ids": [int], "starts_in_reasoning": bool, "target": str, "drafter": str | None}``,
@@ -186,6 +191,9 @@ class ReplyResult:
     continued: list[dict] = field(default_factory=list)
     """Its continuations, oldest first (``app.chat.conversation.CONTINUED_KEY``); [] for a
     reply of one run."""
+    context_note: Notice | None = None
+    """What was left out of its prompt to fit the context (None: the whole chat was sent);
+    stored with the row (:data:`CONTEXT_KEY`), so the footer of a reopened chat says it."""
 
     def all_reasoning(self) -> str:
         """The reasoning of every round, in order (:func:`app.chat.conversation.all_reasoning`)."""
@@ -254,6 +262,7 @@ class ReplyResult:
                        and bool((m.generation or {}).get(RESUME_KEY))),
             continued=[dict(c) for c in (m.generation or {}).get(CONTINUED_KEY) or []
                        if isinstance(c, dict)],
+            context_note=Notice.from_dict((m.generation or {}).get(CONTEXT_KEY)),
         )
 
     @property
@@ -308,6 +317,7 @@ class ReplyResult:
             speedup=None,
             speed_checked=False,
             resumable=False,
+            context_note=self.context_note,
             continued=[*self.continued, {"after_tokens": int(before_tokens),
                                          "tokens": int(added),
                                          "max_tokens": int(max_tokens)}],

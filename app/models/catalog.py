@@ -739,6 +739,32 @@ def _preference(target: ModelEntry, drafter: ModelEntry) -> tuple:
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+CHAT_LIMITS_FILE = "dflash_chat.json"
+"""An optional file in a target's folder with what its model card states about chat length:
+``{"trained_chat_tokens": int}``, the longest example (prompt + reply, in tokens) of the chats
+it was trained on. The bundled demo target has one (``tools/demo_pair/chat_lengths.py``
+measures it); the app keeps prompts within it (``app.chat.history.fit_history``'s
+``trained``)."""
+
+
+def trained_chat_length(folder: str | Path) -> int | None:
+    """The trained chat length in tokens that ``folder``'s :data:`CHAT_LIMITS_FILE` states,
+    or None when there is no such file or it holds no positive int ``trained_chat_tokens``
+    (a damaged file is logged and ignored: the context alone limits prompts then)."""
+    path = Path(folder) / CHAT_LIMITS_FILE
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("trained_chat_tokens")
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        log.warning("ignoring %s: trained_chat_tokens is not a positive int", path)
+        return None
+    return value
+
+
 def context_length(config: dict) -> int | None:
     """The target's context limit in tokens (``max_position_embeddings``), or None."""
     tc = text_config(config)

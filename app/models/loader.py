@@ -35,6 +35,7 @@ from app.models.catalog import (  # noqa: F401 (re-exported for callers of the l
     check_pair_configs,
     read_config,
     text_config,
+    trained_chat_length,
 )
 
 log = logging.getLogger(__name__)
@@ -274,6 +275,8 @@ class LoadedTarget:
         path: the local folder; name: a display name (repo id or folder name).
         model_type: config ``model_type``; config: the full config dict.
         eos_token_ids: ids that end generation; context_length: ``max_position_embeddings``.
+        trained_chat_length: the longest chat example it was trained on, in tokens, when its
+            folder states one (``app.models.catalog.trained_chat_length``); else None.
         weights_note: how a quantized checkpoint's weights are used here (dequantized to
             float32 for the CPU, or kept quantized and why); empty otherwise.
         dequantized: True when the quantized layers were dequantized at load.
@@ -287,6 +290,7 @@ class LoadedTarget:
     config: dict[str, Any]
     eos_token_ids: set[int] = field(default_factory=set)
     context_length: int = 4096
+    trained_chat_length: int | None = None
     weights_note: str = ""
     dequantized: bool = False
 
@@ -463,6 +467,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
         config=cfg,
         eos_token_ids=eos,
         context_length=int(tcfg.get("max_position_embeddings") or 4096),
+        trained_chat_length=trained_chat_length(folder),
         weights_note=note,
         dequantized=bool(note) and not quantized,
     )

@@ -445,6 +445,9 @@ class ChatView(QTextBrowser):
             else:
                 foot += (f' · <span title="{html.escape(NO_BASELINE_TIP)}">'
                          f"{NO_BASELINE}</span>")
+        if r.context_note is not None:  # lasting: stored with the reply, shown when reopened
+            foot += (f' · <span title="{html.escape(r.context_note.message)}">'
+                     f"{html.escape(r.context_note.label())}</span>")
         if m.is_compare:
             others = ["plain" if m.chosen == Mode.DFLASH else "dflash"]
             if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side

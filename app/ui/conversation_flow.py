@@ -139,8 +139,8 @@ class ConversationFlow:
         except Exception as exc:
             self.show_banner(f"Could not export: {exc}")
             return False
-        if self.banner_kind == "error" and self.banner.text().startswith("Could not export"):
-            self.clear_banner()  # that failure is behind us now
+        # that failure is behind us now
+        self.withdraw_banner(lambda e: e.kind == "error" and e.text.startswith("Could not export"))
         self.flash(f"Exported to {path}", 5000)
         return True
 
@@ -158,7 +158,8 @@ class ConversationFlow:
             return False
         self.select_conversation(conv)
         # the copy reads like the chat it came from (same title, same turns): say it is new,
-        # where a failed import's message would be (it replaces one still shown)
+        # where a failed import's message was (that failure is over now)
+        self.withdraw_banner(lambda e: e.kind == "error" and e.text.startswith("Could not import"))
         self.show_banner(f"Imported {Path(path).name} as a new chat, “{conv.title}” (shown; "
                          "a chat it was exported from stays as it was)", kind="note")
         self.flash(f"Imported {Path(path).name} as “{conv.title}”", 5000)

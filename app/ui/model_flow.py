@@ -11,6 +11,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from app.ui import settings as settings_mod
+from app.ui.banners import Priority
 from app.ui.text import sentence
 from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
 
@@ -113,12 +114,13 @@ class ModelFlow:
         self.benchmarking = False
         self.statusBar().clearMessage()
         wait = sentence(self.BENCH_WAIT)
-        if self.banner_kind == "note" and wait in self.banner.text():
-            rest = self.banner.text().replace(wait, "").strip()
-            if rest:
-                self.show_note(rest)
+        for entry in [e for e in self.banners.entries.values() if wait in e.text]:
+            rest = entry.text.replace(wait, "").strip()
+            if rest:  # another note joined it: that one stays
+                self.banners.replace(entry, rest)
             else:
-                self.clear_banner()
+                self.banners.drop(lambda e, entry=entry: e is entry)
+        self._show_banner_top()
 
     def _on_bench_done(self, result: dict) -> None:
         from app.ui.bench_dialog import BenchDialog
@@ -183,8 +185,7 @@ class ModelFlow:
         self._loading = None
         self._show_model_line(info)
         self._set_intro()
-        if self.banner_kind == "error":  # an earlier failure is over now
-            self.clear_banner()
+        self.withdraw_banner(lambda e: e.kind == "error" and e.chat is None)  # failures over
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         self.compare_action.setText(self.composer.compare_btn.accessibleName())
         if info.note:
@@ -241,13 +242,12 @@ class ModelFlow:
     def _on_probed(self, probes: tuple) -> None:
         """The loaded drafters' fit probes (``Worker.probed``, right after a load): the Models
         window shows each pair's verdict, and a drafter that does not fit gets the live
-        check's lasting note at once (beside a note the load left)."""
+        check's lasting note at once (a note the load left waits behind it)."""
         for probe in probes:
             self.drafter_probes[probe.key] = probe
         unfit = next((p.note() for p in probes if p.verdict == "unfit"), None)
-        if unfit:
-            before = self.banner.text() if self.banner_kind == "note" else ""
-            self.show_note(f"{before} {unfit}" if before else unfit)
+        if unfit:  # above a note the load left, which shows again once this one is closed
+            self.show_note(unfit, Priority.WARNING)
 
     def send_example(self, index: int) -> bool:
         """Send the loaded model's example ``index`` (tools turned on for this chat when the

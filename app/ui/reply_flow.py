@@ -17,7 +17,13 @@ import logging
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
 
-from app.chat.baseline import PlainSample, SlowStreak, SpeedUp, unfit_drafter_note
+from app.chat.baseline import (
+    PlainSample,
+    SlowStreak,
+    SpeedUp,
+    long_context,
+    unfit_drafter_note,
+)
 from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
@@ -44,6 +50,7 @@ from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, vers
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.engine.modes import DRAFTING_MODES, MODES, Mode
 from app.ui import settings as settings_mod
+from app.ui.banners import Priority
 from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
 
@@ -380,8 +387,10 @@ class ReplyFlow:
             self.flash(ev.message, 8000)
 
     def _on_notice(self, side: SideRun, ev: Notice) -> None:
+        """The prompt was fitted to the context: said above lesser notes (the reply's footer
+        keeps it too, ``ReplyResult.context_note``)."""
         if self._shown(self._run):
-            self.show_note(ev.message)
+            self.show_note(ev.message, Priority.WARNING)
 
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
         side.error = ev.message  # stored with the reply, shown when its chat is
@@ -581,12 +590,18 @@ class ReplyFlow:
                              else self.baselines.speedup(s.tok_per_s, *key))
                 r.speed_checked = True
                 self._store_speedup(run.msg.ids.get(run.version_key(tag)), r.speedup)
-                self.slow_streak.add(r.speedup.ratio if r.speedup else None)
+                note = r.context_note
+                long = long_context(s.prompt_tokens, self.model.context_length,
+                                    getattr(self.model, "trained_chat_length", None),
+                                    note is not None and note.left_out_turns > 0)
+                self.slow_streak.add(r.speedup.ratio if r.speedup else None, long)
                 unfit = unfit_drafter_note(s, self.model.drafter_name)
-                if unfit:
+                if unfit and not long:  # in a long chat low acceptance is the chat's doing
                     self.show_note(unfit)
-                elif self.slow_streak.slow:
-                    self.show_note(SlowStreak.NOTE)
+                elif self.slow_streak.slow:  # below a note on this reply's prompt
+                    advice = self.slow_streak.advice()
+                    self.show_note(advice, Priority.TIP if advice == SlowStreak.NOTE
+                                   else Priority.NOTE)
 
     def _store_speedup(self, row_id: int | None, speedup) -> None:
         """Keep a reply's speed-up with its stored row (a reloaded footer shows it too)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
@@ -47,6 +48,7 @@ from app.chat.turns import ConversationView, Turn, TurnStore
 from app.engine.modes import DRAFTING_MODES
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
+from app.ui.banners import BannerQueue, Priority
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
 from app.ui.conversation_flow import ConversationFlow
@@ -266,12 +268,16 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.banner.setObjectName("banner")
         self.banner.setWordWrap(True)
         self.banner.setAccessibleName("Message")
-        self.banner_kind = ""
-        self.banner_chat: int | None = None  # the conversation the banner is about
+        self.banner_kind = ""  # the shown message's kind ("error", "note"; "" when none)
+        self.banner_chat: int | None = None  # the conversation the shown message is about
+        self.banners = BannerQueue()  # every message, shown or waiting (app/ui/banners.py)
+        self._banner_timer = QTimer(self)  # the next message that expires
+        self._banner_timer.setSingleShot(True)
+        self._banner_timer.timeout.connect(self._show_banner_top)
         self.banner_close = QToolButton()
         self.banner_close.setIcon(st.standardIcon(QStyle.SP_DialogCloseButton))
         self.banner_close.setAccessibleName("Dismiss message")
-        self.banner_close.clicked.connect(self.clear_banner)
+        self.banner_close.clicked.connect(self.dismiss_banner)
         self.banner_row = QWidget()
         br = QHBoxLayout(self.banner_row)
         br.setContentsMargins(12, 8, 12, 0)
@@ -480,32 +486,76 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         self.flash_label.setText(f"   ·   {text}" if text else "")
         self._flash_timer.start(ms)
 
-    def show_banner(self, text: str, kind: str = "error", chat: int | None = None) -> None:
+    def show_banner(self, text: str, kind: str = "error", chat: int | None = None,
+                    priority: Priority | None = None, ms: int | None = None) -> None:
         """Show a dismissable message above the chat. ``kind`` "error" (something failed:
         the red banner) or "note" (routine information: a quiet one). ``chat``: the id of the
         conversation the message is about (a turn that could not start or failed); it goes
-        when another chat is shown. None: about the app (a model that did not load), kept."""
-        log.info("banner (%s): %s", kind, text)
-        self.banner_kind = kind
-        self.banner_chat = chat
-        self.banner.setText(sentence(text))
-        self.banner.setProperty("kind", kind)
-        self.banner.setAccessibleName("Error" if kind == "error" else "Note")
+        when another chat is shown. None: about the app (a model that did not load), kept.
+
+        ``priority`` (default :attr:`Priority.ERROR` for an error, :attr:`Priority.NOTE`
+        for a note): the banner is one queue (``app.ui.banners``), so a message waits behind
+        a shown one of higher priority and shows when that one goes; it replaces one of its
+        own priority. ``ms``: it goes by itself after that many milliseconds (None: when
+        dismissed)."""
+        if priority is None:
+            priority = Priority.ERROR if kind == "error" else Priority.NOTE
+        text = sentence(text)
+        log.info("banner (%s, %s): %s", kind, Priority(priority).name.lower(), text)
+        expires = time.monotonic() + ms / 1000 if ms is not None else None
+        entry = self.banners.push(text, kind, priority, chat, expires)
+        if self._show_banner_top() is entry:
+            self.flash(text, 8000)
+
+    def show_note(self, text: str, priority: Priority = Priority.NOTE,
+                  ms: int | None = None) -> None:
+        """Routine information (not an error) in the quiet banner, at ``priority`` (see
+        :meth:`show_banner`)."""
+        self.show_banner(text, kind="note", priority=priority, ms=ms)
+
+    def _show_banner_top(self):
+        """Draw the queue's highest message (or hide the banner when it is empty) and time
+        the next expiry; returns the entry shown (None when none)."""
+        entry = self.banners.top(time.monotonic())
+        nxt = self.banners.next_expiry()
+        if nxt is None:
+            self._banner_timer.stop()
+        else:
+            self._banner_timer.start(max(0, int((nxt - time.monotonic()) * 1000) + 1))
+        if entry is None:
+            self.banner.setText("")
+            self.banner_kind = ""
+            self.banner_chat = None
+            self.banner_row.hide()
+            return None
+        self.banner_kind = entry.kind
+        self.banner_chat = entry.chat
+        self.banner.setText(entry.text)
+        self.banner.setProperty("kind", entry.kind)
+        self.banner.setAccessibleName("Error" if entry.kind == "error" else "Note")
         self.banner.style().unpolish(self.banner)
         self.banner.style().polish(self.banner)
         self.banner_row.show()
-        self.flash(sentence(text), 8000)
+        return entry
 
-    def show_note(self, text: str) -> None:
-        """Routine information (not an error) in the quiet banner."""
-        self.show_banner(text, kind="note")
+    def dismiss_banner(self) -> None:
+        """The user closed the shown message: it goes, and the highest waiting one shows."""
+        shown = self.banners.top()
+        if shown is not None:
+            self.banners.drop(lambda e: e is shown)
+        self._show_banner_top()
+
+    def withdraw_banner(self, which) -> None:
+        """Remove the messages, shown or waiting, that ``which(entry) -> bool`` picks (an
+        ``app.ui.banners.BannerEntry``: e.g. an error that is over now); the highest
+        remaining one shows."""
+        self.banners.drop(which)
+        self._show_banner_top()
 
     def clear_banner(self) -> None:
-        """Hide the message."""
-        self.banner.setText("")
-        self.banner_kind = ""
-        self.banner_chat = None
-        self.banner_row.hide()
+        """Hide every message, shown and waiting (a new reply starts, a new chat)."""
+        self.banners.clear()
+        self._show_banner_top()
 
     def show_store_problem(self, text: str) -> None:
         """Say that chats are not being stored as they should be (kept in memory only this
@@ -625,9 +675,8 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         new = conv.id if conv is not None else None
         # what is said about one chat goes with it: an error about its turn, or a note on
         # its reply or settings (errors about the app stay)
-        if self.banner_chat not in (None, new) or \
-                (self.banner_kind == "note" and shown not in (None, new)):
-            self.clear_banner()
+        self.withdraw_banner(lambda e: e.chat not in (None, new) or
+                             (e.kind == "note" and shown not in (None, new)))
         if shown is not None and new not in (None, shown):
             self._swap_draft(shown, new)
         self.conv = conv
