@@ -286,3 +286,26 @@ def test_a_trained_chat_length_caps_the_budget_softly():
     assert fit.left_out_turns == 1 and fit.prompt_tokens == 3 + 7 + 104 > fit.budget
     with pytest.raises(ContextOverflowError):
         fit_history(long, words, limit=100, trained=50)
+
+
+def test_a_growing_chat_leaves_turns_out_in_steps_so_its_start_holds():
+    """With ``step=LEAVE_OUT_STEP`` the number of turns left out is a multiple of it (or every
+    turn), never fewer than needed, so a chat growing by one turn changes its prompt's start
+    at most every other turn; with the default every turn once the limit is reached."""
+    from app.chat.history import LEAVE_OUT_STEP
+
+    assert LEAVE_OUT_STEP == 2
+    limit = 3 + 7 + 14 + 3 * 38
+    stepped, fewest = [], []
+    for n in range(3, 12):
+        msgs = history(n)
+        fit = fit_history(msgs, words, limit=limit, step=LEAVE_OUT_STEP)
+        least = fit_history(msgs, words, limit=limit)
+        assert fit.prompt_tokens <= limit
+        assert fit.left_out_turns >= least.left_out_turns
+        assert fit.left_out_turns % LEAVE_OUT_STEP == 0 or fit.left_out_turns == n
+        stepped.append(fit.left_out_turns)
+        fewest.append(least.left_out_turns)
+    changes = sum(a != b for a, b in zip(stepped, stepped[1:]))
+    assert changes < sum(a != b for a, b in zip(fewest, fewest[1:]))
+    assert stepped[-1] > 0

@@ -151,3 +151,29 @@ def test_the_worker_prefills_a_new_chat_on_request_and_survives_a_failure(qtbot)
     w._on_preamble({"mode": "dflash"}, "Be brief.")
     w._on_preamble({"mode": "plain"}, "boom")  # logged, not raised
     assert calls == [({"mode": "dflash"}, "Be brief."), ({"mode": "plain"}, "boom")]
+
+
+def test_a_long_chat_that_leaves_turns_out_still_prefills_its_next_turn(demo_spec):
+    """Once earlier turns are left out to fit (in steps of two turns), the next turn's start
+    is still prefilled between replies, and the next reply reuses all of it with a cold
+    session's tokens."""
+    settings = {"max_tokens": 24, "mode": "dflash", "temperature": 0.0}
+    ahead, cold = _session(demo_spec), _session(demo_spec)
+    chat = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i, country in enumerate(["France", "Peru", "Kenya", "Japan", "Chile"]):
+        chat += [{"role": "user", "content": f"Question {i}: what is the capital of {country}?"},
+                 {"role": "assistant", "content": f"I do not know the capital of {country}."}]
+    for s in (ahead, cold):  # room for the system prompt and about three of the five turns
+        s.target.trained_chat_length = 130
+    done = ahead.prefill_after(chat, settings)
+    assert done is not None and done.tokens > 40
+    nxt = [*chat, {"role": "user", "content": "And of Spain?"}]
+    replies = []
+    for s in (ahead, cold):
+        events = list(s.reply(nxt, settings))
+        notice = [e for e in events if type(e).__name__ == "Notice"]
+        assert notice and notice[0].left_out_turns % 2 == 0 < notice[0].left_out_turns
+        replies.append([e for e in events if isinstance(e, ReplyDone)][0].reply)
+    warm, fresh = replies
+    assert warm.all_tokens == fresh.all_tokens
+    assert warm.rounds[0].summary.reused_tokens == done.tokens

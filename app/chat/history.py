@@ -24,6 +24,10 @@ order (each step only when the one before was not enough):
    (:data:`SHORTENED_MARK`); the calls themselves stay, so every call still has its result;
 3. whole earlier turns, oldest first (the turns kept keep their shortened results).
 
+Steps 2 and 3 can go several turns at a time (``step``; the app uses
+:data:`LEAVE_OUT_STEP`), so that a growing chat's prompt keeps its start for a turn and the
+cached prefix is reused.
+
 The system prompt and the current turn are never changed.
 """
 
@@ -39,6 +43,12 @@ TOOL_RESULT_KEEP_CHARS = 80
 """Characters of an earlier turn's tool result kept when results are shortened to fit the
 context (step 2 of the module doc): enough for a short value (a time, a sum, a capital), so
 that a follow-up which reaches back can still read it."""
+
+LEAVE_OUT_STEP = 2
+"""Earlier turns are left out (and their tool results shortened) in multiples of this many:
+a chat that grows by one turn then changes its prompt's start every other turn, not every
+turn, so the turn in between reuses the cached prefix instead of prefilling the whole history
+again (``app.engine.prefix``)."""
 
 SHORTENED_MARK = " … (shortened to fit the context)"
 """Appended to a tool result cut to :data:`TOOL_RESULT_KEEP_CHARS` characters."""
@@ -187,6 +197,12 @@ def _smallest(count: int, fits: Callable[[int], bool]) -> int | None:
     return hi
 
 
+def _in_steps(n: int, most: int, step: int) -> int:
+    """``n`` rounded up to a multiple of ``step``, at most ``most`` (leaving out or
+    shortening more than the fewest needed still fits: the count only grows)."""
+    return min(most, -(-n // max(1, int(step))) * max(1, int(step)))
+
+
 def fit_history(
     messages: Sequence[dict],
     count_tokens: TokenCounter,
@@ -195,6 +211,7 @@ def fit_history(
     reserve: int = 0,
     keep_reasoning: bool = False,
     trained: int | None = None,
+    step: int = 1,
 ) -> FittedHistory:
     """Fit the rendered prompt into the budget, changing as little as possible, in the order
     of the module doc: earlier reasoning, then earlier tool results (oldest turn first),
@@ -214,6 +231,9 @@ def fit_history(
             ``limit - reserve`` it is the budget, as a soft cap: a prompt whose system
             prompt and current turn alone are longer is sent with every earlier turn left
             out, as long as it fits ``limit - reserve``.
+        step: leave out (and shorten) earlier turns in multiples of this many (the fewest
+            needed rounded up; 1: the fewest), so that a chat growing by one turn keeps its
+            prompt's start for ``step - 1`` turns (:data:`LEAVE_OUT_STEP`).
 
     Raises:
         ContextOverflowError: the system prompt and current turn alone do not fit
@@ -264,6 +284,7 @@ def fit_history(
     k = _smallest(len(long_results),
                   lambda k: tokens(("cut", k), shortened(k)) <= budget)
     if k is not None:
+        k = _in_steps(k, len(long_results), step)
         return result(shortened(k), ("cut", k), cut=k, reasoning=keep_reasoning)
 
     def without(d: int) -> list[list[dict]]:
@@ -275,6 +296,7 @@ def fit_history(
         smallest = tokens(("drop", d), [])
         if smallest > hard:
             raise ContextOverflowError(smallest, hard)
+    d = _in_steps(d, len(turns), step)
     cut = sum(1 for i in long_results if i >= d)
     return result(without(d), ("drop", d), left_out=d, cut=cut, reasoning=keep_reasoning)
 
@@ -329,14 +351,15 @@ def fit_for_tokenizer(
     reserve: int = 0,
     tools: list[dict] | None = None,
     trained: int | None = None,
+    step: int = 1,
     **template_kwargs,
 ) -> FittedHistory:
     """:func:`fit_history` measured with the tokenizer's own chat template.
 
     Earlier turns' reasoning is sent back only when the template shows it
     (:func:`template_uses_past_reasoning`). ``tools`` and ``template_kwargs`` (e.g.
-    ``enable_thinking``) are rendered as they will be for generation; ``trained`` is
-    :func:`fit_history`'s soft cap. Raises as :func:`fit_history` does.
+    ``enable_thinking``) are rendered as they will be for generation; ``trained`` and
+    ``step`` are :func:`fit_history`'s. Raises as :func:`fit_history` does.
     """
 
     def render(msgs: list[dict]) -> str:
@@ -351,4 +374,5 @@ def fit_for_tokenizer(
         reserve=reserve,
         keep_reasoning=template_uses_past_reasoning(render),
         trained=trained,
+        step=step,
     )

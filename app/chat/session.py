@@ -489,8 +489,9 @@ class ChatSession:
         reply) will start with, as :meth:`prefill_next_turn` does for a stored conversation;
         the local server calls it after a final answer, since its clients send the whole
         history again with the next message. None when there is nothing to do (no model, no
-        reply at the end, a prefix the cache already holds, or earlier turns that would be
-        left out to fit the context).
+        reply at the end, or a prefix the cache already holds). When the next turn leaves
+        earlier turns out to fit, what it most likely starts with is prefilled: the fit of
+        ``messages`` and a one-letter message.
 
         Raises:
             EngineError: from the engine (the kept cache is dropped then).
@@ -505,8 +506,9 @@ class ChatSession:
             fitted, _ = self._fit([*messages, {"role": "user", "content": "a"}], rs)
         except PromptTooLongError:
             return None
-        if len(fitted) != len(messages) + 1:
-            return None  # the next turn leaves earlier turns out: its prompt is not known
+        # with earlier turns left out (in steps: app.chat.history.LEAVE_OUT_STEP) the next
+        # prompt most likely leaves out the same ones; if a long message leaves out more,
+        # nothing is lost but this prefill (reuse matches token ids)
         return self._prefill_next(fitted[:-1], rs)
 
     def prefill_new_chat(self, settings: dict, system_prompt: str = "") -> PrefillResult | None:
@@ -716,7 +718,12 @@ class ChatSession:
         the :class:`Notice` to give, or None).
 
         Raises :class:`PromptTooLongError` when the current message alone does not fit."""
-        from app.chat.history import ContextOverflowError, context_limit, fit_for_tokenizer
+        from app.chat.history import (
+            LEAVE_OUT_STEP,
+            ContextOverflowError,
+            context_limit,
+            fit_for_tokenizer,
+        )
 
         limit = context_limit(getattr(self.target, "context_length", None) or None)
         kwargs = {}
@@ -726,7 +733,8 @@ class ChatSession:
         try:
             fitted = fit_for_tokenizer(
                 messages, self.target.tokenizer, limit, reserve=reserve, tools=rs.tools,
-                trained=getattr(self.target, "trained_chat_length", None), **kwargs)
+                trained=getattr(self.target, "trained_chat_length", None),
+                step=LEAVE_OUT_STEP, **kwargs)
         except ContextOverflowError as exc:
             raise PromptTooLongError(
                 f"{exc} (the {limit:,}-token context minus {reserve:,} kept free for the "

@@ -82,13 +82,13 @@ def settings_for(mode: str, tools: bool, runnable, max_tokens: int = MAX_TOKENS)
 def fit(target, messages: list[dict], settings) -> list[dict]:
     """The messages the window's worker sends for ``messages`` (``fit_for_tokenizer``, within
     the context and the trained chat length the target's folder states)."""
-    from app.chat.history import context_limit, fit_for_tokenizer
+    from app.chat.history import LEAVE_OUT_STEP, context_limit, fit_for_tokenizer
 
     limit = context_limit(getattr(target, "context_length", None) or 4096)
     return fit_for_tokenizer(messages, target.tokenizer, limit,
                              reserve=min(settings.max_tokens, limit // 2), tools=settings.tools,
                              trained=getattr(target, "trained_chat_length", None),
-                             enable_thinking=True).messages
+                             step=LEAVE_OUT_STEP, enable_thinking=True).messages
 
 
 def reply_to(target, drafter, history: list[dict], tools: bool, mode: str, runnable,
