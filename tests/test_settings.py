@@ -3,13 +3,14 @@ the setting."""
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import FrozenInstanceError, fields, replace
 
 import pytest
 
 from app.chat.settings import (
     DEFAULTS,
     RANGES,
+    SAMPLING_KEYS,
     SPECS,
     ReplySettings,
     Sampling,
@@ -133,9 +134,10 @@ def test_defaults_come_from_the_one_table():
     assert rs.max_tokens == table["max_tokens"] == GenerationConfig().max_tokens
     assert rs.rollback == table["rollback"] == GenerationConfig().rollback
     assert rs.fast_verify == table["fast_verify"] == GenerationConfig().fast_verify
-    assert rs.sampling == Sampling.from_values({})  # the sampling keys' table defaults
-    assert Sampling().generation_kwargs() == {
-        k: v for k, v in Sampling.from_values({}).generation_kwargs().items()}
+    assert rs.sampling == Sampling() == Sampling.from_values({})  # the table's defaults
+    engine = GenerationConfig()
+    assert Sampling().generation_kwargs() == {k: getattr(engine, k) for k in SAMPLING_KEYS}
+    assert SAMPLING_KEYS == tuple(f.name for f in fields(Sampling))
     assert ReplySettings.from_values(defaults(), "plain").max_tokens == table["max_tokens"]
     args = build_parser().parse_args(["chat"])
     assert args.max_tokens == table["max_tokens"] and args.rollback == table["rollback"]

@@ -186,12 +186,12 @@ class Sampling:
     finite value >= 0 in the engine.
     """
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    seed: int | None = None
+    temperature: float = SPECS["temperature"].default
+    top_p: float = SPECS["top_p"].default
+    top_k: int = SPECS["top_k"].default
+    min_p: float = SPECS["min_p"].default
+    repetition_penalty: float | None = None  # the table's 1.0: off
+    seed: int | None = None  # the table's -1: not seeded
 
     def __post_init__(self) -> None:
         for name, kind in (("temperature", float), ("top_p", float), ("top_k", int),
@@ -225,10 +225,9 @@ class Sampling:
                    seed=None if v["seed"] < 0 else v["seed"])
 
     def generation_kwargs(self) -> dict:
-        """The sampling fields of ``app.engine.generate.GenerationConfig`` (same names)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
-                "seed": self.seed}
+        """The sampling fields of ``app.engine.generate.GenerationConfig`` (same names:
+        :data:`SAMPLING_KEYS`)."""
+        return {k: getattr(self, k) for k in SAMPLING_KEYS}
 
 
 @dataclass(frozen=True)
