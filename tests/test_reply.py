@@ -3,6 +3,7 @@ and stop strings from known token ids) and with the real tiny pair (plain vs DFl
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from types import SimpleNamespace
 
@@ -99,7 +100,7 @@ def run_fake(monkeypatch, target, scripts, settings, block=5, cancel_event=None)
     """Run a reply on the scripted engine; thinking is off unless the settings say otherwise
     (the scripts open their own <think> block)."""
     if settings.enable_thinking is None:
-        settings.enable_thinking = False
+        settings = dataclasses.replace(settings, enable_thinking=False)
     engine = FakeEngine(target.tokenizer, scripts, block)
     monkeypatch.setattr(reply_mod, "_engine_generate", engine)
     drafter = object() if settings.mode == "dflash" else None

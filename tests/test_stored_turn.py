@@ -120,7 +120,7 @@ def test_regenerate_compare_and_edit_store_siblings(store):
     cmp = events_of(store, backend, TurnRequest(conv.id, "compare", SETTINGS,
                                                 tags=("plain", "dflash")))
     assert set(cmp[0].reply_ids) == {"plain", "dflash"} and cmp[-1].chosen == "dflash"
-    assert backend.last_settings["mode"] == "dflash"
+    assert backend.last_settings.mode == "dflash"
     rows = [store.get_message(i) for i in cmp[0].reply_ids.values()]
     assert {r.mode: r.status for r in rows} == {"plain": "complete", "dflash": "complete"}
     assert store.active_path(conv.id)[-1].id == cmp[0].reply_ids["dflash"]
@@ -227,7 +227,7 @@ def test_a_three_sided_compare_stores_a_dflash2_sibling(store):
     begun, stored = events[0], events[-1]
     assert set(begun.reply_ids) == {"plain", "dflash", "dflash2"}
     assert stored.chosen == "dflash" and not stored.error
-    assert backend.last_settings["mode"] == "dflash2"  # the third side ran last
+    assert backend.last_settings.mode == "dflash2"  # the third side ran last
     rows = {k: store.get_message(i) for k, i in begun.reply_ids.items()}
     assert {k: r.mode for k, r in rows.items()} == \
         {"plain": "plain", "dflash": "dflash", "dflash2": "dflash2"}
@@ -252,7 +252,7 @@ class _DivergingSession:
         from app.chat.events import Reply, ReplyDone, ReplyRound
         from app.engine.events import Summary
 
-        mode = settings["mode"]
+        mode = settings.mode
         tokens = [5, 6, 7] if mode == "plain" else [5, 6, 9]
         rnd = ReplyRound(0, mode, "text", "", [], "stop", tokens, [False] * 3, "text",
                          Summary(mode=mode, generated_tokens=3), [1, 2])
@@ -343,3 +343,46 @@ def test_kept_writes_are_retried_in_order_and_dropped_once_stored(tmp_path):
     got = store.get_message(row.id)
     assert got.status == "complete" and got.content == "Hello there."
     ts.close()
+
+
+def test_the_request_carries_one_typed_record_and_each_side_gets_a_replaced_one(store):
+    """A Compare turn's sides run ``replace(settings, mode=tag)`` records (with the frozen
+    tools of the turn), the request's own record is never changed, and each row keeps the
+    record's figures in the stored ``generation`` format."""
+    from app.chat.settings import ReplySettings, Sampling
+    from app.engine.modes import Mode
+
+    rs = ReplySettings(mode="dflash", max_tokens=64, block_size=4, run_tools=True,
+                       sampling=Sampling(temperature=0.5, seed=3), system_prompt="Be brief.")
+    conv = store.new_conversation()
+    backend = ScriptedSession(cycles=2, block=4)
+    seen = []
+    reply = backend.reply
+    backend.reply = lambda messages, settings, cancel=None: (seen.append(settings),
+                                                             reply(messages, settings,
+                                                                   cancel))[1]
+    request = TurnRequest(conv.id, "compare", rs, tags=("plain", "dflash"),
+                          system_prompt=rs.system_prompt)
+    events = events_of(store, backend, request)
+    assert request.settings is rs and rs.mode is Mode.DFLASH and rs.runnable_tools is None
+    assert [type(s) for s in seen] == [ReplySettings, ReplySettings]
+    assert [s.mode for s in seen] == [Mode.PLAIN, Mode.DFLASH]
+    assert seen[0].runnable_tools is not None and seen[0].runnable_tools is \
+        seen[1].runnable_tools  # one frozen clock for both sides
+    assert all(s.max_tokens == 64 and s.sampling == rs.sampling for s in seen)
+    row = store.get_message(events[0].reply_ids["dflash"])
+    kept = {k: v for k, v in row.generation.items() if k != "top2_gap"}  # the Compare's own
+    assert kept == {"max_tokens": 64, "temperature": 0.5, "top_p": 1.0, "top_k": 0,
+                    "min_p": 0.0, "seed": 3, "enable_thinking": None}
+
+
+def test_a_settings_dict_is_converted_and_a_bad_one_refused(store):
+    from app.chat.settings import ReplySettings, SettingError
+
+    request = TurnRequest(1, "hi", dict(SETTINGS))
+    assert isinstance(request.settings, ReplySettings)
+    assert (request.settings.mode, request.settings.block_size) == ("dflash", 4)
+    with pytest.raises(SettingError, match="max_tokens 0 is out of range"):
+        TurnRequest(1, "hi", dict(SETTINGS, max_tokens=0))
+    with pytest.raises(SettingError, match="unknown setting: blocksize"):
+        TurnRequest(1, "hi", {"blocksize": 4})

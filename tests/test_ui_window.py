@@ -21,9 +21,12 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from app.chat.pipeline import ContentDelta  # noqa: E402
 from app.chat.scripted import DEFAULT_TURN, ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
+from app.chat.settings import ReplySettings  # noqa: E402
 from app.chat.storage import _prompt_dicts  # noqa: E402
+from app.chat.stored_turn import TurnRequest  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
 from app.engine.events import Done, Summary, TokenEvent  # noqa: E402
+from app.engine.modes import Mode  # noqa: E402
 from app.ui.chat import NO_ANSWER_IN_REASONING  # noqa: E402
 from app.ui.compare import first_difference  # noqa: E402
 from app.ui.panels import FIGURES, format_figure  # noqa: E402
@@ -293,7 +296,7 @@ def test_second_turn_reuses_the_prefix_and_the_panel_says_so(qtbot, engine_windo
     # after the reply the worker is asked to prefill the chat's next turn (while the user writes)
     with qtbot.waitSignal(win.worker.prefillRequested, timeout=60_000) as asked:
         first = send_and_wait(qtbot, win, PROMPT, mode="dflash").version.result
-    assert asked.args[0] == win.conv.id and asked.args[1]["mode"] == "dflash"
+    assert asked.args[0] == win.conv.id and asked.args[1].mode == "dflash"
     # only what the template writes before a first message was prefilled after the load
     assert first.summary.reused_tokens < 8
     second = send_and_wait(qtbot, win, "And another one?", mode="dflash").version.result
@@ -312,7 +315,7 @@ def test_a_load_prefills_a_new_chats_preamble_for_the_first_reply(qtbot, qs, tin
         win.load_model(str(t), str(d))
     settings, system_prompt = asked.args
     assert system_prompt == "You are a terse assistant. Answer in one line."
-    assert settings["mode"] == win.composer.mode()
+    assert settings.mode == win.composer.mode() and settings.system_prompt == system_prompt
     win.new_chat()
     first = send_and_wait(qtbot, win, PROMPT).version.result.summary
     preamble = len(win.worker.backend.target.tokenizer.encode(
@@ -544,10 +547,14 @@ def test_conversation_settings_override_app_defaults(qtbot, qs):
     try:
         win.load_model("t", "d")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
-        send_and_wait(qtbot, win, "first", mode="dflash")
+        with qtbot.waitSignal(win.worker.replyRequested, timeout=10_000) as asked:
+            send_and_wait(qtbot, win, "first", mode="dflash")
+        request = asked.args[1]  # what crosses to the worker thread: one typed record
+        assert isinstance(request, TurnRequest) and isinstance(request.settings, ReplySettings)
         s = backend.last_settings
-        assert s["max_tokens"] == 77 and s["block_size"] is None
-        assert s["stop_strings"] == ["END", "###"]
+        assert s is request.settings  # handed to the backend as it was built
+        assert s.mode == Mode.DFLASH and s.max_tokens == 77 and s.block_size is None
+        assert s.stop == ["END", "###"] and s.system_prompt == "Be brief."
         assert backend.last_messages[0] == {"role": "system", "content": "Be brief."}
         win.open_settings()
         dlg = win._settings_dialog
@@ -557,15 +564,35 @@ def test_conversation_settings_override_app_defaults(qtbot, qs):
         dlg.for_chat.click()
         assert win.conv.settings == {"max_tokens": 5, "block_size": 3}
         send_and_wait(qtbot, win, "second", mode="dflash")
-        assert backend.last_settings["max_tokens"] == 5
-        assert backend.last_settings["block_size"] == 3
+        assert backend.last_settings.max_tokens == 5
+        assert backend.last_settings.block_size == 3
         # history carries the first turn
         assert [m["role"] for m in backend.last_messages] == ["system", "user", "assistant",
                                                               "user"]
         win.new_chat()
         send_and_wait(qtbot, win, "third", mode="dflash")
-        assert backend.last_settings["max_tokens"] == 77
+        assert backend.last_settings.max_tokens == 77
         assert settings_mod.load_defaults(qs)["max_tokens"] == 77
+    finally:
+        close_window(win)
+
+
+def test_a_chat_override_the_table_refuses_starts_no_reply(qtbot, qs):
+    """A stored chat override out of range (a hand-edited database) is named in the banner;
+    nothing is sent to the worker and the message goes back to the composer."""
+    backend = ScriptedBackend(cycles=2)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        win.new_chat()
+        win.conv.settings = {"max_tokens": 0}
+        asked = []
+        win.worker.replyRequested.connect(lambda *args: asked.append(args))
+        assert not win.send("Hello?")
+        assert "max_tokens 0 is out of range" in win.banner.text()
+        assert win.composer.edit.toPlainText() == "Hello?" and not asked
+        assert backend.last_settings is None and not win.busy
     finally:
         close_window(win)
 
@@ -937,7 +964,7 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
         assert msg.compare and msg.chosen == "plain"
         assert msg.versions["plain"].stopped and msg.versions["plain"].result.tokens
         assert msg.versions["dflash"].stopped and not msg.versions["dflash"].result.tokens
-        assert backend.last_settings["mode"] == "plain"  # the DFlash side never started
+        assert backend.last_settings.mode == "plain"  # the DFlash side never started
         rows = {store.db.get_message(i).mode: store.db.get_message(i).status
                 for i in msg.ids.values()}
         assert rows == {"plain": "stopped", "dflash": "stopped"}

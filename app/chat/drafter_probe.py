@@ -131,12 +131,13 @@ def probe_drafter(target, drafter, cycles: int = PROBE_CYCLES) -> DrafterProbe:
     Raises:
         app.engine.errors.WrongThreadError: called on the GUI thread.
     """
+    from app.engine.drafter import DEFAULT_BLOCK_SIZE
     from app.engine.errors import EngineError, WrongThreadError
     from app.engine.events import CycleEvent, Done
     from app.engine.generate import GenerationConfig, generate
 
     target_path, drafter_path = pair_key(target.path, drafter.path)
-    block = int(getattr(drafter.config, "block_size", 16) or 16)
+    block = int(getattr(drafter.config, "block_size", None) or DEFAULT_BLOCK_SIZE)
     config = GenerationConfig(mode="dflash", max_tokens=1 + cycles * block)
     seen: list[CycleEvent] = []
     tokens = 0

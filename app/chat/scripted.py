@@ -30,6 +30,7 @@ from app.chat.events import (
     ToolRun,
 )
 from app.chat.session import ModelInfo, PairSpec
+from app.chat.settings import ReplySettings, as_reply_settings
 from app.engine.errors import ModelLoadError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.modes import DRAFTING_MODES
@@ -103,7 +104,7 @@ class ScriptedSession:
         self.emitted_cycles = 0
         self.summary: Summary | None = None
         self.threads: list[int] = []
-        self.last_settings: dict = {}
+        self.last_settings: ReplySettings | None = None
         self.last_messages: list[dict] = []
 
     # ---- ChatSession's interface
@@ -126,14 +127,21 @@ class ScriptedSession:
         """Token texts (``piece`` of each id)."""
         return [self.piece(t) for t in tokens]
 
-    def reply(self, messages: list[dict], settings: dict,
+    def reply(self, messages: list[dict], settings: ReplySettings | dict,
               cancel: threading.Event | None = None) -> Iterator:
-        """The next scripted turn's events (engine and reply event types)."""
+        """The next scripted turn's events (engine and reply event types), in ``settings``'
+        mode (a :class:`~app.chat.settings.ReplySettings`; a values dict is converted as
+        ``ChatSession.reply`` converts it).
+
+        Raises:
+            SettingError: a settings dict with an unknown key or a bad value.
+        """
         self.threads.append(threading.get_ident())
-        self.last_settings, self.last_messages = dict(settings), list(messages)
+        rs = as_reply_settings(settings)
+        self.last_settings, self.last_messages = rs, list(messages)
         turn = self.turns[min(self.turn, len(self.turns) - 1)]
         self.turn += 1
-        events = self._events(turn, settings.get("mode", "dflash"), cancel or threading.Event())
+        events = self._events(turn, rs.mode, cancel or threading.Event())
         if turn.notice is not None:
             return itertools.chain([turn.notice], events)
         return events

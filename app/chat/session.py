@@ -33,7 +33,7 @@ from typing import Any
 
 from app.chat.events import Notice
 from app.chat.examples import DEMO_ABOUT, read_examples
-from app.chat.settings import ReplySettings, reply_settings
+from app.chat.settings import ReplySettings, as_reply_settings
 from app.chat.storage import Store
 from app.engine.errors import EngineError, PromptTooLongError
 from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
@@ -390,12 +390,15 @@ class ChatSession:
             return 0
 
     # ------------------------------------------------------------------ replies
-    def reply(self, messages: list[dict], settings: dict,
+    def reply(self, messages: list[dict], settings: ReplySettings | dict,
               cancel: threading.Event | None = None, resume: Any = None) -> Iterator:
         """Events of one reply to ``messages`` (chat-template dicts).
 
-        ``settings`` is the window's settings dict (``mode``, sampling, ``use_tools``, ...;
-        see ``app.ui.settings.reply_settings``). The messages are fitted to the context first
+        ``settings``: the reply's :class:`~app.chat.settings.ReplySettings` (the window
+        builds it with ``ReplySettings.from_values``). Every method here that takes settings
+        also accepts a values dict (``app.chat.settings.reply_values`` keys), converted with
+        ``app.chat.settings.reply_settings``, for scripts; the typed record is the way, and
+        the one the window, the server and the CLI pass. The messages are fitted to the context first
         (oldest turns left out; a :class:`Notice` is yielded first then). Yields
         ``app.chat.reply`` events, ending with ``ReplyDone``.
 
@@ -405,6 +408,7 @@ class ChatSession:
         the continuation completes).
 
         Raises:
+            SettingError: a settings dict with an unknown key or a bad value.
             EngineError: no model loaded, DFlash without a drafter, or the current message
                 alone does not fit the context (``PromptTooLongError``, a ``GenerationError``;
                 for ``resume``: the cut round already fills the context).
@@ -412,7 +416,8 @@ class ChatSession:
         check_engine_thread()
         if self.target is None:
             raise EngineError("no model is loaded")
-        mode = settings.get("mode")
+        rs = as_reply_settings(settings)
+        mode = rs.mode
         drafter = self.drafter_for(mode)  # plain too: it keeps the drafter's context
         if mode == Mode.DFLASH2 and drafter is None:
             raise EngineError("DFlash2 needs a DFlash2 drafter; none is loaded for this target")
@@ -420,7 +425,6 @@ class ChatSession:
             raise EngineError("DFlash needs a drafter; none is loaded for this target")
         from app.chat import reply as reply_mod
 
-        rs = reply_settings(settings)
         if resume is not None:
             self.check_resume(resume)
             try:  # the rounds after the continued one render the messages as first fitted
@@ -451,13 +455,14 @@ class ChatSession:
                 # ones included, so its first turn after them reuses the prefix
                 self.cache.keep_context(_drafter_key(other), other)
 
-    def prefill_next_turn(self, conversation_id: int, settings: dict, system_prompt: str = "",
+    def prefill_next_turn(self, conversation_id: int, settings: ReplySettings | dict,
+                          system_prompt: str | None = None,
                           store: Store | None = None) -> PrefillResult | None:
         """Prefill, while the user writes, what the next turn of the stored conversation
         ``conversation_id`` will start with (``app.chat.reply.next_turn_prefix`` of its shown
-        messages, as :meth:`send` would render them with ``settings`` and ``system_prompt``),
-        so that the next turn prefills only the new message. ``store``: where the
-        conversation is (default: the session's own).
+        messages, as :meth:`send` would render them with ``settings`` and ``system_prompt``,
+        by default the settings' own), so that the next turn prefills only the new message.
+        ``store``: where the conversation is (default: the session's own).
 
         A chat template that renders earlier replies differently once a new user message
         follows (Qwen's drop their reasoning) makes the next prompt diverge from what the
@@ -481,10 +486,12 @@ class ChatSession:
             return None
         from app.chat.stored_turn import prompt_for_next
 
-        return self.prefill_after(prompt_for_next(store, conversation_id, system_prompt),
-                                  settings)
+        rs = as_reply_settings(settings)
+        system = rs.system_prompt if system_prompt is None else system_prompt
+        return self.prefill_after(prompt_for_next(store, conversation_id, system), rs)
 
-    def prefill_after(self, messages: list[dict], settings: dict) -> PrefillResult | None:
+    def prefill_after(self, messages: list[dict],
+                      settings: ReplySettings | dict) -> PrefillResult | None:
         """Prefill what the next turn after ``messages`` (chat-template dicts ending with a
         reply) will start with, as :meth:`prefill_next_turn` does for a stored conversation;
         the local server calls it after a final answer, since its clients send the whole
@@ -501,7 +508,7 @@ class ChatSession:
             return None
         if not messages or messages[-1].get("role") not in ("assistant", "tool"):
             return None
-        rs = reply_settings(settings)
+        rs = as_reply_settings(settings)
         try:  # as send() fits them: earlier turns' reasoning may be left out
             fitted, _ = self._fit([*messages, {"role": "user", "content": "a"}], rs)
         except PromptTooLongError:
@@ -511,11 +518,12 @@ class ChatSession:
         # nothing is lost but this prefill (reuse matches token ids)
         return self._prefill_next(fitted[:-1], rs)
 
-    def prefill_new_chat(self, settings: dict, system_prompt: str = "") -> PrefillResult | None:
-        """Prefill what every new chat with ``settings`` (the reply values of
-        :func:`app.chat.settings.reply_values`: tools, thinking switch, mode) and
-        ``system_prompt`` starts with: the system prompt and tool definitions up to where the
-        first user message's text begins. The window's worker calls it after a load, so the
+    def prefill_new_chat(self, settings: ReplySettings | dict,
+                         system_prompt: str | None = None) -> PrefillResult | None:
+        """Prefill what every new chat with ``settings`` (a :class:`ReplySettings`, or a
+        values dict as :meth:`reply` takes: tools, thinking switch, mode) and
+        ``system_prompt`` (default: the settings' own) starts with: the system prompt and tool
+        definitions up to where the first user message's text begins. The window's worker calls it after a load, so the
         first reply of a fresh start prefills only the user's message; the state is kept at
         the end of the preamble, where every later new chat reuses it as well. Exact as any
         reuse (the reply's tokens are a cold prefill's).
@@ -530,8 +538,10 @@ class ChatSession:
         check_engine_thread()
         if self.target is None or self.cache is None:
             return None
-        base = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-        return self._prefill_next(base, reply_settings(settings))
+        rs = as_reply_settings(settings)
+        text = rs.system_prompt if system_prompt is None else system_prompt
+        base = [{"role": "system", "content": text}] if text.strip() else []
+        return self._prefill_next(base, rs)
 
     def _prefill_next(self, base: list[dict], rs: ReplySettings) -> PrefillResult | None:
         """Prefill the prefix every next turn after the chat-template messages ``base``
@@ -592,7 +602,7 @@ class ChatSession:
         if cap is not None:
             cap(n)
 
-    def check_prompt(self, messages: list[dict], settings: dict) -> None:
+    def check_prompt(self, messages: list[dict], settings: ReplySettings | dict) -> None:
         """Check that ``messages`` fit the context as :meth:`reply` fits them (earlier turns
         may be left out), without generating anything; ``app.chat.stored_turn.run_turn``
         calls it before it keeps a new turn, so a refused message is not stored.
@@ -602,7 +612,7 @@ class ChatSession:
         """
         check_engine_thread()
         if self.target is not None:
-            self._fit(messages, reply_settings(settings))
+            self._fit(messages, as_reply_settings(settings))
 
     def drafter_for(self, mode: str | None):
         """The loaded drafter a reply in ``mode`` runs: ``"dflash2"`` the DFlash2 one
@@ -617,13 +627,14 @@ class ChatSession:
             return self.drafter
         return self._cache_drafter or self.drafter
 
-    def send(self, conversation_id: int, text: str, settings: dict,
+    def send(self, conversation_id: int, text: str, settings: ReplySettings | dict,
              cancel: threading.Event | None = None) -> Iterator:
         """One whole turn on the store (``app.chat.stored_turn.run_turn``, as the window's
         worker does it): the user message ``text`` and a reply row stored, the prompt read back
         from the stored messages, the reply (its events yielded as :meth:`reply` does, ending
         with ``ReplyDone``), its growth saved through the store's throttle and its final state
-        (tool rounds included) stored. The stored reply row is ``self.last_reply_id``.
+        (tool rounds included) stored. The settings' ``system_prompt`` goes first when the
+        conversation has no system message. The stored reply row is ``self.last_reply_id``.
 
         Raises:
             RuntimeError: the session has no store.
@@ -635,11 +646,11 @@ class ChatSession:
             raise RuntimeError("ChatSession.send needs a store")
         from app.chat.stored_turn import TurnRequest
 
-        request = TurnRequest(conversation_id, text, dict(settings),
-                              system_prompt=settings.get("system_prompt") or "")
+        rs = as_reply_settings(settings)
+        request = TurnRequest(conversation_id, text, rs, system_prompt=rs.system_prompt)
         return self._stored(request, cancel, PromptTooLongError)
 
-    def continue_reply(self, reply_id: int, settings: dict,
+    def continue_reply(self, reply_id: int, settings: ReplySettings | dict,
                        cancel: threading.Event | None = None) -> Iterator:
         """Continue the stored reply ``reply_id``, which Max tokens ended, where it stopped
         (``app.chat.stored_turn.run_turn`` with ``TurnRequest.continue_of``, as the window's
@@ -661,10 +672,9 @@ class ChatSession:
             raise RuntimeError("ChatSession.continue_reply needs a store")
         from app.chat.stored_turn import CannotContinueError, TurnRequest
 
-        request = TurnRequest(self.store.get_message(reply_id).conversation_id, "",
-                              dict(settings),
-                              system_prompt=settings.get("system_prompt") or "",
-                              continue_of=reply_id)
+        rs = as_reply_settings(settings)
+        request = TurnRequest(self.store.get_message(reply_id).conversation_id, "", rs,
+                              system_prompt=rs.system_prompt, continue_of=reply_id)
         return self._stored(request, cancel, CannotContinueError)
 
     def _stored(self, request: Any, cancel: threading.Event | None,

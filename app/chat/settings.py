@@ -1,4 +1,5 @@
-"""Chat settings: the one place for their names, defaults, ranges and coercion.
+"""Chat settings: the one place for their names, defaults, ranges and coercion, and the one
+typed record a reply runs with.
 
 Stored keys (QSettings group ``generation``, a conversation's ``settings``, exports) are the
 names in :data:`SPECS`, unchanged from earlier versions:
@@ -10,13 +11,26 @@ names in :data:`SPECS`, unchanged from earlier versions:
 * sampling: ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int; 0 = off),
   ``min_p`` (float), ``repetition_penalty`` (float; 1 = off), ``seed`` (int; -1 = none).
 
+:data:`SPECS` holds each setting's one default and range: :class:`ReplySettings`,
+:class:`Sampling`, the window's dialog, the CLI's arguments (``app.commands.generation``) and
+the server's request checks (``app.serve.protocol``) read them from there. The engine's
+``GenerationConfig`` cannot import this layer; its ``max_tokens`` default equals the table's
+and its sampling check is wider (see :class:`Sampling`), both held by
+``tests/test_settings.py``.
+
 :func:`coerce` turns a stored or typed value into the setting's type and checks its range
 (``SettingError`` names the setting; ``clamp=True`` moves a number into range instead, for
-hand-edited preference files). :class:`Sampling` is the typed sampling part of a reply's
-settings; :meth:`Sampling.generation_kwargs` is the one mapping onto the engine's
-``GenerationConfig`` (whose sampler is mlx-lm's ``make_sampler``). :func:`reply_settings`
-builds :class:`ReplySettings` from a values dict and refuses unknown keys. Used by
-the window (``app.ui.settings``), the session and the CLI (``app.commands.generation``).
+hand-edited preference files).
+
+:class:`ReplySettings` (frozen, with :class:`Sampling`, its typed sampling part) is what
+crosses the layers: the window builds it with :meth:`ReplySettings.from_values` (through
+``app.ui.settings.reply_record``), and ``TurnRequest``, the window worker's backend,
+``ChatSession``, the server's worker and the scripted session take it; a variant is
+``dataclasses.replace``. Both check their fields on construction (``SettingError``).
+:meth:`Sampling.generation_kwargs` is the one mapping onto the engine's ``GenerationConfig``
+(whose sampler is mlx-lm's ``make_sampler``). A values dict (:func:`reply_values` keys) is
+still accepted where settings are taken, for scripts: :func:`as_reply_settings` converts it
+with :func:`reply_settings`, which refuses unknown keys; the typed record is the way.
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.modes import MODES, ROLLBACKS
+from app.engine.modes import MODES, ROLLBACKS, Mode
 
 
 class SettingError(ValueError):
@@ -123,6 +137,35 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
     return text
 
 
+def _check_range(name: str, value: Any, what: str = "") -> None:
+    """Refuse ``value`` outside setting ``name``'s inclusive range in :data:`SPECS`.
+
+    Raises:
+        SettingError: naming the setting, the value and the range.
+    """
+    spec = SPECS[name]
+    if not spec.low <= value <= spec.high:
+        raise SettingError(f"{what or name} {value!r} is out of range: it must be between "
+                           f"{spec.low:g} and {spec.high:g}")
+
+
+def _check_number(name: str, value: Any, kind: type) -> None:
+    """Refuse a ``value`` that is not a finite number of ``kind`` (int: a whole number; a bool
+    is no number).
+
+    Raises:
+        SettingError: naming the setting and the value.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and kind is int:
+        ok = isinstance(value, int)
+    if ok and not math.isfinite(value):
+        ok = False
+    if not ok:
+        noun = "a whole number" if kind is int else "a finite number"
+        raise SettingError(f"{name} must be {noun}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen (mlx-lm's sampler and logits processors).
@@ -133,14 +176,37 @@ class Sampling:
         min_p: drop tokens below ``min_p`` times the top probability, in [0, 1].
         repetition_penalty: penalise tokens of the last 20 (None = off).
         seed: seeds the sampler for a reproducible sampled reply (None = not seeded).
+
+    Checked on construction against the ranges of :data:`SPECS` (``SettingError`` naming
+    the field), the ranges the window's dialog, the CLI and the server offer. The engine's
+    own check (``app.engine.generate``) is wider on purpose: it refuses only what mlx-lm's
+    sampler cannot run (a temperature below 0 or not finite, top_p outside (0, 1], ...),
+    since the engine serves callers beside these settings (benchmarks, tests); every value
+    these ranges allow passes it (``tests/test_settings.py``). Temperature: 0-2 here, any
+    finite value >= 0 in the engine.
     """
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    seed: int | None = None
+    temperature: float = SPECS["temperature"].default
+    top_p: float = SPECS["top_p"].default
+    top_k: int = SPECS["top_k"].default
+    min_p: float = SPECS["min_p"].default
+    repetition_penalty: float | None = None  # the table's 1.0: off
+    seed: int | None = None  # the table's -1: not seeded
+
+    def __post_init__(self) -> None:
+        for name, kind in (("temperature", float), ("top_p", float), ("top_k", int),
+                           ("min_p", float)):
+            _check_number(name, getattr(self, name), kind)
+            _check_range(name, getattr(self, name))
+        if self.repetition_penalty is not None:
+            _check_number("repetition_penalty", self.repetition_penalty, float)
+            _check_range("repetition_penalty", self.repetition_penalty)
+        if self.seed is not None:
+            _check_number("seed", self.seed, int)
+            if self.seed < 0:
+                raise SettingError(f"seed must be at least 0 (None: not seeded), got "
+                                   f"{self.seed!r}")
+            _check_range("seed", self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -159,39 +225,53 @@ class Sampling:
                    seed=None if v["seed"] < 0 else v["seed"])
 
     def generation_kwargs(self) -> dict:
-        """The sampling fields of ``app.engine.generate.GenerationConfig`` (same names)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
-                "seed": self.seed}
+        """The sampling fields of ``app.engine.generate.GenerationConfig`` (same names:
+        :data:`SAMPLING_KEYS`)."""
+        return {k: getattr(self, k) for k in SAMPLING_KEYS}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReplySettings:
-    """How to produce one reply.
+    """How to produce one reply: the one settings record that crosses the layers.
+
+    The window builds it with :meth:`from_values` (its stored values, the chat's overrides
+    and the composer's mode); ``TurnRequest.settings``, the window worker's ``Backend.reply``,
+    ``ChatSession.reply`` / ``prefill_*`` / ``check_prompt`` / ``send`` / ``continue_reply``,
+    the server's worker and the scripted session take it as it is. A variant is
+    ``dataclasses.replace(settings, mode=...)`` (a Compare side), never a mutated copy.
+
+    Checked on construction against :data:`SPECS` (the same table the window's dialog, the
+    CLI and the server read): ``mode`` is turned into a :class:`~app.engine.modes.Mode`
+    (a plain string value is accepted), and a value of the wrong type or out of its range
+    raises :class:`SettingError` naming the field.
 
     Attributes:
-        mode: ``"plain"``, ``"dflash"`` or ``"dflash2"`` (a DFlash2 drafter; see
-            :class:`app.engine.generate.GenerationConfig`).
-        max_tokens: generated-token limit per generation round (int > 0).
-        block_size: DFlash block size (None: the drafter's).
+        mode: the decoding mode (:class:`~app.engine.modes.Mode`).
+        max_tokens: generated-token limit per generation round (tokens, ``SPECS`` range).
+        block_size: DFlash block size, a whole number >= 1, or None for the drafter's own.
+            Its upper bound is the drafter's block size, which only the loaded drafter knows:
+            the engine refuses a larger one (``GenerationError``) when the reply starts.
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
         fast_verify: the engine's near-exact chunked verify (``GenerationConfig.fast_verify``).
         enable_thinking: passed to the chat template; None keeps the tokenizer's default.
         stop: stop strings (see :class:`~app.chat.pipeline.TextPipeline`).
         tools: OpenAI-style tool definitions shown to the model (and to the tool parser).
         run_tools: run parsed calls and continue the reply with their results.
-        max_tool_rounds: at most this many rounds of tool execution per reply.
+        max_tool_rounds: at most this many rounds of tool execution per reply (>= 0).
         tool_parser: ``mlx_lm.tool_parsers`` module name overriding the inferred one.
         runnable_tools: ``app.chat.tools`` ``Tool`` objects allowed to run (None: built-ins).
-        tool_timeout_s: seconds one tool call may run.
+        tool_timeout_s: seconds one tool call may run (> 0).
         sampling: :class:`Sampling` (default greedy).
+        system_prompt: the system message a stored turn puts first when the conversation
+            has none of its own (``ChatSession.send``, ``continue_reply``,
+            ``prefill_next_turn``); ``ChatSession.reply`` takes its messages as given.
     """
 
-    mode: str = "plain"
-    max_tokens: int = 256
+    mode: Mode = Mode.PLAIN
+    max_tokens: int = SPECS["max_tokens"].default
     block_size: int | None = None
-    rollback: str = "tape"
-    fast_verify: bool = False
+    rollback: str = SPECS["rollback"].default
+    fast_verify: bool = SPECS["fast_verify"].default
     enable_thinking: bool | None = None
     stop: list[str] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -201,6 +281,57 @@ class ReplySettings:
     runnable_tools: list | None = None
     tool_timeout_s: float = 10.0
     sampling: Sampling = field(default_factory=Sampling)
+    system_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", Mode.parse(self.mode))
+        except ValueError as exc:
+            raise SettingError(str(exc)) from None
+        _check_number("max_tokens", self.max_tokens, int)
+        _check_range("max_tokens", self.max_tokens)
+        if self.block_size is not None:
+            _check_number("block_size", self.block_size, int)
+            if self.block_size < 1:
+                raise SettingError(f"block_size must be at least 1 (None: the drafter's), "
+                                   f"got {self.block_size!r}")
+        if self.rollback not in SPECS["rollback"].choices:
+            raise SettingError(f"rollback must be one of {', '.join(SPECS['rollback'].choices)}"
+                               f", got {self.rollback!r}")
+        for name in ("fast_verify", "run_tools"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(f"{name} must be true or false, got "
+                                   f"{getattr(self, name)!r}")
+        if self.enable_thinking is not None and not isinstance(self.enable_thinking, bool):
+            raise SettingError(f"enable_thinking must be true, false or None, got "
+                               f"{self.enable_thinking!r}")
+        if not isinstance(self.stop, list | tuple) or \
+                not all(isinstance(s, str) for s in self.stop):
+            raise SettingError(f"stop must be a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", list(self.stop))
+        _check_number("max_tool_rounds", self.max_tool_rounds, int)
+        if self.max_tool_rounds < 0:
+            raise SettingError(f"max_tool_rounds must be at least 0, got "
+                               f"{self.max_tool_rounds!r}")
+        _check_number("tool_timeout_s", self.tool_timeout_s, float)
+        if self.tool_timeout_s <= 0:
+            raise SettingError(f"tool_timeout_s must be above 0, got {self.tool_timeout_s!r}")
+        if not isinstance(self.sampling, Sampling):
+            raise SettingError(f"sampling must be a Sampling, got {self.sampling!r}")
+        if not isinstance(self.system_prompt, str):
+            raise SettingError(f"system_prompt must be a string, got {self.system_prompt!r}")
+
+    @classmethod
+    def from_values(cls, values: dict, mode: Any) -> ReplySettings:
+        """The record one reply of the window runs with: its effective settings ``values``
+        (stored names of :data:`SPECS`: the app defaults from QSettings with the chat's
+        overrides on top, ``app.ui.settings.effective``) and the composer's ``mode``.
+        Same as ``reply_settings(reply_values(values, mode))``.
+
+        Raises:
+            SettingError: a key that is no setting, or a bad value (named).
+        """
+        return reply_settings(reply_values(values, mode))
 
 
 DECODING_MODES = MODES
@@ -229,10 +360,11 @@ def reply_values(values: dict, mode: str) -> dict:
     return s
 
 
-def reply_settings(values: dict):
+def reply_settings(values: dict) -> ReplySettings:
     """:class:`ReplySettings` from a reply's values dict (:func:`reply_values`).
 
-    ``stop_strings`` become ``stop`` (unless ``stop`` is given); ``use_tools`` offers the
+    ``block_size`` 0 (as stored) is None, the drafter's own; ``stop_strings`` become
+    ``stop`` (unless ``stop`` is given); ``use_tools`` offers the
     built-in tools and runs their calls; the sampling keys make its :class:`Sampling`.
 
     Raises:
@@ -250,6 +382,8 @@ def reply_settings(values: dict):
                                      "fast_verify", "enable_thinking", "tools", "run_tools",
                                      "max_tool_rounds", "tool_parser", "runnable_tools",
                                      "tool_timeout_s") if k in values}
+    if "block_size" in values:  # 0, as stored, is the drafter's own as None is
+        kwargs["block_size"] = values["block_size"] or None
     kwargs["stop"] = list(values.get("stop") or values.get("stop_strings") or [])
     if values.get("use_tools"):
         from app.chat.tools import tool_schemas
@@ -262,4 +396,22 @@ def reply_settings(values: dict):
     if sampling.get("seed") is None:
         sampling.pop("seed", None)
     kwargs["sampling"] = Sampling.from_values(sampling)
+    if values.get("system_prompt") is not None:
+        kwargs["system_prompt"] = str(values["system_prompt"])
     return ReplySettings(**kwargs)
+
+
+def as_reply_settings(settings: ReplySettings | dict) -> ReplySettings:
+    """``settings`` as the typed record: a :class:`ReplySettings` as it is, a values dict
+    (the compatibility path for scripts: :func:`reply_values` keys) through
+    :func:`reply_settings`.
+
+    Raises:
+        SettingError: a dict with an unknown key or a bad value; anything else (named).
+    """
+    if isinstance(settings, ReplySettings):
+        return settings
+    if isinstance(settings, dict):
+        return reply_settings(settings)
+    raise SettingError(f"reply settings must be a ReplySettings (or a values dict), got "
+                       f"{type(settings).__name__}")

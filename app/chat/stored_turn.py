@@ -60,6 +60,7 @@ from typing import Any
 
 from app.chat.conversation import CONTINUED_KEY
 from app.chat.events import Notice, ReplyDone, ResumeRound
+from app.chat.settings import ReplySettings, as_reply_settings
 from app.chat.storage import Store, StoreWriteError
 from app.chat.turns import (
     CONTEXT_KEY,
@@ -79,6 +80,16 @@ GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
 """Reply settings stored with each reply row (``Message.generation``)."""
 
 
+def generation_record(settings: ReplySettings) -> dict:
+    """The :data:`GENERATION_KEYS` record a reply row keeps of ``settings``: ``max_tokens``
+    (int), the sampling's ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed`` (None:
+    not seeded) and ``enable_thinking`` (None: the template's default)."""
+    sampling = settings.sampling
+    return {"max_tokens": settings.max_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p,
+            "seed": sampling.seed, "enable_thinking": settings.enable_thinking}
+
+
 @dataclass(frozen=True)
 class TurnRequest:
     """What one send, Compare, regenerate or edit asks for.
@@ -87,8 +98,10 @@ class TurnRequest:
         conversation_id: the stored conversation.
         text: the user message (new, or the edited text with ``edit_of``); ignored with
             ``regenerate_of``.
-        settings: the reply settings dict (``mode``, ``block_size``, ``rollback``, sampling,
-            ``use_tools``, ...; ``app.chat.settings.reply_values``).
+        settings: the reply's :class:`~app.chat.settings.ReplySettings` (a values dict
+            is accepted and converted with ``app.chat.settings.reply_settings``; the typed
+            record is the way). A Compare side runs ``dataclasses.replace(settings,
+            mode=tag)``; the record itself is never changed.
         tags: ``("",)`` for one reply; for a Compare turn the modes of its sides, plain and
             DFlash, and DFlash2 too with a DFlash2 drafter (``app.engine.modes.MODES``).
         key: the version key of one reply ("" -> its mode; ``app.chat.turns.version_key``).
@@ -102,13 +115,16 @@ class TurnRequest:
 
     conversation_id: int
     text: str = ""
-    settings: dict = field(default_factory=dict)
+    settings: ReplySettings = field(default_factory=ReplySettings)
     tags: tuple[str, ...] = ("",)
     key: str = ""
     system_prompt: str = ""
     regenerate_of: int | None = None
     edit_of: int | None = None
     continue_of: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", as_reply_settings(self.settings))
 
     @property
     def compare(self) -> bool:
@@ -118,8 +134,7 @@ class TurnRequest:
     @property
     def keys(self) -> list[str]:
         """The version key of each side, in ``tags`` order."""
-        mode = self.settings.get("mode") or "plain"
-        return [t or self.key or mode for t in self.tags]
+        return [t or self.key or self.settings.mode for t in self.tags]
 
 
 @dataclass(frozen=True)
@@ -336,10 +351,10 @@ def begin_turn(store: Store, request: TurnRequest,
         app.chat.storage.StorageError, ValueError: nothing was stored.
     """
     s = request.settings
-    mode = s.get("mode") or "plain"
-    block, rollback = s.get("block_size"), s.get("rollback") or "tape"
+    mode = s.mode
+    block, rollback = s.block_size, s.rollback
     blocks = drafter_blocks or {}
-    generation = {k: s.get(k) for k in GENERATION_KEYS}
+    generation = generation_record(s)
     keys = request.keys
     with store.transaction():
         user_id = None
@@ -454,8 +469,8 @@ class _Turn:
                 first = begun.reply_ids[req.keys[0]]
                 messages = prompt_for(self.store, first, req.system_prompt)
                 if check is not None:
-                    check(messages, dict(req.settings, mode=req.tags[0] or
-                                         req.settings.get("mode")))
+                    check(messages, dataclasses.replace(
+                        req.settings, mode=req.tags[0] or req.settings.mode))
         except PromptTooLongError as exc:
             yield TaggedEvent(TurnRefused(str(exc)))
             return
@@ -469,7 +484,7 @@ class _Turn:
             return
         yield TaggedEvent(begun)
         frozen = None
-        if req.compare and req.settings.get("use_tools"):
+        if req.compare and req.settings.run_tools and req.settings.runnable_tools is None:
             # a Compare: both sides see the same tool results (one frozen clock)
             from app.chat.tools import builtin_tools
 
@@ -479,11 +494,11 @@ class _Turn:
         cap = getattr(self.backend, "cap_next_reuse", None) if req.compare else None
         first_reuse: int | None = None
         for tag, key in zip(req.tags, req.keys, strict=True):
-            settings = dict(req.settings)
+            settings = req.settings  # each side a new record, the request's unchanged
             if tag:
-                settings["mode"] = tag
+                settings = dataclasses.replace(settings, mode=tag)
             if frozen is not None:
-                settings["runnable_tools"] = frozen
+                settings = dataclasses.replace(settings, runnable_tools=frozen)
             if cap is not None and first_reuse is not None:
                 cap(first_reuse)
             yield from self._side(tag, begun.reply_ids[key], messages, settings)
@@ -498,7 +513,7 @@ class _Turn:
                 break
         yield TaggedEvent(self._store_final(begun))
 
-    def _side(self, tag: str, row_id: int, messages: list[dict], settings: dict,
+    def _side(self, tag: str, row_id: int, messages: list[dict], settings: ReplySettings,
               resume: ResumeRound | None = None,
               before: ReplyResult | None = None) -> Iterator[TaggedEvent]:
         """One reply: its events, its growth saved, then :class:`ReplyFinished`. With
@@ -554,9 +569,9 @@ class _Turn:
             result.context_note = notice
         if before is not None:
             result = (dataclasses.replace(before) if error is not None else
-                      before.continued_by(result, int(settings.get("max_tokens") or 0)))
+                      before.continued_by(result, settings.max_tokens))
         if error is None and not self.request.compare:
-            record = self._resume_record(tag, result, settings.get("mode"))
+            record = self._resume_record(tag, result, settings.mode)
             self.resume_records[tag] = record
             result.resumable = record is not None
         self._top2_gap(tag, result)
@@ -658,7 +673,7 @@ class _Turn:
         key = req.key or mode
         begun = TurnBegun(row.conversation_id, None, {key: row.id})
         yield TaggedEvent(begun)
-        settings = dict(req.settings, mode=mode)
+        settings = dataclasses.replace(req.settings, mode=mode)
         yield from self._side("", row.id, messages, settings, resume, before)
         yield TaggedEvent(self._store_continued(begun, key))
 

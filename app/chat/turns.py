@@ -45,6 +45,7 @@ from app.chat.events import (
     ToolResultEvent,
     tool_call_dict,
 )
+from app.chat.settings import ReplySettings
 from app.chat.storage import (
     DB_FILENAME,
     ConversationNotFoundError,
@@ -200,12 +201,13 @@ class ReplyResult:
         return all_reasoning(self.messages, self.reasoning)
 
     @classmethod
-    def from_reply(cls, reply: Reply, settings: dict,
+    def from_reply(cls, reply: Reply, settings: ReplySettings,
                    pieces_fn: Callable[[list[int]], list[str]]) -> ReplyResult:
         """The result of a finished ``app.chat.events.Reply``: the last round's text and
         tokens, the figures over every round (``Summary.reply_total``), every round's tool calls with their results (``finish_fields``), the warnings
-        joined as the note, the token texts from ``pieces_fn``; ``settings`` is the reply's
-        values dict (``mode``, ``block_size``, ``rollback``)."""
+        joined as the note, the token texts from ``pieces_fn``; ``settings`` the reply's
+        :class:`~app.chat.settings.ReplySettings` (its mode, block size, rollback and
+        temperature)."""
         fields = finish_fields(reply)
         tokens = fields["token_ids"]
         round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
@@ -224,10 +226,10 @@ class ReplyResult:
                      else reply.summary),
             round_summaries=round_summaries,
             rounds=max(1, len(reply.rounds)),
-            mode=reply.mode or settings.get("mode", "plain"),
-            block_size=settings.get("block_size"),
-            rollback=settings.get("rollback", "tape"),
-            temperature=_temperature(settings),
+            mode=reply.mode or settings.mode,
+            block_size=settings.block_size,
+            rollback=settings.rollback,
+            temperature=settings.sampling.temperature,
             note=note,
             messages=[dict(m) for m in reply.messages],
         )
@@ -367,7 +369,7 @@ class PartialReply:
         elif isinstance(ev, Done):
             self.summaries.append(ev.summary)
 
-    def result(self, settings: dict, pieces_fn: Callable[[list[int]], list[str]], *,
+    def result(self, settings: ReplySettings, pieces_fn: Callable[[list[int]], list[str]], *,
                failed: bool = False, cancelled: bool = False) -> ReplyResult:
         """The :class:`ReplyResult` so far: finish reason from the engine's stop cause
         (``error`` when ``failed``, ``cancelled`` when stopped without a summary)."""
@@ -390,10 +392,10 @@ class PartialReply:
             summary=self.summary,
             round_summaries=list(self.summaries),
             rounds=max(1, len(self.summaries)),
-            mode=settings.get("mode", "plain"),
-            block_size=settings.get("block_size"),
-            rollback=settings.get("rollback", "tape"),
-            temperature=_temperature(settings),
+            mode=settings.mode,
+            block_size=settings.block_size,
+            rollback=settings.rollback,
+            temperature=settings.sampling.temperature,
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from app.chat.reply import Reply, ReplySettings, collect_reply
@@ -136,7 +137,7 @@ def _chat(args) -> int:
     target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTING_MODES)
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
-        settings.enable_thinking = default_thinking(tpath, dpath)
+        settings = replace(settings, enable_thinking=default_thinking(tpath, dpath))
     t0 = time.perf_counter()
     if args.json:
         reply = collect_reply(target, drafter, _messages(args), settings)

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from app.chat.reply import ReplySettings
-from app.chat.settings import RANGES, Sampling
+from app.chat.settings import RANGES, SPECS, Sampling
 from app.engine.errors import EngineError
-from app.engine.modes import Mode
+from app.engine.modes import ROLLBACKS, Mode
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
@@ -73,12 +73,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", type=prompt_text, default=DEFAULT_PROMPT,
                    help="the user message (not empty)")
     p.add_argument("--system-prompt", help="a system message")
-    p.add_argument("--max-tokens", type=_positive_int, default=256,
-                   help="generated tokens at most per round (default 256)")
+    max_tokens = SPECS["max_tokens"].default  # the window's default, from the one table
+    p.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
+                   help=f"generated tokens at most per round (default {max_tokens})")
     p.add_argument("--block-size", type=_positive_int,
                    help="DFlash block size, 1..the drafter's (default: the drafter's)")
-    p.add_argument("--rollback", choices=["tape", "replay"], default="tape",
-                   help="recurrent-state rollback under DFlash (default tape)")
+    p.add_argument("--rollback", choices=list(ROLLBACKS), default=ROLLBACKS[0],
+                   help=f"recurrent-state rollback under DFlash (default {ROLLBACKS[0]})")
     p.add_argument("--fast-verify", action="store_true",
                    help="near-exact: verify with the chunked Gated DeltaNet form (faster on "
                    "CPU for hybrid targets; can change tokens, see README); off by default")

@@ -53,6 +53,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.engine.drafter import (
+    DEFAULT_BLOCK_SIZE,
     DFlashDrafter,
     DrafterConfig,
     DraftLayer,
@@ -156,7 +157,7 @@ class DFlash2Config(DrafterConfig):
                     "(this engine runs the published gqa variant)"
                 )
         hidden, vocab = fields["hidden_size"], fields["vocab_size"]
-        as_int("block_size", pick("block_size", 16), 2)
+        as_int("block_size", pick("block_size", DEFAULT_BLOCK_SIZE), 2)
         as_int("mask_token_id", fields["mask_token_id"], 0, vocab - 1)
         kernel = as_int("conv_kernel_size", need("conv_kernel_size"), 1)
         group = as_int("conv_group_size", need("conv_group_size"), 1, hidden)

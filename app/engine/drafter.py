@@ -38,6 +38,12 @@ from app.engine.errors import ModelLoadError, UnsupportedArchitectureError
 
 SUPPORTED_ARCHITECTURE = "DFlashDraftModel"
 
+DEFAULT_BLOCK_SIZE = 16
+"""The block size of a drafter whose ``config.json`` names none (z-lab's DFlash drafters are
+trained with blocks of 16). A reply's ``block_size`` None means the loaded drafter's own
+(``DrafterConfig.block_size``), which falls back to this; the one place that number is
+written."""
+
 
 def default_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
     """Taps spread evenly from layer 1 to ``num_target_layers - 3`` (z-lab's default).
@@ -54,7 +60,8 @@ def default_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
 class DrafterConfig:
     """Fields of a z-lab DFlash ``config.json``, read defensively.
 
-    ``block_size`` comes from ``dflash_config.block_size`` or the top-level ``block_size``;
+    ``block_size`` comes from ``dflash_config.block_size`` or the top-level ``block_size``
+    (else :data:`DEFAULT_BLOCK_SIZE`);
     ``rope_theta`` from the top level or ``rope_parameters.rope_theta``; ``target_layer_ids`` from
     ``dflash_config`` or the top level, else :func:`default_target_layer_ids`.
 
@@ -143,7 +150,7 @@ def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         mask_id = pick("mask_token_id")
         if mask_id is None:
             raise KeyError("mask_token_id")
-        if int(pick("block_size", 16)) < 1:
+        if int(pick("block_size", DEFAULT_BLOCK_SIZE)) < 1:
             raise ValueError(f"block_size is {pick('block_size')}, it must be at least 1")
         layer_types = list(cfg.get("layer_types") or ["full_attention"] * n_layers)
         if len(layer_types) != n_layers:
@@ -170,7 +177,7 @@ def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=head_dim,
             vocab_size=int(cfg["vocab_size"]),
-            block_size=int(pick("block_size", 16)),
+            block_size=int(pick("block_size", DEFAULT_BLOCK_SIZE)),
             mask_token_id=int(mask_id),
             target_layer_ids=[int(t) for t in taps],
             num_target_layers=None if num_target_layers is None else int(num_target_layers),

@@ -72,10 +72,15 @@ class GenerationConfig:
         mode: ``plain``, ``dflash`` or ``dflash2``. ``dflash`` runs whichever draft the
             drafter has (a DFlash2 drafter gives a DFlash2 run, reported as ``dflash2``);
             ``dflash2`` requires a DFlash2 drafter.
-        max_tokens: generated tokens at most (the end token counts).
+        max_tokens: generated tokens at most (the end token counts). Its default is the
+            app's (``app.chat.settings.SPECS["max_tokens"]``, which the engine cannot import:
+            ``tests/test_settings.py`` holds the two equal).
         block_size: DFlash block size (1..the drafter's ``block_size``; None = the drafter's).
         rollback: ``tape`` (re-run the recurrence only) or ``replay`` (re-run the target).
         temperature, top_p, top_k, min_p: mlx-lm's ``make_sampler`` settings; 0 = greedy.
+            The engine refuses only what the sampler cannot run (e.g. a temperature below 0
+            or not finite); the app's settings offer a narrower range (temperature 0 to 2,
+            ``app.chat.settings.SPECS``), which lies inside this one.
         repetition_penalty: mlx-lm's ``make_logits_processors`` setting (None = off).
         repetition_context_size: tokens the penalty looks back over (mlx-lm's default 20).
         seed: seeds ``mx.random`` at the start for a reproducible sampled run.
@@ -100,7 +105,7 @@ class GenerationConfig:
     """
 
     mode: ModeName = Mode.PLAIN.value
-    max_tokens: int = 256
+    max_tokens: int = 512
     block_size: int | None = None
     rollback: Literal["tape", "replay"] = "tape"
     temperature: float = 0.0

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from app.engine.device import backend
+from app.engine.drafter import DEFAULT_BLOCK_SIZE
 from app.engine.events import Done
 from app.engine.generate import GenerationConfig, generate
 from app.engine.kernels import kernel_prebuild
@@ -197,7 +198,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         later = [] if every_drafter else drafters[1:]
         drafters = drafters if every_drafter else drafters[:1]
         built = _prebuild(target, drafters, later)
-    blocks = [int(getattr(d.config, "block_size", 16) or 16) for d in drafters]
+    blocks = [int(getattr(d.config, "block_size", None) or DEFAULT_BLOCK_SIZE)
+              for d in drafters]
     n = max_tokens or 2 * max(blocks or [8]) + 1
     ids = user_prompt_ids(target, WARM_UP_TEXT)
     tokens = 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.chat.session import ChatSession, ModelInfo, PairSpec
+from app.chat.settings import ReplySettings, SettingError
 from app.engine.errors import EngineError
 from app.engine.modes import DRAFTING_MODES, Mode, label
 from app.serve.protocol import ApiError, ChatRequest, CompletionResult, bad_request
@@ -359,7 +360,8 @@ class JobQueue:
         if not reply.tool_calls and not job.cancel.is_set() and self._queue.empty():
             self._prefill_next(session, [*job.request.messages, *reply.messages], settings)
 
-    def _prefill_next(self, session: ChatSession, messages: list[dict], settings: dict) -> None:
+    def _prefill_next(self, session: ChatSession, messages: list[dict],
+                      settings: ReplySettings) -> None:
         """After a final answer, with no request waiting: prefill what the client's next
         request (the same history, the answer and a new message) starts with
         (``ChatSession.prefill_after``), so that it prefills only the new message. A failure
@@ -372,9 +374,10 @@ class JobQueue:
         if done is not None:
             self.prefilled += 1
 
-    def _prepare(self, session: ChatSession, req: ChatRequest) -> tuple[dict, Started]:
-        """The settings dict for ``ChatSession.reply`` and the :class:`Started` event, after
-        checking the mode, block size and the prompt against the context.
+    def _prepare(self, session: ChatSession, req: ChatRequest) -> tuple[ReplySettings, Started]:
+        """The :class:`~app.chat.settings.ReplySettings` for ``ChatSession.reply`` and the
+        :class:`Started` event, after checking the mode, block size and the prompt against
+        the context.
 
         Raises:
             ApiError: 400 naming what cannot run (``context_length_exceeded`` for a prompt
@@ -417,15 +420,14 @@ class JobQueue:
                               f"messages take {n:,}. Shorten the messages.", "messages",
                               "context_length_exceeded")
         max_tokens = req.max_tokens or min(self.default_max_tokens, limit - n)
-        s = req.sampling
-        settings: dict[str, Any] = {
-            "mode": mode, "max_tokens": max_tokens, "block_size": req.block_size,
-            "stop": list(req.stop), "tools": req.tools, "run_tools": False,
-            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-            "min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "seed": s.seed,
-        }
-        if thinking is not None:
-            settings["enable_thinking"] = thinking
+        try:
+            settings = ReplySettings(
+                mode=mode, max_tokens=max_tokens, block_size=req.block_size,
+                stop=list(req.stop), tools=req.tools, run_tools=False,
+                enable_thinking=thinking, sampling=req.sampling)
+        except SettingError as exc:  # e.g. max_tokens above the app's range
+            raise bad_request(str(exc), "max_tokens" if "max_tokens" in str(exc)
+                              else None) from None
         return settings, Started(prompt_tokens=n, mode=mode, block_size=block,
                                  max_tokens=max_tokens)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
+from app.chat.settings import SettingError
 from app.ui import settings as settings_mod
 from app.ui.banners import Priority
 from app.ui.text import sentence
@@ -203,9 +204,12 @@ class ModelFlow:
             else:
                 self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
         # while the user writes the first message: a new chat's system prompt and tools
-        values = settings_mod.effective(self.defaults, {})
-        self.worker.preambleRequested.emit(
-            settings_mod.reply_settings(values, self.composer.mode()), values["system_prompt"])
+        try:
+            rs = settings_mod.reply_record(self.defaults, {}, self.composer.mode())
+        except SettingError:  # a bad stored default: the first reply says so
+            rs = None
+        if rs is not None:
+            self.worker.preambleRequested.emit(rs, rs.system_prompt)
         self.modelLoaded.emit(info)
 
     def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:

@@ -36,6 +36,7 @@ from app.chat.events import (
     tool_call_dict,
 )
 from app.chat.session import Notice
+from app.chat.settings import SettingError
 from app.chat.storage import StorageError, StoreWriteError
 from app.chat.stored_turn import (
     SaveFailed,
@@ -201,10 +202,18 @@ class ReplyFlow:
                 self.show_banner("Compare needs a DFlash drafter for this target.")
                 return False
             mode = "plain"
+        try:  # the one typed record the worker, the store and the session take
+            rs = settings_mod.reply_record(self.defaults,
+                                           self.conv.settings if self.conv else {}, mode)
+        except SettingError as exc:  # e.g. a hand-edited chat override out of range
+            self.show_banner(f"Could not start the reply: {exc}. Change it in File › "
+                             "Settings…")
+            if again is None and continued is None:
+                self.composer.edit.setPlainText(text)
+            return False
         if self.conv is None and self.new_chat() is None:
             return False  # the store could not make one (its banner says why)
         conv = self.conv
-        values = self.current_settings()
         key = mode
         shown = again or continued
         previous = (list(conv.messages), shown.chosen if shown is not None else "")
@@ -223,10 +232,9 @@ class ReplyFlow:
             reply = again
             reply.chosen = ""  # the new version streams in place of the shown one
             key = version_key(mode, reply.versions)
-        rs = settings_mod.reply_settings(values, mode)
         request = TurnRequest(
             conv.id, text, rs, tuple(tags), key if tags == [""] else "",
-            values["system_prompt"],
+            rs.system_prompt,
             regenerate_of=next(iter(again.ids.values())) if again is not None else None,
             edit_of=edited[1].ids[""] if edited is not None else None,
             continue_of=continued.ids[key] if continued is not None else None)
@@ -236,7 +244,7 @@ class ReplyFlow:
                                    self.model.context_length)
         self._run.previous = previous
         self._run.text = text if again is None and continued is None else ""
-        self._run.system_prompt = values["system_prompt"]
+        self._run.system_prompt = rs.system_prompt
         self._run.continued = before
         for side in self._run.sides.values():
             side.stats.mode = side.tag or mode
@@ -328,7 +336,8 @@ class ReplyFlow:
             self.compare_view.stream(cur.tag, cur.text)
         if self._details_changed:
             self.tools.set_calls(list(cur.calls.values()))
-        self.live.show_stats(cur.stats, self._block_for(cur.tag or run.mode, run.settings))
+        self.live.show_stats(cur.stats, self._block_for(cur.tag or run.mode,
+                                                          run.settings.block_size))
 
     # one handler per event type
     def _on_token(self, side: SideRun, ev: TokenEvent) -> None:
@@ -450,11 +459,12 @@ class ReplyFlow:
     )
     """(event type, handler) pairs: each event goes to the first type it is an instance of."""
 
-    def _block_for(self, mode: str, rs: dict | None = None) -> int | None:
-        """Block size for the chart's scale (None for plain)."""
+    def _block_for(self, mode: str, block_size: int | None = None) -> int | None:
+        """Block size for the chart's scale (None for plain): ``block_size`` (a reply's
+        ``ReplySettings.block_size`` or a stored row's), else the drafter's."""
         if mode not in DRAFTING_MODES or self.model is None:
             return None
-        return (rs or {}).get("block_size") or self.model.drafter_block_size
+        return block_size or self.model.drafter_block_size
 
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
         if result.mode in DRAFTING_MODES and not result.block_size and self.model:
@@ -516,7 +526,7 @@ class ReplyFlow:
         self._refresh_list()
         if not run.compare and not run.interrupted and not run.stored.error:
             # while the user reads and writes: the next turn then prefills only its message
-            self.worker.prefillRequested.emit(run.conv.id, dict(run.settings),
+            self.worker.prefillRequested.emit(run.conv.id, run.settings,
                                               run.system_prompt)
         if run.conv is self.conv:
             self.chat.render(self.conv)
@@ -526,7 +536,7 @@ class ReplyFlow:
             last = run.sides.get(key)
             if last is not None:
                 self.live.show_stats(last.stats, self._block_for(key or run.mode,
-                                                                 run.settings))
+                                                                 run.settings.block_size))
                 self.details.say_continued(last.result)
         self.replyFinished.emit(msg)
 
@@ -578,7 +588,7 @@ class ReplyFlow:
             if r is None or r.summary is None or side.error or r.finish_reason == "cancelled":
                 continue
             s = r.summary
-            key = (self._pair_key(), self.model.dtype, int(run.settings.get("max_tokens", 0)),
+            key = (self._pair_key(), self.model.dtype, run.settings.max_tokens,
                    int(s.prompt_tokens))
             if r.mode == Mode.PLAIN:
                 sample = PlainSample(*key, s.tok_per_s,

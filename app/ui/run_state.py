@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.chat.settings import ReplySettings
 from app.chat.stored_turn import TurnStored
 from app.chat.turns import ConversationView, ReplyResult, Turn
 from app.ui.panels import LiveStats
@@ -62,7 +63,7 @@ class ReplyRun:
     tags: list[str]
     mode: str
     key: str
-    settings: dict
+    settings: ReplySettings
     sides: dict[str, SideRun]
     current: str = ""
     interrupted: bool = False
@@ -93,7 +94,7 @@ class ReplyRun:
 
     @classmethod
     def start(cls, req_id: int, conv: ConversationView, msg: Turn, tags: list[str], mode: str,
-              key: str, settings: dict, context_limit: int) -> ReplyRun:
+              key: str, settings: ReplySettings, context_limit: int) -> ReplyRun:
         """A run with one empty :class:`SideRun` per tag (``context_limit`` in tokens)."""
         sides = {t: SideRun(t, LiveStats(context_limit=context_limit)) for t in tags}
         return cls(req_id, conv, msg, tags, mode, key, settings, sides, current=tags[0])

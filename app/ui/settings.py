@@ -2,7 +2,8 @@
 
 Effective settings = :data:`DEFAULTS` <- QSettings app defaults <- the conversation's
 overrides (the conversation wins). Names, defaults, ranges and coercion live in
-:mod:`app.chat.settings` (the one table, shared with the session and the CLI).
+:mod:`app.chat.settings` (the one table, shared with the session and the CLI). A reply
+runs with the typed record :func:`reply_record` builds from them and the composer's mode.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
 from app.chat.settings import (  # noqa: F401 (DEFAULTS, RANGES: the one table, re-exported)
     DEFAULTS,
     RANGES,
+    ReplySettings,
     SettingError,
     coerce,
     defaults,
@@ -81,9 +83,17 @@ def effective(defaults: dict, overrides: dict) -> dict:
     return out
 
 
-def reply_settings(values: dict, mode: str) -> dict:
-    """The values one reply runs with (:func:`app.chat.settings.reply_values`)."""
-    return reply_values(values, mode)
+def reply_record(defaults: dict, overrides: dict, mode) -> ReplySettings:
+    """The :class:`~app.chat.settings.ReplySettings` the window's next reply runs with: the
+    app ``defaults`` (:func:`load_defaults`, QSettings over the table's), the conversation's
+    ``overrides`` on top (:func:`effective`) and the composer's ``mode`` (a
+    :class:`~app.engine.modes.Mode` or its value). The one way the window builds reply
+    settings; the record then crosses the worker, the store and the session unchanged.
+
+    Raises:
+        SettingError: a value the table refuses (e.g. a hand-edited chat override), named.
+    """
+    return ReplySettings.from_values(effective(defaults, overrides), mode)
 
 
 def say_range(box: QSpinBox | QDoubleSpinBox) -> None:

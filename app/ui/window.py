@@ -771,7 +771,7 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
         """Reasoning, tool calls and figures of ``msg`` in the right-hand panes."""
         self.shown_message = msg
         v = msg.version if msg else None
-        block = self._block_for(v.result.mode, {"block_size": v.result.block_size}) if v \
+        block = self._block_for(v.result.mode, v.result.block_size) if v \
             else None
         self.details.show_turn(msg, self.model.context_length if self.model else 0, block)
 

@@ -32,6 +32,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.chat.events import ReplyDone, RoundFinished, StopStringHit
 from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec
+from app.chat.settings import ReplySettings
 from app.chat.storage import Store
 from app.chat.stored_turn import (
     ReplyFailed,
@@ -116,9 +117,11 @@ class Backend(Protocol):
         """Drop the loaded pair."""
 
     def reply(
-        self, messages: list[dict], settings: dict, cancel: threading.Event
+        self, messages: list[dict], settings: ReplySettings, cancel: threading.Event
     ) -> Iterator[Any]:
-        """Events of one reply (engine and ``app.chat.reply`` events); stops soon after
+        """Events of one reply (engine and ``app.chat.reply`` events) run with ``settings``
+        (the typed record the window built, as ``TurnRequest.settings`` carried it, or a
+        Compare side's ``dataclasses.replace`` of it); stops soon after
         ``cancel`` is set. A backend that can continue a reply Max tokens cut also takes a
         ``resume`` keyword (an ``app.chat.events.ResumeRound``) and has ``made_by(mode)``
         (:meth:`app.chat.session.ChatSession.made_by`); one without them (the scripted
@@ -161,12 +164,12 @@ class Worker(QObject):
         memory(int): MLX active memory in bytes.
         benchDone(object) / benchFailed(str): answer ``benchRequested(max_tokens)`` with the
             dict of :meth:`ChatSession.benchmark`, or a user-facing message.
-        (request) prefillRequested(int, object, str): conversation id, reply settings dict
-            and system prompt: prefill what that conversation's next turn starts with
+        (request) prefillRequested(int, object, str): conversation id, the last reply's
+            :class:`~app.chat.settings.ReplySettings` and system prompt: prefill what that conversation's next turn starts with
             (:meth:`ChatSession.prefill_next_turn`) while the user writes; nothing is emitted
             (a backend without it, or a failure, only skips it: the next turn prefills more).
-        (request) preambleRequested(object, str): reply settings dict and system prompt of a
-            new chat: prefill its system prompt and tools (:meth:`ChatSession.prefill_new_chat`)
+        (request) preambleRequested(object, str): reply settings (``ReplySettings``) and
+            system prompt of a new chat: prefill its system prompt and tools (:meth:`ChatSession.prefill_new_chat`)
             after a load, so the first reply prefills only its message; emits nothing.
         (request) serveRequested(JobQueue): run one job of the window's server queue
             (``app.ui.serve_flow``) on this thread; its answer goes to the job's callback.
@@ -316,7 +319,7 @@ class Worker(QObject):
         if not callable(fn):
             return
         try:
-            done = fn(conversation_id, dict(settings), system_prompt, store=self.store)
+            done = fn(conversation_id, settings, system_prompt, store=self.store)
         except Exception:  # the next turn prefills what this did not
             log.exception("prefilling the next turn")
             return
@@ -330,7 +333,7 @@ class Worker(QObject):
         if not callable(fn):
             return
         try:
-            done = fn(dict(settings), system_prompt)
+            done = fn(settings, system_prompt)
         except Exception:  # the first reply prefills what this did not
             log.exception("prefilling a new chat's preamble")
             return
