@@ -173,7 +173,7 @@ def test_pronoun_follow_ups_name_the_country_of_an_earlier_turn():
                 continue
             name = t.expect["country"]
             earlier = c.turns[k - t.expect["back"]]
-            text = json.dumps(earlier.replies)
+            text = json.dumps(earlier.replies, ensure_ascii=False)
             assert name in text, (t.user, name)
             final = t.replies[-1]["content"]
             assert name in final
@@ -261,3 +261,15 @@ def test_generate_texts_v6_fits_every_example_and_reports_kinds():
     assert abs(sum(stats["kinds"].values()) - 1) < 0.01
     with pytest.raises(ValueError, match="unknown corpus version"):
         data.generate_texts(1, 1, version="v7")
+
+
+def test_made_up_names_are_no_near_miss_of_a_real_country():
+    from app.chat.tools import run_tool
+
+    g = corpus6.GeneratorV6(6)
+    for _ in range(150):
+        t = g.bad_country(True)
+        ((_, args),) = _calls(t)
+        err = json.loads(run_tool("country_info", args).content())["error"]
+        if args["name"] not in corpus.BAD_COUNTRIES:
+            assert "did you mean" not in err, err

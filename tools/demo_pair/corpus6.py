@@ -10,7 +10,8 @@ failure issue 43 names, never from a held-out item:
   country and city names (:func:`typo_name`, checked to lead back to the same country or city
   and to no other), aliases ("Holland", "USA"), lower case, no final mark, fillers ("pls",
   "quick q:", "hey", "rn"), casual words ("whats", "u"). The tool call and the answer carry the
-  canonical name; made-up names in tool errors are never perturbed (they must be copied).
+  canonical name; made-up names in tool errors are never perturbed (they must be copied) and
+  are never near misses of a real name (:meth:`GeneratorV6._fake_name`).
 * **More paraphrases** per category (:data:`T6`, :data:`F6`), some with a different word
   order ("{c} capital?", "in {c}, what currency ..."); any whose head is a held-out frame's
   head is dropped automatically (:func:`_without_heldout_heads`).
@@ -65,7 +66,7 @@ COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
 SMALL_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
                "seventeen", "eighteen", "nineteen", "twenty"]
-LONG_SHARE = 0.025
+LONG_SHARE = 0.035
 """Share of v6 chats that are long chats (20-40 turns)."""
 NAME_PERTURB_SHARE = 0.3
 """Share of turns naming a real country or city whose name is perturbed."""
@@ -384,6 +385,18 @@ class GeneratorV6(Generator):
         if self.split == "train" and extra and self.rng.random() < 0.4:
             return self.rng.choice(extra)
         return super()._pick(table)
+
+    def _fake_name(self) -> str:
+        """As :meth:`Generator._fake_name`, and also no name the country tool would take for
+        a typo of a real one (its "did you mean" cutoff, 0.75): v6 teaches that a near miss
+        of a real name means that country, so a made-up name must be far from all of them."""
+        from app.chat.tools.countries import normalize_name
+
+        keys = list(_country_keys())
+        while True:
+            name = super()._fake_name()
+            if not difflib.get_close_matches(normalize_name(name), keys, n=1, cutoff=0.75):
+                return name
 
     # ---- perturbations
     def perturb_name(self, name: str) -> str:
