@@ -59,11 +59,16 @@ def heldout_sets(seed: int) -> tuple[list[dict], list[dict]]:
     return prompts, scripts
 
 
-def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None) -> None:
+def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None,
+            corpus_version: str = "v6") -> dict:
     """Held-out sets -> corpus -> tokenizer -> ``dataset.npz`` + ``specs.json``.
 
     ``tokenizer``: a folder holding an existing tokenizer (e.g. the shipped target's) to reuse
-    instead of training a new one, so that a pair can be trained on from its checkpoints."""
+    instead of training a new one, so that a pair can be trained on from its checkpoints.
+    ``corpus_version``: ``data.CORPUS_VERSIONS`` (``v5e`` reproduces the v9 pair's stage-14
+    data). Prints and returns the report: examples, tokens, completion tokens, the
+    distribution of example lengths (prompt + completion, tokens) and the share of each kind
+    of user turn (``report.json`` beside the data)."""
     import numpy as np
     from tokenizers import Tokenizer
 
@@ -72,8 +77,9 @@ def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None)
     build.mkdir(parents=True, exist_ok=True)
     prompts, scripts = heldout_sets(seed)
     forbidden = corpus.heldout_user_texts(prompts, scripts)
-    pairs = data.generate_texts(seed, n_chats, forbidden)
-    print(f"{len(pairs)} examples from {n_chats} chats", flush=True)
+    stats: dict = {}
+    pairs = data.generate_texts(seed, n_chats, forbidden, version=corpus_version, stats=stats)
+    print(f"{len(pairs)} examples from {n_chats} chats (corpus {corpus_version})", flush=True)
     # The tokenizer is trained on a sample (the texts repeat the same system prompt).
     rng = np.random.default_rng(seed)
     sample = rng.choice(len(pairs), size=min(len(pairs), 20_000), replace=False)
@@ -94,6 +100,7 @@ def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None)
     pad = tok.token_to_id("<|endoftext|>")
     specs = {
         "seed": seed,
+        "corpus": corpus_version,
         "target": {"vocab_size": vocab, "eos_token_id": eos, "pad_token_id": pad},
         "drafter": {"vocab_size": vocab, "mask_token_id": mask},
     }
@@ -103,6 +110,21 @@ def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None)
     print(f"vocab {vocab}; tokens {int(lens.sum())}; completion tokens {int(comp.sum())}; "
           f"mean length {lens.mean():.0f}; {len(prompts)} held-out prompts, {len(scripts)} "
           f"held-out scripts", flush=True)
+    edges = [0, 512, 1024, 2048, 3072, 3584, 4096, 1 << 30]
+    hist = np.histogram(lens, bins=edges)[0]
+    report = {
+        "corpus": corpus_version, "chats": n_chats, "seed": seed, "examples": len(pairs),
+        "tokens": int(lens.sum()), "completion_tokens": int(comp.sum()),
+        "max_length": int(lens.max()),
+        "length_percentiles": {str(q): int(np.percentile(lens, q)) for q in (50, 90, 99)},
+        "lengths": {f"{a}-{b if b < 1 << 30 else 'inf'}": int(n)
+                    for a, b, n in zip(edges[:-1], edges[1:], hist)},
+        "tokens_in_examples_over_2048": int(lens[lens > 2048].sum()),
+        **stats,
+    }
+    (build / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1), flush=True)
+    return report
 
 
 SHAPE = "h384-l6-a3"
@@ -224,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", choices=["prepare", "train", "install", "all", "dflash2"], default="all")
     p.add_argument("--build", type=Path, default=DEFAULT_BUILD)
     p.add_argument("--chats", type=int, default=DEFAULT_CHATS)
+    p.add_argument("--corpus", default="v6", choices=["v5e", "v6"],
+                   help="corpus generator (v5e: the v9 pair's stage-14 data)")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="reuse this folder's tokenizer (to train on from a shipped pair)")
     p.add_argument("--train-python", default=str(REPO / ".venv-train" / "bin" / "python"),
@@ -239,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         install_dflash2(args.dflash2)
         return 0
     if args.stage in ("prepare", "all"):
-        prepare(args.build, args.seed, args.chats, args.tokenizer)
+        prepare(args.build, args.seed, args.chats, args.tokenizer, args.corpus)
     if args.stage in ("train", "all"):
         py = args.train_python if Path(args.train_python).exists() else sys.executable
         train(args.build, args.device, py, ["--seed", str(args.seed), *extra])
