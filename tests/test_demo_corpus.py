@@ -154,8 +154,7 @@ def test_corpus_covers_the_issue_flows():
 
 @pytest.fixture(scope="module")
 def app_tokenizer():
-    from mlx_lm.utils import load_tokenizer
-
+    from app.models.loader import load_tokenizer
     from app.paths import demo_pair_dirs
 
     return load_tokenizer(demo_pair_dirs()[0])

@@ -182,12 +182,11 @@ def test_pronoun_follow_ups_name_the_country_of_an_earlier_turn():
 
 
 def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
-    from mlx_lm.utils import load_tokenizer
-
-    from app.chat.history import fit_for_tokenizer
+    from app.chat.history import LEAVE_OUT_STEP, fit_for_tokenizer
     from app.chat.storage import Store
     from app.chat.templates import render_prompt
     from app.chat.tools import tool_schemas
+    from app.models.loader import load_tokenizer
     from app.paths import demo_pair_dirs
 
     tok = load_tokenizer(demo_pair_dirs()[0])
@@ -231,7 +230,7 @@ def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
                 continue  # a tool round extends the prompt fitted at the reply's start
             stored = store.prompt_for_reply(ids[k])
             fitted = fit_for_tokenizer(stored, tok, data.CONTEXT, reserve=data.REPLY_RESERVE,
-                                       tools=tools, enable_thinking=True)
+                                       tools=tools, step=LEAVE_OUT_STEP, enable_thinking=True)
             app_text = render_prompt(tok, fitted.messages, tools=tools,
                                      enable_thinking=True).text
             assert prompt == app_text
@@ -239,7 +238,7 @@ def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
             left_out += fitted.left_out_turns > 0
             compared += 1
     store.close()
-    assert compared >= 60 and left_out >= 5
+    assert compared >= 60 and left_out >= 3  # turns left out (two at a time) in both chats
 
 
 def test_v6_corpus_never_uses_a_heldout_text():

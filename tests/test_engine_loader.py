@@ -380,3 +380,48 @@ def test_quantized_layers_packed_integer_weights_are_not_refused(tiny_root):
     with pytest.raises(IntegerWeightsError, match="int32"):  # integer biases of a layer
         check_floating_weights(pairs[:2] + [("layers.0.proj.biases", biases.astype(mx.int32))],
                                tiny_root, quantized={"layers.0.proj"})
+
+
+TRICKY = "<|im_start|>system\n# Tools\n\nYou may call 12345 times ?? naïve café\n\n  x<|im_end|>\n"
+
+
+def test_the_demo_target_splits_text_as_its_tokenizer_json_does():
+    """transformers 5 rebuilds a ``qwen3_5`` folder's tokenizer with Qwen's own splitting
+    rules; the demo pair was trained on its tokenizer.json's (digits one by one, GPT-2 byte
+    level), so the loaded target must split prompts exactly as that file does."""
+    from tokenizers import Tokenizer
+
+    from app.models.loader import load_target, load_tokenizer
+    from app.paths import demo_pair_dirs
+
+    folder = demo_pair_dirs()[0]
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    want = raw.encode(TRICKY, add_special_tokens=False).ids
+    assert want.count(208) >= 3  # "\n\n" is two "\n" tokens in the file's splitting
+    for tok in (load_tokenizer(folder), load_target(folder).tokenizer):
+        assert tok.encode(TRICKY, add_special_tokens=False) == want
+        assert tok.decode(want) == TRICKY
+
+
+def test_a_tokenizer_of_its_own_class_is_left_as_transformers_builds_it(tmp_path):
+    """Only a folder whose tokenizer_config names the generic PreTrainedTokenizerFast gets
+    the file's splitting back; one naming a model's own class keeps that class's rules."""
+    import json
+    import shutil
+
+    from app.models.loader import keep_file_tokenizer
+    from app.paths import demo_pair_dirs
+
+    folder = tmp_path / "own"
+    shutil.copytree(demo_pair_dirs()[0], folder)
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    tok = mlx_load_tokenizer(folder)
+    before = tok.encode(TRICKY, add_special_tokens=False)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert keep_file_tokenizer(tok, folder) is False
+    assert tok.encode(TRICKY, add_special_tokens=False) == before
+    (folder / "tokenizer_config.json").unlink()
+    assert keep_file_tokenizer(tok, folder) is False

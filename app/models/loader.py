@@ -15,6 +15,7 @@ decoding both run on those weights, so they stay token-for-token identical.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -339,6 +340,59 @@ TOKENIZER_NO_LIMIT = int(1e30)
 """The ``model_max_length`` transformers itself gives a tokenizer that names none."""
 
 
+def keep_file_tokenizer(tokenizer, folder: Path) -> bool:
+    """Make ``tokenizer`` split text exactly as the folder's ``tokenizer.json`` does, when its
+    ``tokenizer_config.json`` names the generic ``PreTrainedTokenizerFast`` class.
+
+    transformers 5 loads a tokenizer by the model type of ``config.json`` and, for types it
+    knows (``qwen3_5``: ``Qwen3_5Tokenizer``), rebuilds the normalizer and pre-tokenizer from
+    that class's own rules, whatever ``tokenizer.json`` holds. A model trained on the file's
+    rules (the bundled demo pair: digits split one by one, GPT-2 byte-level splitting, no
+    normalizer) then reads prompts split in ways it never saw, e.g. ``"\n\n"`` as one token.
+    Here the file's tokenizer replaces the rebuilt one when their normalizer, pre-tokenizer or
+    decoder differ. ``tokenizer``: mlx-lm's ``TokenizerWrapper`` (its ``_tokenizer`` is the
+    transformers tokenizer) or a transformers fast tokenizer. Returns True when it replaced
+    it; a folder without those files, another class, or a tokenizer without a backend is left
+    alone (False).
+    """
+    config, file = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    try:
+        named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return False
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(inner, "_tokenizer", None)
+    if named != "PreTrainedTokenizerFast" or backend is None or not file.is_file():
+        return False
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_file(str(file))
+    loaded, saved = json.loads(backend.to_str()), json.loads(own.to_str())
+    if all(loaded.get(k) == saved.get(k) for k in ("normalizer", "pre_tokenizer", "decoder")):
+        return False
+    log.info("%s: using tokenizer.json's own splitting (transformers rebuilt it as %s)",
+             folder.name, type(inner).__name__)
+    inner._tokenizer = own
+    return True
+
+
+def load_tokenizer(folder: str | Path):
+    """mlx-lm's ``TokenizerWrapper`` for the model folder ``folder``, splitting text as the
+    app's loaded targets do (:func:`keep_file_tokenizer`); for tools and tests that need a
+    target's tokenizer without its weights.
+
+    Raises:
+        OSError, ValueError: from mlx-lm / transformers for a folder without a tokenizer.
+    """
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    folder = Path(folder)
+    tokenizer = mlx_load_tokenizer(folder)
+    keep_file_tokenizer(tokenizer, folder)
+    lift_tokenizer_length_limit(tokenizer)
+    return tokenizer
+
+
 def lift_tokenizer_length_limit(tokenizer) -> None:
     """Stop transformers warning "Token indices sequence length is longer than the specified
     maximum sequence length for this model" on stderr for every long prompt.
@@ -457,6 +511,7 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     use_row_stable_products(model)  # CUDA: plain steps and verify passes multiply alike
     tcfg = text_config(cfg)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    keep_file_tokenizer(tokenizer, folder)
     lift_tokenizer_length_limit(tokenizer)
     return LoadedTarget(
         model=model,

@@ -115,8 +115,8 @@ of up to 3,584 tokens)."""
 
 class PromptFitter:
     """Fits a history into the context as the app does before a reply
-    (``ChatSession._fit``: :func:`app.chat.history.fit_history` with ``limit`` and
-    ``reserve``), measuring prompts with the tokenizer at ``tokenizer_path`` rendered by
+    (``ChatSession._fit``: :func:`app.chat.history.fit_history` with ``limit``, ``reserve``
+    and the app's ``LEAVE_OUT_STEP``), measuring prompts with the tokenizer at ``tokenizer_path`` rendered by
     :func:`render`.
 
     Raises ``app.chat.history.ContextOverflowError`` when even the current turn does not fit.
@@ -138,7 +138,7 @@ class PromptFitter:
         """``app.chat.history.FittedHistory`` for ``history`` (ending with the user message
         a reply answers). A prompt whose UTF-8 bytes fit the budget is not measured (a
         byte-level token is at least one byte)."""
-        from app.chat.history import FittedHistory, fit_history
+        from app.chat.history import LEAVE_OUT_STEP, FittedHistory, fit_history
 
         budget = self.limit - self.reserve
         self.fits += 1
@@ -147,7 +147,7 @@ class PromptFitter:
             return FittedHistory(messages=prompt_messages(history), prompt_tokens=-1,
                                  budget=budget)
         fitted = fit_history(history, lambda msgs: self.count(render(msgs, tools, think, True)),
-                             self.limit, reserve=self.reserve)
+                             self.limit, reserve=self.reserve, step=LEAVE_OUT_STEP)
         self.left_out += fitted.left_out_turns > 0
         return fitted
 
