@@ -42,7 +42,8 @@ from app.chat.stored_turn import (
 )
 from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
-from app.engine.modes import DRAFTING_MODES, MODES, Mode
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.run_state import ReplyRun, SideRun
 from app.ui.worker import ReplyFailed, ReplyFinished
@@ -92,7 +93,8 @@ class ReplyFlow:
         """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
         drafter too), each from the same prompt; show them side by side."""
         modes = set(self.model.modes) if self.model is not None else set()
-        sides = MODES if set(DRAFTING_MODES) <= modes else (Mode.PLAIN, Mode.DFLASH)
+        sides = ((Mode.PLAIN, *DRAFTER_MODES) if set(DRAFTER_MODES) <= modes
+                 else (Mode.PLAIN, Mode.DFLASH))
         return self._start(text, [str(m) for m in sides])
 
     def regenerate(self) -> bool:
@@ -445,11 +447,13 @@ class ReplyFlow:
         """Block size for the chart's scale (None for plain)."""
         if mode not in DRAFTING_MODES or self.model is None:
             return None
-        return (rs or {}).get("block_size") or self.model.drafter_block_size
+        own = DEFAULT_BLOCK if mode == Mode.LOOKUP else self.model.drafter_block_size
+        return (rs or {}).get("block_size") or own
 
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
         if result.mode in DRAFTING_MODES and not result.block_size and self.model:
-            result.block_size = self.model.drafter_block_size
+            result.block_size = (DEFAULT_BLOCK if result.mode == Mode.LOOKUP
+                                 else self.model.drafter_block_size)
         side.result = result
         if result.summary is not None:
             side.stats.apply_summary(result.summary, result.round_summaries or
