@@ -101,6 +101,12 @@ class GenerationConfig:
             then the seconds spent queueing those stages and ``verify_s`` holds the wait for
             the device (the previous rollback, the draft, the verify). Tokens and caches do not
             depend on it.
+        lookup_drafts: opt-in, DFlash drafters only (not DFlash2): in a cycle where prompt
+            lookup (:mod:`app.engine.lookup`) matches the last 3 tokens and offers a whole
+            block of drafts, and the drafter's previous block was not wholly accepted, those
+            looked-up tokens are verified instead of the drafter's block (the drafter does not
+            run that cycle; its context catches up at its next draft). Exact as any draft
+            (verify and rollback are the same); ``Summary.lookup_cycles`` counts such cycles.
     """
 
     mode: ModeName = Mode.PLAIN.value
@@ -118,6 +124,7 @@ class GenerationConfig:
     fast_verify: bool = False
     selector: bool = True
     stage_timing: bool = False
+    lookup_drafts: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -568,6 +575,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         staged = config.stage_timing
         queue = mx.eval if staged else mx.async_eval
         checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
+        # opt-in: long prompt-lookup matches replace the drafter's block (GenerationConfig)
+        index = NgramIndex(history) if config.lookup_drafts and not v2 else None
+        last_full = True  # the drafter's previous block was wholly accepted
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
@@ -578,7 +588,15 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
             proposed = cand = q = None
-            if L > 1 and v2:
+            looked: list[int] = []
+            if index is not None and L > 1 and not last_full:
+                looked, n_match = index.match(L - 1)
+                if n_match < index.max_n or len(looked) < L - 1:
+                    looked = []
+            if looked:
+                proposed = mx.array(looked, dtype=mx.int32)
+                s.lookup_cycles += 1
+            elif L > 1 and v2:
                 proposed, cand, q = dmodel.propose(
                     runner, pending, L, ctx_taps, dcache,
                     temperature=config.temperature if speculative else 0.0,
@@ -591,7 +609,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             if proposed is not None:
                 proposed = proposed.astype(mx.int32)
                 block_ids = mx.concatenate([block_ids, proposed])
-                ctx_taps = None
+                if not looked:  # the drafter read the context; else it catches up next time
+                    ctx_taps = None
             n_drafts = L - 1 if proposed is not None else 0
             # Verify
             verify_ids = block_ids[None]
@@ -646,6 +665,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 yield TokenEvent(tok, s.generated_tokens, flag)
                 s.generated_tokens += 1
             history.extend(committed)
+            if index is not None:
+                index.extend(committed)
+                if not looked:
+                    last_full = accepted >= n_drafts
             pending = committed[-1]
             # an end token inside the block: the cycle counts as far as it (CycleEvent.kept)
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,

@@ -98,14 +98,17 @@ class NgramIndex:
             self.tokens.append(int(tok))
 
     def match(self, limit: int) -> tuple[list[int], int]:
-        """The draft for the sequence so far: up to ``limit`` tokens that followed the latest
+        """The draft for the sequence so far: ``limit`` tokens that followed the latest
         earlier occurrence of its last ``n`` tokens, for the largest ``n`` in
         ``max_n..min_n`` that occurs earlier.
 
+        A continuation that reaches the end of the sequence goes on as a copy of itself (as
+        an LZ77 match longer than its distance does): the text since the occurrence is then
+        taken to repeat with that period (``... a b a b`` proposes ``a b a b ...``).
+
         Returns:
-            ``(drafts, n)``: the proposed token ids (at most ``limit``; fewer when the match
-            is near the end) and the matched suffix length; ``([], 0)`` when no suffix occurs
-            earlier or ``limit < 1``.
+            ``(drafts, n)``: ``limit`` proposed token ids and the matched suffix length;
+            ``([], 0)`` when no suffix occurs earlier or ``limit < 1``.
         """
         toks = self.tokens
         if limit < 1:
@@ -113,7 +116,11 @@ class NgramIndex:
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
             start = self._next.get(tuple(toks[len(toks) - n:]))
             if start is not None:
-                return toks[start:start + limit], n
+                drafts = toks[start:start + limit]
+                period = len(toks) - start
+                while len(drafts) < limit:
+                    drafts.append(drafts[len(drafts) - period])
+                return drafts, n
         return [], 0
 
 
