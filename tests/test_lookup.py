@@ -271,3 +271,27 @@ def test_dflash_with_lookup_drafts_is_exact(name, lookup_root, monkeypatch):
     off = collect(generate(target, ids, GenerationConfig(mode="dflash", max_tokens=N,
                                                          block_size=4), drafter))
     assert off.tokens == plain and off.summary.lookup_cycles == 0  # off by default
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_chat_and_compare_run_lookup_without_a_drafter(capsys, tiny_root):
+    from app.cli import main
+    from app.models.tiny import build_tiny_pair
+
+    t, _ = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    common = ["--model", str(t), "--prompt", "one two one two one two", "--max-tokens", "24",
+              "--tools", "none", "--json"]
+    assert main(["chat", "--mode", "lookup", *common]) == 0  # no --draft-model needed
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["mode"] == "lookup" and obj["block_size"] == DEFAULT_BLOCK
+    assert obj["summary"]["mode"] == "lookup" and obj["summary"]["cycles"] > 0
+    assert main(["chat", "--mode", "plain", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == obj["tokens"]
+    _, d = build_tiny_pair(tiny_root, "qwen3", seed=0, block_size=16)
+    assert main(["compare", *common, "--draft-model", str(d), "--lookup"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["lookup_identical"] is True and both["lookup_first_divergence"] is None
+    assert both["lookup"]["tokens"] == both["plain"]["tokens"] == obj["tokens"]
+    assert both["lookup"]["mode"] == "lookup" and "time_to_answer" in both["lookup_speedup"]
