@@ -8,20 +8,34 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.engine.modes import DRAFTING_MODES, MODES, Mode, drafter_mode, label
+from app.engine.modes import (
+    DRAFTER_MODES,
+    DRAFTING_MODES,
+    MODES,
+    Mode,
+    drafter_mode,
+    label,
+    needs_drafter,
+)
 
 APP = Path(__file__).resolve().parent.parent / "app"
 
 
 def test_the_table():
-    assert MODES == (Mode.PLAIN, Mode.DFLASH, Mode.DFLASH2)
-    assert [m.label for m in MODES] == ["Plain", "DFlash", "DFlash2"]
-    assert DRAFTING_MODES == (Mode.DFLASH, Mode.DFLASH2)
+    assert MODES == (Mode.PLAIN, Mode.DFLASH, Mode.DFLASH2, Mode.LOOKUP)
+    assert [m.label for m in MODES] == ["Plain", "DFlash", "DFlash2", "Lookup"]
+    assert DRAFTING_MODES == (Mode.DFLASH, Mode.DFLASH2, Mode.LOOKUP)
+    # lookup drafts (tau, acceptance apply) but needs no drafter model
+    assert DRAFTER_MODES == (Mode.DFLASH, Mode.DFLASH2)
+    assert Mode.LOOKUP.drafts and not Mode.LOOKUP.needs_drafter
+    assert needs_drafter("dflash") and not needs_drafter("lookup")
+    assert not needs_drafter("plain") and not needs_drafter(None) and not needs_drafter("x")
     # a member is its stored / JSON / CLI value
     assert Mode.DFLASH == "dflash" and "dflash2" in DRAFTING_MODES and {"plain": 1}[Mode.PLAIN]
     assert "dflash" in DRAFTING_MODES and "plain" not in DRAFTING_MODES
     assert None not in DRAFTING_MODES and "x" not in DRAFTING_MODES
-    assert label("dflash2") == "DFlash2" and label("lookup") == "lookup"
+    assert label("dflash2") == "DFlash2" and label("lookup") == "Lookup"
+    assert label("fast") == "fast"
 
 
 def test_the_type_names_the_same_values():
@@ -34,7 +48,7 @@ def test_the_type_names_the_same_values():
 
 def test_parse_names_the_modes():
     assert Mode.parse("dflash2") is Mode.DFLASH2
-    with pytest.raises(ValueError, match="plain, dflash, dflash2, not 'fast'"):
+    with pytest.raises(ValueError, match="plain, dflash, dflash2, lookup, not 'fast'"):
         Mode.parse("fast")
 
 

@@ -59,7 +59,7 @@ def _complete(client, messages, **extra):
 def test_models_and_health(server):
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["demo"]
-    assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash", "dflash2"]
+    assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash", "dflash2", "lookup"]
     assert models["data"][0]["dflash"]["block_size"] == 16
     health = httpx.get(server.url + "/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
@@ -67,10 +67,10 @@ def test_models_and_health(server):
 
 def test_plain_and_dflash_are_identical_at_temperature_0_with_their_figures(client):
     replies = {mode: _complete(client, QUESTION, mode=mode)
-               for mode in ("plain", "dflash", "dflash2")}
+               for mode in ("plain", "dflash", "dflash2", "lookup")}
     plain = replies["plain"].choices[0].message
     assert "Paris" in plain.content
-    for mode in ("dflash", "dflash2"):
+    for mode in ("dflash", "dflash2", "lookup"):
         msg = replies[mode].choices[0].message
         assert msg.content == plain.content
         assert msg.model_extra["reasoning_content"] == plain.model_extra["reasoning_content"]

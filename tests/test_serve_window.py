@@ -47,7 +47,7 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
         url = win.serving.url
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         models = httpx.get(url + "/models", timeout=30).json()
-        assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash"]
+        assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash", "lookup"]
         replies = {}
         for mode in ("plain", "dflash"):
             r = httpx.post(url + "/chat/completions", timeout=60, json={

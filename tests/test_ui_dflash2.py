@@ -23,13 +23,35 @@ from app.ui.models_dialog import ModelsDialog  # noqa: E402
 
 
 def test_model_info_modes():
-    assert ModelInfo("t", "t").modes == ("plain",)
+    assert ModelInfo("t", "t").modes == ("plain", "lookup")  # lookup needs no drafter
     assert ModelInfo("t", "t", drafter_name="d", drafter_kind="dflash").modes == \
-        ("plain", "dflash")
+        ("plain", "dflash", "lookup")
     assert ModelInfo("t", "t", drafter_name="d", drafter_kind="dflash",
-                     drafter2_name="d2").modes == ("plain", "dflash", "dflash2")
+                     drafter2_name="d2").modes == ("plain", "dflash", "dflash2", "lookup")
     assert ModelInfo("t", "t", drafter_name="d2", drafter_kind="dflash2").modes == \
-        ("plain", "dflash2")
+        ("plain", "dflash2", "lookup")
+
+
+def test_composer_offers_lookup_without_a_drafter(qtbot):
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    seen = []
+    c.modeChanged.connect(seen.append)
+    c.set_modes(("plain", "lookup"))  # a target alone: plain and lookup
+    assert c.mode() == "plain" and c.lookup_btn.isEnabled() and not c.dflash_btn.isEnabled()
+    c.lookup_btn.click()
+    assert c.mode() == "lookup" and seen[-1] == "lookup"
+    assert not c.compare_btn.isEnabled()  # Compare runs drafter modes only
+    c.set_modes(("plain", "lookup"))  # offered again (a reload): Lookup is kept
+    assert c.mode() == "lookup"
+    c.set_modes(("plain", "dflash", "lookup"))
+    assert c.mode() == "lookup"  # still offered: kept
+    c.set_mode("plain")
+    c.set_mode("lookup")
+    assert c.lookup_btn.isChecked()
+    c.set_modes(("plain",))
+    assert c.mode() == "plain" and not c.lookup_btn.isEnabled()
 
 
 def test_composer_offers_dflash2_only_when_the_pair_has_it(qtbot):
@@ -47,7 +69,8 @@ def test_composer_offers_dflash2_only_when_the_pair_has_it(qtbot):
     assert c.compare_btn.isEnabled()
     c.set_modes(("plain", "dflash"))  # a pair without DFlash2: back to DFlash
     assert not c.dflash2_btn.isVisible() and c.mode() == "dflash"
-    assert c.dflash_btn.objectName() == "segRight"
+    assert c.dflash_btn.objectName() == "segMid"  # Lookup is the right segment
+    assert c.lookup_btn.objectName() == "segRight"
     c.set_modes(("plain", "dflash2"))  # only a DFlash2 drafter
     assert c.mode() == "dflash2" and not c.dflash_btn.isEnabled()
     c.set_modes(("plain",))
@@ -143,7 +166,7 @@ def test_window_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, ti
         with qtbot.waitSignal(win.modelLoaded, timeout=60_000) as blocker:
             win.load_model(PairSpec(str(t), str(d), drafter2=str(d2)))
         info = blocker.args[0]
-        assert info.modes == ("plain", "dflash", "dflash2")
+        assert info.modes == ("plain", "dflash", "dflash2", "lookup")
         assert info.drafter2_path == str(d2) and info.drafter_kind == "dflash"
         assert win.composer.dflash2_btn.isVisible()
         assert win.qs.value("model/drafter2") == str(d2)

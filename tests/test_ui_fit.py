@@ -86,8 +86,8 @@ def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
         window = win.rect()
         centre = rect_in(win, c.parentWidget())
         assert window.contains(rect_in(win, c)) and centre.contains(rect_in(win, c))
-        widgets = (c.plain_btn, c.dflash_btn, c.dflash2_btn, c.colour_box, c.compare_btn,
-                   c.send_btn, c.edit, c.note)
+        widgets = (c.plain_btn, c.dflash_btn, c.dflash2_btn, c.lookup_btn, c.colour_box,
+                   c.compare_btn, c.send_btn, c.edit, c.note)
         for w in widgets:
             assert w.isVisible(), w.text() if hasattr(w, "text") else w
             name = w.text() if hasattr(w, "text") and callable(w.text) else type(w).__name__
@@ -99,8 +99,8 @@ def test_composer_is_whole_down_to_the_minimum_width(qtbot, qs, width):
             assert window.contains(r), (width, name, r, window)
             assert rect_in(win, c).contains(r), (width, name, r, rect_in(win, c))
         # the buttons do not overlap each other
-        row = [c.plain_btn, c.dflash_btn, c.dflash2_btn, c.colour_box, c.compare_btn,
-               c.send_btn]
+        row = [c.plain_btn, c.dflash_btn, c.dflash2_btn, c.lookup_btn, c.colour_box,
+               c.compare_btn, c.send_btn]
         for i, a in enumerate(row):
             for b in row[i + 1:]:
                 assert not rect_in(win, a).intersects(rect_in(win, b)), (width, a.text(),

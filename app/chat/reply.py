@@ -38,7 +38,7 @@ from app.chat.pipeline import TextPipeline
 from app.chat.settings import ReplySettings, Sampling  # noqa: F401 (re-exported)
 from app.chat.templates import render_prompt
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTER_MODES
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
@@ -251,7 +251,7 @@ def run_reply(
     from app.engine.errors import GenerationError
 
     mode = settings.mode
-    if mode in DRAFTING_MODES and drafter is None:
+    if mode in DRAFTER_MODES and drafter is None:
         raise GenerationError("DFlash decoding needs a drafter model")
     if settings.max_tool_rounds < 0:
         raise GenerationError("max_tool_rounds must be >= 0")
@@ -326,7 +326,7 @@ def run_reply(
         # tap states, so a DFlash turn after a plain one reuses the whole prefix.
         gen = _engine_generate(
             target, gen_ids, config,
-            drafter=drafter if mode in DRAFTING_MODES or session is not None else None,
+            drafter=drafter if mode in DRAFTER_MODES or session is not None else None,
             **extra
         )
         summary: Summary | None = None

@@ -36,7 +36,7 @@ from app.chat.examples import DEMO_ABOUT, read_examples
 from app.chat.settings import ReplySettings, as_reply_settings
 from app.chat.storage import Store
 from app.engine.errors import EngineError, PromptTooLongError
-from app.engine.modes import DRAFTING_MODES, Mode, drafter_mode
+from app.engine.modes import DRAFTER_MODES, Mode, drafter_mode
 from app.engine.threads import check_engine_thread
 
 log = logging.getLogger(__name__)
@@ -130,12 +130,14 @@ class ModelInfo:
     @property
     def modes(self) -> tuple[str, ...]:
         """The decoding modes this pair offers: ``"plain"``, then ``"dflash"`` with a DFlash
-        drafter, ``"dflash2"`` with a DFlash2 one (either slot)."""
+        drafter, ``"dflash2"`` with a DFlash2 one (either slot), then ``"lookup"``, which
+        needs no drafter."""
         out = ["plain"]
         if self.drafter_name and self.drafter_kind != Mode.DFLASH2:
             out.append("dflash")
         if self.drafter2_name or (self.drafter_name and self.drafter_kind == Mode.DFLASH2):
             out.append("dflash2")
+        out.append("lookup")
         return tuple(out)
 
 
@@ -588,8 +590,8 @@ class ChatSession:
         it). None when no target is loaded, or ``mode`` needs a drafter that is not."""
         if self.target is None:
             return None
-        drafter = self.drafter_for(mode) if mode in DRAFTING_MODES else None
-        if mode in DRAFTING_MODES and drafter is None:
+        drafter = self.drafter_for(mode) if mode in DRAFTER_MODES else None
+        if mode in DRAFTER_MODES and drafter is None:
             return None
         return {"target": str(self.target.path),
                 "drafter": str(drafter.path) if drafter is not None else None}

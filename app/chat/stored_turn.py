@@ -71,7 +71,8 @@ from app.chat.turns import (
 )
 from app.engine import modes
 from app.engine.errors import EngineError, PromptTooLongError
-from app.engine.modes import DRAFTING_MODES
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 
 log = logging.getLogger(__name__)
 
@@ -451,10 +452,11 @@ class _Turn:
         e.g. the scripted session)."""
         drafter_for = getattr(self.backend, "drafter_for", None)
         out = {}
-        for mode in DRAFTING_MODES:
+        for mode in DRAFTER_MODES:
             d = drafter_for(mode) if drafter_for is not None else None
             if d is not None:
                 out[mode] = d.config.block_size
+        out[Mode.LOOKUP.value] = DEFAULT_BLOCK
         return out
 
     def run(self) -> Iterator[TaggedEvent]:

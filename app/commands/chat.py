@@ -1,7 +1,7 @@
-"""``python -m app chat``: one reply, plain, DFlash or DFlash2 (the JSON contract is in the
+"""``python -m app chat``: one reply, plain, DFlash, DFlash2 or Lookup (the JSON contract is in the
 README).
 
-``python -m app chat [--model M --draft-model D] --mode {plain,dflash,dflash2} --prompt TEXT``
+``python -m app chat [--model M --draft-model D] --mode {plain,dflash,dflash2,lookup} --prompt TEXT``
 prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
 summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
 It goes through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
@@ -26,20 +26,22 @@ from app.commands.generation import (
     settings_from_args,
     warm_up_on_gpu,
 )
-from app.engine.modes import DRAFTING_MODES, MODES
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, MODES
 
 
 def register(subparsers) -> None:
     """Add the ``chat`` subcommand."""
     chat = subparsers.add_parser(
-        "chat", help="one reply, plain, DFlash or DFlash2",
-        description="Generate one reply to --prompt (plain, DFlash or DFlash2 decoding) and "
-        "print it with its figures.",
+        "chat", help="one reply, plain, DFlash, DFlash2 or Lookup",
+        description="Generate one reply to --prompt (plain, DFlash, DFlash2 or Lookup "
+        "decoding) and print it with its figures.",
     )
     _add_common(chat)
     chat.add_argument("--mode", choices=[m.value for m in MODES], default="dflash",
                       help="decoding mode (default dflash; dflash2 needs a DFlash2 drafter: "
-                      "on the bundled demo pair its bundled one, else --draft-model)")
+                      "on the bundled demo pair its bundled one, else --draft-model; lookup "
+                      "drafts by prompt lookup and needs no drafter)")
     chat.set_defaults(func=run_chat)
 
 
@@ -54,7 +56,8 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
     fig = ReplyFigures.of(reply, wall_s)
     block = None
     if reply.mode in DRAFTING_MODES:
-        block = settings.block_size or (drafter.config.block_size if drafter else None)
+        block = settings.block_size or (drafter.config.block_size if drafter and
+                                        reply.mode in DRAFTER_MODES else DEFAULT_BLOCK)
     out: dict[str, Any] = {
         "mode": reply.mode,
         "block_size": block,
@@ -134,7 +137,7 @@ def run_chat(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
-    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTING_MODES)
+    target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTER_MODES)
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings = replace(settings, enable_thinking=default_thinking(tpath, dpath))

@@ -7,7 +7,9 @@ drafter, or by default on the bundled demo pair its DFlash2 drafter, as in the w
 three-sided Compare; ``--dflash2-model none`` leaves it out) the object adds ``"dflash2",
 "dflash2_identical", "dflash2_first_divergence"`` (DFlash2 vs plain). With only a DFlash2
 drafter, ``"dflash"`` is that drafter's run too (mode ``dflash`` runs the drafter's own
-draft), so today's fields keep their meaning: speculative vs plain. A divergence is
+draft), so today's fields keep their meaning: speculative vs plain. ``--lookup`` adds a
+Lookup side (prompt-lookup drafts, no drafter) and ``"lookup", "lookup_identical",
+"lookup_first_divergence", "lookup_speedup"`` (Lookup vs plain). A divergence is
 reported, not an error (exit code 0); 2 for bad arguments or unusable model files.
 
 Timing (``app.chat.measure``): both paths are warmed up before anything is timed, each side
@@ -66,6 +68,9 @@ def register(subparsers) -> None:
                          help="a DFlash2 drafter to compare too, beside --draft-model's run "
                          "(default on the bundled demo pair: its DFlash2 drafter, "
                          "resources/models/demo-dflash2; 'none' leaves it out)")
+    compare.add_argument("--lookup", action="store_true",
+                         help="compare Lookup decoding (prompt-lookup drafts, no drafter) "
+                         "with plain too")
     compare.set_defaults(func=run_compare)
 
 
@@ -93,6 +98,8 @@ def _compare(args) -> int:
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
         runs.append(("dflash2", drafter2))
+    if args.lookup:
+        runs.append((Mode.LOOKUP.value, None))
     # every run sees the same tool results: the built-in clock frozen at one instant
     frozen = builtin_tools(dt.datetime.now(dt.UTC)) if args.tools == "builtin" else None
     settings = {}
@@ -146,6 +153,12 @@ def _compare(args) -> int:
         obj["dflash2_identical"] = div2 is None
         obj["dflash2_first_divergence"] = div2
         obj["dflash2_speedup"] = speedup(figures["plain"], figures["dflash2"]).to_dict()
+    if Mode.LOOKUP in results:
+        div_l = first_divergence(plain.all_tokens, results[Mode.LOOKUP][0].all_tokens)
+        obj["lookup"] = side(Mode.LOOKUP.value)
+        obj["lookup_identical"] = div_l is None
+        obj["lookup_first_divergence"] = div_l
+        obj["lookup_speedup"] = speedup(figures["plain"], figures[Mode.LOOKUP]).to_dict()
     if args.json:
         print(json.dumps(obj, ensure_ascii=False))
         return 0
@@ -162,6 +175,10 @@ def _compare(args) -> int:
             d2 = obj["dflash2_first_divergence"]
             print("dflash2 identical: "
                   + ("yes" if d2 is None else f"no (first divergence at {d2})"))
+        if Mode.LOOKUP in results:
+            dl = obj["lookup_first_divergence"]
+            print("lookup identical: "
+                  + ("yes" if dl is None else f"no (first divergence at {dl})"))
         if div is None:
             print("identical: yes")
         else:
@@ -171,4 +188,6 @@ def _compare(args) -> int:
     print("speed: " + speed.line("DFlash2" if only_v2 else "DFlash"))
     if "dflash2" in results and not only_v2:
         print("speed: " + speedup(figures["plain"], figures["dflash2"]).line("DFlash2"))
+    if Mode.LOOKUP in results:
+        print("speed: " + speedup(figures["plain"], figures[Mode.LOOKUP]).line("Lookup"))
     return 0

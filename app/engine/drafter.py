@@ -35,14 +35,10 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
 from app.engine.errors import ModelLoadError, UnsupportedArchitectureError
+from app.engine.modes import DEFAULT_BLOCK_SIZE
 
 SUPPORTED_ARCHITECTURE = "DFlashDraftModel"
 
-DEFAULT_BLOCK_SIZE = 16
-"""The block size of a drafter whose ``config.json`` names none (z-lab's DFlash drafters are
-trained with blocks of 16). A reply's ``block_size`` None means the loaded drafter's own
-(``DrafterConfig.block_size``), which falls back to this; the one place that number is
-written."""
 
 
 def default_target_layer_ids(num_target_layers: int, count: int) -> list[int]:

@@ -107,6 +107,8 @@ class Summary:
     ``rollback_s`` (and the shares derived from them) per-stage compute times; otherwise a
     greedy cycle waits once and ``verify_s`` holds that wait (see :class:`CycleEvent`).
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
+    ``lookup_cycles``: DFlash cycles that verified prompt-lookup drafts instead of the
+    drafter's (``GenerationConfig.lookup_drafts``; 0 otherwise).
     """
 
     mode: ModeName = Mode.PLAIN.value
@@ -133,6 +135,7 @@ class Summary:
     accepted_lengths: list[int] = field(default_factory=list)
     fast_verify: bool = False
     stage_timing: bool = False
+    lookup_cycles: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""
@@ -191,6 +194,7 @@ class Summary:
             out.drafted += s.drafted
             out.accepted += s.accepted
             out.replays += s.replays
+            out.lookup_cycles += s.lookup_cycles
             out.draft_s += s.draft_s
             out.verify_s += s.verify_s
             out.rollback_s += s.rollback_s

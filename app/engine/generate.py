@@ -57,7 +57,8 @@ from app.engine import dflash2 as _d2
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
-from app.engine.modes import DRAFTING_MODES, ROLLBACKS, Mode, ModeName, drafter_mode
+from app.engine.lookup import DEFAULT_BLOCK, DraftLength, NgramIndex
+from app.engine.modes import DRAFTING_MODES, MODES, ROLLBACKS, Mode, ModeName, drafter_mode
 from app.engine.prefix import PromptCache
 from app.engine.rollback import VerifyCheckpoint
 from app.engine.target import TargetRunner, cache_arrays
@@ -69,13 +70,16 @@ class GenerationConfig:
     """Settings for one generation (both paths take the same ones).
 
     Attributes:
-        mode: ``plain``, ``dflash`` or ``dflash2``. ``dflash`` runs whichever draft the
-            drafter has (a DFlash2 drafter gives a DFlash2 run, reported as ``dflash2``);
-            ``dflash2`` requires a DFlash2 drafter.
+        mode: ``plain``, ``dflash``, ``dflash2`` or ``lookup``. ``dflash`` runs whichever
+            draft the drafter has (a DFlash2 drafter gives a DFlash2 run, reported as
+            ``dflash2``); ``dflash2`` requires a DFlash2 drafter; ``lookup`` drafts by prompt
+            lookup (:mod:`app.engine.lookup`) and needs no drafter.
         max_tokens: generated tokens at most (the end token counts). Its default is the
             app's (``app.chat.settings.SPECS["max_tokens"]``, which the engine cannot import:
             ``tests/test_settings.py`` holds the two equal).
-        block_size: DFlash block size (1..the drafter's ``block_size``; None = the drafter's).
+        block_size: DFlash block size (1..the drafter's ``block_size``; None = the drafter's);
+            in ``lookup`` mode the pending token plus at most ``block_size - 1`` looked-up
+            drafts (None = :data:`app.engine.lookup.DEFAULT_BLOCK`).
         rollback: ``tape`` (re-run the recurrence only) or ``replay`` (re-run the target).
         temperature, top_p, top_k, min_p: mlx-lm's ``make_sampler`` settings; 0 = greedy.
             The engine refuses only what the sampler cannot run (e.g. a temperature below 0
@@ -102,6 +106,12 @@ class GenerationConfig:
             then the seconds spent queueing those stages and ``verify_s`` holds the wait for
             the device (the previous rollback, the draft, the verify). Tokens and caches do not
             depend on it.
+        lookup_drafts: opt-in, DFlash drafters only (not DFlash2): in a cycle where prompt
+            lookup (:mod:`app.engine.lookup`) matches the last 3 tokens and offers a whole
+            block of drafts, and the drafter's previous block was not wholly accepted, those
+            looked-up tokens are verified instead of the drafter's block (the drafter does not
+            run that cycle; its context catches up at its next draft). Exact as any draft
+            (verify and rollback are the same); ``Summary.lookup_cycles`` counts such cycles.
     """
 
     mode: ModeName = Mode.PLAIN.value
@@ -119,6 +129,7 @@ class GenerationConfig:
     fast_verify: bool = False
     selector: bool = True
     stage_timing: bool = False
+    lookup_drafts: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -305,7 +316,8 @@ def generate(
         target: :class:`~app.models.loader.LoadedTarget`.
         prompt_ids: the rendered prompt's token ids (non-empty).
         config: :class:`GenerationConfig`.
-        drafter: :class:`~app.models.loader.LoadedDrafter`, required for ``mode="dflash"``.
+        drafter: :class:`~app.models.loader.LoadedDrafter`, required for ``mode="dflash"``
+            and ``"dflash2"`` (``lookup`` and ``plain`` need none).
         session: a :class:`~app.engine.prefix.PromptCache` kept across turns: the common prefix
             with its ids is reused, and the caches are stored back at the end.
         boundaries: prompt positions (e.g. the end of the history before the generation
@@ -315,7 +327,8 @@ def generate(
         GenerationError: empty prompt, no drafter for DFlash, ``dflash2`` without a DFlash2
             drafter, a block size outside
             1..drafter block size, an unknown mode or rollback strategy.
-        UnsupportedArchitectureError: DFlash on a target family without tap capture.
+        UnsupportedArchitectureError: DFlash or lookup on a target family without tap
+            capture.
     """
     check_engine_thread()
     if not prompt_ids:
@@ -334,7 +347,23 @@ def generate(
             summary,
         )
     if config.mode not in DRAFTING_MODES:
-        raise GenerationError(f"unknown mode {config.mode!r} (plain, dflash or dflash2)")
+        raise GenerationError(f"unknown mode {config.mode!r} ({', '.join(MODES)})")
+    if config.rollback not in ROLLBACKS:
+        raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
+    if config.mode == Mode.LOOKUP:
+        block = config.block_size or DEFAULT_BLOCK
+        if block < 1:
+            raise GenerationError(f"block size {block} must be at least 1")
+        runner = TargetRunner(target.model, target.model_type, fast_verify=config.fast_verify)
+        summary = Summary(mode="lookup", prompt_tokens=len(prompt_ids))
+        return Generation(
+            lambda cancel: _clear_on_error(
+                _lookup_body(target, runner, list(prompt_ids), config, block, cancel, session,
+                             boundaries, summary),
+                session,
+            ),
+            summary,
+        )
     if drafter is None:
         raise GenerationError("DFlash needs a drafter; load one or use plain mode")
     if config.mode == Mode.DFLASH2 and drafter_mode(drafter) is not Mode.DFLASH2:
@@ -342,8 +371,6 @@ def generate(
             "DFlash2 mode needs a DFlash2 drafter (DFlash2DraftModel); this one is DFlash: "
             "use mode dflash"
         )
-    if config.rollback not in ROLLBACKS:
-        raise GenerationError(f"unknown rollback strategy {config.rollback!r} (tape or replay)")
     block = config.block_size or drafter.config.block_size
     if not 1 <= block <= drafter.config.block_size:
         raise GenerationError(
@@ -553,6 +580,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         staged = config.stage_timing
         queue = mx.eval if staged else mx.async_eval
         checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
+        # opt-in: long prompt-lookup matches replace the drafter's block (GenerationConfig)
+        index = NgramIndex(history) if config.lookup_drafts and not v2 else None
+        last_full = True  # the drafter's previous block was wholly accepted
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
@@ -563,7 +593,15 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
             proposed = cand = q = None
-            if L > 1 and v2:
+            looked: list[int] = []
+            if index is not None and L > 1 and not last_full:
+                looked, n_match = index.match(L - 1)
+                if n_match < index.max_n or len(looked) < L - 1:
+                    looked = []
+            if looked:
+                proposed = mx.array(looked, dtype=mx.int32)
+                s.lookup_cycles += 1
+            elif L > 1 and v2:
                 proposed, cand, q = dmodel.propose(
                     runner, pending, L, ctx_taps, dcache,
                     temperature=config.temperature if speculative else 0.0,
@@ -576,7 +614,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             if proposed is not None:
                 proposed = proposed.astype(mx.int32)
                 block_ids = mx.concatenate([block_ids, proposed])
-                ctx_taps = None
+                if not looked:  # the drafter read the context; else it catches up next time
+                    ctx_taps = None
             n_drafts = L - 1 if proposed is not None else 0
             # Verify
             verify_ids = block_ids[None]
@@ -631,6 +670,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 yield TokenEvent(tok, s.generated_tokens, flag)
                 s.generated_tokens += 1
             history.extend(committed)
+            if index is not None:
+                index.extend(committed)
+                if not looked:
+                    last_full = accepted >= n_drafts
             pending = committed[-1]
             # an end token inside the block: the cycle counts as far as it (CycleEvent.kept)
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
@@ -651,6 +694,108 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             session.store(cache_ids, cache, dcache, int(dcache[0].offset))
         else:
             session.store(cache_ids, cache, None, 0)
+    s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
+    _summary_common(s, t_start, t_first, time.perf_counter())
+    yield Done(s)
+
+
+def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cancel, session,
+                 boundaries, summary: Summary) -> Iterator:
+    """Lookup mode: the DFlash cycle with prompt-lookup drafts (:mod:`app.engine.lookup`)
+    instead of a drafter's, as many as :class:`~app.engine.lookup.DraftLength` allows. A
+    cycle whose lookup finds nothing is one plain step of the pending token (no verify pass,
+    no rollback; a cycle with 0 drafts)."""
+    eos = target.eos_token_ids
+    s, choose, t_start = _begin(config, summary)
+    s.fast_verify = runner.fast_verify
+    s.stage_timing = config.stage_timing
+    s.reused_tokens = start = _start(session, prompt, False)
+    cache = session.target_cache if start else runner.make_cache()
+    snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
+
+    def fwd(chunk, last):
+        return runner.forward(chunk, cache, all_logits=False)
+
+    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries)
+    history = list(prompt)
+    cache_ids = list(prompt)
+    pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
+    t_first = time.perf_counter()
+    history.append(pending)
+    index = NgramIndex(history)
+    length = DraftLength(block - 1)
+    yield TokenEvent(pending, 0, False)
+    s.generated_tokens = 1
+    if pending in eos:
+        s.stop_cause = "end_token"
+    elif s.generated_tokens >= config.max_tokens:
+        s.stop_cause = "length"
+    else:
+        staged = config.stage_timing
+        queue = mx.eval if staged else mx.async_eval
+        checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
+        while True:
+            if cancel.is_set():
+                s.stop_cause = "cancelled"
+                break
+            remaining = config.max_tokens - s.generated_tokens
+            L = min(block, remaining)
+            t0 = time.perf_counter()
+            drafts_in, _ = index.match(min(L - 1, length.value))
+            ids = mx.array([[pending, *drafts_in]], dtype=mx.int32)
+            t1 = time.perf_counter()
+            if drafts_in:  # a verify pass: the rollback unit keeps what is accepted
+                vlogits, _ = runner.forward(ids, cache, tapes=checkpoint.begin(ids))
+            else:  # nothing to verify: one plain step
+                vlogits, _ = runner.forward(ids, cache)
+            if choose is None:
+                packed = greedy_acceptance(mx.array(drafts_in, dtype=mx.int32) if drafts_in
+                                           else None, vlogits[0])
+                accepted, *choice = host_read(packed)  # the cycle's one host synchronisation
+                bonus = choice[accepted]
+            else:
+                mx.eval(vlogits)
+                accepted, bonus = 0, None
+                for i in range(len(drafts_in) + 1):
+                    y = choose(vlogits[0, i], history + drafts_in[:i])
+                    if i < len(drafts_in) and drafts_in[i] == y:
+                        accepted += 1
+                        continue
+                    bonus = y
+                    break
+            t2 = time.perf_counter()
+            committed = drafts_in[:accepted] + [bonus]
+            flags = [True] * accepted + [False]
+            stop = None
+            for j, tok in enumerate(committed):
+                if tok in eos:
+                    committed, flags, stop = committed[: j + 1], flags[: j + 1], "end_token"
+                    break
+            n = len(committed)
+            replayed = checkpoint.commit(n) if drafts_in else False
+            length.update(len(drafts_in), accepted)
+            t3 = time.perf_counter()
+            cache_ids.append(pending)
+            cache_ids.extend(committed[: n - 1])
+            for tok, flag in zip(committed, flags):
+                yield TokenEvent(tok, s.generated_tokens, flag)
+                s.generated_tokens += 1
+            history.extend(committed)
+            index.extend(committed)
+            pending = committed[-1]
+            cycle = CycleEvent(s.cycles, len(drafts_in), accepted, accepted + 1, replayed,
+                               t1 - t0, t2 - t1, t3 - t2).kept(len(committed))
+            s.add_cycle(cycle)
+            yield cycle
+            if stop:
+                s.stop_cause = stop
+                break
+            if s.generated_tokens >= config.max_tokens:
+                s.stop_cause = "length"
+                break
+    if session is not None:
+        session.update_kept(start, cache_ids, [], ())
+        session.store(cache_ids, cache, None, 0)
     s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)

@@ -9,12 +9,19 @@ plain     Plain      none             one target step per token
 dflash    DFlash     a DFlash one     a block of drafts verified in one pass
 dflash2   DFlash2    a DFlash2 one    DFlash with the DFlash2 drafter (its own
                                       candidate walk; ``app.engine.dflash2``)
+lookup    Lookup     none             prompt-lookup drafts (the tokens that followed
+                                      the latest earlier match of the last 1-3
+                                      tokens; ``app.engine.lookup``) verified as
+                                      DFlash verifies; a plain step when nothing
+                                      matches
 ========  =========  ===============  ===========================================
 
 :class:`Mode` is a ``StrEnum``: a member equals (and hashes as) its value, so the values
 stored in the database, written in JSON and typed on the command line are the members
 themselves, and a comparison with a plain string still holds. Code asks the table
-(:data:`DRAFTING_MODES`, :attr:`Mode.label`, :func:`drafter_mode`) instead of listing modes.
+(:data:`DRAFTING_MODES`, :data:`DRAFTER_MODES`, :attr:`Mode.label`, :func:`drafter_mode`)
+instead of listing modes: "does it draft" (tau, acceptance, block size, rollback apply) is
+:attr:`Mode.drafts`, "does it need a drafter loaded" is :attr:`Mode.needs_drafter`.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from typing import Any, Literal
 @dataclass(frozen=True)
 class ModeSpec:
     """One row of the table: ``label`` as the window and the CLI name the mode, ``drafts``
-    whether a drafter drafts in it (tau, acceptance, block size and rollback apply)."""
+    whether drafts are verified in it (tau, acceptance, block size and rollback apply),
+    ``needs_drafter`` whether a drafter model must be loaded for it."""
 
     label: str
     drafts: bool
+    needs_drafter: bool = False
 
 
 class Mode(StrEnum):
@@ -39,6 +48,7 @@ class Mode(StrEnum):
     PLAIN = "plain"
     DFLASH = "dflash"
     DFLASH2 = "dflash2"
+    LOOKUP = "lookup"
 
     @property
     def spec(self) -> ModeSpec:
@@ -47,13 +57,18 @@ class Mode(StrEnum):
 
     @property
     def label(self) -> str:
-        """``"Plain"``, ``"DFlash"`` or ``"DFlash2"``."""
+        """``"Plain"``, ``"DFlash"``, ``"DFlash2"`` or ``"Lookup"``."""
         return self.spec.label
 
     @property
     def drafts(self) -> bool:
-        """Whether a drafter drafts in this mode (it needs one loaded)."""
+        """Whether drafts are verified in this mode (a drafter's or prompt lookup's)."""
         return self.spec.drafts
+
+    @property
+    def needs_drafter(self) -> bool:
+        """Whether this mode needs a drafter model loaded (``lookup`` drafts without one)."""
+        return self.spec.needs_drafter
 
     @classmethod
     def parse(cls, value: Any) -> Mode:
@@ -70,12 +85,13 @@ class Mode(StrEnum):
 
 TABLE: dict[Mode, ModeSpec] = {
     Mode.PLAIN: ModeSpec("Plain", drafts=False),
-    Mode.DFLASH: ModeSpec("DFlash", drafts=True),
-    Mode.DFLASH2: ModeSpec("DFlash2", drafts=True),
+    Mode.DFLASH: ModeSpec("DFlash", drafts=True, needs_drafter=True),
+    Mode.DFLASH2: ModeSpec("DFlash2", drafts=True, needs_drafter=True),
+    Mode.LOOKUP: ModeSpec("Lookup", drafts=True, needs_drafter=False),
 }
 """Every mode's row; a new mode is one member of :class:`Mode` and one row here."""
 
-ModeName = Literal["plain", "dflash", "dflash2"]
+ModeName = Literal["plain", "dflash", "dflash2", "lookup"]
 """The modes' values as a type (for records checked by their type hints, e.g. an imported
 ``Summary``); :data:`MODES` holds the same values (``tests/test_modes.py``)."""
 
@@ -83,7 +99,23 @@ MODES: tuple[Mode, ...] = tuple(Mode)
 """Every mode, in the order the window and the CLI list them."""
 
 DRAFTING_MODES: tuple[Mode, ...] = tuple(m for m in Mode if m.drafts)
-"""The modes in which a drafter drafts."""
+"""The modes in which drafts are verified (tau, acceptance and block size apply)."""
+
+DRAFTER_MODES: tuple[Mode, ...] = tuple(m for m in Mode if m.needs_drafter)
+"""The modes that need a drafter model loaded (a subset of :data:`DRAFTING_MODES`)."""
+
+
+def needs_drafter(mode: Any) -> bool:
+    """Whether ``mode`` (a :class:`Mode` or its value) needs a drafter loaded; False for a
+    value that is no mode."""
+    return mode in TABLE and TABLE[mode].needs_drafter
+
+
+DEFAULT_BLOCK_SIZE = 16
+"""The block size of a drafter whose ``config.json`` names none (z-lab's DFlash drafters are
+trained with blocks of 16), and of lookup mode when none is set. A reply's ``block_size``
+None means the loaded drafter's own (``DrafterConfig.block_size``), which falls back to this;
+the one place that number is written."""
 
 
 ROLLBACKS: tuple[str, ...] = ("tape", "replay")

@@ -81,9 +81,10 @@ class ChatRequest:
         stream: answer with server-sent events.
         include_usage: ``stream_options.include_usage`` (a last chunk with ``usage`` and no
             choices).
-        mode: ``"plain"``, ``"dflash"`` or ``"dflash2"``; None: DFlash when a drafter is
-            loaded, else plain.
-        block_size: DFlash block size (None: the drafter's).
+        mode: ``"plain"``, ``"dflash"``, ``"dflash2"`` or ``"lookup"``; None: DFlash when a
+            drafter is loaded, else plain.
+        block_size: DFlash block size (None: the drafter's; for ``lookup``
+            :data:`app.engine.lookup.DEFAULT_BLOCK`).
         max_tokens: generated tokens at most (None: what the context leaves, capped by the
             server's default).
         stop: stop strings (matched on the decoded text).

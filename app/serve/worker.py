@@ -32,7 +32,8 @@ from typing import Any
 from app.chat.session import ChatSession, ModelInfo, PairSpec
 from app.chat.settings import ReplySettings, SettingError
 from app.engine.errors import EngineError
-from app.engine.modes import DRAFTING_MODES, Mode, label
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTER_MODES, Mode, label
 from app.serve.protocol import ApiError, ChatRequest, CompletionResult, bad_request
 
 log = logging.getLogger(__name__)
@@ -388,13 +389,15 @@ class JobQueue:
 
         assert self.info is not None
         modes = self.info.modes
-        mode = req.mode or next((m for m in DRAFTING_MODES if m in modes), Mode.PLAIN)
+        mode = req.mode or next((m for m in DRAFTER_MODES if m in modes), Mode.PLAIN)
         if mode not in modes:
             raise bad_request(f"mode {mode!r} needs a {label(mode)} drafter, and none is loaded"
                               f" (this server offers {', '.join(modes)})", "mode",
                               "unsupported_value")
         block = None
-        if mode in DRAFTING_MODES:
+        if mode == Mode.LOOKUP:
+            block = req.block_size or DEFAULT_BLOCK
+        elif mode in DRAFTER_MODES:
             own = int(session.drafter_for(mode).config.block_size)
             if req.block_size is not None and req.block_size > own:
                 raise bad_request(f"block_size must be between 1 and the drafter's {own}, got "

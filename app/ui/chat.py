@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat.baseline import NO_BASELINE
 from app.chat.conversation import continued_text
 from app.chat.turns import ConversationView, Turn
-from app.engine.modes import DRAFTING_MODES, MODES, Mode
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, MODES, Mode
 from app.ui.fit import FlowLayout, WrapLabel
 from app.ui.render import (
     VIEW_MESSAGE_CHARS,
@@ -537,9 +537,9 @@ class Composer(QWidget):
     Enter sends, Shift+Enter inserts a new line, Tab moves the focus on. A mouse press on
     Stop within the platform's double-click interval after Send started the reply is ignored
     (the second click of a double-click on Send does not stop the reply it started). Signals: ``send(str)``,
-    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain", "dflash"
-    or "dflash2" (the DFlash2 button shows only when the loaded pair has a DFlash2 drafter:
-    :meth:`set_modes`)."""
+    ``stop()``, ``compare(str)``, ``modeChanged(str)``; ``mode()`` returns "plain", "dflash",
+    "dflash2" or "lookup" (the DFlash2 button shows only when the loaded pair has a DFlash2
+    drafter: :meth:`set_modes`; Lookup needs no drafter)."""
 
     send = Signal(str)
     stop = Signal()
@@ -558,9 +558,11 @@ class Composer(QWidget):
         self.plain_btn = QPushButton("Plain")
         self.plain_btn.setObjectName("segLeft")
         self.dflash_btn = QPushButton("DFlash")
-        self.dflash_btn.setObjectName("segRight")
+        self.dflash_btn.setObjectName("segMid")
         self.dflash2_btn = QPushButton("DFlash2")
-        self.dflash2_btn.setObjectName("segRight")
+        self.dflash2_btn.setObjectName("segMid")
+        self.lookup_btn = QPushButton("Lookup")
+        self.lookup_btn.setObjectName("segRight")
         for b, tip in ((self.plain_btn, "Plain: the model writes one token at a time. Each "
                                         "token is one forward pass of the target model."),
                        (self.dflash_btn, "DFlash: a small drafter guesses several tokens at "
@@ -570,7 +572,13 @@ class Composer(QWidget):
                        (self.dflash2_btn, "DFlash2: DFlash with convolutions in the drafter "
                                           "and a candidate selector that picks each guess "
                                           "among the model's top candidates given the guess "
-                                          "before it; as exact as DFlash.")):
+                                          "before it; as exact as DFlash."),
+                       (self.lookup_btn, "Lookup: no drafter; the guesses are the tokens "
+                                         "that followed the latest earlier occurrence of the "
+                                         "last few tokens in the chat (prompt lookup), "
+                                         "checked by the model in one pass. Fast when the "
+                                         "answer copies text (a tool result, a list); as "
+                                         "exact as DFlash.")):
             b.setCheckable(True)
             b.setToolTip(tip)
             b.setAccessibleName(f"{b.text()} decoding")
@@ -579,6 +587,7 @@ class Composer(QWidget):
         self.mode_group.addButton(self.plain_btn)
         self.mode_group.addButton(self.dflash_btn)
         self.mode_group.addButton(self.dflash2_btn)
+        self.mode_group.addButton(self.lookup_btn)
         self.dflash2_btn.setVisible(False)
         self.dflash2_btn.setEnabled(False)
         self.dflash_btn.setChecked(True)
@@ -619,7 +628,8 @@ class Composer(QWidget):
         self.mode_note.setAccessibleName("Mode note")
         # the switch, Colour drafts, and Compare + Send at the right: one row that wraps
         # onto a second (and third) line when the window is narrow, each widget whole
-        self.mode_seg = _fixed_row([self.plain_btn, self.dflash_btn, self.dflash2_btn], 0)
+        self.mode_seg = _fixed_row([self.plain_btn, self.dflash_btn, self.dflash2_btn,
+                                    self.lookup_btn], 0)
         self.actions = _fixed_row([self.compare_btn, self.action_stack], 6)
         self.row = FlowLayout(h_spacing=12, v_spacing=6)
         self.row.add_widget(self.mode_seg)
@@ -650,9 +660,11 @@ class Composer(QWidget):
         self.info.setSpacing(12 if side else 2)
 
     def mode(self) -> str:
-        """"dflash", "dflash2" or "plain" (the switch)."""
+        """"dflash", "dflash2", "lookup" or "plain" (the switch)."""
         if self.dflash2_btn.isChecked():
             return "dflash2"
+        if self.lookup_btn.isChecked():
+            return "lookup"
         return "dflash" if self.dflash_btn.isChecked() else "plain"
 
     def set_mode(self, mode: str) -> None:
@@ -661,20 +673,18 @@ class Composer(QWidget):
         loads always shows one mode selected."""
         if mode == Mode.DFLASH2 and self.dflash2_btn.isHidden():
             self._offer_dflash2(True, enabled=False)
-        btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn}.get(mode, self.plain_btn)
+        btn = {"dflash": self.dflash_btn, "dflash2": self.dflash2_btn,
+               "lookup": self.lookup_btn}.get(mode, self.plain_btn)
         btn.setChecked(True)
 
     def _offer_dflash2(self, shown: bool, enabled: bool) -> None:
-        """Show or hide the DFlash2 button (DFlash then is the middle or the right segment)."""
+        """Show or hide the DFlash2 button (between DFlash and Lookup)."""
         self.dflash2_btn.setVisible(shown)
         self.dflash2_btn.setEnabled(enabled)
-        self.dflash_btn.setObjectName("segMid" if shown else "segRight")
-        self.dflash_btn.style().unpolish(self.dflash_btn)
-        self.dflash_btn.style().polish(self.dflash_btn)
 
     def set_modes(self, modes: tuple[str, ...] | list[str], reason: str = "") -> None:
         """Offer the loaded pair's modes (``ModelInfo.modes``: "plain", "dflash",
-        "dflash2"): DFlash2 shows only when offered; a switch on a mode no longer offered moves
+        "dflash2", "lookup"): DFlash2 shows only when offered, Lookup is enabled when offered; a switch on a mode no longer offered moves
         to DFlash, else Plain; ``reason`` is DFlash's tooltip when no drafter is loaded."""
         v2 = "dflash2" in modes
         self._offer_dflash2(v2, enabled=v2)
@@ -683,6 +693,7 @@ class Composer(QWidget):
         self.compare_btn.setToolTip(COMPARE_TIPS["dflash" in modes and v2])
         self.compare_btn.setAccessibleName(compare_label("dflash" in modes and v2))
         self.dflash_btn.setEnabled("dflash" in modes)
+        self.lookup_btn.setEnabled("lookup" in modes)
         if lost or not self.mode_group.checkedButton().isEnabled():
             self.set_mode("dflash" if "dflash" in modes else
                           "dflash2" if v2 else "plain")
@@ -705,8 +716,10 @@ class Composer(QWidget):
         self.compare_btn.setEnabled(ok)
         self.dflash_btn.setToolTip(self.dflash_btn.toolTip() if ok else reason)
         if not ok:
+            on_drafter = self.mode() in DRAFTER_MODES
             self._offer_dflash2(False, enabled=False)
-            self.plain_btn.setChecked(True)
+            if on_drafter:  # Lookup and Plain need no drafter: kept
+                self.plain_btn.setChecked(True)
 
     def _take(self) -> str | None:
         text = self.edit.toPlainText().strip()

@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.measure import ReplyFigures
 from app.engine.compare import first_divergence
-from app.engine.modes import DRAFTING_MODES, MODES, Mode
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui.fit import FullHeightLabel, ShortWhenNarrowLabel
 from app.ui.render import (
     SECTION_TITLES,
@@ -61,8 +61,9 @@ from app.ui.render import (
 )
 from app.ui.text import mode_label, plural, seconds_text
 
-SIDES = MODES
-"""Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter)."""
+SIDES = (Mode.PLAIN, *DRAFTER_MODES)
+"""Every side a Compare can have, in column order (DFlash2 only with a DFlash2 drafter):
+plain and the modes that run a drafter."""
 NARROW_PX = 900
 """Below this width a three-sided Compare shows its sides as tabs."""
 TEXT_MIN_PX = 64

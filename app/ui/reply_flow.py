@@ -49,7 +49,8 @@ from app.chat.stored_turn import (
 )
 from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
-from app.engine.modes import DRAFTING_MODES, MODES, Mode
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.banners import Priority
 from app.ui.run_state import ReplyRun, SideRun
@@ -100,7 +101,8 @@ class ReplyFlow:
         """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
         drafter too), each from the same prompt; show them side by side."""
         modes = set(self.model.modes) if self.model is not None else set()
-        sides = MODES if set(DRAFTING_MODES) <= modes else (Mode.PLAIN, Mode.DFLASH)
+        sides = ((Mode.PLAIN, *DRAFTER_MODES) if set(DRAFTER_MODES) <= modes
+                 else (Mode.PLAIN, Mode.DFLASH))
         return self._start(text, [str(m) for m in sides])
 
     def regenerate(self) -> bool:
@@ -464,11 +466,13 @@ class ReplyFlow:
         ``ReplySettings.block_size`` or a stored row's), else the drafter's."""
         if mode not in DRAFTING_MODES or self.model is None:
             return None
-        return block_size or self.model.drafter_block_size
+        own = DEFAULT_BLOCK if mode == Mode.LOOKUP else self.model.drafter_block_size
+        return block_size or own
 
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
         if result.mode in DRAFTING_MODES and not result.block_size and self.model:
-            result.block_size = self.model.drafter_block_size
+            result.block_size = (DEFAULT_BLOCK if result.mode == Mode.LOOKUP
+                                 else self.model.drafter_block_size)
         side.result = result
         if result.summary is not None:
             side.stats.apply_summary(result.summary, result.round_summaries or

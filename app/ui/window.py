@@ -45,7 +45,8 @@ from app.chat.baseline import Baselines, SlowStreak
 from app.chat.storage import StorageError
 from app.chat.stored_turn import PendingWrites
 from app.chat.turns import ConversationView, Turn, TurnStore
-from app.engine.modes import DRAFTING_MODES
+from app.engine.lookup import DEFAULT_BLOCK
+from app.engine.modes import DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.banners import BannerQueue, Priority
@@ -746,7 +747,9 @@ class MainWindow(ConversationFlow, ModelFlow, ReplyFlow, ServeFlow, QMainWindow)
     def update_settings_note(self) -> None:
         """The composer's one-line summary of the settings a reply will use."""
         v = self.current_settings()
-        block = v.get("block_size") or (self.model.drafter_block_size if self.model else None)
+        block = v.get("block_size") or (
+            DEFAULT_BLOCK if self.composer.mode() == Mode.LOOKUP else
+            self.model.drafter_block_size if self.model else None)
         temp = v.get("temperature", 0.0)
         parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
         if self.composer.mode() in DRAFTING_MODES:
