@@ -645,6 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         parts = [json.loads(f.read_text()) for f in args.merge]
         rows = [r for x in parts for r in x["singles"]]
+        items = {i["id"]: i for i in load_set(args.set_name)[0]}
+        for r in rows:  # rows written before needs_call was recorded
+            if "needs_call" not in r and r["id"] in items:
+                r["needs_call"] = bool(items[r["id"]]["expect"].get("calls"))
         srows = [r for x in parts for r in x["scripts"]]
         dfl = all("dflash" in r for r in rows) and all(
             "dflash" in t for x in srows for t in x["turns"])
