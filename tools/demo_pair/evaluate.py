@@ -21,6 +21,25 @@ Checks of one reply against its ``expect`` (see :class:`tools.demo_pair.corpus.T
 * ``list_items``/``count``: at least ``count`` numbered items, each naming an allowed string;
 * ``scope``: no tool call, and the answer carries the scope sentence.
 
+Held-out set v2 (``tools/demo_pair/heldout_v2.py``, written apart from the corpus) adds:
+
+* ``calls_optional``: no call at all also passes (a follow-up the history already answers);
+* ``numbers``: every value is stated in the answer (:func:`states_number`: thousands
+  separators allowed, rounding to two or more decimals allowed);
+* ``any_of``: at least one of the words or phrases occurs (case-insensitive, whole words);
+* ``not_contains``: none of the strings occurs (e.g. raw tool-call markup);
+* ``exact_count`` with ``list_items``: exactly that many numbered (or bulleted) items, each
+  naming an allowed string, none repeated;
+* ``ref`` (script turns): ``{"turn", "index", "field"}``, a follow-up about the ``index``-th
+  (1-based) list item of an earlier turn's answer, resolved by :func:`resolve_ref`.
+
+``--set v1|v2|long`` picks the set (default ``v1``, the frozen sets beside the target); ``v2``
+is ``heldout_v2_prompts.json`` + ``heldout_v2_scripts.json`` and ``long`` the three 30-turn
+chats of ``heldout_v2_long.json`` (all in ``tools/demo_pair/``). The ``long`` report adds, per
+chat, every turn's verdict, the share right, the turns the app's history fitter left out
+before each turn (``app.chat.history.fit_for_tokenizer``, as the window sends it) and, with
+``--dflash``, the median tau over the last ten turns (:func:`report_long`).
+
 ``python -m tools.demo_pair.evaluate [--dflash] [--limit N] [--scripts-limit N] [--out F]``
 prints a JSON report: accuracy overall and per category, call and value accuracy of the
 scripts, scope accuracy, and with ``--dflash`` parity, tau (median per first round and per
@@ -91,14 +110,30 @@ def fit(target, messages: list[dict], settings) -> list[dict]:
                              step=LEAVE_OUT_STEP, enable_thinking=True).messages
 
 
+def fitted(target, messages: list[dict], settings):
+    """The :class:`app.chat.history.FittedHistory` the window's worker builds for
+    ``messages`` (what :func:`fit` sends, and how many earlier turns it left out)."""
+    from app.chat.history import context_limit, fit_for_tokenizer
+
+    limit = context_limit(getattr(target, "context_length", None) or 4096)
+    return fit_for_tokenizer(messages, target.tokenizer, limit,
+                             reserve=min(settings.max_tokens, limit // 2), tools=settings.tools,
+                             enable_thinking=True)
+
+
 def reply_to(target, drafter, history: list[dict], tools: bool, mode: str, runnable,
-             max_tokens: int = MAX_TOKENS):
-    """One reply (``app.chat.reply.Reply``) to ``history`` through the reply runner."""
+             max_tokens: int = MAX_TOKENS, fits: list | None = None):
+    """One reply (``app.chat.reply.Reply``) to ``history`` through the reply runner; with
+    ``fits``, the :class:`~app.chat.history.FittedHistory` sent is appended to it."""
     from app.chat.reply import collect_reply
 
     s = settings_for(mode, tools, runnable, max_tokens)
-    return collect_reply(target, drafter if mode == "dflash" else None,
-                         fit(target, history, s), s)
+    if fits is None:
+        return collect_reply(target, drafter if mode == "dflash" else None,
+                             fit(target, history, s), s)
+    f = fitted(target, history, s)
+    fits.append(f)
+    return collect_reply(target, drafter if mode == "dflash" else None, f.messages, s)
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -114,9 +149,12 @@ def _same_result(name: str, got: dict, want: dict) -> bool:
 
 
 def check_calls(reply, expect: dict) -> tuple[bool, str]:
-    """Whether the reply's first round made the expected calls (by the tools' results)."""
+    """Whether the reply's first round made the expected calls (by the tools' results); with
+    ``calls_optional``, a reply with no call at all passes too."""
     want = expect.get("calls", [])
     got = reply.rounds[0].tool_calls
+    if expect.get("calls_optional") and not any(r.tool_calls for r in reply.rounds):
+        return True, ""
     if not want:
         return (not any(r.tool_calls for r in reply.rounds)), f"unexpected call {got[:1]}"
     if len(got) != len(want):
@@ -128,6 +166,68 @@ def check_calls(reply, expect: dict) -> tuple[bool, str]:
 
 
 _ITEM = re.compile(r"^\s*\d+\.\s*(.+?)\s*$", re.M)
+_BULLET = re.compile(r"^\s*[-*\u2022]\s+(.+?)\s*$", re.M)
+_NUMBER = re.compile(r"(?<![\d.,])(-?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?")
+
+
+def list_items(content: str) -> list[str]:
+    """The numbered items of an answer (``1. Kenya``), else its bulleted ones (``- Kenya``)."""
+    return _ITEM.findall(content) or _BULLET.findall(content)
+
+
+def stated_numbers(content: str) -> list[tuple[float, int]]:
+    """Every number written in ``content`` as (value, decimals written); thousands separators
+    (``41,500,000``) and the minus sign U+2212 are read."""
+    out = []
+    for sign, whole, frac in _NUMBER.findall(content.replace("\u2212", "-")):
+        text = sign + whole.replace(",", "") + (frac or "")
+        out.append((float(text), len(frac) - 1 if frac else 0))
+    return out
+
+
+def states_number(content: str, value: float) -> bool:
+    """Whether ``content`` states ``value``: a whole value exactly; a fractional one to at
+    least ``min(2, its decimals)`` decimals, rounded or cut (within one unit of the last
+    decimal written)."""
+    value = float(value)
+    if value.is_integer():
+        return any(abs(a - value) < 1e-9 for a, _ in stated_numbers(content))
+    text = repr(value)
+    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 12
+    need = min(2, decimals)
+    return any(d >= need and abs(a - value) <= 10.0 ** -d + 1e-9
+               for a, d in stated_numbers(content))
+
+
+def _has_phrase(content: str, phrase: str) -> bool:
+    return re.search(r"(?<!\w)" + re.escape(phrase.lower()) + r"(?!\w)", content.lower()) is not None
+
+
+def resolve_ref(expect: dict, answers: list[str]) -> dict:
+    """``expect`` with its ``ref`` (``{"turn", "index", "field"}``) made concrete from the
+    earlier plain answers ``answers``: the country named by item ``index`` (1-based) of turn
+    ``turn``'s list, a ``country_info`` call for it (optional) and its ``field`` stated. An
+    item that names no country of the app's data gives ``{"unresolved": why}``."""
+    ref = expect.get("ref")
+    if not ref:
+        return expect
+    from app.chat.tools.countries import find_country, load_countries
+    from tools.demo_pair.heldout_v2 import expect_fact
+
+    rest = {k: v for k, v in expect.items() if k != "ref"}
+    items = list_items(answers[ref["turn"]]) if ref["turn"] < len(answers) else []
+    if len(items) < ref["index"]:
+        return {**rest, "unresolved": f"turn {ref['turn']} has {len(items)} list items"}
+    item = items[ref["index"] - 1]
+    rec = find_country(item)
+    if rec is None:  # the longest country name or alias inside the item
+        names = sorted(((n, r) for r in load_countries() for n in [r["name"], *r["aliases"]]
+                        if _has_phrase(item, n)), key=lambda x: -len(x[0]))
+        rec = names[0][1] if names else None
+    if rec is None:
+        return {**rest, "unresolved": f"item {item!r} names no country"}
+    return {**rest, "calls": [{"name": "country_info", "arguments": {"name": rec["name"]}}],
+            "calls_optional": True, **expect_fact(ref["field"], rec)}
 
 
 def check_answer(reply, expect: dict) -> tuple[bool, str]:
@@ -143,6 +243,11 @@ def check_answer(reply, expect: dict) -> tuple[bool, str]:
 
     if SCOPE_MARK in content:  # the scope answer where a real answer was due
         return False, "scope answer instead of an answer"
+    if "unresolved" in expect:
+        return False, expect["unresolved"]
+    bad = [s for s in expect.get("not_contains", []) if s in content]
+    if bad:
+        return False, f"contains {bad}: {content[:100]!r}"
     want = list(expect.get("contains", []))
     for zone in expect.get("time_of", []):
         runs = [t for r in reply.rounds for t in r.tool_runs
@@ -153,7 +258,18 @@ def check_answer(reply, expect: dict) -> tuple[bool, str]:
     missing = [s for s in want if s not in content]
     if missing:
         return False, f"missing {missing} in {content[:140]!r}"
-    if "list_items" in expect:
+    wrong = [v for v in expect.get("numbers", []) if not states_number(content, v)]
+    if wrong:
+        return False, f"does not state {wrong}: {content[:140]!r}"
+    if expect.get("any_of") and not any(_has_phrase(content, w) for w in expect["any_of"]):
+        return False, f"none of {expect['any_of'][:4]}...: {content[:100]!r}"
+    if "exact_count" in expect:
+        items = list_items(content)
+        bad = [i for i in items if not any(a in i for a in expect.get("list_items", [i]))]
+        if len(items) != expect["exact_count"] or bad or len(set(items)) < len(items):
+            return False, (f"{len(items)} items for {expect['exact_count']}, not allowed: "
+                           f"{bad}: {content[:100]!r}")
+    elif "list_items" in expect:
         items = _ITEM.findall(content)
         bad = [i for i in items if not any(a in i for a in expect["list_items"])]
         if len(items) < expect["count"] or bad:
@@ -193,6 +309,7 @@ def run_single(target, drafter, item: dict, dflash: bool) -> dict:
     c_ok, a_ok, why = check(plain, item["expect"])
     row = {"id": item["id"], "category": item["category"], "call_ok": c_ok, "answer_ok": a_ok,
            "ok": c_ok and a_ok, "why": why, "content": plain.content[:200],
+           "needs_call": bool(item["expect"].get("calls")),
            "plain": round_figures(plain)}
     if dflash:
         fast = reply_to(target, drafter, hist, item["tools"], "dflash", runnable)
@@ -203,21 +320,29 @@ def run_single(target, drafter, item: dict, dflash: bool) -> dict:
 
 def run_script(target, drafter, script: dict, dflash: bool) -> dict:
     """One multi-round script: each user turn answered with the history built as the app
-    builds it; plain and DFlash each build their own history."""
+    builds it; plain and DFlash each build their own history. Each turn's row also holds
+    ``left_out_turns`` and ``prompt_tokens`` of the plain prompt as fitted (see
+    :func:`fitted`)."""
     runnable = frozen_tools()
     turns = []
+    answers: list[str] = []
     hist = {"plain": [], "dflash": []}
     for t in script["turns"]:
         row: dict = {"user": t["user"], "category": t["category"]}
         for mode in (("plain", "dflash") if dflash else ("plain",)):
             h = hist[mode] + [{"role": "user", "content": t["user"]}]
-            rep = reply_to(target, drafter, h, script["tools"], mode, runnable)
+            fits: list = []
+            rep = reply_to(target, drafter, h, script["tools"], mode, runnable, fits=fits)
             hist[mode] = h + rep.messages
             row[mode] = round_figures(rep)
             if mode == "plain":
-                c_ok, a_ok, why = check(rep, t["expect"])
+                expect = resolve_ref(t["expect"], answers)
+                answers.append(rep.content)
+                c_ok, a_ok, why = check(rep, expect)
                 row.update(call_ok=c_ok, answer_ok=a_ok, why=why, content=rep.content[:200],
-                           needs_call=bool(t["expect"].get("calls")))
+                           needs_call=bool(expect.get("calls")),
+                           left_out_turns=fits[0].left_out_turns,
+                           prompt_tokens=fits[0].prompt_tokens)
                 plain_tokens = rep.all_tokens
             else:
                 row["identical"] = rep.all_tokens == plain_tokens
@@ -260,6 +385,13 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
                             for i, t in enumerate(s["turns"]) if t["why"]],
         "single_failures": [(r["id"], r["why"]) for r in singles if not r["ok"]],
     }
+    # Every question that needs a tool, single-turn and script turns together: the right
+    # call and the tool's value stated.
+    tool_rows = [r for r in single if r.get("needs_call", r["category"].startswith("tool_"))]
+    tool_rows += call_turns
+    out["tool_questions"] = len(tool_rows)
+    out["tool_question_accuracy"] = round(sum(r["call_ok"] and r["answer_ok"] for r in tool_rows)
+                                          / max(1, len(tool_rows)), 3)
     if dflash:
         replies = [(r["plain"], r["dflash"]) for r in singles] + [
             (t["plain"], t["dflash"]) for s in scripts for t in s["turns"]]
@@ -284,6 +416,65 @@ def report(singles: list[dict], scripts: list[dict], dflash: bool) -> dict:
         )
         out["speedup_pooled"] = round(out["dflash_tok_s"] / max(out["plain_tok_s"], 1e-9), 3)
     return out
+
+
+def _turn_tau(figs: list[dict]) -> float | None:
+    cyc = sum(x["cycles"] for x in figs)
+    return (sum(x["accepted"] for x in figs) + cyc) / cyc if cyc else None
+
+
+def report_long(chats: list[dict], dflash: bool, last: int = 10) -> dict:
+    """The long-chat report over :func:`run_script` rows of ``heldout_v2_long.json``: per chat
+    the verdict of every turn (``"1"`` right, ``"0"`` wrong, in order), the share right, the
+    earlier turns left out of each turn's prompt (``left_out``) and the first turn (0-based)
+    where any were, and with ``dflash`` the median tau over its ``last`` turns (tau of a turn:
+    (accepted + cycles) / cycles over all its rounds); then the same pooled over the chats."""
+    per = []
+    for c in chats:
+        ok = [t["call_ok"] and t["answer_ok"] for t in c["turns"]]
+        left = [t.get("left_out_turns", 0) for t in c["turns"]]
+        row = {"id": c["id"], "turns": len(ok), "right": sum(ok),
+               "accuracy": round(sum(ok) / max(1, len(ok)), 3),
+               "verdicts": "".join("1" if x else "0" for x in ok),
+               "left_out": left, "prompt_tokens": [t.get("prompt_tokens") for t in c["turns"]],
+               "first_left_out_turn": next((i for i, n in enumerate(left) if n), None),
+               "accuracy_last": round(sum(ok[-last:]) / max(1, len(ok[-last:])), 3)}
+        if dflash:
+            taus = [_turn_tau(t["dflash"]) for t in c["turns"]]
+            row["tau_median_last"] = _median(taus[-last:])
+            row["tau_per_turn"] = [round(x, 2) if x is not None else None for x in taus]
+            row["identical"] = all(t["identical"] for t in c["turns"])
+        per.append(row)
+    turns = sum(r["turns"] for r in per)
+    out = {"chats": len(per), "turns": turns,
+           "turn_accuracy": round(sum(r["right"] for r in per) / max(1, turns), 3),
+           "turns_left_out_anywhere": any(r["first_left_out_turn"] is not None for r in per),
+           "per_chat": per}
+    if dflash:
+        out["tau_median_last"] = _median([x for c in chats for x in
+                                          [_turn_tau(t["dflash"]) for t in c["turns"]][-last:]])
+        out["identical"] = all(r["identical"] for r in per)
+    return out
+
+
+V2_DIR = Path(__file__).resolve().parent
+SETS = ("v1", "v2", "long")
+"""The sets ``--set`` names: ``v1`` the frozen sets beside the target, ``v2`` and ``long``
+those of :mod:`tools.demo_pair.heldout_v2`."""
+
+
+def load_set(name: str) -> tuple[list[dict], list[dict]]:
+    """(single-turn items, scripts) of the set ``name`` (:data:`SETS`; ``long``: no single-turn
+    items, the long chats as scripts). Raises ``ValueError`` for another name and
+    ``FileNotFoundError`` when a set's file is missing."""
+    if name == "v1":
+        return load_heldout(), load_scripts()
+    if name == "v2":
+        return (load_heldout(V2_DIR / "heldout_v2_prompts.json"),
+                load_scripts(V2_DIR / "heldout_v2_scripts.json"))
+    if name == "long":
+        return [], load_scripts(V2_DIR / "heldout_v2_long.json")
+    raise ValueError(f"unknown set {name!r}; one of {', '.join(SETS)}")
 
 
 def load_pair(tdir: Path | None = None, ddir: Path | None = None):
@@ -445,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=["singles", "scripts"], help="evaluate one set only")
     p.add_argument("--merge", type=Path, nargs="+", help="report over --out files of earlier "
                    "runs (e.g. one --only singles and one --only scripts) instead of running")
+    p.add_argument("--set", choices=SETS, default="v1", dest="set_name",
+                   help="held-out set: v1 (beside the target), v2 or long (tools/demo_pair)")
     p.add_argument("--repeats", type=int, default=3, help="bench repeats")
     p.add_argument("--out", type=Path, help="write the full rows and report here (JSON)")
     p.add_argument("--verbose", action="store_true")
@@ -454,15 +647,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         parts = [json.loads(f.read_text()) for f in args.merge]
         rows = [r for x in parts for r in x["singles"]]
+        items = {i["id"]: i for i in load_set(args.set_name)[0]}
+        for r in rows:  # rows written before needs_call was recorded
+            if "needs_call" not in r and r["id"] in items:
+                r["needs_call"] = bool(items[r["id"]]["expect"].get("calls"))
         srows = [r for x in parts for r in x["scripts"]]
         dfl = all("dflash" in r for r in rows) and all(
             "dflash" in t for x in srows for t in x["turns"])
         rep = report(rows, srows, dfl)
+        if args.set_name == "long":
+            rep["long"] = report_long(srows, dfl)
         rep["seconds"] = sum(x["report"]["seconds"] for x in parts)
         print(json.dumps(rep, indent=1))
         return 0
     target, drafter = load_pair(args.target, args.drafter)
-    singles, scripts = load_heldout(), load_scripts()
+    singles, scripts = load_set(args.set_name)
     if args.only == "singles":
         scripts = []
     elif args.only == "scripts":
@@ -491,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     def save():
         if args.out:
             rep = report(rows, srows, args.dflash)
+            if args.set_name == "long":
+                rep["long"] = report_long(srows, args.dflash)
             rep["seconds"] = round(time.time() - t0, 1)
             args.out.write_text(json.dumps({"report": rep, "singles": rows, "scripts": srows},
                                            indent=1) + "\n")
@@ -508,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"id": s["id"], "turns": [{k: t[k] for k in ("why", "content")}
                                                       for t in srows[-1]["turns"]]}), flush=True)
     rep = report(rows, srows, args.dflash)
+    if args.set_name == "long":
+        rep["long"] = report_long(srows, args.dflash)
     rep["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(rep, indent=1))
     if args.out:
