@@ -242,9 +242,16 @@ def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
 
 
 def test_v6_corpus_never_uses_a_heldout_text():
+    """Neither held-out set's user texts (v1 beside the target, the frozen v2) occur in the
+    corpus that ``build.prepare`` generates."""
+    from tools.demo_pair import build, heldout_v2
+
     prompts = json.loads((HERE / "heldout_prompts.json").read_text())
     scripts = json.loads((HERE / "heldout_scripts.json").read_text())
-    held = corpus.heldout_user_texts(prompts, scripts)
+    v2 = heldout_v2.user_texts()
+    assert len(v2) > 250
+    held = corpus.heldout_user_texts(prompts, scripts) | v2
+    assert build.forbidden_texts(0) >= held
     g = corpus6.GeneratorV6(0)
     g.forbid(held)
     bare = {corpus6._bare(h) for h in held}

@@ -44,6 +44,16 @@ DEFAULT_CHATS = 30_000
 HELDOUT_FILES = ("heldout_prompts.json", "heldout_scripts.json")
 
 
+def forbidden_texts(seed: int) -> set[str]:
+    """The user texts the corpus never uses: every one of held-out set v1 (beside the
+    target, written from ``seed`` when missing: :func:`heldout_sets`) and of the frozen v2
+    (``heldout_v2.user_texts``)."""
+    from tools.demo_pair import corpus, heldout_v2
+
+    prompts, scripts = heldout_sets(seed)
+    return corpus.heldout_user_texts(prompts, scripts) | heldout_v2.user_texts()
+
+
 def heldout_sets(seed: int) -> tuple[list[dict], list[dict]]:
     """The held-out prompts and scripts: the committed files in this folder when they exist
     (they are frozen before the first training run), else generated from ``seed`` and
@@ -72,11 +82,10 @@ def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None,
     import numpy as np
     from tokenizers import Tokenizer
 
-    from tools.demo_pair import corpus, data
+    from tools.demo_pair import data
 
     build.mkdir(parents=True, exist_ok=True)
-    prompts, scripts = heldout_sets(seed)
-    forbidden = corpus.heldout_user_texts(prompts, scripts)
+    forbidden = forbidden_texts(seed)
     stats: dict = {}
     pairs = data.generate_texts(seed, n_chats, forbidden, version=corpus_version, stats=stats)
     print(f"{len(pairs)} examples from {n_chats} chats (corpus {corpus_version})", flush=True)
@@ -108,8 +117,8 @@ def prepare(build: Path, seed: int, n_chats: int, tokenizer: Path | None = None,
     lens = np.diff(arrays["offsets"])
     comp = lens - arrays["prompt_lens"]
     print(f"vocab {vocab}; tokens {int(lens.sum())}; completion tokens {int(comp.sum())}; "
-          f"mean length {lens.mean():.0f}; {len(prompts)} held-out prompts, {len(scripts)} "
-          f"held-out scripts", flush=True)
+          f"mean length {lens.mean():.0f}; {len(forbidden)} held-out user texts left out",
+          flush=True)
     edges = [0, 512, 1024, 2048, 3072, 3584, 4096, 1 << 30]
     hist = np.histogram(lens, bins=edges)[0]
     report = {

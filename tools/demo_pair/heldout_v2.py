@@ -645,6 +645,19 @@ def build(seed: int = SEED) -> tuple[list[dict], list[dict], list[dict]]:
             long_chats(random.Random(seed + 2)))
 
 
+def user_texts() -> set[str]:
+    """Every user text of the committed v2 files (single-turn items, scripts, long chats);
+    empty when they are missing. The corpus never uses one of them (``build.prepare``)."""
+    texts: set[str] = set()
+    if PROMPTS.exists():
+        texts |= {m["content"] for it in json.loads(PROMPTS.read_text("utf-8"))
+                  for m in it["messages"] if m["role"] == "user"}
+    for path in (SCRIPTS, LONG):
+        if path.exists():
+            texts |= {t["user"] for s in json.loads(path.read_text("utf-8")) for t in s["turns"]}
+    return texts
+
+
 def dumps(obj) -> str:
     """The files' JSON text (one space indent, UTF-8 kept, final newline)."""
     return json.dumps(obj, indent=1, ensure_ascii=False) + "\n"
