@@ -23,10 +23,8 @@ issue's gate: lookup >= 1.5x plain on the replies that copy a tool result.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,20 +45,7 @@ CHATS = {
 """Chats by kind, each a tuple of messages sent in one conversation."""
 
 MODES = ("plain", "lookup", "dflash")
-FROZEN_NOW = dt.datetime(2026, 12, 5, 15, 0, 0, tzinfo=dt.UTC)
-"""The instant the built-in clock tools report, on every side."""
-
-
-def _send(session, conv_id: int, text: str, settings: dict):
-    """One timed turn: (Reply, send-to-last-event seconds)."""
-    from app.chat.events import ReplyDone
-
-    t0 = time.perf_counter()
-    reply = None
-    for ev in session.send(conv_id, text, settings):
-        if isinstance(ev, ReplyDone):
-            reply = ev.reply
-    return reply, time.perf_counter() - t0
+from bench_time_to_answer import FROZEN_NOW, _send  # noqa: E402 (the clock, one timed turn)
 
 
 def _fmt(v, spec: str = ".2f") -> str:

@@ -236,6 +236,38 @@ def greedy_acceptance(drafts: mx.array | None, logits: mx.array) -> mx.array:
     return mx.concatenate([accepted, choice])
 
 
+def sampled_acceptance(choose, logits: mx.array, drafts: list[int],
+                       history: list[int]) -> tuple[int, int]:
+    """Acceptance of ``drafts`` when the target samples (or any ``choose`` other than the
+    device argmax): the target's choice at each block position, drafts accepted while they
+    equal it. Exact in distribution, since every kept token is the target's own sample.
+
+    Args:
+        choose: ``choose(logits_row, history) -> int``, the target's token at one position.
+        logits: ``(1, L, V)`` the verify pass's logits (evaluated), L >= len(drafts) + 1.
+        drafts: the drafted tokens (may be empty).
+        history: the tokens so far (prompt and reply), for penalties.
+
+    Returns:
+        ``(accepted, bonus)``: drafts accepted, and the target's token after them.
+    """
+    for i in range(len(drafts) + 1):
+        y = choose(logits[0, i], history + drafts[:i])
+        if i == len(drafts) or drafts[i] != y:
+            return i, y
+    raise AssertionError("unreachable")  # the loop returns at i == len(drafts) at the latest
+
+
+def cut_at_end_token(committed: list[int], flags: list[bool],
+                     eos: set[int]) -> tuple[list[int], list[bool], str | None]:
+    """``committed`` (and its drafted ``flags``) cut after the first end token in ``eos``,
+    with the stop cause ``"end_token"``; unchanged with None when there is none."""
+    for j, tok in enumerate(committed):
+        if tok in eos:
+            return committed[: j + 1], flags[: j + 1], "end_token"
+    return committed, flags, None
+
+
 def _chunks(start: int, end: int, step: int, cuts: list[int]) -> list[tuple[int, int]]:
     """Split ``[start, end)`` into chunks of at most ``step`` that also break at ``cuts``."""
     edges = sorted({start, end, *(c for c in cuts if start < c < end)})
@@ -636,22 +668,11 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                         probs, vlogits[0], drafts, cand, q, history, choose
                     ) if drafts else (0, choose(vlogits[0, 0], history))
                 else:
-                    accepted, bonus = 0, None
-                    for i in range(L):
-                        y = choose(vlogits[0, i], history + drafts[:i])
-                        if i < len(drafts) and drafts[i] == y:
-                            accepted += 1
-                            continue
-                        bonus = y
-                        break
+                    accepted, bonus = sampled_acceptance(choose, vlogits, drafts[: L - 1],
+                                                         history)
             t2 = time.perf_counter()
-            committed = drafts[:accepted] + [bonus]
-            flags = [True] * accepted + [False]
-            stop = None
-            for j, tok in enumerate(committed):
-                if tok in eos:
-                    committed, flags, stop = committed[: j + 1], flags[: j + 1], "end_token"
-                    break
+            committed, flags, stop = cut_at_end_token(drafts[:accepted] + [bonus],
+                                                      [True] * accepted + [False], eos)
             # Keep prefix + len(committed) positions: the pending token and the committed ones
             # but the last (an accepted end token leaves no later draft in the cache). The
             # rollback is queued, not waited for: the next cycle's draft and verify are built
@@ -755,22 +776,10 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
                 bonus = choice[accepted]
             else:
                 mx.eval(vlogits)
-                accepted, bonus = 0, None
-                for i in range(len(drafts_in) + 1):
-                    y = choose(vlogits[0, i], history + drafts_in[:i])
-                    if i < len(drafts_in) and drafts_in[i] == y:
-                        accepted += 1
-                        continue
-                    bonus = y
-                    break
+                accepted, bonus = sampled_acceptance(choose, vlogits, drafts_in, history)
             t2 = time.perf_counter()
-            committed = drafts_in[:accepted] + [bonus]
-            flags = [True] * accepted + [False]
-            stop = None
-            for j, tok in enumerate(committed):
-                if tok in eos:
-                    committed, flags, stop = committed[: j + 1], flags[: j + 1], "end_token"
-                    break
+            committed, flags, stop = cut_at_end_token(drafts_in[:accepted] + [bonus],
+                                                      [True] * accepted + [False], eos)
             n = len(committed)
             replayed = checkpoint.commit(n) if drafts_in else False
             length.update(len(drafts_in), accepted)
