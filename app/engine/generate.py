@@ -268,6 +268,25 @@ def cut_at_end_token(committed: list[int], flags: list[bool],
     return committed, flags, None
 
 
+def _emit_cycle(s, committed: list[int], flags: list[bool], cycle, stop: str | None,
+                max_tokens: int):
+    """Yield one drafting cycle's committed tokens (``TokenEvent``, ``flags``: drafted or
+    not) and its ``CycleEvent`` (counted as far as an end token inside the block:
+    ``CycleEvent.kept``), adding them to the summary ``s``. Returns True when the run ends
+    there: ``stop`` (e.g. ``"end_token"``) or ``max_tokens`` reached, with ``s.stop_cause``
+    set; use as ``if (yield from _emit_cycle(...)): break``."""
+    for tok, flag in zip(committed, flags):
+        yield TokenEvent(tok, s.generated_tokens, flag)
+        s.generated_tokens += 1
+    cycle = cycle.kept(len(committed))
+    s.add_cycle(cycle)
+    yield cycle
+    if stop or s.generated_tokens >= max_tokens:
+        s.stop_cause = stop or "length"
+        return True
+    return False
+
+
 def _chunks(start: int, end: int, step: int, cuts: list[int]) -> list[tuple[int, int]]:
     """Split ``[start, end)`` into chunks of at most ``step`` that also break at ``cuts``."""
     edges = sorted({start, end, *(c for c in cuts if start < c < end)})
@@ -687,25 +706,15 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
             cache_ids.append(pending)
             cache_ids.extend(committed[: n - 1])
-            for tok, flag in zip(committed, flags):
-                yield TokenEvent(tok, s.generated_tokens, flag)
-                s.generated_tokens += 1
             history.extend(committed)
             if index is not None:
                 index.extend(committed)
                 if not looked:
                     last_full = accepted >= n_drafts
             pending = committed[-1]
-            # an end token inside the block: the cycle counts as far as it (CycleEvent.kept)
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2).kept(len(committed))
-            s.add_cycle(cycle)
-            yield cycle
-            if stop:
-                s.stop_cause = stop
-                break
-            if s.generated_tokens >= config.max_tokens:
-                s.stop_cause = "length"
+                               t1 - t0, t2 - t1, t3 - t2)
+            if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:
         session.update_kept(start, cache_ids, turn_taps or [], taps)
@@ -786,21 +795,12 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
             t3 = time.perf_counter()
             cache_ids.append(pending)
             cache_ids.extend(committed[: n - 1])
-            for tok, flag in zip(committed, flags):
-                yield TokenEvent(tok, s.generated_tokens, flag)
-                s.generated_tokens += 1
             history.extend(committed)
             index.extend(committed)
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, len(drafts_in), accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2).kept(len(committed))
-            s.add_cycle(cycle)
-            yield cycle
-            if stop:
-                s.stop_cause = stop
-                break
-            if s.generated_tokens >= config.max_tokens:
-                s.stop_cause = "length"
+                               t1 - t0, t2 - t1, t3 - t2)
+            if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:
         session.update_kept(start, cache_ids, [], ())
