@@ -106,8 +106,8 @@ def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, 
         assert memory_only(), "the storage banner went when a reply ran"
         win.new_chat()
         assert memory_only(), "the storage banner went with a new chat"
-        win.show_banner("Could not load the model: a test failure")
-        win._on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
+        win.messages.show_banner("Could not load the model: a test failure")
+        win.models.on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
         assert memory_only()
         win.store_banner_close.click()
         assert not memory_only()
@@ -457,7 +457,7 @@ def _long_reply_on_a_small_disk(qtbot, qs, small_disk):
     before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
     win.new_chat()
     assert win.send("Tell me a long story.")
-    qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None and bool(win.replies.run.msg.ids), timeout=10_000)
     return store, win, first, before
 
 
@@ -506,34 +506,34 @@ def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot,
     and once space returns the app's own retry stores the row with its whole text, the
     banner says so and then goes; the earlier chat is untouched."""
     from app.chat.turns import TurnStore
-    from app.ui import window as window_mod
+    from app.ui import messages as messages_mod
 
-    monkeypatch.setattr(window_mod, "SAVE_RETRY_MS", 200)
-    monkeypatch.setattr(window_mod, "SAVED_NOTE_MS", 300)
+    monkeypatch.setattr(messages_mod, "SAVE_RETRY_MS", 200)
+    monkeypatch.setattr(messages_mod, "SAVED_NOTE_MS", 300)
     answer = LONG_ANSWER
 
     db = small_disk / "conversations.db"
     store, win, first, before = _long_reply_on_a_small_disk(qtbot, qs, small_disk)
     try:
-        row_id = win._run.msg.ids[win._run.key]
+        row_id = win.replies.run.msg.ids[win.replies.run.key]
         _fill(small_disk)
         qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
-        assert len(win.pending_writes) == 1, "the final write went through on a full disk"
+        assert len(win.state.pending_writes) == 1, "the final write went through on a full disk"
         assert store.db.get_message(row_id).status == "generating"  # not stored yet
         assert any("Could not save the reply" in t and "full" in t and str(small_disk) in t
                    for t in shown_messages(win))
         assert win.store_retry.isVisibleTo(win)
         assert win.chat.toPlainText().count("A long answer.") >= 100  # on screen, to copy
         out = tmp_path / "exported.md"  # another disk: the export holds the whole reply
-        assert win.export_chat(str(out))
+        assert win.conversations.export_chat(str(out))
         assert answer.strip() in out.read_text(encoding="utf-8")
         win.store_retry.click()  # still full: still kept, and said
-        assert len(win.pending_writes) == 1 and win.retry_timer.isActive()
+        assert len(win.state.pending_writes) == 1 and win.messages.retry_timer.isActive()
         assert any("full" in t for t in shown_messages(win))
         (small_disk / "filler").unlink()  # space returns: the timer's retry saves it
         qtbot.waitUntil(lambda: any(t.startswith("Saved") for t in shown_messages(win)),
                         timeout=10_000)
-        assert not len(win.pending_writes) and not win.retry_timer.isActive()
+        assert not len(win.state.pending_writes) and not win.messages.retry_timer.isActive()
         assert not win.store_retry.isVisibleTo(win)
         row = store.db.get_message(row_id)
         assert row.status == "complete" and row.content.strip() == answer.strip()
@@ -574,7 +574,7 @@ def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, 
         assert win.composer.edit.toPlainText() == "Tell me more."
         assert [(m.role, m.content) for m in win.store.db.messages(win.conv.id)] == before
         monkeypatch.undo()
-        win._on_loaded(win.model)  # a model load does not take it away
+        win.models.on_loaded(win.model)  # a model load does not take it away
         assert any("Could not save this turn" in t for t in shown_messages(win))
     finally:
         win.shutdown()
@@ -632,7 +632,7 @@ def step():
     if win.model is None:
         QTimer.singleShot(20, step)
         return
-    assert win.import_chat(str(data / "chat.json"))
+    assert win.conversations.import_chat(str(data / "chat.json"))
     if sys.argv[2] == "mid-reply":
         win.new_chat()
         assert win.send("Tell me a long story.")
@@ -787,7 +787,7 @@ def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp
     store = TurnStore(tmp_path / "c.db")
     win = make_window(qtbot, qs, ScriptedSession(), store)
     try:
-        assert win.import_chat(str(path))
+        assert win.conversations.import_chat(str(path))
     finally:
         win.shutdown()
     store = TurnStore(tmp_path / "c.db")  # a store holding that chat: the window opens
@@ -807,7 +807,7 @@ def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp
         win.chat._on_anchor(QUrl("copymsg:0"))
         assert QGuiApplication.clipboard().text() == prompt
         out = tmp_path / "out.md"
-        assert win.export_chat(str(out))
+        assert win.conversations.export_chat(str(out))
         assert reply.strip() in out.read_text(encoding="utf-8")
         assert win.chat.full_text("copymsg:1") == reply and VIEW_MESSAGE_CHARS < len(reply)
     finally:

@@ -646,7 +646,7 @@ def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs
         send_and_wait(qtbot, win, PROMPT, compare=True)
         assert win.compare_view.isVisible()
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.edit_message(len(win.conv.messages) - 2, "Only one reply, please.")
+            assert win.replies.edit_message(len(win.conv.messages) - 2, "Only one reply, please.")
         assert not win.compare_view.isVisible()
     finally:
         win.shutdown()
@@ -797,7 +797,7 @@ def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_as_tooltip(qtb
         win.resize(900, 650)
         settle(qtbot)
         text = "Could not read line 1 of the imported file: " + "a long reason " * 20
-        win.flash(text, 60_000)
+        win.messages.flash(text, 60_000)
         settle(qtbot)
         assert win.flash_label.text().endswith(text)  # the whole text is kept
         assert win.flash_label.elided()
