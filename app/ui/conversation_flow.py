@@ -64,21 +64,22 @@ class ConversationController:
     def delete_chat(self) -> None:
         """Delete the shown conversation after confirmation; while a reply is written, the
         question says so and Yes stops the reply first."""
-        if self.state.conv is None:
+        conv, store = self.state.conv, self.state.store
+        if conv is None:
             return
         if self.state.busy:
             ok = QMessageBox.question(
                 self.host, "Delete chat",
-                f"A reply is still being written in “{self.state.conv.title}”. Stop it and delete "
-                "the chat?")
+                f"A reply is still being written in “{conv.title}”. Stop it and delete the "
+                "chat?")
             if ok != QMessageBox.Yes or not self.replies.wait_until_idle():
                 return
         else:
-            ok = QMessageBox.question(self.host, "Delete chat", f"Delete “{self.state.conv.title}”?")
+            ok = QMessageBox.question(self.host, "Delete chat", f"Delete “{conv.title}”?")
         if ok == QMessageBox.Yes:
-            self.state.store.delete(self.state.conv.id)
-            convs = self.state.store.list()
-            self.transcript.select_conversation(self.state.store.get(convs[0].id) if convs else None)
+            store.delete(conv.id)
+            convs = store.list()
+            self.transcript.select_conversation(store.get(convs[0].id) if convs else None)
 
     def _show_listed(self, conv_id: int) -> bool:
         """Show the listed conversation ``conv_id`` for an action on it; False while a reply
@@ -152,7 +153,8 @@ class ConversationController:
             self.messages.show_banner(f"Could not export: {exc}")
             return False
         # that failure is behind us now
-        self.messages.withdraw_banner(lambda e: e.kind == "error" and e.text.startswith("Could not export"))
+        self.messages.withdraw_banner(
+            lambda e: e.kind == "error" and e.text.startswith("Could not export"))
         self.messages.flash(f"Exported to {path}", 5000)
         return True
 
@@ -171,9 +173,11 @@ class ConversationController:
         self.transcript.select_conversation(conv)
         # the copy reads like the chat it came from (same title, same turns): say it is new,
         # where a failed import's message was (that failure is over now)
-        self.messages.withdraw_banner(lambda e: e.kind == "error" and e.text.startswith("Could not import"))
-        self.messages.show_banner(f"Imported {Path(path).name} as a new chat, “{conv.title}” (shown; "
-                         "a chat it was exported from stays as it was)", kind="note")
+        self.messages.withdraw_banner(
+            lambda e: e.kind == "error" and e.text.startswith("Could not import"))
+        self.messages.show_banner(f"Imported {Path(path).name} as a new chat, “{conv.title}” "
+                                  "(shown; a chat it was exported from stays as it was)",
+                                  kind="note")
         self.messages.flash(f"Imported {Path(path).name} as “{conv.title}”", 5000)
         return True
 

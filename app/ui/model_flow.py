@@ -114,8 +114,8 @@ class ModelController(QObject):
         """Load the bundled demo pair (or the tiny pair, saying so)."""
         spec = default_pair()
         if spec.tiny:
-            self.messages.flash("demo pair not bundled: using a random-weight tiny pair (gibberish)",
-                       10000)
+            self.messages.flash("demo pair not bundled: using a random-weight tiny pair "
+                                "(gibberish)", 10000)
         self.load_model(spec)
 
     def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
@@ -157,8 +157,8 @@ class ModelController(QObject):
             max_tokens = 48
         m = self.state.model
         both = m is not None and "dflash2" in m.modes
-        self.status_bar.showMessage("Benchmarking plain vs " + ("DFlash and DFlash2" if both
-                                    else "DFlash") + " on a few held-out prompts…")
+        pair = "DFlash and DFlash2" if both else "DFlash"
+        self.status_bar.showMessage(f"Benchmarking plain vs {pair} on a few held-out prompts…")
         self.state.benchmarking = True
         self.worker.benchRequested.emit(max_tokens)
 
@@ -240,7 +240,8 @@ class ModelController(QObject):
         self.state.loading = None
         self._show_model_line(info)
         self.set_intro()
-        self.messages.withdraw_banner(lambda e: e.kind == "error" and e.chat is None)  # failures over
+        # the load failures are over
+        self.messages.withdraw_banner(lambda e: e.kind == "error" and e.chat is None)
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         self.compare_action.setText(self.composer.compare_btn.accessibleName())
         if info.note:
@@ -256,7 +257,8 @@ class ModelController(QObject):
             if self.chat.colour_drafts:  # e.g. remembered: colour the chat shown on launch
                 self.transcript.request_pieces()
             else:
-                self.transcript.request_compare_pieces()  # a reopened Compare's token texts, to mark it
+                # a reopened Compare's token texts, to mark its first divergence
+                self.transcript.request_compare_pieces()
         # while the user writes the first message: a new chat's system prompt and tools
         try:
             rs = settings_mod.reply_record(self.state.defaults, {}, self.composer.mode())
@@ -272,7 +274,7 @@ class ModelController(QObject):
         if still_loaded and self.state.model is not None:
             self._show_model_line(self.state.model)  # the working pair stays in use
             self.messages.show_banner(f"Could not load the model: {sentence(message)} "
-                             f"{self.state.model.target_name} is still loaded.")
+                                      f"{self.state.model.target_name} is still loaded.")
         else:
             self.state.model = None
             self.model_label.setText("No model loaded")

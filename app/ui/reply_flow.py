@@ -186,8 +186,8 @@ class ReplyController(QObject):
             self.messages.show_banner("There is no reply to regenerate yet.")
             return False
         if conv.messages[-1].compare:  # the menu item is disabled then (its tooltip says why)
-            self.messages.show_note("A Compare turn cannot be regenerated: its sides are its versions. "
-                           "Pick one with “continue from … instead”.")
+            self.messages.show_note("A Compare turn cannot be regenerated: its sides are its "
+                                    "versions. Pick one with “continue from … instead”.")
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
 
@@ -246,8 +246,8 @@ class ReplyController(QObject):
         if self.state.loading is not None:
             self.messages.show_note("No model is loaded yet: wait for loading to finish.")
         else:
-            self.messages.show_banner("No model is loaded: pick one with File › Models…, or File › Use "
-                             "default model for the bundled demo.")
+            self.messages.show_banner("No model is loaded: pick one with File › Models…, or "
+                                      "File › Use default model for the bundled demo.")
 
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
                edited: tuple[int, Turn] | None = None,
@@ -278,11 +278,12 @@ class ReplyController(QObject):
                 return False
             mode = "plain"
         try:  # the one typed record the worker, the store and the session take
-            rs = settings_mod.reply_record(self.state.defaults,
-                                           self.state.conv.settings if self.state.conv else {}, mode)
+            conv = self.state.conv
+            rs = settings_mod.reply_record(self.state.defaults, conv.settings if conv else {},
+                                           mode)
         except SettingError as exc:  # e.g. a hand-edited chat override out of range
             self.messages.show_banner(f"Could not start the reply: {exc}. Change it in File › "
-                             "Settings…")
+                                      "Settings…")
             if again is None and continued is None:
                 self.composer.edit.setPlainText(text)
             return False
@@ -316,7 +317,7 @@ class ReplyController(QObject):
         self.transcript.refresh_list()
         self.req += 1
         self.run = ReplyRun.start(self.req, conv, reply, tags, mode, key, rs,
-                                   self.state.model.context_length)
+                                  self.state.model.context_length)
         self.run.previous = previous
         self.run.text = text if again is None and continued is None else ""
         self.run.system_prompt = rs.system_prompt
@@ -451,7 +452,7 @@ class ReplyController(QObject):
         if self._details_changed:
             self.details.tools.set_calls(list(cur.calls.values()))
         self.details.live.show_stats(cur.stats, self.state.block_for(cur.tag or run.mode,
-                                                          run.settings.block_size))
+                                                                     run.settings.block_size))
 
     # one handler per event type
     def _on_token(self, side: SideRun, ev: TokenEvent) -> None:
@@ -603,7 +604,7 @@ class ReplyController(QObject):
         msg: Turn = run.msg
         self.state.busy = False
         self.run = None
-        if self.messages.flash_label.text().endswith(self.STOPPING):  # it has stopped: not "Stopping…"
+        if self.messages.flash_label.text().endswith(self.STOPPING):  # not "Stopping…" now
             self.messages.flash("", 0)
         self.composer.set_busy(False)
         self.conv_side.set_busy(False)
@@ -643,8 +644,8 @@ class ReplyController(QObject):
             key = msg.chosen if run.compare and msg.chosen in run.sides else run.current
             last = run.sides.get(key)
             if last is not None:
-                self.details.live.show_stats(last.stats, self.state.block_for(key or run.mode,
-                                                                 run.settings.block_size))
+                block = self.state.block_for(key or run.mode, run.settings.block_size)
+                self.details.live.show_stats(last.stats, block)
                 self.details.say_continued(last.result)
         self._finished(msg)
 
@@ -656,14 +657,15 @@ class ReplyController(QObject):
         if run.refused:
             self.messages.show_banner(run.not_started, chat=chat)
         elif run.not_stored:  # a store that cannot write: its banner stays
-            self.messages.show_store_problem("Could not save this turn, so no reply was started "
-                                    f"(your message is back in the box): {run.not_started}")
+            self.messages.show_store_problem(
+                "Could not save this turn, so no reply was started (your message is back in "
+                f"the box): {run.not_started}")
         elif run.continued is not None:
             self.messages.show_banner("Could not continue the reply, so it is kept as it was: "
-                             f"{run.not_started or 'the worker stopped'}", chat=chat)
+                                      f"{run.not_started or 'the worker stopped'}", chat=chat)
         else:
             self.messages.show_banner("Could not save this turn, so no reply was started: "
-                             f"{run.not_started or 'the worker stopped'}", chat=chat)
+                                      f"{run.not_started or 'the worker stopped'}", chat=chat)
         run.conv.messages, chosen = run.previous
         if run.msg.versions:  # a regenerated reply shows its earlier version again
             run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))
@@ -675,7 +677,7 @@ class ReplyController(QObject):
             last = next((m for m in reversed(self.state.conv.messages) if m.role == "assistant"),
                         None)
             self.transcript.show_compare_of(last)
-            self.transcript.show_message_details(last)  # not the empty figures of the run that never ran
+            self.transcript.show_message_details(last)  # not the figures of a run that never ran
         elif run.compare:
             self.compare_view.hide()
 
@@ -714,7 +716,7 @@ class ReplyController(QObject):
                 elif self.state.slow_streak.slow:  # below a note on this reply's prompt
                     advice = self.state.slow_streak.advice()
                     self.messages.show_note(advice, Priority.TIP if advice == SlowStreak.NOTE
-                                   else Priority.NOTE)
+                                            else Priority.NOTE)
 
     def _store_speedup(self, row_id: int | None, speedup) -> None:
         """Keep a reply's speed-up with its stored row (a reloaded footer shows it too)."""

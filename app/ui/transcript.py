@@ -105,9 +105,10 @@ class TranscriptController(QObject):
     def _empty_chat(self) -> ConversationView | None:
         """The shown conversation when it has no messages and no title of its own, else the
         newest such one in the list (None when there is none)."""
-        if self.state.conv is not None and not self.state.conv.messages and self.state.conv.title == "New chat" \
+        conv = self.state.conv
+        if conv is not None and not conv.messages and conv.title == "New chat" \
                 and not self.state.busy:
-            return self.state.conv
+            return conv
         for c in self.state.store.list():
             if c.title == "New chat":
                 full = self.state.store.get(c.id)
@@ -122,7 +123,7 @@ class TranscriptController(QObject):
         # what is said about one chat goes with it: an error about its turn, or a note on
         # its reply or settings (errors about the app stay)
         self.messages.withdraw_banner(lambda e: e.chat not in (None, new) or
-                             (e.kind == "note" and shown not in (None, new)))
+                                      (e.kind == "note" and shown not in (None, new)))
         if shown is not None and new not in (None, shown):
             self.swap_draft(shown, new)
         self.state.conv = conv
@@ -213,7 +214,8 @@ class TranscriptController(QObject):
         v = msg.version if msg else None
         block = self.state.block_for(v.result.mode, v.result.block_size) if v \
             else None
-        self.details.show_turn(msg, self.state.model.context_length if self.state.model else 0, block)
+        model = self.state.model
+        self.details.show_turn(msg, model.context_length if model else 0, block)
 
     def open_settings(self) -> None:
         """The settings dialog (non-blocking)."""
@@ -229,16 +231,16 @@ class TranscriptController(QObject):
         if where == "defaults":
             self.state.defaults = values
             settings_mod.save_defaults(self.state.qs, values)
-            self.messages.show_note("Saved as the defaults: every chat without its own settings uses "
-                           "them from the next reply.")
+            self.messages.show_note("Saved as the defaults: every chat without its own "
+                                    "settings uses them from the next reply.")
         else:
             if self.state.conv is None and self.new_chat() is None:
                 return  # the store could not make one (its banner says why)
             self.state.conv.settings = {k: v for k, v in values.items()
-                                  if v != self.state.defaults.get(k)}
+                                        if v != self.state.defaults.get(k)}
             self.save(self.state.conv)
-            self.messages.show_note(f"Saved for “{self.state.conv.title or 'this chat'}”: its next reply "
-                           "uses them.")
+            self.messages.show_note(f"Saved for “{self.state.conv.title or 'this chat'}”: its "
+                                    "next reply uses them.")
         self.update_settings_note()
 
     def save(self, conv: ConversationView) -> None:
@@ -247,7 +249,8 @@ class TranscriptController(QObject):
             self.state.store.save(conv)
         except StoreWriteError as exc:
             log.error("saving the conversation: %s", exc)
-            self.messages.show_store_problem(f"Could not save the chat's settings and choices: {exc}")
+            self.messages.show_store_problem(
+                f"Could not save the chat's settings and choices: {exc}")
         except Exception as exc:
             log.exception("saving the conversation")
             self.messages.show_banner(f"Could not save the conversation: {exc}")
@@ -368,10 +371,11 @@ class TranscriptController(QObject):
 
     def on_pieces(self, pieces: dict) -> None:
         changed: set[int] = set()
+        conv = self.state.conv
         for (conv_id, i, key), texts in pieces.items():
-            if self.state.conv is None or self.state.conv.id != conv_id or i >= len(self.state.conv.messages):
+            if conv is None or conv.id != conv_id or i >= len(conv.messages):
                 continue
-            v = self.state.conv.messages[i].versions.get(key)
+            v = conv.messages[i].versions.get(key)
             if v is not None and len(texts) == len(v.result.tokens):
                 v.result.pieces = texts
                 changed.add(i)
