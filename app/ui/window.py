@@ -1,9 +1,16 @@
 """The main window: conversations (left), chat and composer (centre), reasoning, tool calls
 and live figures (right), status bar (loaded pair, memory, load progress).
 
-Everything MLX happens on :class:`app.ui.worker.Worker`'s thread; this module only sends it
-requests and renders the :class:`~app.ui.worker.UiEvent` batches it sends back, on a
-``RENDER_MS`` timer (never per token).
+Everything MLX happens on :class:`app.ui.worker.Worker`'s thread. :class:`MainWindow` builds
+the widgets and menus and composes the controllers that act on them, each given the shared
+:class:`~app.ui.state.WindowState` and the widgets and worker it uses: ``messages``
+(:class:`~app.ui.messages.MessageBar`), ``transcript``
+(:class:`~app.ui.transcript.TranscriptController`), ``replies``
+(:class:`~app.ui.reply_flow.ReplyController`, which renders the worker's
+:class:`~app.ui.worker.UiEvent` batches on a ``RENDER_MS`` timer, never per token),
+``models`` (:class:`~app.ui.model_flow.ModelController`), ``conversations``
+(:class:`~app.ui.conversation_flow.ConversationController`) and ``serve``
+(:class:`~app.ui.serve_flow.ServeController`).
 """
 
 from __future__ import annotations
@@ -157,7 +164,17 @@ class MainWindow(QMainWindow):
         auto_load: load the last/default model when shown.
         data_dir: the app's data folder (models list, storage); None for the default.
 
-    Signals: ``replyFinished(object)`` with the finished :class:`Turn` (tests, storage).
+    Signals: ``replyFinished(object)`` with the finished :class:`~app.chat.turns.Turn`;
+    ``modelLoaded(object)`` with the loaded pair's ``ModelInfo``; ``loadFailed(str)`` with
+    the message; ``benchFinished(object)`` with the benchmark's result dict, None when it
+    failed.
+
+    Attributes:
+        state: the shared :class:`~app.ui.state.WindowState` (``conv``, ``model``, ``busy``
+            and ``defaults`` are also properties of the window).
+        messages, transcript, replies, models, conversations, serve: the controllers (see
+            the module doc).
+        worker, workers: the worker that owns MLX and its thread.
     """
 
     replyFinished = Signal(object)
