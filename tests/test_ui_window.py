@@ -1194,9 +1194,9 @@ def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
     from types import SimpleNamespace
 
     from app.chat.reply import ReplySettings, collect_reply
+    from app.chat.turns import ReplyResult
     from app.engine.compare import near_tie
     from app.ui.compare import verdict
-    from app.ui.worker import ReplyResult
 
     target, drafter = tiny_hybrid
     rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],

@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QProgressBar, QStatusBar, QWidget
 
+from app.chat.session import TINY_PAIR, ModelInfo, PairSpec
 from app.chat.settings import SettingError
 from app.ui import settings as settings_mod
 from app.ui.banners import Priority
@@ -23,7 +24,7 @@ from app.ui.serve_flow import ServeController
 from app.ui.state import WindowState
 from app.ui.text import sentence
 from app.ui.transcript import TranscriptController
-from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec, Worker
+from app.ui.worker import Worker
 
 log = logging.getLogger("app.ui.window")
 

@@ -49,6 +49,8 @@ from app.chat.events import (
 from app.chat.session import Notice
 from app.chat.settings import SettingError
 from app.chat.stored_turn import (
+    ReplyFailed,
+    ReplyFinished,
     SaveFailed,
     TurnBegun,
     TurnNotStarted,
@@ -72,7 +74,7 @@ from app.ui.run_state import ReplyRun, SideRun
 from app.ui.state import WindowState
 from app.ui.text import mode_label
 from app.ui.transcript import TranscriptController
-from app.ui.worker import ReplyFailed, ReplyFinished, UiEvent, Worker
+from app.ui.worker import UiEvent, Worker
 
 log = logging.getLogger("app.ui.window")
 

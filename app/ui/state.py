@@ -14,12 +14,12 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app.chat.baseline import Baselines, SlowStreak
+from app.chat.session import ModelInfo, PairSpec
 from app.chat.stored_turn import PendingWrites
 from app.chat.turns import ConversationView, Turn, TurnStore
 from app.engine.lookup import DEFAULT_BLOCK
 from app.engine.modes import DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
-from app.ui.worker import ModelInfo, PairSpec
 
 
 @dataclass(eq=False)
