@@ -90,8 +90,8 @@ def _slow(qtbot, qs):
 
 
 def _wait_cycles(qtbot, win, n=3):
-    qtbot.waitUntil(lambda: win.replies.run is not None and win.replies.run.sides[""].stats.cycles >= n,
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.cycles >= n, timeout=10_000)
 
 
 def send_and_stop(qtbot, win, text, cycles):
@@ -225,7 +225,8 @@ def test_a_deliberate_click_on_stop_still_stops(qtbot, qs):
         c = win.composer
         interval = QApplication.styleHints().mouseDoubleClickInterval()
         flashed = []  # every status message, as on a loaded machine the click's own event
-        flash = win.messages.flash  # processing can already see the reply end and clear "Stopping…"
+        # processing can already see the reply end and clear "Stopping…"
+        flash = win.messages.flash
         win.messages.flash = lambda text, ms=5000: (flashed.append(text), flash(text, ms))
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
@@ -577,7 +578,8 @@ def test_chat_list_is_disabled_with_a_reason_during_a_reply(qtbot, qs):
     try:
         win.new_chat()
         other = win.conv.id
-        win.conversations.rename_conversation("An earlier chat")  # named: the next new chat is another one
+        # named: the next new chat is another one
+        win.conversations.rename_conversation("An earlier chat")
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
             win.new_chat()
             assert win.send(PROMPT)
@@ -612,12 +614,12 @@ def test_mode_switch_mid_reply_says_it_is_for_the_next_reply(qtbot, qs):
 
 
 def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeypatch):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = endless_backend()
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.show()
     win.load_model("t", "d")
@@ -630,7 +632,7 @@ def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeyp
     assert "interrupted" in asked[0]
     assert win.close()
     assert not win.busy
-    win2 = MainWindow(backend=BenchBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=BenchBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -982,7 +984,8 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
             send_and_wait(qtbot, win, PROMPT, mode="plain")
             win.new_chat()
         for i in range(3):
-            assert win.messages.banner_kind != "note" or "slower than plain" not in win.banner.text()
+            assert win.messages.banner_kind != "note" or \
+                "slower than plain" not in win.banner.text()
             win.new_chat()
             _speed(backend, 20.0 + i)
             send_and_wait(qtbot, win, PROMPT, mode="dflash")

@@ -403,13 +403,13 @@ def test_next_turn_prompt_keeps_the_tool_call_and_result(qtbot, engine_window, t
 
 # ------------------------------------------------------------------ storage
 def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     db = tmp_path / "conversations.db"
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=5, block=4)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.load_model("scripted-target", "scripted-drafter")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
@@ -418,14 +418,14 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
     backend.cycles, backend.delay_s = 100_000, 0.002
     win.composer.set_mode("plain")
     assert win.send("Tell me more.")
-    qtbot.waitUntil(lambda: win.replies.run is not None and win.replies.run.sides[""].stats.cycles >= 3,
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.cycles >= 3, timeout=10_000)
     conv_id = win.conv.id
     win.shutdown()
     assert not win.busy
     partial_tokens = backend.summary.generated_tokens
 
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -456,10 +456,10 @@ def test_replies_are_stored_off_the_gui_thread(qtbot, qs, tmp_path):
     """The window never writes a reply itself: send, regenerate, Compare and edit are all
     stored by the worker thread (``app.chat.stored_turn.run_turn``); the GUI thread only
     reads the store back."""
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     calls: list[tuple[str, bool]] = []
     for name in REPLY_WRITES:
         method = getattr(store.db, name)
@@ -660,12 +660,12 @@ def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
 def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_path):
     import json
 
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "conversations.db"
     backend = ScriptedBackend(cycles=3, block=4)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -709,7 +709,8 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         bad = tmp_path / "bad.json"
         bad.write_text("{not json")
         assert not win.conversations.import_chat(str(bad))
-        assert win.messages.banner_kind == "error" and "Could not import bad.json" in win.banner.text()
+        assert win.messages.banner_kind == "error"
+        assert "Could not import bad.json" in win.banner.text()
         assert win.conversations.import_chat(str(out))
         assert win.conv.id != conv_id and win.conv.title == "Capitals"
         # the imported copy looks like the chat it came from: it says it is a new one, where
@@ -720,7 +721,7 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -901,8 +902,8 @@ def test_switching_models_twice_while_generating(qtbot, tiny_dirs, tiny_dirs_den
     win.defaults["max_tokens"] = 400
     win.composer.set_mode("dflash")
     assert win.send(PROMPT)
-    qtbot.waitUntil(lambda: win.replies.run is not None and win.replies.run.sides[""].stats.tokens >= 2,
-                    timeout=30_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.tokens >= 2, timeout=30_000)
     reply = win.conv.messages[-1]
     loaded = []
     win.modelLoaded.connect(loaded.append)
@@ -946,11 +947,11 @@ def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
 
 
 def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -958,7 +959,8 @@ def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.replies.compare(PROMPT)
-            qtbot.waitUntil(lambda: win.replies.run.sides["plain"].stats.cycles >= 3, timeout=10_000)
+            qtbot.waitUntil(lambda: win.replies.run.sides["plain"].stats.cycles >= 3,
+                            timeout=10_000)
             win.stop()
         msg = blocker.args[0]
         assert msg.compare and msg.chosen == "plain"
@@ -1012,8 +1014,8 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
     seen = {}
     with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
         assert win.send(PROMPT)
-        qtbot.waitUntil(lambda: win.replies.run is not None and win.replies.run.sides[""].stats.cycles >= 3,
-                        timeout=60_000)
+        qtbot.waitUntil(lambda: win.replies.run is not None
+                        and win.replies.run.sides[""].stats.cycles >= 3, timeout=60_000)
         win.stop()
         run = win.replies.run
         seen["stats"] = run.sides[""].stats
@@ -1029,12 +1031,12 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
 
 
 def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = ScriptedBackend(cycles=2)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -1063,7 +1065,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         win._on_chat_link(f"prompt:{versions[1].id}")
     finally:
         win.shutdown()
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -1075,7 +1077,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
 
 def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     from app.chat.storage import Store
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     db = tmp_path / "c.db"
     raw = Store(db)
@@ -1088,7 +1090,7 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     qs.setValue("last_conversation", conv.id)
     from app.ui.window import MainWindow
 
-    win = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                      auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -1952,8 +1954,8 @@ def test_an_error_about_one_chats_turn_goes_when_another_chat_is_shown(qtbot, qs
         second = win.new_chat()
         assert second.id != first.id
         win.select_conversation(win.store.get(first.id))
-        win.messages.show_banner("Could not save this turn, so no reply was started: temperature 99.0 "
-                        "is out of range", chat=first.id)
+        win.messages.show_banner("Could not save this turn, so no reply was started: "
+                                 "temperature 99.0 is out of range", chat=first.id)
         assert win.banner_row.isVisibleTo(win)
         win.select_conversation(win.store.get(second.id))  # a click in the list
         assert not win.banner_row.isVisibleTo(win) and win.banner.text() == ""

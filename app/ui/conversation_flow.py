@@ -147,7 +147,7 @@ class ConversationController:
                 return False
         if len(self.state.pending_writes):  # there may be room again: then the file has it all
             self.messages.retry_saves()
-        try:  # a reply not saved yet is exported as shown (TurnStore.export's pending)
+        try:  # a reply not saved yet is exported as shown (ViewStore.export's pending)
             self.state.store.export(self.state.conv.id, Path(path), self.state.pending_writes)
         except Exception as exc:
             self.messages.show_banner(f"Could not export: {exc}")

@@ -7,7 +7,7 @@ widgets and the worker it uses). Each event type has one handler, picked with
 :class:`~app.ui.run_state.ReplyRun`. The window writes nothing of a reply: it sends a
 :class:`~app.chat.stored_turn.TurnRequest` and the worker stores the turn and builds the prompt
 from the stored rows (``app.chat.stored_turn.run_turn``); when ``TurnStored`` arrives the
-view reads the turn back (``TurnStore.reload_turn``).
+view reads the turn back (``ViewStore.reload_turn``).
 """
 
 from __future__ import annotations
@@ -598,7 +598,7 @@ class ReplyController(QObject):
 
     def on_finished(self, req_id: int) -> None:
         """The worker is done with the request: the turn is stored (``TurnStored``), so the
-        view reads it back (``TurnStore.reload_turn``) keeping the results streamed live."""
+        view reads it back (``ViewStore.reload_turn``) keeping the results streamed live."""
         run = self.run
         if run is None or req_id != run.id:
             return

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if when == "done":
         pump(lambda: not win.busy, 600)
     else:  # mid-reply: once a good part of the second reply is on screen
-        pump(lambda: not win.busy or (win.replies.run and win.replies.run.sides[""].stats.cycles > 14), 120)
+        pump(lambda: not win.busy or (win.replies.run
+                                      and win.replies.run.sides[""].stats.cycles > 14), 120)
     pump(lambda: False, 0.05)
     win.grab().save(args.out)
     print(f"saved {args.out}")

@@ -16,7 +16,7 @@ from PySide6.QtCore import QSettings
 from app.chat.baseline import Baselines, SlowStreak
 from app.chat.session import ModelInfo, PairSpec
 from app.chat.stored_turn import PendingWrites
-from app.chat.turns import ConversationView, Turn, TurnStore
+from app.chat.turns import ConversationView, Turn, ViewStore
 from app.engine.lookup import DEFAULT_BLOCK
 from app.engine.modes import DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
@@ -46,7 +46,7 @@ class WindowState:
     """
 
     qs: QSettings
-    store: TurnStore
+    store: ViewStore
     defaults: dict
     data_dir: Path | None = None
     model: ModelInfo | None = None

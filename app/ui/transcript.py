@@ -321,7 +321,7 @@ class TranscriptController(QObject):
     def show_earlier(self) -> None:
         """Draw earlier turns of the shown conversation (its "Show earlier messages" link):
         ``app.ui.chat.VIEW_TURNS`` more, loading them from the store when they were not
-        loaded (``TurnStore.get`` with a larger ``last``). What was in view stays in view.
+        loaded (``ViewStore.get`` with a larger ``last``). What was in view stays in view.
         Not while a reply is written."""
         conv = self.state.conv
         if conv is None or self.state.busy:

@@ -47,7 +47,7 @@ from PySide6.QtWidgets import (
 
 from app import APP_NAME
 from app.chat.session import ModelInfo, PairSpec
-from app.chat.turns import ConversationView, TurnStore
+from app.chat.turns import ConversationView, ViewStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
 from app.ui.chat import ChatView, Composer
@@ -159,7 +159,7 @@ class MainWindow(QMainWindow):
     Args:
         backend: worker backend (default :class:`~app.chat.session.ChatSession`); tests pass
             fakes.
-        store: conversation store (default: ``TurnStore(":memory:")``, chats in memory).
+        store: conversation store (default: ``ViewStore(":memory:")``, chats in memory).
         qsettings: where defaults, layout and last model live (default: the app's QSettings).
         auto_load: load the last/default model when shown.
         data_dir: the app's data folder (models list, storage); None for the default.
@@ -182,7 +182,7 @@ class MainWindow(QMainWindow):
     loadFailed = Signal(str)
     benchFinished = Signal(object)
 
-    def __init__(self, backend: Backend | None = None, store: TurnStore | None = None,
+    def __init__(self, backend: Backend | None = None, store: ViewStore | None = None,
                  qsettings: QSettings | None = None, auto_load: bool = True,
                  data_dir: Path | None = None) -> None:
         super().__init__()
@@ -196,7 +196,7 @@ class MainWindow(QMainWindow):
         if icon.is_file():  # a checkout; the frozen app gets its icon from the bundle
             self.setWindowIcon(QIcon(str(icon)))
         self.qs = qsettings or QSettings()
-        self.store: TurnStore = store if store is not None else TurnStore(":memory:")
+        self.store: ViewStore = store if store is not None else ViewStore(":memory:")
         self.state = WindowState(self.qs, self.store, settings_mod.load_defaults(self.qs),
                                  data_dir)
         self.workers = WorkerThread(backend, self.store.db)  # the worker writes replies
