@@ -186,3 +186,25 @@ def test_controllers_that_take_worker_signals_are_gui_qobjects():
             takers.append(name)
             assert bases and bases[0].startswith("Q"), f"{name}({', '.join(bases)})"
     assert {"ReplyController", "ModelController", "TranscriptController"} <= set(takers)
+
+
+def test_each_controller_reads_only_what_it_was_given():
+    """A window controller reads no attribute of ``self`` that it does not set itself (in its
+    constructor: the widgets, the worker, the state and the other controllers it is given)
+    or define: nothing is read off a window it is mixed into."""
+    controllers = {name: node for name, (_, _, node) in _ui_classes().items()
+                   if name.endswith("Controller") or name == "MessageBar"}
+    assert len(controllers) >= 6
+    unset = {}
+    for name, node in controllers.items():
+        own = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        own |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+        sets, reads = set(), set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) \
+                    and n.value.id == "self":
+                (sets if isinstance(n.ctx, ast.Store) else reads).add(n.attr)
+        if reads - sets - own:
+            unset[name] = sorted(reads - sets - own)
+    assert unset == {}

@@ -177,7 +177,7 @@ class TranscriptController(QObject):
     def request_compare_pieces(self) -> None:
         """Ask the worker for the token texts of the shown Compare turn's sides (read back
         without them), so its first divergence is marked as it was live (with a model
-        loaded; ``_on_pieces`` shows them)."""
+        loaded; :meth:`on_pieces` shows them)."""
         shown = self.shown_compare()
         if shown is not None:
             self.request_pieces(shown[0])
