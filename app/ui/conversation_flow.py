@@ -94,6 +94,7 @@ class ConversationController:
         return True
 
     def show_menu(self, conv_id: int, where) -> None:
+        """The chat list's context menu for ``conv_id`` at the global point ``where``."""
         if not self._show_listed(conv_id):
             return
         menu = QMenu(self.host)

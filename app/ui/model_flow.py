@@ -178,6 +178,8 @@ class ModelController(QObject):
         self.messages.show_top()
 
     def on_bench_done(self, result: dict) -> None:
+        """``Worker.benchDone``: the benchmark's result dict (``ChatSession.benchmark``):
+        its plain rate becomes a baseline and its results open in a window."""
         from app.ui.bench_dialog import BenchDialog
 
         self.bench_ended()
@@ -194,6 +196,7 @@ class ModelController(QObject):
         self._bench_finished(result)
 
     def on_bench_failed(self, message: str) -> None:
+        """``Worker.benchFailed``: the benchmark could not run; the banner says why."""
         self.bench_ended()
         self.messages.show_banner(message)
         self._bench_finished(None)
@@ -224,10 +227,13 @@ class ModelController(QObject):
         self.load_model(target, drafter or "")
 
     def on_loading(self, text: str) -> None:
+        """``Worker.loading``: a load is under way; ``text`` says which step."""
         self.progress.show()
         self.model_label.setText(text)
 
     def on_loaded(self, info: ModelInfo) -> None:
+        """``Worker.loaded``: the pair ``info`` is loaded: it is remembered for the next
+        start, named in the status bar and offered in the mode switch."""
         self.progress.hide()
         self.state.model = info
         self.state.baselines.clear()  # speed-ups compare with plain replies of this load only
@@ -270,6 +276,8 @@ class ModelController(QObject):
         self._loaded(info)
 
     def on_load_failed(self, message: str, still_loaded: bool = False) -> None:
+        """``Worker.loadFailed``: the load failed with ``message``; ``still_loaded`` when the
+        pair loaded before stays in use."""
         self.progress.hide()
         self.state.loading = None
         if still_loaded and self.state.model is not None:
@@ -322,6 +330,7 @@ class ModelController(QObject):
         self.model_label.setText(text)
 
     def on_memory(self, n: int) -> None:
+        """``Worker.memory``: MLX memory in use, ``n`` bytes (0: not shown)."""
         self.state.memory_bytes = int(n or 0)
         self.memory_label.setText(f"MLX memory {self.state.memory_bytes / 2**20:,.0f} MiB"
                                   if self.state.memory_bytes else "")

@@ -404,6 +404,8 @@ class ReplyController(QObject):
             self.messages.flash(self.STOPPING, 3000)
 
     def on_events(self, req_id: int, batch: list) -> None:
+        """``Worker.events``: keep the batch of :class:`~app.ui.worker.UiEvent` of the running
+        request ``req_id`` for the next render tick (another request's are dropped)."""
         if self.run is not None and req_id == self.run.id:
             self.pending.extend(batch)
 

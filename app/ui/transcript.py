@@ -202,6 +202,7 @@ class TranscriptController(QObject):
                                       + " (File › Settings…)")
 
     def on_conv_selected(self, conv_id: int) -> None:
+        """The chat list picked conversation ``conv_id``: show it (not while a reply runs)."""
         if self.state.busy:
             return
         conv = self.state.store.get(conv_id)
@@ -228,6 +229,8 @@ class TranscriptController(QObject):
         self.settings_dialog = dlg
 
     def on_settings_saved(self, values: dict, where: str) -> None:
+        """The settings dialog saved ``values``: as the defaults (``where`` "defaults") or
+        as the shown chat's own settings (the values that differ from the defaults)."""
         if where == "defaults":
             self.state.defaults = values
             settings_mod.save_defaults(self.state.qs, values)
@@ -256,6 +259,7 @@ class TranscriptController(QObject):
             self.messages.show_banner(f"Could not save the conversation: {exc}")
 
     def on_compare_choice(self, key: str) -> None:
+        """The side ``key`` of the last Compare turn is the one the chat continues from."""
         for m in reversed(self.state.conv.messages if self.state.conv else []):
             if m.role == "assistant" and m.compare:
                 side = m.versions.get(key)
@@ -342,6 +346,7 @@ class TranscriptController(QObject):
         sb.setValue(max(0, sb.maximum() - from_bottom))
 
     def on_colour_toggled(self, on: bool) -> None:
+        """Colour drafts turned on or off: redraw, asking for token texts when on."""
         from app.ui.render import draft_legend_html
 
         self.chat.colour_drafts = on
@@ -370,6 +375,8 @@ class TranscriptController(QObject):
             self.worker.piecesRequested.emit(jobs)
 
     def on_pieces(self, pieces: dict) -> None:
+        """``Worker.piecesReady``: token texts by (conversation id, turn index, version key);
+        the shown chat's replies take the ones that match their tokens, and are redrawn."""
         changed: set[int] = set()
         conv = self.state.conv
         for (conv_id, i, key), texts in pieces.items():
