@@ -16,7 +16,7 @@ from app.chat.events import RoundFinished, RoundResumed, RoundStarted
 from app.chat.session import ChatSession, PairSpec
 from app.chat.storage import Store
 from app.chat.stored_turn import CannotContinueError, TurnRequest, run_turn
-from app.chat.turns import CONTINUED_KEY, RESUME_KEY, TurnStore
+from app.chat.turns import CONTINUED_KEY, RESUME_KEY, ViewStore
 from app.engine.errors import EngineError
 from app.engine.events import Done, Summary, TokenEvent
 from app.engine.threads import allow_engine_on_current_thread
@@ -97,7 +97,7 @@ def test_max_tokens_n_then_continue_n_is_the_reply_with_max_tokens_2n(
     # Max tokens again: Continue is offered again and goes on as far as one 3N reply
     list(session.continue_reply(cut.id, settings))
     store.close()
-    reopened = TurnStore(path)
+    reopened = ViewStore(path)
     try:
         view = reopened.get(conv.id)
         assert [t.role for t in view.messages] == ["user", "assistant"]

@@ -127,22 +127,22 @@ def test_the_window_names_an_unfit_drafter_once_its_pair_loads(qtbot, qs, unfit_
         with qtbot.waitSignal(win.modelLoaded, timeout=60_000) as blocker:
             win.load_model(str(unfit_dirs[0]), str(unfit_dirs[1]))
         info = blocker.args[0]
-        qtbot.waitUntil(lambda: bool(win.drafter_probes), timeout=60_000)
-        probes = list(win.drafter_probes.values())
+        qtbot.waitUntil(lambda: bool(win.state.drafter_probes), timeout=60_000)
+        probes = list(win.state.drafter_probes.values())
         assert [p.verdict for p in probes] == ["unfit"]
-        assert win.banner_kind == "note"
+        assert win.messages.banner_kind == "note"
         text = win.banner.text()
         assert f"The drafter {info.drafter_name} had 0% of its drafts accepted on a short " \
                "probe after loading" in text
         assert "does not fit this target" in text
         key = pair_key(unfit_dirs[0], unfit_dirs[1])
-        assert win.drafter_probes[key].verdict == "unfit"
+        assert win.state.drafter_probes[key].verdict == "unfit"
         # the Models window says the probed pair's verdict
         from app.models.catalog import Catalog
 
         catalog = Catalog(data_dir=tmp_path / "data", bundled=())
         catalog.add_folder(unfit_dirs[0].parent)
-        dlg = ModelsDialog(None, catalog, lambda spec: None, probes=win.drafter_probes)
+        dlg = ModelsDialog(None, catalog, lambda spec: None, probes=win.state.drafter_probes)
         qtbot.addWidget(dlg)
         assert dlg.select_target(str(unfit_dirs[0]))
         assert dlg.targets.currentItem().text(3) == (

@@ -106,8 +106,8 @@ def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, 
         assert memory_only(), "the storage banner went when a reply ran"
         win.new_chat()
         assert memory_only(), "the storage banner went with a new chat"
-        win.show_banner("Could not load the model: a test failure")
-        win._on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
+        win.messages.show_banner("Could not load the model: a test failure")
+        win.models.on_loaded(win.model)  # a later load succeeds: "an earlier failure is over"
         assert memory_only()
         win.store_banner_close.click()
         assert not memory_only()
@@ -131,7 +131,7 @@ def test_a_dflash_reply_that_fails_midway_is_stored_as_failed_in_its_mode(tiny_h
     failed when the chat is opened again."""
     from app.chat.session import ChatSession
     from app.chat.storage import Store
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.engine.errors import EngineError
     from app.engine.threads import allow_engine_on_current_thread
 
@@ -170,7 +170,7 @@ def test_a_dflash_reply_that_fails_midway_is_stored_as_failed_in_its_mode(tiny_h
     assert row.summary["stop_cause"] == "error"
     assert row.token_ids == streamed and row.content  # the partial reply is kept
     # reopened, the chat says the reply failed
-    view = TurnStore.__new__(TurnStore)
+    view = ViewStore.__new__(ViewStore)
     view.db = store
     shown = view.get(conv.id).messages[-1].version
     assert shown.error and "third call" in shown.error
@@ -441,12 +441,12 @@ LONG_ANSWER = "A long answer. " * 4000
 
 def _long_reply_on_a_small_disk(qtbot, qs, small_disk):
     """A window on a store in ``small_disk``: one short chat answered, then a long reply
-    started in a new chat. Returns (TurnStore, window, the first chat's id, that chat's
+    started in a new chat. Returns (ViewStore, window, the first chat's id, that chat's
     rows as (id, role, content, status))."""
     from app.chat.scripted import ScriptedTurn
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
-    store = TurnStore(small_disk / "conversations.db")
+    store = ViewStore(small_disk / "conversations.db")
     store.db.partial_interval_s = 0.0  # every event saves the growth
     backend = ScriptedSession(turns=[ScriptedTurn("", "Paris."), ScriptedTurn("", LONG_ANSWER)],
                               cycles=None, chunk_chars=600, delay_s=0.01)
@@ -457,7 +457,8 @@ def _long_reply_on_a_small_disk(qtbot, qs, small_disk):
     before = [(m.id, m.role, m.content, m.status) for m in store.db.messages(first)]
     win.new_chat()
     assert win.send("Tell me a long story.")
-    qtbot.waitUntil(lambda: win._run is not None and bool(win._run.msg.ids), timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None and bool(win.replies.run.msg.ids),
+                    timeout=10_000)
     return store, win, first, before
 
 
@@ -466,7 +467,7 @@ def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot,
     """The disk fills while a reply is written: the storage banner says so (the cause and
     the folder) while the reply still runs, the reply's text stays on screen, and the
     earlier chat is intact in the database afterwards."""
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     db = small_disk / "conversations.db"
     store, win, first, before = _long_reply_on_a_small_disk(qtbot, qs, small_disk)
@@ -489,7 +490,7 @@ def test_a_disk_that_fills_up_mid_reply_is_said_at_once_and_loses_nothing(qtbot,
         win.shutdown()
     (small_disk / "filler").unlink()
     assert _integrity(db) == "ok"
-    again = TurnStore(db)
+    again = ViewStore(db)
     try:
         assert [(m.id, m.role, m.content, m.status)
                 for m in again.db.messages(first)] == before
@@ -505,35 +506,35 @@ def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot,
     on screen and exports whole, Retry now on a still-full disk says it is still not saved,
     and once space returns the app's own retry stores the row with its whole text, the
     banner says so and then goes; the earlier chat is untouched."""
-    from app.chat.turns import TurnStore
-    from app.ui import window as window_mod
+    from app.chat.turns import ViewStore
+    from app.ui import messages as messages_mod
 
-    monkeypatch.setattr(window_mod, "SAVE_RETRY_MS", 200)
-    monkeypatch.setattr(window_mod, "SAVED_NOTE_MS", 300)
+    monkeypatch.setattr(messages_mod, "SAVE_RETRY_MS", 200)
+    monkeypatch.setattr(messages_mod, "SAVED_NOTE_MS", 300)
     answer = LONG_ANSWER
 
     db = small_disk / "conversations.db"
     store, win, first, before = _long_reply_on_a_small_disk(qtbot, qs, small_disk)
     try:
-        row_id = win._run.msg.ids[win._run.key]
+        row_id = win.replies.run.msg.ids[win.replies.run.key]
         _fill(small_disk)
         qtbot.waitUntil(lambda: not win.busy, timeout=60_000)
-        assert len(win.pending_writes) == 1, "the final write went through on a full disk"
+        assert len(win.state.pending_writes) == 1, "the final write went through on a full disk"
         assert store.db.get_message(row_id).status == "generating"  # not stored yet
         assert any("Could not save the reply" in t and "full" in t and str(small_disk) in t
                    for t in shown_messages(win))
         assert win.store_retry.isVisibleTo(win)
         assert win.chat.toPlainText().count("A long answer.") >= 100  # on screen, to copy
         out = tmp_path / "exported.md"  # another disk: the export holds the whole reply
-        assert win.export_chat(str(out))
+        assert win.conversations.export_chat(str(out))
         assert answer.strip() in out.read_text(encoding="utf-8")
         win.store_retry.click()  # still full: still kept, and said
-        assert len(win.pending_writes) == 1 and win.retry_timer.isActive()
+        assert len(win.state.pending_writes) == 1 and win.messages.retry_timer.isActive()
         assert any("full" in t for t in shown_messages(win))
         (small_disk / "filler").unlink()  # space returns: the timer's retry saves it
         qtbot.waitUntil(lambda: any(t.startswith("Saved") for t in shown_messages(win)),
                         timeout=10_000)
-        assert not len(win.pending_writes) and not win.retry_timer.isActive()
+        assert not len(win.state.pending_writes) and not win.messages.retry_timer.isActive()
         assert not win.store_retry.isVisibleTo(win)
         row = store.db.get_message(row_id)
         assert row.status == "complete" and row.content.strip() == answer.strip()
@@ -541,7 +542,7 @@ def test_a_reply_the_full_disk_could_not_take_is_saved_when_space_returns(qtbot,
     finally:
         win.shutdown()
     assert _integrity(db) == "ok"
-    again = TurnStore(db)
+    again = ViewStore(db)
     try:
         assert [(m.id, m.role, m.content, m.status)
                 for m in again.db.messages(first)] == before
@@ -555,9 +556,9 @@ def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, 
     """No room for the new turn's rows: nothing runs, the message goes back to the box, and
     the storage banner names the cause and the folder until it is dismissed."""
     from app.chat.storage import StoreWriteError
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
-    win = make_window(qtbot, qs, ScriptedSession(cycles=2), TurnStore(tmp_path / "c.db"))
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), ViewStore(tmp_path / "c.db"))
     try:
         load_scripted(qtbot, win)
         send_and_wait(qtbot, win, mode="plain")
@@ -574,7 +575,7 @@ def test_a_turn_the_store_cannot_write_says_so_in_the_storage_banner(qtbot, qs, 
         assert win.composer.edit.toPlainText() == "Tell me more."
         assert [(m.role, m.content) for m in win.store.db.messages(win.conv.id)] == before
         monkeypatch.undo()
-        win._on_loaded(win.model)  # a model load does not take it away
+        win.models.on_loaded(win.model)  # a model load does not take it away
         assert any("Could not save this turn" in t for t in shown_messages(win))
     finally:
         win.shutdown()
@@ -610,7 +611,7 @@ from PySide6.QtWidgets import QApplication
 from app.chat.export import write_export
 from app.chat.scripted import ScriptedSession
 from app.chat.storage import Store
-from app.chat.turns import TurnStore
+from app.chat.turns import ViewStore
 from app.ui.window import MainWindow
 
 data = Path(sys.argv[1])
@@ -622,7 +623,7 @@ with Store(data / "exported.db") as src:
     write_export(src, c.id, data / "chat.json")
 app = QApplication([])
 win = MainWindow(backend=ScriptedSession(cycles=100_000, delay_s=0.005),
-                 store=TurnStore(data / "conversations.db"),
+                 store=ViewStore(data / "conversations.db"),
                  qsettings=QSettings(str(data / "settings.ini"), QSettings.IniFormat),
                  auto_load=False)
 win.show()
@@ -632,7 +633,7 @@ def step():
     if win.model is None:
         QTimer.singleShot(20, step)
         return
-    assert win.import_chat(str(data / "chat.json"))
+    assert win.conversations.import_chat(str(data / "chat.json"))
     if sys.argv[2] == "mid-reply":
         win.new_chat()
         assert win.send("Tell me a long story.")
@@ -777,20 +778,20 @@ def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp
 
     from PySide6.QtGui import QGuiApplication
 
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.render import VIEW_LINE_CHARS, VIEW_MESSAGE_CHARS
 
     reply = "word " * 6_000_000  # 30 MB, one line
     prompt = "q" * 1_000_000
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(_export_of([prompt, reply])), encoding="utf-8")
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     win = make_window(qtbot, qs, ScriptedSession(), store)
     try:
-        assert win.import_chat(str(path))
+        assert win.conversations.import_chat(str(path))
     finally:
         win.shutdown()
-    store = TurnStore(tmp_path / "c.db")  # a store holding that chat: the window opens
+    store = ViewStore(tmp_path / "c.db")  # a store holding that chat: the window opens
     win = make_window(qtbot, qs, ScriptedSession(), store)
     try:
         assert win.conv is not None and win.conv.title == "Huge"
@@ -807,7 +808,7 @@ def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp
         win.chat._on_anchor(QUrl("copymsg:0"))
         assert QGuiApplication.clipboard().text() == prompt
         out = tmp_path / "out.md"
-        assert win.export_chat(str(out))
+        assert win.conversations.export_chat(str(out))
         assert reply.strip() in out.read_text(encoding="utf-8")
         assert win.chat.full_text("copymsg:1") == reply and VIEW_MESSAGE_CHARS < len(reply)
     finally:
@@ -818,12 +819,12 @@ def test_a_chat_of_200000_messages_opens_with_its_latest_turns(qtbot, qs, tmp_pa
     """The window opens with a store holding a chat of 200,000 messages: it loads the latest
     turns, draws the last ones with a "Show earlier messages" link, and each click draws
     earlier turns, loading them from the store when needed."""
-    from app.chat.turns import LOAD_TURNS, TurnStore
+    from app.chat.turns import LOAD_TURNS, ViewStore
     from app.ui.chat import VIEW_TURNS
 
     n = 200_000
     _long_chat(tmp_path / "c.db", n)
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     win = make_window(qtbot, qs, ScriptedSession(), store)
 
     def drawn(i: int) -> bool:  # a reply's number is shown with thousands separators
@@ -874,10 +875,10 @@ def _long_chat(path, n: int) -> None:
 def test_a_reply_in_a_chat_loaded_in_part_keeps_the_view_in_step(qtbot, qs, tmp_path):
     """A chat longer than the turns loaded: a reply adds its two turns to the view, which
     keeps the live result and the turns it had (the store read back as many)."""
-    from app.chat.turns import LOAD_TURNS, TurnStore
+    from app.chat.turns import LOAD_TURNS, ViewStore
 
     _long_chat(tmp_path / "c.db", 2 * LOAD_TURNS + 10)
-    win = make_window(qtbot, qs, ScriptedSession(), TurnStore(tmp_path / "c.db"))
+    win = make_window(qtbot, qs, ScriptedSession(), ViewStore(tmp_path / "c.db"))
     try:
         win._on_chat_link("earlier:")
         load_scripted(qtbot, win)

@@ -8,6 +8,7 @@ imports inside functions included (they run too, just later).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
@@ -142,3 +143,68 @@ def test_the_server_event_loop_never_imports_mlx():
         assert not {d for d in g[mod] if d.startswith(("app.engine.generate", "app.models",
                                                        "app.chat.session",
                                                        "app.chat.reply"))}, mod
+
+
+def _ui_classes() -> dict[str, tuple[str, list[str], ast.ClassDef]]:
+    """Every class defined in ``app/ui``: name -> (module, base names, node)."""
+    out = {}
+    for path in sorted((APP / "ui").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+                out[node.name] = (module_name(path), bases, node)
+    return out
+
+
+def test_the_window_is_composed_not_mixed():
+    """The main window inherits only ``QMainWindow``; its controllers are objects it holds,
+    and no class in ``app/ui`` mixes in another class of ``app/ui`` beside a Qt base."""
+    classes = _ui_classes()
+    assert classes["MainWindow"][1] == ["QMainWindow"]
+    mixed = [f"{name}({', '.join(bases)})" for name, (_, bases, _) in classes.items()
+             if len(bases) > 1]
+    assert mixed == []
+    assert not [n for n in classes if n.endswith("Flow")]  # the mixins are gone
+    window = (APP / "ui" / "window.py").read_text(encoding="utf-8")
+    for held in ("ReplyController(", "ModelController(", "TranscriptController(",
+                 "ConversationController(", "ServeController(", "MessageBar("):
+        assert held in window, held
+
+
+def test_controllers_that_take_worker_signals_are_gui_qobjects():
+    """A worker signal connected to a plain object's method runs on the worker's thread
+    (no receiver to queue it for): every ``app/ui`` class that connects ``worker.<signal>``
+    to its own methods is a ``QObject`` (it lives on the GUI thread, so the call queues)."""
+    classes = _ui_classes()
+    takers = []
+    for name, (mod, bases, node) in classes.items():
+        if mod == "app.ui.worker":
+            continue
+        src = ast.unparse(node)
+        if re.search(r"\bworker\.\w+\.connect\(self\.", src):
+            takers.append(name)
+            assert bases and bases[0].startswith("Q"), f"{name}({', '.join(bases)})"
+    assert {"ReplyController", "ModelController", "TranscriptController"} <= set(takers)
+
+
+def test_each_controller_reads_only_what_it_was_given():
+    """A window controller reads no attribute of ``self`` that it does not set itself (in its
+    constructor: the widgets, the worker, the state and the other controllers it is given)
+    or define: nothing is read off a window it is mixed into."""
+    controllers = {name: node for name, (_, _, node) in _ui_classes().items()
+                   if name.endswith("Controller") or name == "MessageBar"}
+    assert len(controllers) >= 6
+    unset = {}
+    for name, node in controllers.items():
+        own = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        own |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+        sets, reads = set(), set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) \
+                    and n.value.id == "self":
+                (sets if isinstance(n.ctx, ast.Store) else reads).add(n.attr)
+        if reads - sets - own:
+            unset[name] = sorted(reads - sets - own)
+    assert unset == {}

@@ -103,29 +103,31 @@ def test_the_queue_shows_the_highest_and_keeps_the_lesser_waiting():
 def test_the_window_never_covers_a_note_with_a_lesser_one(qtbot, qs):
     win = make_window(qtbot, qs, ScriptedSession())
     try:
-        win.show_note(LEFT_OUT.message, Priority.WARNING)
-        win.show_note(SlowStreak.NOTE, Priority.TIP)  # ~20 ms later in the issue
+        win.messages.show_note(LEFT_OUT.message, Priority.WARNING)
+        win.messages.show_note(SlowStreak.NOTE, Priority.TIP)  # ~20 ms later in the issue
         assert "earlier turns were left out" in win.banner.text()
-        assert win.banner_kind == "note"
-        win.show_banner("could not export: disk full")  # an error outranks every note
-        assert win.banner_kind == "error" and win.banner.text() == "Could not export: disk full."
+        assert win.messages.banner_kind == "note"
+        win.messages.show_banner("could not export: disk full")  # an error outranks every note
+        assert win.messages.banner_kind == "error"
+        assert win.banner.text() == "Could not export: disk full."
         assert win.banner.accessibleName() == "Error"
         win.banner_close.click()  # dismissed: the waiting note shows again
-        assert win.banner_kind == "note" and "earlier turns were left out" in win.banner.text()
+        assert win.messages.banner_kind == "note"
+        assert "earlier turns were left out" in win.banner.text()
         win.banner_close.click()
         assert "smaller block size" in win.banner.text()
         win.banner_close.click()
-        assert win.banner_kind == "" and not win.banner_row.isVisibleTo(win)
+        assert win.messages.banner_kind == "" and not win.banner_row.isVisibleTo(win)
         # a note that expires lets the lesser one show by itself
-        win.show_note("tools are off", Priority.TIP)
-        win.show_note("saved for this chat", ms=50)
+        win.messages.show_note("tools are off", Priority.TIP)
+        win.messages.show_note("saved for this chat", ms=50)
         assert win.banner.text() == "Saved for this chat."
         qtbot.waitUntil(lambda: win.banner.text() == "Tools are off.", timeout=5_000)
         # a same-priority note replaces the shown one, and clear_banner empties the queue
-        win.show_note("a newer tip", Priority.TIP)
-        assert win.banner.text() == "A newer tip." and len(win.banners) == 1
-        win.clear_banner()
-        assert len(win.banners) == 0 and win.banner_kind == ""
+        win.messages.show_note("a newer tip", Priority.TIP)
+        assert win.banner.text() == "A newer tip." and len(win.messages.banners) == 1
+        win.messages.clear_banner()
+        assert len(win.messages.banners) == 0 and win.messages.banner_kind == ""
     finally:
         win.shutdown()
 
@@ -143,11 +145,11 @@ def _loaded(qtbot, qs, backend, store=None):
 
 
 def test_left_out_turns_stay_noted_with_the_reply_after_reopening(qtbot, qs, tmp_path):
-    from app.chat.turns import CONTEXT_KEY, TurnStore
+    from app.chat.turns import CONTEXT_KEY, ViewStore
 
     path = tmp_path / "chats.sqlite"
     backend = ScriptedSession(turns=[DEFAULT_TURN, LONG_TURN])
-    win = _loaded(qtbot, qs, backend, TurnStore(str(path)))
+    win = _loaded(qtbot, qs, backend, ViewStore(str(path)))
     try:
         first = send_and_wait(qtbot, win, PROMPT, mode="dflash")
         assert first.version.result.context_note is None
@@ -163,7 +165,7 @@ def test_left_out_turns_stay_noted_with_the_reply_after_reopening(qtbot, qs, tmp
     finally:
         win.shutdown()
     # a new window on the same chats: the note is in the reopened reply's footer
-    again = _loaded(qtbot, qs, ScriptedSession(), TurnStore(str(path)))
+    again = _loaded(qtbot, qs, ScriptedSession(), ViewStore(str(path)))
     try:
         again.select_conversation(again.store.get(conv_id))
         replies = [m for m in again.conv.messages if m.role == "assistant"]
@@ -196,7 +198,8 @@ def test_slow_dflash_in_a_long_chat_says_start_a_new_chat(qtbot, qs):
             send_and_wait(qtbot, win, PROMPT, mode="dflash")
             assert "earlier turns were left out" in win.banner.text(), i
         assert "x plain" in win.chat.toPlainText()  # it was slower than comparable plain
-        assert not any("smaller block size" in e.text for e in win.banners.entries.values())
+        assert not any("smaller block size" in e.text
+                       for e in win.messages.banners.entries.values())
         win.banner_close.click()
         assert win.banner.text() == LONG_CHAT_NOTE
         assert "smaller block size" not in win.banner.text()

@@ -38,13 +38,13 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
     win = _window(qtbot, qs)
     try:
         win.serve_action.setChecked(True)  # no model yet: refused, with a reason
-        assert win.serving is None and not win.serve_action.isChecked()
+        assert win.serve.serving is None and not win.serve_action.isChecked()
         assert "Load a model first" in win.banner.text()
         with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
             win.load_model(*tiny_paths)
         win.serve_action.setChecked(True)
-        assert win.serving is not None and win.serve_action.isChecked()
-        url = win.serving.url
+        assert win.serve.serving is not None and win.serve_action.isChecked()
+        url = win.serve.serving.url
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         models = httpx.get(url + "/models", timeout=30).json()
         assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash", "lookup"]
@@ -59,22 +59,22 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
             assert replies[mode]["usage"]["completion_tokens"] == 12
         assert replies["plain"]["choices"][0]["message"] == \
             replies["dflash"]["choices"][0]["message"]
-        records = list(win.serving.jobs.records)
+        records = list(win.serve.serving.jobs.records)
         assert [r.thread for r in records] == ["mlx-worker", "mlx-worker"]
         assert not [t for t in threading.enumerate() if t.name == "serve-mlx-worker"]
         # the switch stops it: the port no longer answers
         win.serve_action.setChecked(False)
-        assert win.serving is None
+        assert win.serve.serving is None
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/models", timeout=5)
         # unloading stops it too
         win.serve_action.setChecked(True)
-        assert win.serving is not None
-        url = win.serving.url
-        win.unload()
-        assert win.serving is None and not win.serve_action.isChecked()
+        assert win.serve.serving is not None
+        url = win.serve.serving.url
+        win.models.unload()
+        assert win.serve.serving is None and not win.serve_action.isChecked()
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/models", timeout=5)
     finally:
         win.shutdown()
-    assert win.serving is None
+    assert win.serve.serving is None

@@ -283,7 +283,7 @@ def test_a_tool_replys_round_figures_survive_reopening(store):
     chat shows "Reply total over 2 rounds" with the round picker, as the live reply did
     (before, it said "This reply": only the total was stored; seen in a new-user pass)."""
     from app.chat.stored_turn import finish_row
-    from app.chat.turns import ReplyResult, TurnStore
+    from app.chat.turns import ReplyResult, ViewStore
     from app.engine.events import Summary
 
     conv = store.new_conversation()
@@ -299,7 +299,7 @@ def test_a_tool_replys_round_figures_survive_reopening(store):
     assert [s.generated_tokens for s in back.round_summaries] == [20, 12]
     assert [s.prompt_tokens for s in back.round_summaries] == [100, 160]
     assert back.summary.generated_tokens == 32
-    view = TurnStore.__new__(TurnStore)
+    view = ViewStore.__new__(ViewStore)
     view.db = store
     assert len(view.get(conv.id).messages[-1].version.result.round_summaries) == 2
 
@@ -309,9 +309,9 @@ def test_kept_writes_are_retried_in_order_and_dropped_once_stored(tmp_path):
     with the later ones), drops what was stored; an export made meanwhile holds them."""
     from app.chat.storage import StoreWriteError
     from app.chat.stored_turn import PendingWrite, PendingWrites
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
-    ts = TurnStore(tmp_path / "c.db")
+    ts = ViewStore(tmp_path / "c.db")
     store = ts.db
     conv = store.new_conversation("Kept")
     store.add_message(conv.id, "user", "hello")

@@ -57,8 +57,8 @@ def test_compare_stopped_in_the_dflash_side_is_not_called_a_divergence(qtbot, qs
     win = _loaded_window(qtbot, qs)
     try:
         with qtbot.waitSignal(win.replyFinished, timeout=60_000) as blocker:
-            assert win.compare(PROMPT)
-            qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
+            assert win.replies.compare(PROMPT)
+            qtbot.waitUntil(lambda: win.replies.run.sides["dflash"].stats.cycles >= 3,
                             timeout=30_000)
             win.stop()
         msg = blocker.args[0]
@@ -147,12 +147,12 @@ def test_a_finished_side_shows_its_figures_while_the_next_side_runs(qtbot, qs):
     try:
         view = win.compare_view
         with qtbot.waitSignal(win.replyFinished, timeout=60_000):
-            assert win.compare(PROMPT)
+            assert win.replies.compare(PROMPT)
             assert view.figs["plain"].text() == "running…"
             assert view.figs["dflash"].text() == "waiting"
-            qtbot.waitUntil(lambda: win._run.sides["dflash"].stats.cycles >= 3,
+            qtbot.waitUntil(lambda: win.replies.run.sides["dflash"].stats.cycles >= 3,
                             timeout=30_000)
-            plain = win._run.sides["plain"].result
+            plain = win.replies.run.sides["plain"].result
             assert plain is not None and plain.summary is not None
             assert view.figs["plain"].text() == side_figures(plain)
             assert view.figs["plain"].text().startswith(f"321.5 tok/s · {len(plain.tokens)} "

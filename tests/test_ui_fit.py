@@ -26,7 +26,7 @@ from test_ui_window import (  # noqa: E402
 )
 
 from app.chat.scripted import ScriptedTurn  # noqa: E402
-from app.chat.turns import TurnStore  # noqa: E402
+from app.chat.turns import ViewStore  # noqa: E402
 from app.engine.events import Summary  # noqa: E402
 from app.ui.panels import LiveStats  # noqa: E402
 
@@ -165,7 +165,7 @@ def _speed(backend, tok_per_s):
 
 def test_a_reloaded_reply_keeps_its_speedup_against_plain(qtbot, qs, tmp_path):
     path = tmp_path / "chats.db"
-    win, backend = loaded(qtbot, qs, store=TurnStore(path))
+    win, backend = loaded(qtbot, qs, store=ViewStore(path))
     win.defaults["block_size"] = 4  # the scripted pair has no drafter to store its block from
     try:
         _speed(backend, 20.0)
@@ -195,7 +195,7 @@ def test_a_reloaded_reply_keeps_its_speedup_against_plain(qtbot, qs, tmp_path):
     finally:
         win.shutdown()
     # the app restarted: the same footers from the stored rows
-    win2, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win2, _ = loaded(qtbot, qs, store=ViewStore(path))
     try:
         assert win2.conv.id == compare_id
         assert _footer(win2) == live_compare
@@ -218,7 +218,7 @@ def test_a_speedup_round_trips_through_its_stored_record():
 
 def test_a_reloaded_reply_without_a_baseline_still_says_so(qtbot, qs, tmp_path):
     path = tmp_path / "chats.db"
-    win, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win, _ = loaded(qtbot, qs, store=ViewStore(path))
     win.defaults["block_size"] = 4
     try:
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
@@ -227,7 +227,7 @@ def test_a_reloaded_reply_without_a_baseline_still_says_so(qtbot, qs, tmp_path):
         conv_id = win.conv.id
     finally:
         win.shutdown()
-    win2, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win2, _ = loaded(qtbot, qs, store=ViewStore(path))
     try:
         assert win2.conv.id == conv_id and _footer(win2) == live
     finally:
@@ -309,7 +309,7 @@ def _at_end(win) -> bool:
 def test_a_reopened_long_chat_is_scrolled_to_its_end(qtbot, qs, tmp_path):
     path = tmp_path / "chats.db"
     backend = ScriptedBackend(turns=[ScriptedTurn("", LONG)], info=dict(THREE_MODES))
-    win, _ = loaded(qtbot, qs, backend, store=TurnStore(path))
+    win, _ = loaded(qtbot, qs, backend, store=ViewStore(path))
     try:
         for i in range(4):
             send_and_wait(qtbot, win, f"Question {i}?", mode="dflash")
@@ -323,7 +323,7 @@ def test_a_reopened_long_chat_is_scrolled_to_its_end(qtbot, qs, tmp_path):
     finally:
         win.shutdown()
     # the app restarted on that chat: its end shows, after the window is shown
-    win3, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win3, _ = loaded(qtbot, qs, store=ViewStore(path))
     try:
         assert win3.conv.id == long_id
         settle(qtbot, 100)
@@ -339,7 +339,7 @@ def _restarted(qtbot, qs, path, info=None):
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(info=dict(info or THREE_MODES))
-    win = MainWindow(backend=backend, store=TurnStore(path), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(path), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.show()
     return win
@@ -352,7 +352,7 @@ def _load(qtbot, win):
 
 def test_after_a_restart_the_context_card_shows_the_loaded_models_length(qtbot, qs, tmp_path):
     path = tmp_path / "chats.db"
-    win, _ = loaded(qtbot, qs, store=TurnStore(path))
+    win, _ = loaded(qtbot, qs, store=ViewStore(path))
     try:
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         live = win.live.labels["context"].text()
@@ -386,7 +386,7 @@ def test_a_chat_ending_in_a_compare_reopens_its_compare_view(qtbot, qs, tmp_path
     info = dict(THREE_MODES)
     if not three:
         info.pop("drafter2_name")
-    win, _ = loaded(qtbot, qs, ScriptedBackend(info=info), store=TurnStore(path))
+    win, _ = loaded(qtbot, qs, ScriptedBackend(info=info), store=ViewStore(path))
     try:
         send_and_wait(qtbot, win, PROMPT, compare=True)
         view = win.compare_view
@@ -646,7 +646,7 @@ def test_the_compare_view_leaves_when_a_plain_send_follows_the_compare(qtbot, qs
         send_and_wait(qtbot, win, PROMPT, compare=True)
         assert win.compare_view.isVisible()
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.edit_message(len(win.conv.messages) - 2, "Only one reply, please.")
+            assert win.replies.edit_message(len(win.conv.messages) - 2, "Only one reply, please.")
         assert not win.compare_view.isVisible()
     finally:
         win.shutdown()
@@ -797,7 +797,7 @@ def test_a_long_status_message_ends_in_an_ellipsis_with_the_whole_as_tooltip(qtb
         win.resize(900, 650)
         settle(qtbot)
         text = "Could not read line 1 of the imported file: " + "a long reason " * 20
-        win.flash(text, 60_000)
+        win.messages.flash(text, 60_000)
         settle(qtbot)
         assert win.flash_label.text().endswith(text)  # the whole text is kept
         assert win.flash_label.elided()

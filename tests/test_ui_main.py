@@ -30,7 +30,9 @@ from PySide6.QtWidgets import QApplication
 from app.ui import main as ui_main
 from app.ui.window import MainWindow
 
-MainWindow.load_last_or_default = lambda self: None
+from app.ui.model_flow import ModelController
+
+ModelController.load_last_or_default = lambda self: None
 app = QApplication(sys.argv[:1])
 seen = {}
 

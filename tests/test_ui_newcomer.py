@@ -90,8 +90,8 @@ def _slow(qtbot, qs):
 
 
 def _wait_cycles(qtbot, win, n=3):
-    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= n,
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.cycles >= n, timeout=10_000)
 
 
 def send_and_stop(qtbot, win, text, cycles):
@@ -125,7 +125,7 @@ def test_menu_short_benchmark_runs_with_its_default_length(qtbot, qs):
         assert blocker.args[0] is not None
         assert backend.bench_calls == [48]
         assert not win.banner_row.isVisible()
-        assert win._bench_dialog.table.rowCount() == 2
+        assert win.models.bench_dialog.table.rowCount() == 2
     finally:
         win.shutdown()
 
@@ -139,7 +139,7 @@ def test_failed_load_keeps_the_working_model(qtbot, qs):
         assert win.model is not None and win.model.target_name == "scripted"
         assert win.model_label.text().startswith("Target: scripted")
         assert "No model loaded" not in win.model_label.text()
-        assert win.banner_kind == "error"
+        assert win.messages.banner_kind == "error"
         text = win.banner.text()
         assert text.startswith("Could not load the model: /somewhere/broken-folder has no "
                                "config.json.") and "still loaded" in text
@@ -225,8 +225,9 @@ def test_a_deliberate_click_on_stop_still_stops(qtbot, qs):
         c = win.composer
         interval = QApplication.styleHints().mouseDoubleClickInterval()
         flashed = []  # every status message, as on a loaded machine the click's own event
-        flash = win.flash  # processing can already see the reply end and clear "Stopping…"
-        win.flash = lambda text, ms=5000: (flashed.append(text), flash(text, ms))
+        # processing can already see the reply end and clear "Stopping…"
+        flash = win.messages.flash
+        win.messages.flash = lambda text, ms=5000: (flashed.append(text), flash(text, ms))
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
             qtbot.wait(interval + 150)
@@ -404,8 +405,8 @@ def test_compare_first_token_is_the_sides_own_live_and_after(qtbot, qs):
 
     def record(stats, *a, **k):
         show(stats, *a, **k)
-        if win._run is not None and stats.summary is None and stats.tokens:
-            seen.append((win._run.current, len(stats.round_summaries),
+        if win.replies.run is not None and stats.summary is None and stats.tokens:
+            seen.append((win.replies.run.current, len(stats.round_summaries),
                          win.live.shown["ttft"], win.live.labels["ttft"].text()))
 
     win.live.show_stats = record
@@ -497,7 +498,7 @@ def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(
     and the stopped reply is stored with its own figures."""
     win, backend = _slow(qtbot, qs)
     if not stops_in_time:
-        monkeypatch.setattr(win, "wait_until_idle", lambda *a: win.stop() or False)
+        monkeypatch.setattr(win.transcript, "stop_reply", lambda *a: win.stop() or False)
     try:
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
             assert win.send(PROMPT)
@@ -561,10 +562,10 @@ def test_delete_chat_during_a_reply_asks_then_stops_and_deletes(qtbot, qs, monke
         assert win.send(PROMPT)
         _wait_cycles(qtbot, win)
         conv_id = win.conv.id
-        win.delete_chat()  # No: the reply goes on, the chat stays
+        win.conversations.delete_chat()  # No: the reply goes on, the chat stays
         assert "still being written" in asked[0]
         assert win.busy and win.store.get(conv_id) is not None
-        win.delete_chat()  # Yes: stopped first, then deleted
+        win.conversations.delete_chat()  # Yes: stopped first, then deleted
         assert not win.busy
         assert win.store.get(conv_id) is None
         assert win.conv is None or win.conv.id != conv_id
@@ -577,7 +578,8 @@ def test_chat_list_is_disabled_with_a_reason_during_a_reply(qtbot, qs):
     try:
         win.new_chat()
         other = win.conv.id
-        win.rename_conversation("An earlier chat")  # named: the next new chat is another one
+        # named: the next new chat is another one
+        win.conversations.rename_conversation("An earlier chat")
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
             win.new_chat()
             assert win.send(PROMPT)
@@ -612,12 +614,12 @@ def test_mode_switch_mid_reply_says_it_is_for_the_next_reply(qtbot, qs):
 
 
 def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeypatch):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = endless_backend()
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.show()
     win.load_model("t", "d")
@@ -630,7 +632,7 @@ def test_quit_mid_reply_asks_and_stores_interrupted(qtbot, qs, tmp_path, monkeyp
     assert "interrupted" in asked[0]
     assert win.close()
     assert not win.busy
-    win2 = MainWindow(backend=BenchBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=BenchBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -701,13 +703,13 @@ def test_messages_start_with_a_capital_and_notes_are_not_errors(qtbot, qs):
 
     win, backend = loaded_window(qtbot, qs)
     try:
-        win.show_banner("could not export: disk full")
+        win.messages.show_banner("could not export: disk full")
         assert win.banner.text() == "Could not export: disk full."
-        assert win.banner_kind == "error"
-        win._on_notice(None, Notice("2 earlier turns were left out to fit the context."))
-        assert win.banner_kind == "error"  # a note waits behind an error
+        assert win.messages.banner_kind == "error"
+        win.replies._on_notice(None, Notice("2 earlier turns were left out to fit the context."))
+        assert win.messages.banner_kind == "error"  # a note waits behind an error
         win.banner_close.click()
-        assert win.banner_kind == "note"
+        assert win.messages.banner_kind == "note"
         assert win.banner.property("kind") == "note"
         assert win.banner.accessibleName() == "Note"
     finally:
@@ -765,10 +767,10 @@ def test_context_overflow_says_max_tokens_reserves_half(tiny_dirs):
 def test_save_as_defaults_says_so(qtbot, qs):
     win = make_window(qtbot, qs, BenchBackend())
     try:
-        values = dict(win.current_settings())
+        values = dict(win.state.current_settings())
         values["max_tokens"] = 77
-        win._on_settings_saved(values, "defaults")
-        assert win.banner_row.isVisible() and win.banner_kind == "note"
+        win.transcript.on_settings_saved(values, "defaults")
+        assert win.banner_row.isVisible() and win.messages.banner_kind == "note"
         assert win.banner.text().startswith("Saved as the defaults")
         assert "≤77 tok" in win.composer.note.text()
     finally:
@@ -982,11 +984,12 @@ def test_three_slow_dflash_replies_suggest_plain(qtbot, qs):
             send_and_wait(qtbot, win, PROMPT, mode="plain")
             win.new_chat()
         for i in range(3):
-            assert win.banner_kind != "note" or "slower than plain" not in win.banner.text()
+            assert win.messages.banner_kind != "note" or \
+                "slower than plain" not in win.banner.text()
             win.new_chat()
             _speed(backend, 20.0 + i)
             send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert win.banner_kind == "note"
+        assert win.messages.banner_kind == "note"
         assert "slower than plain for the last 3 replies" in win.banner.text()
         assert "smaller block size" in win.banner.text()
         assert "…." not in win.banner.text()
@@ -1017,7 +1020,7 @@ def test_the_first_reply_of_a_drafter_that_accepts_nothing_names_it(qtbot, qs):
     win, backend = loaded_window(qtbot, qs, backend)
     try:
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
-        assert win.banner_kind == "note"
+        assert win.messages.banner_kind == "note"
         assert "The drafter scripted-d had 0% of its drafts accepted" in win.banner.text()
         assert "does not fit this target" in win.banner.text()
     finally:
@@ -1053,7 +1056,7 @@ def test_empty_chat_shows_the_model_and_its_examples_and_a_click_sends(qtbot, qs
         assert [e.prompt for e in win.model.examples] == ["What is the capital of Peru?",
                                                           "What is 17 times 23?"]
         assert 'href="example:1"' in win.chat.toHtml()
-        assert win.current_settings()["use_tools"] is False  # the qs fixture turns them off
+        assert win.state.current_settings()["use_tools"] is False  # the qs fixture turns them off
         with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
             win.chat.anchorClicked.emit(QUrl("example:0"))
             # said as the reply starts; a later note (this random drafter's fit) may replace it
@@ -1061,7 +1064,7 @@ def test_empty_chat_shows_the_model_and_its_examples_and_a_click_sends(qtbot, qs
         msg = blocker.args[0]
         assert win.conv.messages[0].content == "What is the capital of Peru?"
         assert msg.version is not None
-        assert win.current_settings()["use_tools"] is True  # on for this chat, and said so
+        assert win.state.current_settings()["use_tools"] is True  # on for this chat, and said so
         assert "Try one of these" not in win.chat.toPlainText()
         # a new chat shows them again; a folder without examples.json shows none
         win.new_chat()
@@ -1097,7 +1100,7 @@ def test_benchmark_headers_and_chart_explain_in_plain_words(qtbot, qs):
     try:
         with qtbot.waitSignal(win.benchFinished, timeout=10_000):
             win.bench_action.trigger()
-        table = win._bench_dialog.table
+        table = win.models.bench_dialog.table
         for col in range(table.columnCount()):
             tip = table.horizontalHeaderItem(col).toolTip()
             assert tip.startswith(("How", "Times", "Whether")), tip
@@ -1164,7 +1167,7 @@ def test_real_short_benchmark_from_the_menu_gives_a_plain_baseline(qtbot, qs, ti
         result = blocker.args[0]
         assert result is not None and result["max_tokens"] == 48
         assert result["prompt_tokens"] > 0
-        [sample] = win.baselines.samples
+        [sample] = win.state.baselines.samples
         assert sample.source == "short benchmark" and sample.max_tokens == 48
         assert sample.context_tokens == result["prompt_tokens"]
         assert sample.tok_per_s == result["modes"]["plain"]["pooled_tok_per_s"]

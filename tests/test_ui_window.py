@@ -71,7 +71,7 @@ def send_and_wait(qtbot, win, text, mode=None, compare=False, timeout=120_000):
     if mode:
         win.composer.set_mode(mode)
     with qtbot.waitSignal(win.replyFinished, timeout=timeout) as blocker:
-        assert (win.compare(text) if compare else win.send(text))
+        assert (win.replies.compare(text) if compare else win.send(text))
     return blocker.args[0]
 
 
@@ -84,7 +84,7 @@ def send_and_stop(qtbot, win, running, text=PROMPT):
     win.composer.set_mode("dflash")
     with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
         assert win.send(text)
-        qtbot.waitUntil(lambda: win._run is not None and running(win._run.sides[""]),
+        qtbot.waitUntil(lambda: win.replies.run is not None and running(win.replies.run.sides[""]),
                         timeout=10_000)
         assert win.composer.stop_btn.isEnabled()
         win.composer.stop_btn.click()
@@ -403,13 +403,13 @@ def test_next_turn_prompt_keeps_the_tool_call_and_result(qtbot, engine_window, t
 
 # ------------------------------------------------------------------ storage
 def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     db = tmp_path / "conversations.db"
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=5, block=4)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     win.load_model("scripted-target", "scripted-drafter")
     qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
@@ -418,14 +418,14 @@ def test_conversation_survives_relaunch_and_quit_saves_partial_reply(qtbot, qs, 
     backend.cycles, backend.delay_s = 100_000, 0.002
     win.composer.set_mode("plain")
     assert win.send("Tell me more.")
-    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.cycles >= 3, timeout=10_000)
     conv_id = win.conv.id
     win.shutdown()
     assert not win.busy
     partial_tokens = backend.summary.generated_tokens
 
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -456,10 +456,10 @@ def test_replies_are_stored_off_the_gui_thread(qtbot, qs, tmp_path):
     """The window never writes a reply itself: send, regenerate, Compare and edit are all
     stored by the worker thread (``app.chat.stored_turn.run_turn``); the GUI thread only
     reads the store back."""
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     calls: list[tuple[str, bool]] = []
     for name in REPLY_WRITES:
         method = getattr(store.db, name)
@@ -478,10 +478,10 @@ def test_replies_are_stored_off_the_gui_thread(qtbot, qs, tmp_path):
         first = send_and_wait(qtbot, win, PROMPT, mode="dflash")
         win.composer.set_mode("plain")
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.regenerate()
+            assert win.replies.regenerate()
         send_and_wait(qtbot, win, "Compare this.", compare=True)
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.edit_message(2, "Compare this, edited.")
+            assert win.replies.edit_message(2, "Compare this, edited.")
         names = {n for n, _ in calls}
         assert {"add_message", "begin_reply", "begin_compare", "regenerate",
                 "edit_user_message", "finish_reply"} <= names
@@ -556,8 +556,8 @@ def test_conversation_settings_override_app_defaults(qtbot, qs):
         assert s.mode == Mode.DFLASH and s.max_tokens == 77 and s.block_size is None
         assert s.stop == ["END", "###"] and s.system_prompt == "Be brief."
         assert backend.last_messages[0] == {"role": "system", "content": "Be brief."}
-        win.open_settings()
-        dlg = win._settings_dialog
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
         assert dlg.max_tokens.value() == 77
         dlg.max_tokens.setValue(5)
         dlg.block.setValue(3)
@@ -660,12 +660,12 @@ def test_long_history_is_trimmed_and_user_told(qtbot, engine_window):
 def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_path):
     import json
 
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "conversations.db"
     backend = ScriptedBackend(cycles=3, block=4)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -674,7 +674,7 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         backend.cycles = 5
         win.composer.set_mode("plain")
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.regenerate()
+            assert win.replies.regenerate()
         msg = win.conv.messages[-1]
         assert msg is first and list(msg.versions) == ["dflash", "plain"]
         assert msg.chosen == "plain" and len(win.conv.messages) == 2
@@ -687,12 +687,12 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         win.compare_view.buttons["plain"].click()
         assert cmp_msg.chosen == "plain"
         conv_id = win.conv.id
-        win.rename_conversation("Capitals")
+        win.conversations.rename_conversation("Capitals")
         out = tmp_path / "chat.json"
-        assert win.export_chat(str(out))
+        assert win.conversations.export_chat(str(out))
         data = json.loads(out.read_text())
         assert data["conversation"]["title"] == "Capitals"
-        assert win.export_chat(str(tmp_path / "chat.md"))
+        assert win.conversations.export_chat(str(tmp_path / "chat.md"))
         assert "# Capitals" in (tmp_path / "chat.md").read_text()
         win.search_box.setText("Compare this")
         assert [win.conv_list.item(i).data(0x0100) for i in range(win.conv_list.count())] == \
@@ -708,19 +708,20 @@ def test_regenerate_switch_versions_compare_export_import_search(qtbot, qs, tmp_
         assert "Exported to" in win.flash_label.text()
         bad = tmp_path / "bad.json"
         bad.write_text("{not json")
-        assert not win.import_chat(str(bad))
-        assert win.banner_kind == "error" and "Could not import bad.json" in win.banner.text()
-        assert win.import_chat(str(out))
+        assert not win.conversations.import_chat(str(bad))
+        assert win.messages.banner_kind == "error"
+        assert "Could not import bad.json" in win.banner.text()
+        assert win.conversations.import_chat(str(out))
         assert win.conv.id != conv_id and win.conv.title == "Capitals"
         # the imported copy looks like the chat it came from: it says it is a new one, where
         # the failed import's error was (that red banner stayed up after a later success)
         assert "Imported chat.json as “Capitals”" in win.flash_label.text()
-        assert win.banner_kind == "note"
+        assert win.messages.banner_kind == "note"
         assert win.banner.text().startswith("Imported chat.json as a new chat, “Capitals”")
     finally:
         win.shutdown()
     # relaunch: versions and choices come back from the database
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -781,8 +782,8 @@ def test_controls_have_accessible_names(qtbot, qs):
              QAbstractSpinBox)
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
-        win.open_settings()
-        for root in (win, win._settings_dialog):
+        win.transcript.open_settings()
+        for root in (win, win.transcript.settings_dialog):
             unnamed = []
             for w in root.findChildren(QWidget):
                 if not isinstance(w, kinds) or not w.isVisibleTo(root):
@@ -836,8 +837,8 @@ def test_models_dialog_loads_the_bundled_pair_through_the_worker(qtbot, qs, tmp_
     win = MainWindow(backend=backend, qsettings=qs, auto_load=False, data_dir=tmp_path / "data")
     qtbot.addWidget(win)
     try:
-        win.open_models()
-        dlg = win._models_dialog
+        win.models.open_models()
+        dlg = win.models.models_dialog
         assert dlg.targets.topLevelItemCount() == 1
         with qtbot.waitSignal(win.modelLoaded, timeout=10_000) as blocker:
             assert dlg.load_selected()
@@ -901,8 +902,8 @@ def test_switching_models_twice_while_generating(qtbot, tiny_dirs, tiny_dirs_den
     win.defaults["max_tokens"] = 400
     win.composer.set_mode("dflash")
     assert win.send(PROMPT)
-    qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.tokens >= 2,
-                    timeout=30_000)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.tokens >= 2, timeout=30_000)
     reply = win.conv.messages[-1]
     loaded = []
     win.modelLoaded.connect(loaded.append)
@@ -946,19 +947,20 @@ def test_autoscroll_pauses_when_scrolled_up_and_resumes_at_bottom(qtbot, qs):
 
 
 def test_compare_stopped_during_plain_side_keeps_plain_and_closes_both(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
-    store = TurnStore(tmp_path / "c.db")
+    store = ViewStore(tmp_path / "c.db")
     win = MainWindow(backend=backend, store=store, qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         with qtbot.waitSignal(win.replyFinished, timeout=30_000) as blocker:
-            assert win.compare(PROMPT)
-            qtbot.waitUntil(lambda: win._run.sides["plain"].stats.cycles >= 3, timeout=10_000)
+            assert win.replies.compare(PROMPT)
+            qtbot.waitUntil(lambda: win.replies.run.sides["plain"].stats.cycles >= 3,
+                            timeout=10_000)
             win.stop()
         msg = blocker.args[0]
         assert msg.compare and msg.chosen == "plain"
@@ -1012,10 +1014,10 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
     seen = {}
     with qtbot.waitSignal(win.replyFinished, timeout=120_000) as blocker:
         assert win.send(PROMPT)
-        qtbot.waitUntil(lambda: win._run is not None and win._run.sides[""].stats.cycles >= 3,
-                        timeout=60_000)
+        qtbot.waitUntil(lambda: win.replies.run is not None
+                        and win.replies.run.sides[""].stats.cycles >= 3, timeout=60_000)
         win.stop()
-        run = win._run
+        run = win.replies.run
         seen["stats"] = run.sides[""].stats
     v = blocker.args[0].version
     s = v.result.summary
@@ -1029,12 +1031,12 @@ def test_stop_on_the_real_engine_counts_cycles(qtbot, engine_window):
 
 
 def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tmp_path):
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
     db = tmp_path / "c.db"
     backend = ScriptedBackend(cycles=2)
-    win = MainWindow(backend=backend, store=TurnStore(db), qsettings=qs, auto_load=False)
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
     qtbot.addWidget(win)
     try:
         win.load_model("t", "d")
@@ -1043,7 +1045,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         send_and_wait(qtbot, win, "second question", mode="plain")
         old_first = win.conv.messages[0]
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.edit_message(0, "first question, edited")
+            assert win.replies.edit_message(0, "first question, edited")
         assert [m.role for m in win.conv.messages] == ["user", "assistant"]
         assert win.conv.messages[0].content == "first question, edited"
         assert backend.last_messages == [{"role": "user",
@@ -1063,7 +1065,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
         win._on_chat_link(f"prompt:{versions[1].id}")
     finally:
         win.shutdown()
-    win2 = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win2 = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                       auto_load=False)
     qtbot.addWidget(win2)
     try:
@@ -1075,7 +1077,7 @@ def test_edit_a_user_message_and_rerun_keeps_the_old_branch_stored(qtbot, qs, tm
 
 def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     from app.chat.storage import Store
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     db = tmp_path / "c.db"
     raw = Store(db)
@@ -1088,7 +1090,7 @@ def test_interrupted_reply_shows_as_interrupted(qtbot, qs, tmp_path):
     qs.setValue("last_conversation", conv.id)
     from app.ui.window import MainWindow
 
-    win = MainWindow(backend=ScriptedBackend(), store=TurnStore(db), qsettings=qs,
+    win = MainWindow(backend=ScriptedBackend(), store=ViewStore(db), qsettings=qs,
                      auto_load=False)
     qtbot.addWidget(win)
     try:
@@ -1118,12 +1120,12 @@ def test_short_benchmark_from_the_window(qtbot, engine_window):
     it does."""
     win = engine_window
     with qtbot.waitSignal(win.benchFinished, timeout=120_000) as blocker:
-        win.run_benchmark(max_tokens=12)
+        win.models.run_benchmark(max_tokens=12)
         with qtbot.waitSignal(win.replyFinished, timeout=120_000, raising=False) as reply:
             assert win.send(PROMPT)
-            assert win.banner_kind == "note" and "short benchmark is still running" in \
+            assert win.messages.banner_kind == "note" and "short benchmark is still running" in \
                 win.banner.text()
-            qtbot.waitUntil(lambda: not win.benchmarking, timeout=120_000)
+            qtbot.waitUntil(lambda: not win.state.benchmarking, timeout=120_000)
             assert "short benchmark" not in win.banner.text()
     qtbot.waitUntil(lambda: reply.signal_triggered or not win.busy, timeout=120_000)
     assert not win.busy and win.conv.messages[-1].version.result.tokens
@@ -1133,7 +1135,7 @@ def test_short_benchmark_from_the_window(qtbot, engine_window):
     assert all(m["identical_tokens"] for m in modes.values())
     tape, replay = modes["dflash+tape@8"], modes["dflash+replay@8"]
     assert tape["replays"] == replay["replays"] > 0
-    dlg = win._bench_dialog
+    dlg = win.models.bench_dialog
     assert dlg.table.rowCount() == 3 and dlg.table.item(1, 0).text() == "DFlash (block 8)"
     from app.ui.bench_dialog import COLUMNS
 
@@ -1151,15 +1153,15 @@ def test_benchmark_end_keeps_a_note_that_joined_its_wait_note(qtbot, qs):
     from app.ui.text import sentence
 
     win = make_window(qtbot, qs, ChatSession())
-    win.benchmarking = True
+    win.state.benchmarking = True
     probe = "The drafter had 0% of its drafts accepted."
-    win.show_note(f"{sentence(win.BENCH_WAIT)} {probe}")
-    win._bench_ended()
-    assert win.banner_kind == "note" and win.banner.text() == probe
-    win.benchmarking = True
-    win.show_note(win.BENCH_WAIT)
-    win._bench_ended()
-    assert win.banner_kind == "" and win.banner.text() == ""
+    win.messages.show_note(f"{sentence(win.models.BENCH_WAIT)} {probe}")
+    win.models.bench_ended()
+    assert win.messages.banner_kind == "note" and win.banner.text() == probe
+    win.state.benchmarking = True
+    win.messages.show_note(win.models.BENCH_WAIT)
+    win.models.bench_ended()
+    assert win.messages.banner_kind == "" and win.banner.text() == ""
     close_window(win)
 
 
@@ -1168,7 +1170,7 @@ def test_benchmark_without_a_drafter_says_why(qtbot, qs, tiny_dirs):
     with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
         win.load_model(str(tiny_dirs[0]), "")
     with qtbot.waitSignal(win.benchFinished, timeout=30_000) as blocker:
-        win.run_benchmark()
+        win.models.run_benchmark()
     assert blocker.args[0] is None
     assert "drafter" in win.banner.text()
     close_window(win)
@@ -1194,9 +1196,9 @@ def test_compare_header_gives_the_top_two_gap_of_a_divergence(tiny_hybrid):
     from types import SimpleNamespace
 
     from app.chat.reply import ReplySettings, collect_reply
+    from app.chat.turns import ReplyResult
     from app.engine.compare import near_tie
     from app.ui.compare import verdict
-    from app.ui.worker import ReplyResult
 
     target, drafter = tiny_hybrid
     rep = collect_reply(target, drafter, [{"role": "user", "content": "Hi"}],
@@ -1301,7 +1303,7 @@ def test_the_rename_dialog_is_wide_enough_for_a_whole_title(qtbot, qs):
         send_and_wait(qtbot, win, "What is the local time in Anchorage and in Ouagadougou, "
                       "and which is later?", mode="plain")
         asked = answer_rename("Two clocks")
-        win.rename_chat()
+        win.conversations.rename_chat()
         title = auto_title("What is the local time in Anchorage and in Ouagadougou, and which "
                            "is later?")
         assert [a["text"] for a in asked] == [title]
@@ -1352,13 +1354,13 @@ def test_a_note_on_one_chat_leaves_when_another_chat_is_shown(qtbot, qs):
         first = win.conv.id
         win.new_chat()
         send_and_wait(qtbot, win, PROMPT, mode="plain")
-        win.show_note("Malformed tool call kept as text: the tool call was not closed.")
+        win.messages.show_note("Malformed tool call kept as text: the tool call was not closed.")
         win.conv_side.selected.emit(first)
         assert win.conv.id == first
-        assert not win.banner_row.isVisibleTo(win) and win.banner_kind == ""
-        win.show_banner("Chats are kept in memory only this time: the disk is full")
+        assert not win.banner_row.isVisibleTo(win) and win.messages.banner_kind == ""
+        win.messages.show_banner("Chats are kept in memory only this time: the disk is full")
         win.conv_side.selected.emit(win.conv_side.rows()[0][0])
-        assert win.banner_row.isVisibleTo(win) and win.banner_kind == "error"
+        assert win.banner_row.isVisibleTo(win) and win.messages.banner_kind == "error"
     finally:
         close_window(win)
 
@@ -1439,8 +1441,8 @@ def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
         assert not win.regen_action.isEnabled()
         assert "Compare turn" in win.regen_action.toolTip()
         win.regen_action.trigger()
-        win.regenerate()  # called directly: a quiet note, not the red banner
-        assert not (win.banner_row.isVisible() and win.banner_kind == "error")
+        win.replies.regenerate()  # called directly: a quiet note, not the red banner
+        assert not (win.banner_row.isVisible() and win.messages.banner_kind == "error")
         win._on_chat_link("choose:plain")  # continuing from one side keeps it a Compare turn
         assert not win.regen_action.isEnabled()
         win.new_chat()
@@ -1478,9 +1480,9 @@ def test_previous_and_next_version_links_stay_on_one_line(qtbot, qs):
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         win.composer.set_mode("plain")
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.regenerate()
+            assert win.replies.regenerate()
         with qtbot.waitSignal(win.replyFinished, timeout=30_000):
-            assert win.regenerate()
+            assert win.replies.regenerate()
         win._on_chat_link("version:1:" + list(win.conv.messages[-1].versions)[1])
         doc = win.chat.document().clone()
         raw = doc.toRawText()
@@ -1523,7 +1525,7 @@ def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         send_and_wait(qtbot, win, PROMPT, mode="dflash")
         QTimer.singleShot(0, inspect)
-        assert not win.edit_message(0)  # cancelled
+        assert not win.replies.edit_message(0)  # cancelled
         assert seen == {"tab_focus": True, "wrap": True, "typed_tab": False,
                         "focus_left": True}, seen
     finally:
@@ -1550,7 +1552,7 @@ def test_a_message_too_long_for_the_context_stays_in_the_composer(qtbot, engine_
     assert [(m.role, m.content) for m in win.conv.messages] == turns
     assert len(win.store.db.messages(win.conv.id)) == stored
     assert win.live.shown == shown  # the last reply's figures, not "Context 0 / …"
-    assert win.shown_message is first
+    assert win.state.shown_message is first
 
 
 def test_reply_that_ends_inside_its_reasoning_says_there_is_no_answer(qtbot, qs):
@@ -1595,12 +1597,12 @@ def test_export_suggests_a_file_name_that_is_one_file_in_the_documents_folder(
         win.load_model("scripted-target", "scripted-drafter")
         qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
         send_and_wait(qtbot, win, PROMPT, mode="plain")
-        win.rename_conversation("Convert km/h: 2 < 3?")
+        win.conversations.rename_conversation("Convert km/h: 2 < 3?")
         asked = []
         monkeypatch.setattr(QFileDialog, "getSaveFileName",
                             lambda parent, caption, start, filters: (asked.append(start),
                                                                      ("", ""))[1])
-        assert not win.export_chat()
+        assert not win.conversations.export_chat()
         assert asked == [str(documents_folder() / "Convert km-h- 2 - 3.md")]
     finally:
         close_window(win)
@@ -1900,7 +1902,7 @@ def test_an_unsent_message_stays_with_its_chat(qtbot, qs):
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
         first = win.new_chat()
-        win.rename_conversation("First")  # a chat of its own: New chat makes another
+        win.conversations.rename_conversation("First")  # a chat of its own: New chat makes another
         win.composer.edit.setPlainText("What is 2 + 2?")
         second = win.new_chat()
         assert second.id != first.id
@@ -1948,16 +1950,16 @@ def test_an_error_about_one_chats_turn_goes_when_another_chat_is_shown(qtbot, qs
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
         first = win.new_chat()
-        win.rename_conversation("First")
+        win.conversations.rename_conversation("First")
         second = win.new_chat()
         assert second.id != first.id
         win.select_conversation(win.store.get(first.id))
-        win.show_banner("Could not save this turn, so no reply was started: temperature 99.0 "
-                        "is out of range", chat=first.id)
+        win.messages.show_banner("Could not save this turn, so no reply was started: "
+                                 "temperature 99.0 is out of range", chat=first.id)
         assert win.banner_row.isVisibleTo(win)
         win.select_conversation(win.store.get(second.id))  # a click in the list
         assert not win.banner_row.isVisibleTo(win) and win.banner.text() == ""
-        win.show_banner("Could not load the model: no such folder")
+        win.messages.show_banner("Could not load the model: no such folder")
         win.select_conversation(win.store.get(first.id))
         assert win.banner_row.isVisibleTo(win) and "Could not load" in win.banner.text()
     finally:
@@ -2028,7 +2030,7 @@ def test_new_chat_clears_the_search_filter(qtbot, qs):
     win = make_window(qtbot, qs, ScriptedBackend())
     try:
         win.new_chat()
-        win.rename_conversation("First")
+        win.conversations.rename_conversation("First")
         win.conv_side.search_box.setText("zzzzqq")
         conv = win.new_chat()
         assert win.conv_side.search_box.text() == ""

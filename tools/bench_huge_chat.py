@@ -2,7 +2,7 @@
 
 Builds a conversation export in memory, imports it into a fresh database (``import_json``,
 as File › Import does), then opens the window on that store, which shows the chat (offscreen
-Qt). Printed: the import time, ``TurnStore.get`` (the turns the window loads), the window's
+Qt). Printed: the import time, ``ViewStore.get`` (the turns the window loads), the window's
 open time (construction to first paint, events processed) and the characters the chat view
 drew.
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     from app.chat.export import import_json
     from app.chat.scripted import ScriptedSession
-    from app.chat.turns import TurnStore
+    from app.chat.turns import ViewStore
 
     if args.kind == "line":
         reply = "x" * args.size if args.nospace else ("word " * (args.size // 5 + 1))[:args.size]
@@ -69,14 +69,14 @@ def main() -> None:
         contents = [f"message {i}" for i in range(args.size)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        store = TurnStore(folder / "conversations.db")
+        store = ViewStore(folder / "conversations.db")
         t = time.perf_counter()
         import_json(store.db, export_of(contents))
         print(f"import: {time.perf_counter() - t:.2f} s")
         app = QApplication([])
         t = time.perf_counter()
         conv = store.get(store.list()[0].id)
-        print(f"TurnStore.get: {time.perf_counter() - t:.2f} s ({len(conv.messages)} turns "
+        print(f"ViewStore.get: {time.perf_counter() - t:.2f} s ({len(conv.messages)} turns "
               f"loaded, {conv.earlier} earlier)")
         from app.ui.window import MainWindow
 

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         last[0] = now
 
     ticks = [0]
-    orig = win.render_pending
+    orig = win.replies.render_pending
 
     def counted() -> None:
         ticks[0] += 1

@@ -427,12 +427,13 @@ def run_turn(store: Store, backend: Any, request: TurnRequest,
     (a Compare turn's later side does not start then); with ``interrupted`` set too (the app
     quits) the replies are stored ``interrupted`` rather than ``stopped``.
     """
-    return _Turn(store, backend, request, cancel or threading.Event(),
+    return _TurnRun(store, backend, request, cancel or threading.Event(),
                  interrupted or threading.Event()).run()
 
 
-class _Turn:
-    """The state of one :func:`run_turn`."""
+class _TurnRun:
+    """One :func:`run_turn` call while it runs: the request, the backend, the cancel flags
+    and each side's stored result and error."""
 
     def __init__(self, store: Store, backend: Any, request: TurnRequest,
                  cancel: threading.Event, interrupted: threading.Event) -> None:

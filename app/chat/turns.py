@@ -2,7 +2,7 @@
 
 This is a view over :mod:`app.chat.storage` (the one conversation model), not a second model:
 every value comes from a stored ``app.chat.conversation.Message`` row and every change is
-written to the :class:`~app.chat.storage.Store` (choices through :class:`TurnStore`, replies
+written to the :class:`~app.chat.storage.Store` (choices through :class:`ViewStore`, replies
 by ``app.chat.stored_turn``). In the view
 
 * a user message is one :class:`Turn` (``ids[""]`` is its row);
@@ -17,8 +17,8 @@ the stored rows (tool calls, tool results and reasoning as generated). Titles co
 storage's one rule (``app.chat.storage.auto_title``). Qt-free; the window calls it from the GUI
 thread (sqlite only, no MLX) to read conversations and to write titles, settings, version
 choices and a finished reply's speed-up against plain (measured by the window); a reply is written by ``app.chat.stored_turn.run_turn`` on the worker thread, and the
-view catches up with :meth:`TurnStore.reload_turn`. An in-memory store is
-``TurnStore(":memory:")``.
+view catches up with :meth:`ViewStore.reload_turn`. An in-memory store is
+``ViewStore(":memory:")``.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class ReplyResult:
     speedup: Any = None
     """An :class:`app.chat.baseline.SpeedUp` against a comparable plain speed (a drafting
     reply; None without a baseline). Measured by the window when the reply finished and
-    stored with it (:meth:`TurnStore.set_speedup`), so a reloaded reply has it too."""
+    stored with it (:meth:`ViewStore.set_speedup`), so a reloaded reply has it too."""
     speed_checked: bool = False
     """True once a baseline was looked for (the footer then says what it found)."""
     resumable: bool = False
@@ -431,7 +431,7 @@ class Turn:
     version the conversation continues from; ``ids`` maps "" (a user message) or each version
     key to its storage row id. A user message that was edited lists in ``edits`` the storage
     ids of its versions, oldest (as first written) first, the shown one among them; empty
-    when it was never edited (:meth:`TurnStore.show_prompt_version` switches).
+    when it was never edited (:meth:`ViewStore.show_prompt_version` switches).
     """
 
     role: str
@@ -470,18 +470,19 @@ class ConversationView:
     updated: float = field(default_factory=time.time)
     earlier: int = 0
     """Turns of the conversation before :attr:`messages` that were not loaded (a very long
-    chat loads its latest :data:`LOAD_TURNS`; ``TurnStore.get`` with a larger ``last``
+    chat loads its latest :data:`LOAD_TURNS`; ``ViewStore.get`` with a larger ``last``
     loads more)."""
 
 
 LOAD_TURNS = 400
-"""How many of a conversation's latest turns :meth:`TurnStore.get` loads by default: a chat
+"""How many of a conversation's latest turns :meth:`ViewStore.get` loads by default: a chat
 of 200,000 messages opens as fast as a short one, and the window loads earlier turns when
 asked (its "Show earlier messages" link)."""
 
 
-class TurnStore:
-    """The window's conversations over one :class:`~app.chat.storage.Store`.
+class ViewStore:
+    """The window's conversations as :class:`ConversationView` objects, read from and saved
+    to one :class:`~app.chat.storage.Store` (the worker writes the replies themselves).
 
     Args:
         path: the database file, or ``":memory:"`` for chats kept in memory only.
@@ -675,13 +676,13 @@ class TurnStore:
         self.db.close()
 
 
-def open_store(data_dir: Path) -> TurnStore:
+def open_store(data_dir: Path) -> ViewStore:
     """The store in ``data_dir`` (``conversations.db``); on a database error an in-memory
-    one whose :attr:`TurnStore.problem` says why (logged too; the window shows it)."""
+    one whose :attr:`ViewStore.problem` says why (logged too; the window shows it)."""
     try:
-        return TurnStore(Path(data_dir) / DB_FILENAME)
+        return ViewStore(Path(data_dir) / DB_FILENAME)
     except StorageError as exc:
         log.error("conversation database unusable, keeping chats in memory: %s", exc)
-        store = TurnStore(":memory:")
+        store = ViewStore(":memory:")
         store.problem = str(exc)
         return store

@@ -1,15 +1,16 @@
 """The window's message banner as one queue with priorities (Qt-free; the window draws it).
 
-Every message the window shows above the chat (``MainWindow.show_banner`` / ``show_note``)
-is a :class:`BannerEntry` in one :class:`BannerQueue`. The banner shows the entry of the
-highest :class:`Priority`; the queue keeps at most one entry per priority, the newest, so:
+Every message the window shows above the chat (``app.ui.messages.MessageBar.show_banner`` /
+``show_note``) is a :class:`BannerEntry` in one :class:`BannerQueue`. The banner shows the
+entry of the highest :class:`Priority`; the queue keeps at most one entry per priority, the
+newest, so:
 
 * a message never replaces one of a higher priority: it waits behind it (an error outranks
   every note; "earlier turns were left out" outranks the "DFlash was slower" tip);
 * a message replaces the one of its own priority (a newer note of the same kind is newer
   news);
 * when the shown one is dismissed (the banner's close button), withdrawn by the code that
-  made it (``MainWindow.withdraw_banner``) or expires (``ms``), the highest waiting one
+  made it (``MessageBar.withdraw_banner``) or expires (``ms``), the highest waiting one
   shows.
 """
 

@@ -78,7 +78,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def cut_before_differing(cut, whole) -> bool:
-    """True when ``cut`` (a :class:`~app.ui.worker.ReplyResult`) was stopped (finish reason
+    """True when ``cut`` (a :class:`~app.chat.turns.ReplyResult`) was stopped (finish reason
     "cancelled") before it generated anything that differs from ``whole``'s: its earlier
     rounds are ``whole``'s first ones (:func:`generated_rounds`) and, in the round it was
     stopped in, either that is ``whole``'s last round and its tokens a strict prefix of
@@ -106,7 +106,7 @@ def cut_before_differing(cut, whole) -> bool:
 
 
 def stopped_before_differing(plain, other) -> bool:
-    """True when ``other`` (a drafting side's :class:`~app.ui.worker.ReplyResult`) was stopped
+    """True when ``other`` (a drafting side's :class:`~app.chat.turns.ReplyResult`) was stopped
     before it wrote anything that differs from ``plain``'s (:func:`cut_before_differing`),
     in the same round as plain's last or an earlier one. Such a side is partial, not a
     divergence."""
@@ -234,7 +234,7 @@ def _stopped_words(cut, whole, whose: str, equal_to: str) -> tuple[str, str]:
 
 
 def judge(plain, other, label: str = "DFlash", named: bool = True) -> Verdict:
-    """The verdict on two :class:`~app.ui.worker.ReplyResult` objects (``label`` names the
+    """The verdict on two :class:`~app.chat.turns.ReplyResult` objects (``label`` names the
     drafting side ``other``: "DFlash" or "DFlash2"; ``named=False`` leaves it out of the
     speed-up, for a header line that starts with it), computed once for both wordings.
 
@@ -307,7 +307,7 @@ def judge(plain, other, label: str = "DFlash", named: bool = True) -> Verdict:
 
 def verdict(plain, dflash, label: str = "DFlash", named: bool = True, short: bool = False
             ) -> str:
-    """Header text for two :class:`~app.ui.worker.ReplyResult` objects: :func:`judge`'s
+    """Header text for two :class:`~app.chat.turns.ReplyResult` objects: :func:`judge`'s
     full wording, or with ``short=True`` its short one ("identical", "differs from token
     12", "round 1 differs", "stopped after 9 tokens, all equal", "sampled, not expected to
     match", with the speed as "1.99× plain"), for a header too narrow for the full form."""
@@ -593,7 +593,7 @@ class CompareView(QFrame):
     def set_results(self, plain, dflash, chosen: str = "dflash", dflash2=None,
                     three: bool | None = None, missing: tuple[str, ...] = (),
                     note: str = "") -> None:
-        """Show finished :class:`~app.ui.worker.ReplyResult`; any may be None (stopped
+        """Show finished :class:`~app.chat.turns.ReplyResult`; any may be None (stopped
         before it ran, or in ``missing``: not stored). ``three`` (default: ``dflash2`` is
         given) shows the DFlash2 side. ``note`` goes under the verdict."""
         three = dflash2 is not None if three is None else three

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class ConversationList(QFrame):
-    """Conversations, newest first, filtered by the search box (``TurnStore.search``).
+    """Conversations, newest first, filtered by the search box (``ViewStore.search``).
 
     Signals:
         selected(int): the user picked the conversation with this id.

@@ -1,20 +1,30 @@
 """The window's model handling: loading the last, the default or a chosen pair on the worker,
 unloading, the Models dialog, the short benchmark, and the status line that says what is
-loaded. :class:`ModelFlow` is mixed into :class:`app.ui.window.MainWindow`.
+loaded: :class:`ModelController`, one of the window's controllers.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QObject
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QFileDialog, QLabel, QProgressBar, QStatusBar, QWidget
 
+from app.chat.session import TINY_PAIR, ModelInfo, PairSpec
 from app.chat.settings import SettingError
 from app.ui import settings as settings_mod
 from app.ui.banners import Priority
+from app.ui.chat import ChatView, Composer
+from app.ui.messages import MessageBar
+from app.ui.reply_flow import BENCH_WAIT, ReplyController
+from app.ui.serve_flow import ServeController
+from app.ui.state import WindowState
 from app.ui.text import sentence
-from app.ui.worker import TINY_PAIR, ModelInfo, PairSpec
+from app.ui.transcript import TranscriptController
+from app.ui.worker import Worker
 
 log = logging.getLogger("app.ui.window")
 
@@ -33,23 +43,70 @@ def default_pair() -> PairSpec:
     return PairSpec(str(target)) if (target / "config.json").is_file() else PairSpec(tiny=True)
 
 
-class ModelFlow:
-    """Loading, unloading, the Models dialog and the benchmark (see the module doc). Needs
-    the attributes :class:`~app.ui.window.MainWindow` sets up."""
+class ModelController(QObject):
+    """Loading, unloading, the Models dialog, the benchmark and the status line (see the
+    module doc).
+
+    Args:
+        state: the window's state (``model``, ``loading``, ``qs``, ``baselines``, ...).
+        worker: the window's :class:`app.ui.worker.Worker` (loads, unloads, benchmarks).
+        messages: where the window says things.
+        chat: the conversation view (its first screen names the loaded pair).
+        composer: the composer (its mode switch offers the loaded pair's modes).
+        compare_action: Chat › Compare, named after the modes a Compare runs.
+        progress, model_label, memory_label, status_bar: the status bar's load progress,
+            loaded pair, MLX memory, and the bar itself (the benchmark's message).
+        parent: the window, parent of the dialogs.
+        replies: stops a running reply before a load.
+        serve: stops serving the previous pair before a load.
+        transcript: the shown chat's settings line, side panel and token texts.
+        loaded, load_failed, bench_finished: called with a load's ``ModelInfo``, a load's
+            failure message, and a benchmark's result dict (None when it failed).
+    """
+
+    BENCH_WAIT = BENCH_WAIT
+
+    def __init__(self, state: WindowState, worker: Worker, messages: MessageBar,
+                 chat: ChatView, composer: Composer, compare_action: QAction,
+                 progress: QProgressBar, model_label: QLabel, memory_label: QLabel,
+                 status_bar: QStatusBar, parent: QWidget, replies: ReplyController,
+                 serve: ServeController, transcript: TranscriptController,
+                 loaded: Callable[[ModelInfo], None], load_failed: Callable[[str], None],
+                 bench_finished: Callable[[dict | None], None]) -> None:
+        super().__init__(parent)  # a QObject of the GUI thread: worker signals queue
+        self.state = state
+        self.worker = worker
+        self.messages = messages
+        self.chat, self.composer, self.compare_action = chat, composer, compare_action
+        self.progress, self.model_label = progress, model_label
+        self.memory_label, self.status_bar = memory_label, status_bar
+        self.host = parent
+        self.replies, self.serve, self.transcript = replies, serve, transcript
+        self._loaded, self._load_failed = loaded, load_failed
+        self._bench_finished = bench_finished
+        self.bench_dialog = None
+        self.models_dialog = None
+        worker.loading.connect(self.on_loading)
+        worker.loaded.connect(self.on_loaded)
+        worker.probed.connect(self.on_probed)
+        worker.loadFailed.connect(self.on_load_failed)
+        worker.memory.connect(self.on_memory)
+        worker.benchDone.connect(self.on_bench_done)
+        worker.benchFailed.connect(self.on_bench_failed)
 
     def load_last_or_default(self) -> None:
         """Load the last model used (QSettings) or the default pair."""
-        target = str(self.qs.value("model/target", "") or "")
-        drafter = str(self.qs.value("model/drafter", "") or "")
-        drafter2 = str(self.qs.value("model/drafter2", "") or "")
+        target = str(self.state.qs.value("model/target", "") or "")
+        drafter = str(self.state.qs.value("model/drafter", "") or "")
+        drafter2 = str(self.state.qs.value("model/drafter2", "") or "")
         if drafter2 and not Path(drafter2).exists():
             drafter2 = ""
         if target == TINY_PAIR:
             self.load_model(PairSpec(tiny=True))
         elif target and Path(target).exists():
             self.load_model(PairSpec(target, drafter or None,
-                                     display_name=str(self.qs.value("model/name", "") or ""),
-                                     repo_id=str(self.qs.value("model/repo_id", "") or "")
+                                     display_name=str(self.state.qs.value("model/name", "") or ""),
+                                     repo_id=str(self.state.qs.value("model/repo_id", "") or "")
                                      or None, drafter2=drafter2 or None))
         else:
             self.load_default()
@@ -58,8 +115,8 @@ class ModelFlow:
         """Load the bundled demo pair (or the tiny pair, saying so)."""
         spec = default_pair()
         if spec.tiny:
-            self.flash("demo pair not bundled: using a random-weight tiny pair (gibberish)",
-                       10000)
+            self.messages.flash("demo pair not bundled: using a random-weight tiny pair "
+                                "(gibberish)", 10000)
         self.load_model(spec)
 
     def load_model(self, target: PairSpec | str, drafter: str = "") -> None:
@@ -68,33 +125,29 @@ class ModelFlow:
         ``target`` is a :class:`PairSpec` (it keeps the display name and repo id), or a folder
         path with ``drafter`` ("" for none; :data:`TINY_PAIR` for the tiny pair). Serving the
         previous pair stops."""
-        self.stop_serving("another model is loading")
-        if self.busy:
-            self.stop()
+        self.serve.stop_serving("another model is loading")
+        if self.state.busy:
+            self.replies.stop()
         if isinstance(target, PairSpec):
             spec = target
         elif target == TINY_PAIR:
             spec = PairSpec(tiny=True)
         else:
             spec = PairSpec(str(target), drafter or None)
-        self._loading = spec
-        if self.model is None:
-            self._set_intro()
+        self.state.loading = spec
+        if self.state.model is None:
+            self.set_intro()
         self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:
         """Drop the loaded models (and stop serving them)."""
-        self.stop_serving("the model was unloaded")
-        if self.busy:
-            self.stop()
-        self.model = None
+        self.serve.stop_serving("the model was unloaded")
+        if self.state.busy:
+            self.replies.stop()
+        self.state.model = None
         self.model_label.setText("No model loaded")
-        self._set_intro()
+        self.set_intro()
         self.worker.unloadRequested.emit()
-
-    BENCH_WAIT = ("The short benchmark is still running: this reply starts when it ends "
-                  "(its results open in a window)")
-    """The note shown for a reply sent while the short benchmark runs."""
 
     def run_benchmark(self, max_tokens: int = 48) -> None:
         """Benchmark plain vs DFlash on the loaded pair (on the worker) and show the results.
@@ -103,46 +156,50 @@ class ModelFlow:
         a token count and falls back to the default 48)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             max_tokens = 48
-        self.statusBar().showMessage(
-            "Benchmarking plain vs " + ("DFlash and DFlash2" if self.model is not None
-                                        and "dflash2" in self.model.modes else "DFlash") + " on a few held-out prompts…")
-        self.benchmarking = True
+        m = self.state.model
+        both = m is not None and "dflash2" in m.modes
+        pair = "DFlash and DFlash2" if both else "DFlash"
+        self.status_bar.showMessage(f"Benchmarking plain vs {pair} on a few held-out prompts…")
+        self.state.benchmarking = True
         self.worker.benchRequested.emit(max_tokens)
 
-    def _bench_ended(self) -> None:
+    def bench_ended(self) -> None:
         """The benchmark is over: a reply sent meanwhile starts now, so its note goes (a note
         that joined it meanwhile, such as the drafter probe's, stays)."""
-        self.benchmarking = False
-        self.statusBar().clearMessage()
+        self.state.benchmarking = False
+        self.status_bar.clearMessage()
         wait = sentence(self.BENCH_WAIT)
-        for entry in [e for e in self.banners.entries.values() if wait in e.text]:
+        for entry in [e for e in self.messages.banners.entries.values() if wait in e.text]:
             rest = entry.text.replace(wait, "").strip()
             if rest:  # another note joined it: that one stays
-                self.banners.replace(entry, rest)
+                self.messages.banners.replace(entry, rest)
             else:
-                self.banners.drop(lambda e, entry=entry: e is entry)
-        self._show_banner_top()
+                self.messages.banners.drop(lambda e, entry=entry: e is entry)
+        self.messages.show_top()
 
-    def _on_bench_done(self, result: dict) -> None:
+    def on_bench_done(self, result: dict) -> None:
+        """``Worker.benchDone``: the benchmark's result dict (``ChatSession.benchmark``):
+        its plain rate becomes a baseline and its results open in a window."""
         from app.ui.bench_dialog import BenchDialog
 
-        self._bench_ended()
+        self.bench_ended()
         plain = result.get("modes", {}).get("plain") or {}
         rate = plain.get("pooled_tok_per_s") or plain.get("tok_per_s")
-        if self.model is not None and rate:
+        if self.state.model is not None and rate:
             from app.chat.baseline import PlainSample
 
-            self.baselines.add(PlainSample(
-                self._pair_key(), self.model.dtype, int(result.get("max_tokens", 48)),
+            self.state.baselines.add(PlainSample(
+                self.state.pair_key(), self.state.model.dtype, int(result.get("max_tokens", 48)),
                 int(result.get("prompt_tokens", 0)), float(rate), "short benchmark"))
-        self._bench_dialog = BenchDialog(self, result)
-        self._bench_dialog.show()
-        self.benchFinished.emit(result)
+        self.bench_dialog = BenchDialog(self.host, result)
+        self.bench_dialog.show()
+        self._bench_finished(result)
 
-    def _on_bench_failed(self, message: str) -> None:
-        self._bench_ended()
-        self.show_banner(message)
-        self.benchFinished.emit(None)
+    def on_bench_failed(self, message: str) -> None:
+        """``Worker.benchFailed``: the benchmark could not run; the banner says why."""
+        self.bench_ended()
+        self.messages.show_banner(message)
+        self._bench_finished(None)
 
     def open_models(self) -> None:
         """The Models dialog: pick, download, pair and remove models."""
@@ -150,87 +207,95 @@ class ModelFlow:
         from app.ui.models_dialog import ModelsDialog
 
         try:
-            catalog = Catalog(data_dir=self.data_dir) if self.data_dir else Catalog()
-            dlg = ModelsDialog(self, catalog, self.load_model, probes=self.drafter_probes)
+            catalog = Catalog(data_dir=self.state.data_dir) if self.state.data_dir else Catalog()
+            dlg = ModelsDialog(self.host, catalog, self.load_model,
+                               probes=self.state.drafter_probes)
         except Exception as exc:  # the window stays usable whatever the scan hits
             log.exception("models dialog")
-            self.show_banner(f"Could not open the models list: {exc}")
+            self.messages.show_banner(f"Could not open the models list: {exc}")
             return
         dlg.show()
-        self._models_dialog = dlg
+        self.models_dialog = dlg
 
     def open_model_dialog(self) -> None:
         """Pick a target folder, then (optionally) a drafter folder."""
-        target = QFileDialog.getExistingDirectory(self, "Target model folder")
+        target = QFileDialog.getExistingDirectory(self.host, "Target model folder")
         if not target:
             return
         drafter = QFileDialog.getExistingDirectory(
-            self, "DFlash drafter folder (cancel for plain decoding only)")
+            self.host, "DFlash drafter folder (cancel for plain decoding only)")
         self.load_model(target, drafter or "")
 
-    def _on_loading(self, text: str) -> None:
+    def on_loading(self, text: str) -> None:
+        """``Worker.loading``: a load is under way; ``text`` says which step."""
         self.progress.show()
         self.model_label.setText(text)
 
-    def _on_loaded(self, info: ModelInfo) -> None:
+    def on_loaded(self, info: ModelInfo) -> None:
+        """``Worker.loaded``: the pair ``info`` is loaded: it is remembered for the next
+        start, named in the status bar and offered in the mode switch."""
         self.progress.hide()
-        self.model = info
-        self.baselines.clear()  # speed-ups compare with plain replies of this load only
-        spec = info.spec or getattr(self, "_loading", None) or PairSpec(
+        self.state.model = info
+        self.state.baselines.clear()  # speed-ups compare with plain replies of this load only
+        spec = info.spec or self.state.loading or PairSpec(
             info.target_path, info.drafter_path)
-        self.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)
-        self.qs.setValue("model/drafter", spec.drafter or "")
-        self.qs.setValue("model/drafter2", spec.drafter2 or "")
-        self.qs.setValue("model/name", spec.display_name)
-        self.qs.setValue("model/repo_id", spec.repo_id or "")
-        self._loading = None
+        self.state.qs.setValue("model/target", TINY_PAIR if spec.tiny else spec.target)
+        self.state.qs.setValue("model/drafter", spec.drafter or "")
+        self.state.qs.setValue("model/drafter2", spec.drafter2 or "")
+        self.state.qs.setValue("model/name", spec.display_name)
+        self.state.qs.setValue("model/repo_id", spec.repo_id or "")
+        self.state.loading = None
         self._show_model_line(info)
-        self._set_intro()
-        self.withdraw_banner(lambda e: e.kind == "error" and e.chat is None)  # failures over
+        self.set_intro()
+        # the load failures are over
+        self.messages.withdraw_banner(lambda e: e.kind == "error" and e.chat is None)
         self.composer.set_modes(info.modes, "DFlash needs a drafter for this target.")
         self.compare_action.setText(self.composer.compare_btn.accessibleName())
         if info.note:
-            self.show_note(info.note)
-        self._on_memory(info.memory_bytes)
+            self.messages.show_note(info.note)
+        self.on_memory(info.memory_bytes)
         if info.memory_before_bytes or info.memory_bytes:
-            self.flash(
+            self.messages.flash(
                 f"Loaded: MLX memory {info.memory_before_bytes / 2**20:,.0f} MiB before, "
                 f"{info.memory_bytes / 2**20:,.0f} MiB now", 8000)
-        self.update_settings_note()
-        if not self.busy:  # the shown reply's figures now know the context length and block
-            self.show_message_details(self.shown_message)
+        self.transcript.update_settings_note()
+        if not self.state.busy:  # the shown reply's figures now know the context length and block
+            self.transcript.show_message_details(self.state.shown_message)
             if self.chat.colour_drafts:  # e.g. remembered: colour the chat shown on launch
-                self._request_pieces()
+                self.transcript.request_pieces()
             else:
-                self._request_compare_pieces()  # a reopened Compare's token texts, to mark it
+                # a reopened Compare's token texts, to mark its first divergence
+                self.transcript.request_compare_pieces()
         # while the user writes the first message: a new chat's system prompt and tools
         try:
-            rs = settings_mod.reply_record(self.defaults, {}, self.composer.mode())
+            rs = settings_mod.reply_record(self.state.defaults, {}, self.composer.mode())
         except SettingError:  # a bad stored default: the first reply says so
             rs = None
         if rs is not None:
             self.worker.preambleRequested.emit(rs, rs.system_prompt)
-        self.modelLoaded.emit(info)
+        self._loaded(info)
 
-    def _on_load_failed(self, message: str, still_loaded: bool = False) -> None:
+    def on_load_failed(self, message: str, still_loaded: bool = False) -> None:
+        """``Worker.loadFailed``: the load failed with ``message``; ``still_loaded`` when the
+        pair loaded before stays in use."""
         self.progress.hide()
-        self._loading = None
-        if still_loaded and self.model is not None:
-            self._show_model_line(self.model)  # the working pair stays in use
-            self.show_banner(f"Could not load the model: {sentence(message)} "
-                             f"{self.model.target_name} is still loaded.")
+        self.state.loading = None
+        if still_loaded and self.state.model is not None:
+            self._show_model_line(self.state.model)  # the working pair stays in use
+            self.messages.show_banner(f"Could not load the model: {sentence(message)} "
+                                      f"{self.state.model.target_name} is still loaded.")
         else:
-            self.model = None
+            self.state.model = None
             self.model_label.setText("No model loaded")
-            self._set_intro()
-            self.show_banner(f"Could not load the model: {sentence(message)}")
-        self.loadFailed.emit(message)
+            self.set_intro()
+            self.messages.show_banner(f"Could not load the model: {sentence(message)}")
+        self._load_failed(message)
 
-    def _set_intro(self) -> None:
+    def set_intro(self) -> None:
         """The empty chat's note on the loaded model and its example prompts."""
-        m = self.model
+        m = self.state.model
         if m is None:
-            title = ("Loading the model…" if self._loading is not None else
+            title = ("Loading the model…" if self.state.loading is not None else
                      "No model loaded: pick one with File › Models…")
             self.chat.set_intro(title, "", [])
         else:
@@ -240,36 +305,18 @@ class ModelFlow:
                    else ", plain decoding only (no DFlash drafter).")
                 + " Type a message below.")
             self.chat.set_intro(f"{m.target_name} is ready", about, m.examples)
-        if self.conv is None or not self.conv.messages:
-            self.chat.render(self.conv)
+        if self.state.conv is None or not self.state.conv.messages:
+            self.chat.render(self.state.conv)
 
-    def _on_probed(self, probes: tuple) -> None:
+    def on_probed(self, probes: tuple) -> None:
         """The loaded drafters' fit probes (``Worker.probed``, right after a load): the Models
         window shows each pair's verdict, and a drafter that does not fit gets the live
         check's lasting note at once (a note the load left waits behind it)."""
         for probe in probes:
-            self.drafter_probes[probe.key] = probe
+            self.state.drafter_probes[probe.key] = probe
         unfit = next((p.note() for p in probes if p.verdict == "unfit"), None)
         if unfit:  # above a note the load left, which shows again once this one is closed
-            self.show_note(unfit, Priority.WARNING)
-
-    def send_example(self, index: int) -> bool:
-        """Send the loaded model's example ``index`` (tools turned on for this chat when the
-        example needs them and they are off, saying so)."""
-        m = self.model
-        if m is None or not 0 <= index < len(m.examples):
-            return False
-        ex = m.examples[index]
-        turned_on = ex.needs_tools and not self.current_settings().get("use_tools", True)
-        if turned_on:
-            if self.conv is None and self.new_chat() is None:
-                return False  # the store could not make one (its banner says why)
-            self.conv.settings = dict(self.conv.settings, use_tools=True)
-            self._save(self.conv)
-        sent = self.send(ex.prompt)
-        if turned_on:  # after the reply started (starting clears the banner)
-            self.show_note("Tools are on for this chat: this example needs them.")
-        return sent
+            self.messages.show_note(unfit, Priority.WARNING)
 
     def _show_model_line(self, info: ModelInfo) -> None:
         """The status bar's line naming the loaded pair."""
@@ -282,8 +329,9 @@ class ModelFlow:
             text += f"   ·   context {info.context_length:,}"
         self.model_label.setText(text)
 
-    def _on_memory(self, n: int) -> None:
-        self.memory_bytes = int(n or 0)
-        self.memory_label.setText(f"MLX memory {self.memory_bytes / 2**20:,.0f} MiB"
-                                  if self.memory_bytes else "")
+    def on_memory(self, n: int) -> None:
+        """``Worker.memory``: MLX memory in use, ``n`` bytes (0: not shown)."""
+        self.state.memory_bytes = int(n or 0)
+        self.memory_label.setText(f"MLX memory {self.state.memory_bytes / 2**20:,.0f} MiB"
+                                  if self.state.memory_bytes else "")
 

@@ -1,21 +1,32 @@
 """The window's reply flow: starting a reply (send, compare, regenerate, edit), stopping it,
 rendering the worker's event batches and showing the stored result.
 
-:class:`ReplyFlow` is the generation half of :class:`app.ui.window.MainWindow` (mixed into
-it; it uses the window's widgets, store and worker). Each event type has one handler, picked
-with ``isinstance`` (:attr:`ReplyFlow._HANDLERS`); the request's state is a typed
+:class:`ReplyController` is the generation half of the window's controllers (given the
+widgets and the worker it uses). Each event type has one handler, picked with
+``isinstance`` (:attr:`ReplyController._HANDLERS`); the request's state is a typed
 :class:`~app.ui.run_state.ReplyRun`. The window writes nothing of a reply: it sends a
 :class:`~app.chat.stored_turn.TurnRequest` and the worker stores the turn and builds the prompt
 from the stored rows (``app.chat.stored_turn.run_turn``); when ``TurnStored`` arrives the
-view reads the turn back (``TurnStore.reload_turn``).
+view reads the turn back (``ViewStore.reload_turn``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
+from PySide6.QtCore import QElapsedTimer, QEventLoop, QObject
 from PySide6.QtGui import QTextOption
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QLabel,
+    QPlainTextEdit,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.chat.baseline import (
     PlainSample,
@@ -37,8 +48,9 @@ from app.chat.events import (
 )
 from app.chat.session import Notice
 from app.chat.settings import SettingError
-from app.chat.storage import StorageError, StoreWriteError
 from app.chat.stored_turn import (
+    ReplyFailed,
+    ReplyFinished,
     SaveFailed,
     TurnBegun,
     TurnNotStarted,
@@ -47,16 +59,28 @@ from app.chat.stored_turn import (
     TurnRequest,
     TurnStored,
 )
-from app.chat.turns import LOAD_TURNS, ConversationView, ReplyResult, Turn, version_key
+from app.chat.turns import ReplyResult, Turn, version_key
 from app.engine.events import CycleEvent, Done, TokenEvent
 from app.engine.lookup import DEFAULT_BLOCK
 from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.banners import Priority
+from app.ui.chat import ChatView, Composer
+from app.ui.compare import CompareView
+from app.ui.conversation_list import ConversationList
+from app.ui.details import DetailsPanel
+from app.ui.messages import MessageBar
 from app.ui.run_state import ReplyRun, SideRun
-from app.ui.worker import ReplyFailed, ReplyFinished
+from app.ui.state import WindowState
+from app.ui.text import mode_label
+from app.ui.transcript import TranscriptController
+from app.ui.worker import UiEvent, Worker
 
 log = logging.getLogger("app.ui.window")
+
+BENCH_WAIT = ("The short benchmark is still running: this reply starts when it ends "
+              "(its results open in a window)")
+"""The note shown for a reply sent while the short benchmark runs."""
 
 
 def edit_message_text(parent, text: str) -> tuple[str, bool]:
@@ -87,9 +111,60 @@ def edit_message_text(parent, text: str) -> tuple[str, bool]:
     return text, ok
 
 
-class ReplyFlow:
-    """Send / compare / regenerate / edit, the render tick and the end of a reply (see the
-    module doc). Needs the attributes :class:`~app.ui.window.MainWindow` sets up."""
+class ReplyController(QObject):
+    """Send / compare / regenerate / edit / continue, the render tick and the end of a reply
+    (see the module doc).
+
+    Args:
+        state: the window's state (``model``, ``conv``, ``busy``, ``defaults``, ...).
+        worker: the window's :class:`app.ui.worker.Worker`: takes each ``TurnRequest`` and
+            sends the reply's events back.
+        messages: where the window says things.
+        transcript: the shown conversation (a new chat, showing a turn, saving choices).
+        conv_side: the chat list (locked while a reply is written).
+        chat: the conversation view (the reply streams into it).
+        composer: the composer (its mode, its message, Send and Stop).
+        compare_view: the Compare view (a Compare turn's sides as they run).
+        centre_split: the splitter holding the chat and the Compare view.
+        details: the side panel (reasoning, tool calls, live figures).
+        parent: the window, parent of the edit dialog.
+        finished: called with the finished :class:`~app.chat.turns.Turn` once it is read
+            back from the store.
+
+    Attributes:
+        run: the running reply's state (:class:`~app.ui.run_state.ReplyRun`), None when none.
+        pending: the events received since the last render tick.
+    """
+
+    def __init__(self, state: WindowState, worker: Worker, messages: MessageBar,
+                 transcript: TranscriptController, conv_side: ConversationList,
+                 chat: ChatView, composer: Composer, compare_view: CompareView,
+                 centre_split: QSplitter, details: DetailsPanel, parent: QWidget,
+                 finished: Callable[[Turn], None]) -> None:
+        super().__init__(parent)  # a QObject of the GUI thread: worker signals queue
+        self.state = state
+        self.worker = worker
+        self.messages = messages
+        self.transcript = transcript
+        self.conv_side = conv_side
+        self.chat = chat
+        self.composer = composer
+        self.compare_view = compare_view
+        self.centre_split = centre_split
+        self.details = details
+        self.host = parent
+        self._finished = finished
+        self.req = 0
+        self.run: ReplyRun | None = None
+        self.pending: list[UiEvent] = []
+        self._event_at = 0.0
+        self._details_changed = False
+        worker.events.connect(self.on_events)
+        worker.finished.connect(self.on_finished)
+        composer.send.connect(self.send)
+        composer.compare.connect(self.compare)
+        composer.stop.connect(self.stop)
+        composer.modeChanged.connect(self.on_mode_changed)
 
     def send(self, text: str) -> bool:
         """Send ``text`` as a user message and generate a reply in the selected mode.
@@ -100,7 +175,7 @@ class ReplyFlow:
     def compare(self, text: str) -> bool:
         """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
         drafter too), each from the same prompt; show them side by side."""
-        modes = set(self.model.modes) if self.model is not None else set()
+        modes = set(self.state.model.modes) if self.state.model is not None else set()
         sides = ((Mode.PLAIN, *DRAFTER_MODES) if set(DRAFTER_MODES) <= modes
                  else (Mode.PLAIN, Mode.DFLASH))
         return self._start(text, [str(m) for m in sides])
@@ -108,13 +183,13 @@ class ReplyFlow:
     def regenerate(self) -> bool:
         """Generate a new version of the last reply in the selected mode; the earlier
         versions stay and can be switched back to (links under the reply)."""
-        conv = self.conv
+        conv = self.state.conv
         if conv is None or len(conv.messages) < 2 or conv.messages[-1].role != "assistant":
-            self.show_banner("There is no reply to regenerate yet.")
+            self.messages.show_banner("There is no reply to regenerate yet.")
             return False
         if conv.messages[-1].compare:  # the menu item is disabled then (its tooltip says why)
-            self.show_note("A Compare turn cannot be regenerated: its sides are its versions. "
-                           "Pick one with “continue from … instead”.")
+            self.messages.show_note("A Compare turn cannot be regenerated: its sides are its "
+                                    "versions. Pick one with “continue from … instead”.")
             return False
         return self._start(conv.messages[-2].content, [""], again=conv.messages[-1])
 
@@ -123,18 +198,18 @@ class ReplyFlow:
 
         The later turns leave the conversation view and the prompt; the database keeps them
         on the earlier branch (``Store.edit_user_message``). ``text`` None asks for it."""
-        conv = self.conv
-        if self.busy or conv is None or not 0 <= index < len(conv.messages) or \
+        conv = self.state.conv
+        if self.state.busy or conv is None or not 0 <= index < len(conv.messages) or \
                 conv.messages[index].role != "user":
             return False
         old = conv.messages[index]
         if text is None:
-            text, ok = edit_message_text(self, old.content)
+            text, ok = edit_message_text(self.host, old.content)
             if not ok:
                 return False
         if not text.strip():
             return False
-        if self.model is None:
+        if self.state.model is None:
             self._say_no_model()
             return False
         if "" not in old.ids:
@@ -153,16 +228,16 @@ class ReplyFlow:
         in the same row. Returns False (with a message) when it cannot start; a reply the
         worker cannot continue (its model is not loaded, ...) ends at once with a banner
         and the reply as it was."""
-        conv = self.conv
+        conv = self.state.conv
         last = conv.messages[-1] if conv is not None and conv.messages else None
         v = last.version if last is not None and last.role == "assistant" else None
-        if self.busy or v is None:
+        if self.state.busy or v is None:
             return False
         if last.compare:
-            self.show_note(self.CONTINUE_COMPARE)
+            self.messages.show_note(self.CONTINUE_COMPARE)
             return False
         if v.stopped or v.error or v.result.finish_reason != "length":
-            self.show_note("Only a reply that Max tokens ended can be continued.")
+            self.messages.show_note("Only a reply that Max tokens ended can be continued.")
             return False
         if last.chosen not in last.ids:
             return False
@@ -170,11 +245,11 @@ class ReplyFlow:
 
     def _say_no_model(self) -> None:
         """Why nothing can be sent: a load is running, or nothing is loaded at all."""
-        if getattr(self, "_loading", None) is not None:
-            self.show_note("No model is loaded yet: wait for loading to finish.")
+        if self.state.loading is not None:
+            self.messages.show_note("No model is loaded yet: wait for loading to finish.")
         else:
-            self.show_banner("No model is loaded: pick one with File › Models…, or File › Use "
-                             "default model for the bundled demo.")
+            self.messages.show_banner("No model is loaded: pick one with File › Models…, or "
+                                      "File › Use default model for the bundled demo.")
 
     def _start(self, text: str, tags: list[str], again: Turn | None = None,
                edited: tuple[int, Turn] | None = None,
@@ -184,38 +259,39 @@ class ReplyFlow:
         ``again``: the reply to regenerate; ``edited``: (index, user turn) being edited;
         ``continued``: the last reply, to continue where Max tokens cut it (its chosen
         version, in the mode that made it)."""
-        if self.busy:
+        if self.state.busy:
             return False
-        if len(self.pending_writes):  # kept writes first: the turns stay in order
-            self.retry_saves()
-        if self.model is None:
+        if len(self.state.pending_writes):  # kept writes first: the turns stay in order
+            self.messages.retry_saves()
+        if self.state.model is None:
             self._say_no_model()
             if again is None and continued is None:
                 self.composer.edit.setPlainText(text)
             return False
         before = continued.version.result if continued is not None else None
         mode = before.mode if before is not None else self.composer.mode()
-        if before is None and mode == Mode.DFLASH2 and "dflash2" not in self.model.modes \
+        if before is None and mode == Mode.DFLASH2 and "dflash2" not in self.state.model.modes \
                 and tags == [""]:
-            mode = "dflash" if self.model.drafter_name else "plain"
+            mode = "dflash" if self.state.model.drafter_name else "plain"
         if before is None and (mode == Mode.DFLASH or tags != [""]) and \
-                not self.model.drafter_name:
+                not self.state.model.drafter_name:
             if tags != [""]:
-                self.show_banner("Compare needs a DFlash drafter for this target.")
+                self.messages.show_banner("Compare needs a DFlash drafter for this target.")
                 return False
             mode = "plain"
         try:  # the one typed record the worker, the store and the session take
-            rs = settings_mod.reply_record(self.defaults,
-                                           self.conv.settings if self.conv else {}, mode)
+            conv = self.state.conv
+            rs = settings_mod.reply_record(self.state.defaults, conv.settings if conv else {},
+                                           mode)
         except SettingError as exc:  # e.g. a hand-edited chat override out of range
-            self.show_banner(f"Could not start the reply: {exc}. Change it in File › "
-                             "Settings…")
+            self.messages.show_banner(f"Could not start the reply: {exc}. Change it in File › "
+                                      "Settings…")
             if again is None and continued is None:
                 self.composer.edit.setPlainText(text)
             return False
-        if self.conv is None and self.new_chat() is None:
+        if self.state.conv is None and self.transcript.new_chat() is None:
             return False  # the store could not make one (its banner says why)
-        conv = self.conv
+        conv = self.state.conv
         key = mode
         shown = again or continued
         previous = (list(conv.messages), shown.chosen if shown is not None else "")
@@ -240,30 +316,30 @@ class ReplyFlow:
             regenerate_of=next(iter(again.ids.values())) if again is not None else None,
             edit_of=edited[1].ids[""] if edited is not None else None,
             continue_of=continued.ids[key] if continued is not None else None)
-        self._refresh_list()
-        self._req += 1
-        self._run = ReplyRun.start(self._req, conv, reply, tags, mode, key, rs,
-                                   self.model.context_length)
-        self._run.previous = previous
-        self._run.text = text if again is None and continued is None else ""
-        self._run.system_prompt = rs.system_prompt
-        self._run.continued = before
-        for side in self._run.sides.values():
+        self.transcript.refresh_list()
+        self.req += 1
+        self.run = ReplyRun.start(self.req, conv, reply, tags, mode, key, rs,
+                                  self.state.model.context_length)
+        self.run.previous = previous
+        self.run.text = text if again is None and continued is None else ""
+        self.run.system_prompt = rs.system_prompt
+        self.run.continued = before
+        for side in self.run.sides.values():
             side.stats.mode = side.tag or mode
-        self._pending = []
-        self.busy = True
+        self.pending = []
+        self.state.busy = True
         self.composer.set_busy(True)
         self.conv_side.set_busy(True)
-        self.clear_banner()
+        self.messages.clear_banner()
         self.details.clear()
         if before is not None:  # the reply so far, until the worker says where it resumes
-            side = self._run.sides[""]
+            side = self.run.sides[""]
             side.text, side.reasoning = before.content, before.all_reasoning()
             for call in before.tool_calls:
                 side.merge_call(tool_call_dict(call), is_result=True)
             self.details.append_reasoning(side.reasoning)
-            self.tools.set_calls(list(side.calls.values()))
-        self.shown_message = reply
+            self.details.tools.set_calls(list(side.calls.values()))
+        self.state.shown_message = reply
         self.chat.follow = True
         self.chat.render(conv, streaming=True)
         if tags != [""]:
@@ -274,31 +350,72 @@ class ReplyFlow:
             self.compare_view.show_running(tags[0])
         else:  # the view shows the last turn's comparison, and the last turn is not one now
             self.compare_view.hide()
-        if self.benchmarking:  # the worker runs one job at a time: say why nothing comes yet
-            self.show_note(self.BENCH_WAIT)
-        self.worker.replyRequested.emit(self._req, request)
+        if self.state.benchmarking:  # the worker runs one job at a time: say why nothing comes yet
+            self.messages.show_note(BENCH_WAIT)
+        self.worker.replyRequested.emit(self.req, request)
         return True
+
+    def wait_until_idle(self, timeout_ms: int = 15000) -> bool:
+        """Stop the running reply and wait (events keep flowing) until it has ended and is
+        stored; True when it did within ``timeout_ms``."""
+        self.stop()
+        loop = QEventLoop()
+        clock = QElapsedTimer()
+        clock.start()
+        while self.state.busy and clock.elapsed() < timeout_ms:
+            loop.processEvents(QEventLoop.AllEvents, 50)
+            time.sleep(0.005)
+        return not self.state.busy
+
+    def send_example(self, index: int) -> bool:
+        """Send the loaded model's example ``index`` (tools turned on for this chat when the
+        example needs them and they are off, saying so)."""
+        m = self.state.model
+        if m is None or not 0 <= index < len(m.examples):
+            return False
+        ex = m.examples[index]
+        turned_on = ex.needs_tools and not self.state.current_settings().get("use_tools", True)
+        if turned_on:
+            if self.state.conv is None and self.transcript.new_chat() is None:
+                return False  # the store could not make one (its banner says why)
+            self.state.conv.settings = dict(self.state.conv.settings, use_tools=True)
+            self.transcript.save(self.state.conv)
+        sent = self.send(ex.prompt)
+        if turned_on:  # after the reply started (starting clears the banner)
+            self.messages.show_note("Tools are on for this chat: this example needs them.")
+        return sent
+
+    def on_mode_changed(self, mode: str) -> None:
+        """The switch moved: the settings line follows; mid-reply, say it is for the next."""
+        self.transcript.update_settings_note()
+        run = self.run
+        if self.state.busy and run is not None and not run.compare:
+            now, new = mode_label(run.mode), mode_label(mode)
+            self.composer.mode_note.setText(
+                "" if new == now else f"{new} applies to the next reply; this one stays {now}.")
 
     STOPPING = "Stopping…"
     """The status message from Stop until the reply has ended."""
 
     def stop(self) -> None:
         """Stop the running reply (takes effect within one cycle or token)."""
-        if self.busy and self._run is not None:
-            self.worker.cancel(self._run.id, interrupted=self._run.interrupted)
-            self.flash(self.STOPPING, 3000)
+        if self.state.busy and self.run is not None:
+            self.worker.cancel(self.run.id, interrupted=self.run.interrupted)
+            self.messages.flash(self.STOPPING, 3000)
 
-    def _on_events(self, req_id: int, batch: list) -> None:
-        if self._run is not None and req_id == self._run.id:
-            self._pending.extend(batch)
+    def on_events(self, req_id: int, batch: list) -> None:
+        """``Worker.events``: keep the batch of :class:`~app.ui.worker.UiEvent` of the running
+        request ``req_id`` for the next render tick (another request's are dropped)."""
+        if self.run is not None and req_id == self.run.id:
+            self.pending.extend(batch)
 
     def render_pending(self) -> None:
         """Apply the events received since the last tick (the render timer's slot): each
         event goes to its handler, found by type (:attr:`_HANDLERS`)."""
-        run = self._run
-        if run is None or not self._pending:
+        run = self.run
+        if run is None or not self.pending:
             return
-        batch, self._pending = self._pending, []
+        batch, self.pending = self.pending, []
         self._details_changed = False
         for ui in batch:
             side = run.side(ui.tag)
@@ -307,7 +424,7 @@ class ReplyFlow:
                 run.current = side.tag
                 side.stats.started = ui.at  # this side's clock starts with it, not the turn's
                 if self._shown(run):
-                    self.reasoning.clear()
+                    self.details.reasoning.clear()
                     self.compare_view.show_running(side.tag)
             for cls, handler in self._HANDLERS:
                 if isinstance(ui.event, cls):
@@ -320,7 +437,7 @@ class ReplyFlow:
         else to show it for). A reply keeps running (or finishing, after Stop) while the user
         looks at another chat, e.g. a new one: its events then update the reply's own state,
         not the views, which show that chat."""
-        return run is None or run.conv is self.conv
+        return run is None or run.conv is self.state.conv
 
     def _show_progress(self, run: ReplyRun) -> None:
         """Stream text, tool calls and figures of the side running now (the worker saves
@@ -337,9 +454,9 @@ class ReplyFlow:
         if run.compare and cur.result is None:
             self.compare_view.stream(cur.tag, cur.text)
         if self._details_changed:
-            self.tools.set_calls(list(cur.calls.values()))
-        self.live.show_stats(cur.stats, self._block_for(cur.tag or run.mode,
-                                                          run.settings.block_size))
+            self.details.tools.set_calls(list(cur.calls.values()))
+        self.details.live.show_stats(cur.stats, self.state.block_for(cur.tag or run.mode,
+                                                                     run.settings.block_size))
 
     # one handler per event type
     def _on_token(self, side: SideRun, ev: TokenEvent) -> None:
@@ -355,7 +472,7 @@ class ReplyFlow:
 
     def _on_reasoning(self, side: SideRun, ev: ReasoningDelta) -> None:
         side.reasoning += ev.text
-        if self._shown(self._run):
+        if self._shown(self.run):
             self.details.append_reasoning(ev.text)
 
     def _on_tool_call(self, side: SideRun, ev: ToolCallDelta) -> None:
@@ -373,14 +490,14 @@ class ReplyFlow:
         side.stats.on_round(ev.index, ev.prompt_tokens, self._event_at)
         if ev.index > 0 and side.reasoning and not side.reasoning.endswith("\n\n"):
             side.reasoning += "\n\n"  # the next round thinks anew: its own paragraph
-            if self._shown(self._run):
+            if self._shown(self.run):
                 self.details.append_reasoning("\n\n")
 
     def _on_resumed(self, side: SideRun, ev: RoundResumed) -> None:
         """A continued reply's cut round as the worker's pipeline read it again: the bubble
         and the reasoning pane go on from exactly these texts (the earlier rounds' reasoning
         first, for a tool reply)."""
-        before = self._run.continued if self._run is not None else None
+        before = self.run.continued if self.run is not None else None
         earlier = ""
         if before is not None and before.rounds > 1:
             earlier = all_reasoning(before.messages[:-1], "")
@@ -390,55 +507,55 @@ class ReplyFlow:
         side.stats.continues_after = (before.summary.generated_tokens
                                       if before is not None and before.summary is not None
                                       else len(ev.tokens))
-        if self._shown(self._run):
+        if self._shown(self.run):
             self.details.reasoning.setPlainText(side.reasoning)
 
     def _on_warning(self, side: SideRun, ev: PipelineWarning) -> None:
-        if ev.message and self._shown(self._run):
-            self.flash(ev.message, 8000)
+        if ev.message and self._shown(self.run):
+            self.messages.flash(ev.message, 8000)
 
     def _on_notice(self, side: SideRun, ev: Notice) -> None:
         """The prompt was fitted to the context: said above lesser notes (the reply's footer
         keeps it too, ``ReplyResult.context_note``)."""
-        if self._shown(self._run):
-            self.show_note(ev.message, Priority.WARNING)
+        if self._shown(self.run):
+            self.messages.show_note(ev.message, Priority.WARNING)
 
     def _on_failed(self, side: SideRun, ev: ReplyFailed) -> None:
         side.error = ev.message  # stored with the reply, shown when its chat is
-        if self._shown(self._run):
-            self.show_banner(ev.message, chat=self._run.conv.id)
+        if self._shown(self.run):
+            self.messages.show_banner(ev.message, chat=self.run.conv.id)
 
     def _on_reply_finished(self, side: SideRun, ev: ReplyFinished) -> None:
         self._finish_side(side, ev.result)
 
     def _on_begun(self, side: SideRun, ev: TurnBegun) -> None:
-        run = self._run
+        run = self.run
         run.msg.ids.update(ev.reply_ids)
         if ev.user_id is not None and len(run.conv.messages) > 1:
             run.conv.messages[-2].ids[""] = ev.user_id
         try:  # the title comes with the first message
-            run.conv.title = self.store.db.get_conversation(ev.conversation_id).title or \
+            run.conv.title = self.state.store.db.get_conversation(ev.conversation_id).title or \
                 run.conv.title
         except Exception:
             log.exception("reading the conversation's title")
-        self._refresh_list()
+        self.transcript.refresh_list()
 
     def _on_not_started(self, side: SideRun, ev: TurnNotStarted) -> None:
-        self._run.not_started = ev.message
-        self._run.refused = isinstance(ev, TurnRefused)
-        self._run.not_stored = isinstance(ev, TurnNotStored)
+        self.run.not_started = ev.message
+        self.run.refused = isinstance(ev, TurnRefused)
+        self.run.not_stored = isinstance(ev, TurnNotStored)
 
     def _on_save_failed(self, side: SideRun, ev: SaveFailed) -> None:
         """A write of the running reply failed: said at once in the storage banner (the
         reply goes on, on screen; whatever it is shown in)."""
-        self._run.save_failed = True
-        self.show_store_problem(
+        self.run.save_failed = True
+        self.messages.show_store_problem(
             f"The reply being written is not being saved: {ev.message}. It stays on screen "
             "(copy it, or export the chat), and it is saved when it ends if there is room "
             "then, else as soon as there is")
 
     def _on_stored(self, side: SideRun, ev: TurnStored) -> None:
-        self._run.stored = ev
+        self.run.stored = ev
 
     _HANDLERS = (
         (TokenEvent, _on_token),
@@ -461,18 +578,10 @@ class ReplyFlow:
     )
     """(event type, handler) pairs: each event goes to the first type it is an instance of."""
 
-    def _block_for(self, mode: str, block_size: int | None = None) -> int | None:
-        """Block size for the chart's scale (None for plain): ``block_size`` (a reply's
-        ``ReplySettings.block_size`` or a stored row's), else the drafter's."""
-        if mode not in DRAFTING_MODES or self.model is None:
-            return None
-        own = DEFAULT_BLOCK if mode == Mode.LOOKUP else self.model.drafter_block_size
-        return block_size or own
-
     def _finish_side(self, side: SideRun, result: ReplyResult) -> None:
-        if result.mode in DRAFTING_MODES and not result.block_size and self.model:
+        if result.mode in DRAFTING_MODES and not result.block_size and self.state.model:
             result.block_size = (DEFAULT_BLOCK if result.mode == Mode.LOOKUP
-                                 else self.model.drafter_block_size)
+                                 else self.state.model.drafter_block_size)
         side.result = result
         if result.summary is not None:
             side.stats.apply_summary(result.summary, result.round_summaries or
@@ -480,69 +589,69 @@ class ReplyFlow:
         calls_of_result = bool(result.tool_calls)  # else the pane has shown them live
         if not calls_of_result and side.calls:
             result.tool_calls = list(side.calls.values())
-        if not self._shown(self._run):
+        if not self._shown(self.run):
             return
         if result.note and not side.error:  # a failure's banner stays; the note repeats it
-            self.show_note(result.note)
+            self.messages.show_note(result.note)
         if calls_of_result:
-            self.tools.set_calls(result.tool_calls)
-        if self._run is not None and self._run.compare:  # its figures while the next side runs
+            self.details.tools.set_calls(result.tool_calls)
+        if self.run is not None and self.run.compare:  # its figures while the next side runs
             self.compare_view.show_side(side.tag, result)
 
-    def _on_finished(self, req_id: int) -> None:
+    def on_finished(self, req_id: int) -> None:
         """The worker is done with the request: the turn is stored (``TurnStored``), so the
-        view reads it back (``TurnStore.reload_turn``) keeping the results streamed live."""
-        run = self._run
+        view reads it back (``ViewStore.reload_turn``) keeping the results streamed live."""
+        run = self.run
         if run is None or req_id != run.id:
             return
         self.render_pending()
         msg: Turn = run.msg
-        self.busy = False
-        self._run = None
-        if self.flash_label.text().endswith(self.STOPPING):  # it has stopped: not "Stopping…"
-            self.flash("", 0)
+        self.state.busy = False
+        self.run = None
+        if self.messages.flash_label.text().endswith(self.STOPPING):  # not "Stopping…" now
+            self.messages.flash("", 0)
         self.composer.set_busy(False)
         self.conv_side.set_busy(False)
         if run.not_started is not None or run.stored is None:
             self._not_started(run)
             return
         if run.stored.pending is not None:  # kept, and tried again until the store takes it
-            self.keep_unsaved(run.stored.pending, run.stored.error)
+            self.messages.keep_unsaved(run.stored.pending, run.stored.error)
         elif run.stored.error:  # the reply stays on screen (live); the store says why
-            self.show_store_problem(
+            self.messages.show_store_problem(
                 f"Could not save the reply: {run.stored.error}. It stays on screen until you "
                 "quit: copy what you want to keep")
         elif run.save_failed:  # its growth was not saved, but its final state is
-            self.say_saved("Saved: the reply is stored now, whole")
+            self.messages.say_saved("Saved: the reply is stored now, whole")
         live = {run.version_key(t): sd.result for t, sd in run.sides.items()
                 if sd.result is not None}
         try:
-            self.store.reload_turn(run.conv, msg, live)
+            self.state.store.reload_turn(run.conv, msg, live)
         except Exception as exc:
             log.exception("reading the stored turn back")
-            self.show_banner(f"Could not read the conversation back: {exc}")
-        if run.compare and run.conv is self.conv:
+            self.messages.show_banner(f"Could not read the conversation back: {exc}")
+        if run.compare and run.conv is self.state.conv:
             third = run.sides.get("dflash2")
             self.compare_view.set_results(run.sides["plain"].result,
                                           run.sides["dflash"].result, msg.chosen,
                                           third.result if third else None, third is not None)
         self._measure_speed(run)
-        self._refresh_list()
+        self.transcript.refresh_list()
         if not run.compare and not run.interrupted and not run.stored.error:
             # while the user reads and writes: the next turn then prefills only its message
             self.worker.prefillRequested.emit(run.conv.id, run.settings,
                                               run.system_prompt)
-        if run.conv is self.conv:
-            self.chat.render(self.conv)
-            self.show_message_details(msg)
+        if run.conv is self.state.conv:
+            self.chat.render(self.state.conv)
+            self.transcript.show_message_details(msg)
             # a Compare turn: the figures of the side the chat continues from (the one shown)
             key = msg.chosen if run.compare and msg.chosen in run.sides else run.current
             last = run.sides.get(key)
             if last is not None:
-                self.live.show_stats(last.stats, self._block_for(key or run.mode,
-                                                                 run.settings.block_size))
+                block = self.state.block_for(key or run.mode, run.settings.block_size)
+                self.details.live.show_stats(last.stats, block)
                 self.details.say_continued(last.result)
-        self.replyFinished.emit(msg)
+        self._finished(msg)
 
     def _not_started(self, run: ReplyRun) -> None:
         """The turn could not be stored, or its prompt does not fit the context
@@ -550,40 +659,36 @@ class ReplyFlow:
         goes back to the composer, and the banner says why."""
         chat = run.conv.id
         if run.refused:
-            self.show_banner(run.not_started, chat=chat)
+            self.messages.show_banner(run.not_started, chat=chat)
         elif run.not_stored:  # a store that cannot write: its banner stays
-            self.show_store_problem("Could not save this turn, so no reply was started "
-                                    f"(your message is back in the box): {run.not_started}")
+            self.messages.show_store_problem(
+                "Could not save this turn, so no reply was started (your message is back in "
+                f"the box): {run.not_started}")
         elif run.continued is not None:
-            self.show_banner("Could not continue the reply, so it is kept as it was: "
-                             f"{run.not_started or 'the worker stopped'}", chat=chat)
+            self.messages.show_banner("Could not continue the reply, so it is kept as it was: "
+                                      f"{run.not_started or 'the worker stopped'}", chat=chat)
         else:
-            self.show_banner("Could not save this turn, so no reply was started: "
-                             f"{run.not_started or 'the worker stopped'}", chat=chat)
+            self.messages.show_banner("Could not save this turn, so no reply was started: "
+                                      f"{run.not_started or 'the worker stopped'}", chat=chat)
         run.conv.messages, chosen = run.previous
         if run.msg.versions:  # a regenerated reply shows its earlier version again
             run.msg.chosen = chosen if chosen in run.msg.versions else next(iter(run.msg.versions))
         if run.text and not self.composer.edit.toPlainText().strip():
             self.composer.edit.setPlainText(run.text)
-        if run.conv is self.conv:
-            self.chat.render(self.conv)
+        if run.conv is self.state.conv:
+            self.chat.render(self.state.conv)
             # the Compare view as it was: the (restored) last turn's comparison, or none
-            last = next((m for m in reversed(self.conv.messages) if m.role == "assistant"),
+            last = next((m for m in reversed(self.state.conv.messages) if m.role == "assistant"),
                         None)
-            self._show_compare_of(last)
-            self.show_message_details(last)  # not the empty figures of the run that never ran
+            self.transcript.show_compare_of(last)
+            self.transcript.show_message_details(last)  # not the figures of a run that never ran
         elif run.compare:
             self.compare_view.hide()
-
-    def _pair_key(self) -> str:
-        """The loaded pair, as baselines compare it."""
-        m = self.model
-        return f"{m.target_path}|{m.drafter_path or ''}" if m else ""
 
     def _measure_speed(self, run: ReplyRun) -> None:
         """Plain sides become baselines; DFlash sides get their speed-up against one (in
         run order, so a Compare's DFlash side is measured against its own plain side)."""
-        if self.model is None:
+        if self.state.model is None:
             return
         own_plain = None  # a Compare's plain side: its drafting sides' baseline
         for tag, side in run.sides.items():
@@ -592,175 +697,37 @@ class ReplyFlow:
             if r is None or r.summary is None or side.error or r.finish_reason == "cancelled":
                 continue
             s = r.summary
-            key = (self._pair_key(), self.model.dtype, run.settings.max_tokens,
+            key = (self.state.pair_key(), self.state.model.dtype, run.settings.max_tokens,
                    int(s.prompt_tokens))
             if r.mode == Mode.PLAIN:
                 sample = PlainSample(*key, s.tok_per_s,
                                      "Compare" if run.compare else "plain reply")
-                self.baselines.add(sample)
+                self.state.baselines.add(sample)
                 own_plain = sample if run.compare else None
             elif r.mode in DRAFTING_MODES:
                 r.speedup = (SpeedUp.paired(s.tok_per_s, own_plain) if own_plain is not None
-                             else self.baselines.speedup(s.tok_per_s, *key))
+                             else self.state.baselines.speedup(s.tok_per_s, *key))
                 r.speed_checked = True
                 self._store_speedup(run.msg.ids.get(run.version_key(tag)), r.speedup)
                 note = r.context_note
-                long = long_context(s.prompt_tokens, self.model.context_length,
-                                    getattr(self.model, "trained_chat_length", None),
+                long = long_context(s.prompt_tokens, self.state.model.context_length,
+                                    getattr(self.state.model, "trained_chat_length", None),
                                     note is not None and note.left_out_turns > 0)
-                self.slow_streak.add(r.speedup.ratio if r.speedup else None, long)
-                unfit = unfit_drafter_note(s, self.model.drafter_name)
+                self.state.slow_streak.add(r.speedup.ratio if r.speedup else None, long)
+                unfit = unfit_drafter_note(s, self.state.model.drafter_name)
                 if unfit and not long:  # in a long chat low acceptance is the chat's doing
-                    self.show_note(unfit)
-                elif self.slow_streak.slow:  # below a note on this reply's prompt
-                    advice = self.slow_streak.advice()
-                    self.show_note(advice, Priority.TIP if advice == SlowStreak.NOTE
-                                   else Priority.NOTE)
+                    self.messages.show_note(unfit)
+                elif self.state.slow_streak.slow:  # below a note on this reply's prompt
+                    advice = self.state.slow_streak.advice()
+                    self.messages.show_note(advice, Priority.TIP if advice == SlowStreak.NOTE
+                                            else Priority.NOTE)
 
     def _store_speedup(self, row_id: int | None, speedup) -> None:
         """Keep a reply's speed-up with its stored row (a reloaded footer shows it too)."""
         if row_id is None:
             return
         try:
-            self.store.set_speedup(row_id, speedup)
+            self.state.store.set_speedup(row_id, speedup)
         except Exception:
             log.exception("storing the speed-up of reply %s", row_id)
-
-    def _save(self, conv: ConversationView) -> None:
-        try:
-            self.store.save(conv)
-        except StoreWriteError as exc:
-            log.error("saving the conversation: %s", exc)
-            self.show_store_problem(f"Could not save the chat's settings and choices: {exc}")
-        except Exception as exc:
-            log.exception("saving the conversation")
-            self.show_banner(f"Could not save the conversation: {exc}")
-
-    def _on_compare_choice(self, key: str) -> None:
-        for m in reversed(self.conv.messages if self.conv else []):
-            if m.role == "assistant" and m.compare:
-                side = m.versions.get(key)
-                if side is None or side.never_ran:  # nothing to continue from
-                    return
-                m.chosen = key
-                self._save(self.conv)
-                self.chat.render(self.conv)
-                self.show_message_details(m)
-                return
-
-    def _on_chat_link(self, link: str) -> None:
-        if link.startswith("example:"):
-            try:
-                self.send_example(int(link.split(":", 1)[1]))
-            except ValueError:
-                return
-        elif link.startswith("continue:"):
-            self.continue_reply()
-        elif link.startswith("earlier:"):
-            self.show_earlier()
-        elif link.startswith("edit:"):
-            try:
-                self.edit_message(int(link.split(":", 1)[1]))
-            except ValueError:
-                return
-        elif link.startswith("version:") and self.conv is not None and not self.busy:
-            _, idx, key = link.split(":", 2)
-            try:
-                msg = self.conv.messages[int(idx)]
-            except (ValueError, IndexError):
-                return
-            if key in msg.versions:
-                msg.chosen = key
-                self._save(self.conv)
-                self.chat.render(self.conv)
-                self.show_message_details(msg)
-        elif link.startswith("prompt:") and self.conv is not None and not self.busy:
-            try:  # another version of an edited message, with the replies under it
-                conv = self.store.show_prompt_version(self.conv.id, int(link.split(":", 1)[1]))
-            except (ValueError, StorageError) as exc:
-                self.show_banner(f"Could not show that version: {exc}", chat=self.conv.id)
-                return
-            self.select_conversation(conv)
-        elif link.startswith("choose:"):
-            key = link.split(":", 1)[1]
-            self.compare_view.set_choice(key)
-            self._on_compare_choice(key)
-        elif link.startswith("reasoning:") and self.conv is not None:
-            try:
-                index = int(link.split(":", 1)[1])
-                msg = self.conv.messages[index]
-            except (ValueError, IndexError):
-                return
-            # the bubble's reasoning folds open or shut; the pane shows it either way
-            self.chat.expanded ^= {index}
-            self.reasoning_section.button.setChecked(True)
-            self.show_message_details(msg)
-            if not self.busy:
-                self.chat.render(self.conv)
-
-    def show_earlier(self) -> None:
-        """Draw earlier turns of the shown conversation (its "Show earlier messages" link):
-        ``app.ui.chat.VIEW_TURNS`` more, loading them from the store when they were not
-        loaded (``TurnStore.get`` with a larger ``last``). What was in view stays in view.
-        Not while a reply is written."""
-        conv = self.conv
-        if conv is None or self.busy:
-            return
-        chat = self.chat
-        if chat.first_shown == 0 and conv.earlier:
-            more = self.store.get(conv.id, last=len(conv.messages) + LOAD_TURNS)
-            if more is None:
-                return
-            added = len(more.messages) - len(conv.messages)
-            chat.expanded = {i + added for i in chat.expanded}
-            conv.messages, conv.earlier = more.messages, more.earlier
-        chat.earlier_steps += 1
-        sb = chat.verticalScrollBar()
-        from_bottom = sb.maximum() - sb.value()
-        chat.follow = False
-        chat.render(conv)
-        sb.setValue(max(0, sb.maximum() - from_bottom))
-
-    def _on_colour_toggled(self, on: bool) -> None:
-        from app.ui.render import draft_legend_html
-
-        self.chat.colour_drafts = on
-        self.legend.setText(draft_legend_html(self.chat.palette_colours) if on else "")
-        self.legend.setVisible(on)
-        if on:
-            self._request_pieces()
-        self.chat.render(self.conv, streaming=self.busy)
-
-    def _request_pieces(self, index: int | None = None) -> None:
-        """Ask the worker for the token texts of replies loaded without them, or with texts
-        that do not spell their stored answer (another model's tokenizer gave them; needs the
-        tokenizer, which lives on the worker): every turn's, or only the turn at ``index``."""
-        from app.ui.render import spells_its_text
-
-        if self.conv is None or self.model is None:
-            return
-        jobs = {}
-        for i, m in enumerate(self.conv.messages):
-            if index is not None and i != index:
-                continue
-            for key, v in m.versions.items():
-                if v.result.tokens and not (v.result.pieces and spells_its_text(v.result)):
-                    jobs[(self.conv.id, i, key)] = list(v.result.tokens)
-        if jobs:
-            self.worker.piecesRequested.emit(jobs)
-
-    def _on_pieces(self, pieces: dict) -> None:
-        changed: set[int] = set()
-        for (conv_id, i, key), texts in pieces.items():
-            if self.conv is None or self.conv.id != conv_id or i >= len(self.conv.messages):
-                continue
-            v = self.conv.messages[i].versions.get(key)
-            if v is not None and len(texts) == len(v.result.tokens):
-                v.result.pieces = texts
-                changed.add(i)
-        if changed and self.chat.colour_drafts and not self.busy:
-            self.chat.render(self.conv)
-        shown = self._shown_compare()
-        if shown is not None and shown[0] in changed:  # its first divergence can be marked
-            self.compare_view.show_turn(shown[1])
 

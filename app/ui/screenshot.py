@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if win.model is None:
         print(win.banner.text(), file=sys.stderr)
         return 2
-    win.clear_banner()
+    win.messages.clear_banner()
     prompts = args.prompt or (DEMO_PROMPTS if args.model else [SCRIPT[0][0], SCRIPT[1][0]])
     prompts = (prompts * 2)[:2]
     when = args.when or ("done" if args.model else "streaming")
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if when == "done":
         pump(lambda: not win.busy, 600)
     else:  # mid-reply: once a good part of the second reply is on screen
-        pump(lambda: not win.busy or (win._run and win._run.sides[""].stats.cycles > 14), 120)
+        pump(lambda: not win.busy or (win.replies.run
+                                      and win.replies.run.sides[""].stats.cycles > 14), 120)
     pump(lambda: False, 0.05)
     win.grab().save(args.out)
     print(f"saved {args.out}")

@@ -9,7 +9,7 @@ thread of its own with its event loop (:class:`WindowServer`); it never touches 
 
 The server listens on 127.0.0.1 only (no API key in the window), on the port in the
 ``serve/port`` setting (default 8080). Loading another pair, unloading it or closing the
-window stops serving. :class:`ServeFlow` is mixed into :class:`app.ui.window.MainWindow`.
+window stops serving. :class:`ServeController` is the window's switch for it.
 """
 
 from __future__ import annotations
@@ -20,15 +20,22 @@ import threading
 import time
 from collections.abc import Callable
 
+from PySide6.QtGui import QAction
+
+from app.chat.session import ModelInfo
 from app.serve.api import ServeOptions
 from app.serve.server import DEFAULT_PORT, DrainingServer, make_server
 from app.serve.worker import JobQueue
-from app.ui.worker import ModelInfo
+from app.ui.messages import MessageBar
+from app.ui.state import WindowState
+from app.ui.worker import Worker
 
 log = logging.getLogger("app.ui.window")
 
 SERVE_HOST = "127.0.0.1"
 """The window serves on loopback only."""
+SERVE_TIP = "Serve the loaded pair on 127.0.0.1 (OpenAI API)."
+"""The Serve on localhost action's tooltip while not serving."""
 
 
 class WindowJobs(JobQueue):
@@ -98,15 +105,28 @@ class WindowServer:
         self.thread.join(timeout)
 
 
-class ServeFlow:
-    """The "Serve on localhost" switch (File menu), mixed into the main window.
+class ServeController:
+    """The "Serve on localhost" switch (File menu).
 
-    Needs from the window: ``worker`` (:class:`app.ui.worker.Worker`), ``model``
-    (:class:`ModelInfo` or None), ``qs`` (QSettings), ``flash``, ``show_banner`` and
-    ``serve_action`` (the checkable menu action, made in ``_build_menus``).
+    Args:
+        state: the window's state (the loaded ``model``, a ``loading`` pair, ``qs`` for the
+            ``serve/port`` setting).
+        worker: the window's :class:`app.ui.worker.Worker`, which runs the server's jobs.
+        messages: where failures and the serving URL are said.
+        action: the checkable File › Serve on localhost action (kept in step with serving).
+
+    Attributes:
+        serving: the running server, None when not serving.
     """
 
-    serving: WindowServer | None = None
+    def __init__(self, state: WindowState, worker: Worker, messages: MessageBar,
+                 action: QAction) -> None:
+        self.state = state
+        self.worker = worker
+        self.messages = messages
+        self.action = action
+        self.serving: WindowServer | None = None
+        action.toggled.connect(self.toggle_serving)
 
     def toggle_serving(self, on: bool) -> None:
         """The menu action's slot: start or stop serving."""
@@ -120,8 +140,8 @@ class ServeFlow:
         returns the base URL, or None when it could not start (the banner says why)."""
         if self.serving is not None:
             return self.serving.url
-        info = self.model
-        if getattr(self, "_loading", None) is not None:
+        info = self.state.model
+        if self.state.loading is not None:
             self._serve_failed("A model is loading: serve it once it is loaded.")
             return None
         if info is None:
@@ -129,7 +149,7 @@ class ServeFlow:
             return None
         if port is None:
             try:
-                port = int(self.qs.value("serve/port", DEFAULT_PORT))
+                port = int(self.state.qs.value("serve/port", DEFAULT_PORT))
             except (TypeError, ValueError):
                 port = DEFAULT_PORT
         jobs = WindowJobs(info, lambda: self.worker.serveRequested.emit(jobs))
@@ -139,30 +159,29 @@ class ServeFlow:
             self._serve_failed(f"Cannot serve on {SERVE_HOST}:{port}: {exc}. Another program "
                                "may use the port (set serve/port in the settings file).")
             return None
-        self._set_serve_checked(True)
+        self._set_checked(True)
         url = self.serving.url
-        self.flash(f"Serving {info.target_name} on {url} (OpenAI-compatible)", 10000)
-        self.serve_action.setToolTip(f"Serving on {url}; click to stop.")
+        self.messages.flash(f"Serving {info.target_name} on {url} (OpenAI-compatible)", 10000)
+        self.action.setToolTip(f"Serving on {url}; click to stop.")
         log.info("serving %s on %s", info.target_name, url)
         return url
 
     def stop_serving(self, why: str = "") -> None:
         """Stop serving (no-op when not serving); ``why`` is flashed in the status bar."""
         server, self.serving = self.serving, None
-        self._set_serve_checked(False)
+        self._set_checked(False)
         if server is None:
             return
         server.stop()
-        self.serve_action.setToolTip("Serve the loaded pair on 127.0.0.1 (OpenAI API).")
-        self.flash(f"Stopped serving{': ' + why if why else ''}", 6000)
+        self.action.setToolTip(SERVE_TIP)
+        self.messages.flash(f"Stopped serving{': ' + why if why else ''}", 6000)
 
     def _serve_failed(self, message: str) -> None:
-        self._set_serve_checked(False)
-        self.show_banner(message)
+        self._set_checked(False)
+        self.messages.show_banner(message)
 
-    def _set_serve_checked(self, on: bool) -> None:
-        action = getattr(self, "serve_action", None)
-        if action is not None and action.isChecked() != on:
-            action.blockSignals(True)
-            action.setChecked(on)
-            action.blockSignals(False)
+    def _set_checked(self, on: bool) -> None:
+        if self.action.isChecked() != on:
+            self.action.blockSignals(True)
+            self.action.setChecked(on)
+            self.action.blockSignals(False)

@@ -31,11 +31,10 @@ from typing import Any, Protocol
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.chat.events import ReplyDone, RoundFinished, StopStringHit
-from app.chat.session import TINY_PAIR, ChatSession, ModelInfo, PairSpec
+from app.chat.session import ChatSession, ModelInfo, PairSpec
 from app.chat.settings import ReplySettings
 from app.chat.storage import Store
 from app.chat.stored_turn import (
-    ReplyFailed,
     ReplyFinished,
     SaveFailed,
     TaggedEvent,
@@ -43,13 +42,11 @@ from app.chat.stored_turn import (
     TurnStored,
     run_turn,
 )
-from app.chat.turns import ReplyResult
 from app.engine.errors import EngineError, WrongThreadError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TINY_PAIR", "ModelInfo", "PairSpec", "ReplyFailed", "ReplyFinished", "ReplyResult",
-           "TurnRequest", "UiEvent", "Worker", "WorkerThread"]
+__all__ = ["Backend", "UiEvent", "Worker", "WorkerThread", "assert_not_gui_thread", "at_exit"]
 
 FLUSH_S = 0.02
 """Seconds between event batches sent to the GUI thread (50 per second at most)."""
