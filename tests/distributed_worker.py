@@ -33,6 +33,7 @@ from app.engine import generate as gen  # noqa: E402
 from app.engine.distributed import cache_state, join_group  # noqa: E402
 from app.engine.events import CycleEvent, Done, TokenEvent  # noqa: E402
 from app.engine.generate import GenerationConfig, generate  # noqa: E402
+from app.engine.rollback import VerifyCheckpoint  # noqa: E402
 from app.engine.target import TargetRunner  # noqa: E402
 from app.models.distributed import load_shard  # noqa: E402
 from app.models.loader import load_drafter, load_target  # noqa: E402
@@ -136,19 +137,25 @@ def exact(link, pairs: list[str], max_tokens: int) -> dict:
 
 
 def _restore_check(shard, whole, ids) -> dict:
-    """A verify pass on both ranks undone by ``restore``: every layer as before it."""
-    runner = shard.shard
-    cache = runner.make_cache()
-    runner.forward(mx.array([ids], dtype=mx.int32), cache, all_logits=False)
-    before = runner.gather_cache()
-    block = mx.array([ids[:7]], dtype=mx.int32)
-    checkpoint = runner.checkpoint(cache, "tape", mx.eval)
-    runner.forward(block, cache, tapes=checkpoint.begin(block))
-    grown = runner.gather_cache()
-    checkpoint.restore()
-    after = runner.gather_cache()
+    """A verify pass on both ranks undone by ``restore``, and the same in one process."""
+    caches = []
+    for runner in (shard.shard, TargetRunner(whole.model, whole.model_type)):
+        cache = runner.make_cache()
+        runner.forward(mx.array([ids], dtype=mx.int32), cache, all_logits=False)
+        dump = getattr(runner, "gather_cache", lambda c=cache: [cache_state(x) for x in c])
+        before = dump()
+        block = mx.array([ids[:7]], dtype=mx.int32)
+        make = getattr(runner, "checkpoint", None)
+        checkpoint = make(cache, "tape", mx.eval) if make else VerifyCheckpoint(
+            runner, cache, "tape", mx.eval)
+        runner.forward(block, cache, tapes=checkpoint.begin(block))
+        grown = dump()
+        checkpoint.restore()
+        caches.append((before, grown, dump()))
+    (before, grown, after), (_, _, one_after) = caches
     return dict(settings={"restore": True}, grown=_difference(grown, before),
-                cache_difference=_difference(after, before), cache_layers=len(after))
+                cache_difference=_difference(after, before),
+                one_process_difference=_difference(after, one_after), cache_layers=len(after))
 
 
 def peer_loss(link, pair: str, how: str, max_tokens: int) -> dict:

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from app.engine.distributed import DistributedRunner, Link, ShardWorker, even_split, layer_ranges
 from app.engine.errors import ModelLoadError
-from app.models.loader import LoadedTarget, load_target, read_config, resolve_model_path, text_config
+from app.models.loader import (
+    LoadedTarget,
+    load_target,
+    read_config,
+    resolve_model_path,
+    text_config,
+)
 
 
 def parse_layer_split(text: str | None, num_layers: int, size: int) -> list[int]:

@@ -543,7 +543,8 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
 
 def keep_layers(model, layers: tuple[int, int], ends: bool = True) -> None:
     """Replace the decoder layers of ``model`` outside ``layers`` ``(first, end)`` by
-    weightless modules that keep ``is_linear``; without ``ends``, also the embedding, the
+    weightless modules that keep the layer's plain attributes (``is_linear``, ``use_sliding``:
+    what ``make_cache`` reads); without ``ends``, also the embedding, the
     final norm and the LM head. Called on a lazily loaded model, before its weights are read.
 
     Raises:
@@ -561,7 +562,10 @@ def keep_layers(model, layers: tuple[int, int], ends: bool = True) -> None:
         raise ModelLoadError(f"layers {first}..{end - 1} are outside the model's {len(owned)}")
     for i, layer in enumerate(owned):
         if not first <= i < end:
-            stub = nn.Module()
+            stub = nn.Module()  # the layer's flags (is_linear, use_sliding), none of its weights
+            for key, value in vars(layer).items():
+                if isinstance(value, (bool, int, float, str)) and not key.startswith("_"):
+                    setattr(stub, key, value)
             stub.is_linear = bool(getattr(layer, "is_linear", False))
             owned[i] = stub
     if not ends:
