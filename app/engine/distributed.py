@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -127,14 +129,21 @@ class Link:
         self.size = group.size()
         self.timeout = timeout
         self.lost: str | None = None
-        self._pool = None
-        self._stream = None
+        self._jobs: queue.Queue | None = None
         if self.rank == 0 and self.size > 1:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="dflash-net", initializer=self._init_thread)
+            self._jobs = queue.Queue()
+            # a daemon thread: one stuck on a lost peer does not hold the process's exit
+            threading.Thread(target=self._serve_jobs, name="dflash-net", daemon=True).start()
 
-    def _init_thread(self) -> None:
-        self._stream = mx.new_stream(mx.cpu)
+    def _serve_jobs(self) -> None:
+        stream = mx.new_stream(mx.cpu)  # MLX streams belong to the thread that made them
+        while True:
+            fn, future = self._jobs.get()
+            try:
+                with mx.stream(stream):
+                    future.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
 
     def run(self, fn, what: str):
         """Run ``fn()`` (it sends and receives and evaluates what it receives) and return its
@@ -145,18 +154,15 @@ class Link:
         """
         if self.lost:
             raise PeerLostError(self.lost)
-        if self._pool is None:
+        if self._jobs is None:
             try:
                 return fn()
             except RuntimeError as exc:
                 self.lost = f"the connection to a process of the group was lost ({exc})"
                 raise PeerLostError(self.lost) from exc
 
-        def on_thread():
-            with mx.stream(self._stream):
-                return fn()
-
-        future = self._pool.submit(on_thread)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((fn, future))
         try:
             return future.result(timeout=self.timeout)
         except concurrent.futures.TimeoutError:
@@ -164,8 +170,7 @@ class Link:
                          f"({what}): the host dropped or hangs")
         except RuntimeError as exc:
             self.lost = f"the connection to a process of the group was lost ({what}: {exc})"
-        self._pool.shutdown(wait=False)  # a thread stuck on a dead peer is left behind
-        raise PeerLostError(self.lost)
+        raise PeerLostError(self.lost)  # a thread stuck on a silent peer is left behind
 
     def send(self, x: mx.array, dst: int) -> None:
         """Send the evaluated array ``x`` to rank ``dst`` (inside :meth:`run`)."""
