@@ -95,20 +95,24 @@ class Traffic:
         exchanges: forward passes and commands rank 0 issued.
         wait_s: seconds rank 0 waited on the network (its sends, the other ranks' layers and
             their sends back).
+        log: one ``(op, positions, flags, bytes, wait seconds)`` per exchange of the current
+            sequence, in order (``positions`` 0 for a command); a new cache starts it again.
     """
 
     bytes_sent: int = 0
     messages: int = 0
     exchanges: int = 0
     wait_s: float = 0.0
-    by_op: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
 
-    def add(self, op: int, nbytes: int, messages: int) -> None:
+    def add(self, op: int, nbytes: int, messages: int, positions: int = 0, flags: int = 0,
+            wait_s: float = 0.0) -> None:
         """Count one exchange of ``messages`` messages and ``nbytes`` bytes."""
         self.bytes_sent += nbytes
         self.messages += messages
         self.exchanges += 1
-        self.by_op[op] = self.by_op.get(op, 0) + nbytes
+        self.wait_s += wait_s
+        self.log.append((op, positions, flags, nbytes, wait_s))
 
 
 class Link:
@@ -242,6 +246,7 @@ class DistributedRunner(TargetRunner):
             PeerLostError: a rank is lost.
         """
         full = super().make_cache()
+        self.traffic.log.clear()
         lo, hi = self.ranges[0]
         self._cache = full[lo:hi]
         self._command(RESET, flags=FAST_VERIFY if self.fast_verify else 0)
@@ -293,7 +298,7 @@ class DistributedRunner(TargetRunner):
             return link.recv(back_shape, h.dtype, link.size - 1)
 
         out = link.run(go, "a forward pass")
-        self.traffic.wait_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
         # every hop: a header and the stream forward (wider by the tap states each rank
         # adds), the answer back to rank 0
         S, hidden = int(h.shape[1]), int(h.shape[2])
@@ -303,7 +308,8 @@ class DistributedRunner(TargetRunner):
             lo, hi = self.ranges[r]
             width += hidden * sum(1 for t in taps if lo <= t < hi)
         nbytes += math.prod(back_shape) * size
-        self.traffic.add(FORWARD, nbytes, 2 * (link.size - 1) + 1)
+        flags = int(header[3].item())
+        self.traffic.add(FORWARD, nbytes, 2 * (link.size - 1) + 1, S, flags, waited)
         return out
 
     def _command(self, op: int, a: int = 0, b: int = 0, flags: int = 0) -> None:
@@ -312,8 +318,8 @@ class DistributedRunner(TargetRunner):
         mx.eval(header)
         t0 = time.perf_counter()
         self.link.run(lambda: self.link.send(header, 1), "a command")
-        self.traffic.wait_s += time.perf_counter() - t0
-        self.traffic.add(op, _nbytes(header) * (self.link.size - 1), self.link.size - 1)
+        self.traffic.add(op, _nbytes(header) * (self.link.size - 1), self.link.size - 1,
+                         wait_s=time.perf_counter() - t0)
 
     def gather_cache(self) -> list[list[mx.array]]:
         """The live cache of every layer of the model, in layer order: rank 0's own arrays
