@@ -175,3 +175,37 @@ def test_layer_split():
             parse_layer_split(bad, 6, 2)
     with pytest.raises(GenerationError):
         parse_layer_split(None, 1, 2)
+
+
+def _app(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_chat_distributed_on_local_ranks_gives_the_one_process_reply(tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    common = ["--data-dir", str(tmp_path / "data"), "chat", "--json", "--mode", "dflash",
+              "--max-tokens", "40", "--tools", "none", "--prompt", "Name five capitals in Europe."]
+    one = _app(*common)
+    two = _app(*common, "--distributed", str(hosts), "--layer-split", "2,4")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert "runs on 2 processes (layers 0-1, 2-5)" in two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
+    assert b["summary"]["cycles"] == a["summary"]["cycles"]
+
+
+def test_distributed_arguments_are_checked(tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]))
+    data = ["--data-dir", str(tmp_path / "d")]
+    one_host = _app(*data, "chat", "--distributed", str(hosts))
+    assert one_host.returncode == 2
+    assert "name two hosts or more" in one_host.stderr
+    missing = _app(*data, "chat", "--distributed", str(tmp_path / "none.json"))
+    assert missing.returncode == 2 and "cannot read the hostfile" in missing.stderr
+    serve = _app(*data, "serve", "--distributed", str(hosts))
+    assert serve.returncode == 2
+    assert "serve --distributed is not supported yet" in serve.stderr

@@ -364,7 +364,7 @@ def run_multi_turn(args) -> int:
         target = load_target_arg(args, tpath)
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
-    except (CommandError, EngineError) as exc:
+    except (CommandError, EngineError, ValueError) as exc:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)
@@ -436,7 +436,7 @@ def run_bench(args) -> int:
         else:
             prompts, source = default_prompts(Path(tpath) if Path(tpath).is_dir() else None)
         rendered = [(p.id, render(target, p)) for p in prompts]
-    except (CommandError, EngineError, BenchError) as exc:
+    except (CommandError, EngineError, BenchError, ValueError) as exc:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)

@@ -26,9 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.commands.generation import CommandError
-
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class CommandError(ValueError):
+    """A bad ``--distributed`` argument (the commands' guard turns it into exit code 2)."""
 
 
 def add_distributed_arguments(p) -> None:
