@@ -94,8 +94,12 @@ def _runs(drafter2: bool) -> list[dict]:
     runs = [dict(mode="plain"), dict(mode="dflash", rollback="tape"),
             dict(mode="dflash", rollback="replay"),
             dict(mode="dflash", rollback="tape", fast_verify=True)]
+    runs += [dict(mode="plain", temperature=0.8, seed=3),
+             dict(mode="dflash", rollback="tape", temperature=0.8, seed=3),
+             dict(mode="lookup", rollback="tape")]
     if drafter2:
         runs.append(dict(mode="dflash2", rollback="tape"))
+        runs.append(dict(mode="dflash2", rollback="tape", temperature=0.8, seed=3))
     return runs
 
 
@@ -115,6 +119,8 @@ def exact(link, pairs: list[str], max_tokens: int) -> dict:
         results = []
         for settings in _runs("dflash2" in by_kind):
             drafter = by_kind.get("dflash2" if settings["mode"] == "dflash2" else "dflash")
+            if settings["mode"] == "lookup":
+                drafter = None
             cfg = GenerationConfig(max_tokens=max_tokens, block_size=None, **settings)
             ref_tokens, ref_cycles, ref_done = _collect(generate(whole, ids, cfg, drafter))
             ref_cache = [cache_state(c) for c in recorder.cache]

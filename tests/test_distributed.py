@@ -3,7 +3,7 @@
 ``tests/distributed_worker.py`` runs as rank 0 and rank 1. On the bundled demo pair and on
 tiny random targets (hybrid ``qwen3_5``, dense ``qwen3``, ``llama`` with sliding-window
 layers) every run (plain, DFlash with the tape and the replay rollback, fast verify,
-DFlash2) gives the tokens and every layer's cache the same run gives in one process, to the
+Lookup, sampled plain and DFlash, DFlash2 greedy and sampled) gives the tokens and every layer's cache the same run gives in one process, to the
 last bit; a verify pass undone on both ranks leaves every layer as it was; and a rank killed
 or stopped mid-reply ends the reply with ``PeerLostError`` within the network timeout.
 """
@@ -95,7 +95,7 @@ def test_every_run_equals_one_process_bit_for_bit(exact_report):
         assert r["cache_layers"] >= 2, what
         assert r["cache_difference"] == 0.0, what
         seen += 1
-    assert seen == 5 + 3 * 4  # the demo pair with DFlash2, three tiny pairs without
+    assert seen == 9 + 3 * 7  # the demo pair with DFlash2, three tiny pairs without
 
 
 def test_every_rollback_path_is_taken_on_both_ranks(exact_report):

@@ -176,6 +176,11 @@ class Link:
             self.lost = f"the connection to a process of the group was lost ({what}: {exc})"
         raise PeerLostError(self.lost)  # a thread stuck on a silent peer is left behind
 
+    def barrier(self) -> None:
+        """Wait, without a time limit, until every rank of the group gets here (after loading
+        its layers, which may take minutes for a large target)."""
+        mx.eval(mx.distributed.all_sum(mx.zeros((1,), dtype=mx.int32), group=self.group))
+
     def send(self, x: mx.array, dst: int) -> None:
         """Send the evaluated array ``x`` to rank ``dst`` (inside :meth:`run`)."""
         mx.eval(mx.distributed.send(x, dst, group=self.group))

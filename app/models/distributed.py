@@ -71,6 +71,7 @@ def load_shard(path_or_repo: str | Path, link: Link, split: str | None = None,
     rank = link.rank
     target = load_target(path_or_repo, keep_quantized=keep_quantized, layers=ranges[rank],
                          ends=rank == 0)
+    link.barrier()  # every rank loaded: from here on the network timeout applies
     if rank != 0:
         return ShardWorker(target.model, target.model_type, link, ranges)
     target.shard = DistributedRunner(target.model, target.model_type, link, ranges)
