@@ -195,6 +195,8 @@ def test_chat_distributed_on_local_ranks_gives_the_one_process_reply(tmp_path):
     a, b = json.loads(one.stdout), json.loads(two.stdout)
     assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
     assert b["summary"]["cycles"] == a["summary"]["cycles"]
+    assert a["summary"]["network_bytes"] == 0
+    assert b["summary"]["network_bytes"] > 0 and b["summary"]["network_wait_s"] > 0
 
 
 def test_distributed_arguments_are_checked(tmp_path):

@@ -278,6 +278,12 @@ def load_target_arg(args, tpath: str):
     return load_target(tpath, keep_quantized=keep_quantized_arg(args))
 
 
+def _no_prebuild_if_sharded(target) -> dict:
+    """``warm_up``'s keyword for ``target``: no kernel prebuild in child processes for a
+    target sharded over a group (its model holds rank 0's layers only)."""
+    return {"prebuild": False} if getattr(target, "shard", None) is not None else {}
+
+
 def warm_up_on_gpu(target, drafters: list) -> None:
     """On a GPU backend, warm the loaded pair up as the window does after a load
     (:func:`app.engine.warmup.warm_up`, every drafter included), so that the first reply's
@@ -285,8 +291,7 @@ def warm_up_on_gpu(target, drafters: list) -> None:
     from app.engine.warmup import needs_warm_up, warm_up
 
     if needs_warm_up():
-        sharded = getattr(target, "shard", None) is not None  # no kernel prebuild over a group
-        report = warm_up(target, drafters, every_drafter=True, prebuild=False if sharded else None)
+        report = warm_up(target, drafters, every_drafter=True, **_no_prebuild_if_sharded(target))
         _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
 
 
@@ -297,8 +302,7 @@ def warm_up_both(target, drafters: list) -> None:
     look slower than it is. Says how long it took on stderr."""
     from app.engine.warmup import warm_up
 
-    sharded = getattr(target, "shard", None) is not None  # no kernel prebuild over a group
-    report = warm_up(target, drafters, every_drafter=True, prebuild=False if sharded else None)
+    report = warm_up(target, drafters, every_drafter=True, **_no_prebuild_if_sharded(target))
     _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
 
 

@@ -395,7 +395,7 @@ def generate(
             lambda cancel: _clear_on_error(
                 _plain_body(target, list(prompt_ids), config, cancel, session, boundaries,
                             drafter, summary),
-                session,
+                session, getattr(target, "shard", None),
             ),
             summary,
         )
@@ -413,7 +413,7 @@ def generate(
             lambda cancel: _clear_on_error(
                 _lookup_body(target, runner, list(prompt_ids), config, block, cancel, session,
                              boundaries, summary),
-                session,
+                session, getattr(target, "shard", None),
             ),
             summary,
         )
@@ -438,7 +438,7 @@ def generate(
                 target, runner, drafter, list(prompt_ids), config, block, cancel, session,
                 boundaries, summary,
             ),
-            session,
+            session, getattr(target, "shard", None),
         ),
         summary,
     )
@@ -472,10 +472,17 @@ def _start(session: PromptCache | None, prompt: list[int], need_drafter: bool) -
     return session.prepare(prompt, need_drafter) if session is not None else 0
 
 
-def _clear_on_error(body: Iterator, session: PromptCache | None) -> Iterator:
-    """Run ``body``; if it fails, drop the kept caches, which may be half-updated."""
+def _clear_on_error(body: Iterator, session: PromptCache | None, shard=None) -> Iterator:
+    """Run ``body``; if it fails, drop the kept caches, which may be half-updated. For a
+    target sharded over a group (``shard``, :mod:`app.engine.distributed`), the run's
+    network figures go into its ``Done`` summary (``network_wait_s``, ``network_bytes``)."""
+    start = (shard.traffic.wait_s, shard.traffic.bytes_sent) if shard is not None else None
     try:
-        yield from body
+        for ev in body:
+            if start is not None and isinstance(ev, Done):
+                ev.summary.network_wait_s = shard.traffic.wait_s - start[0]
+                ev.summary.network_bytes = shard.traffic.bytes_sent - start[1]
+            yield ev
     except BaseException:
         if session is not None:
             session.clear()
