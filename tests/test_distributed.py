@@ -211,3 +211,34 @@ def test_distributed_arguments_are_checked(tmp_path):
     serve = _app(*data, "serve", "--distributed", str(hosts))
     assert serve.returncode == 2
     assert "serve --distributed is not supported yet" in serve.stderr
+
+
+def test_remote_hosts_are_started_through_mlx_launch(tmp_path, monkeypatch):
+    """A hostfile naming other machines runs the same command again under ``mlx.launch``
+    (ring backend, this Python, this folder), which starts it on every host."""
+    import argparse
+
+    from app.commands import distributed
+
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps({"hosts": [{"ssh": "mac-a.local", "ips": ["10.0.0.1"]},
+                                           {"ssh": "mac-b.local", "ips": ["10.0.0.2"]}]}))
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["app", "chat", "--distributed", str(hosts)])
+    seen = {}
+
+    def fake_execv(path, argv):
+        seen["argv"] = argv
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", fake_execv)
+    args = argparse.Namespace(distributed=str(hosts), network_timeout=30.0)
+    with pytest.raises(SystemExit):
+        distributed.join(args)
+    argv = seen["argv"]
+    assert argv[0] == sys.executable and "mlx._distributed_utils.launch" in argv[2]
+    rest = argv[3:]
+    assert rest[rest.index("--hostfile") + 1] == str(hosts)
+    assert rest[rest.index("--backend") + 1] == "ring"
+    assert rest[rest.index("--python") + 1] == sys.executable
+    assert rest[rest.index("--") + 1:] == ["-m", "app", "chat", "--distributed", str(hosts)]
