@@ -182,17 +182,30 @@ def _app(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def test_chat_distributed_on_local_ranks_gives_the_one_process_reply(tmp_path):
-    hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
-    common = ["--data-dir", str(tmp_path / "data"), "chat", "--json", "--mode", "dflash",
-              "--max-tokens", "40", "--tools", "none", "--prompt", "Name five capitals in Europe."]
-    one = _app(*common)
-    two = _app(*common, "--distributed", str(hosts), "--layer-split", "2,4")
+CHAT = ["chat", "--json", "--mode", "dflash", "--max-tokens", "40", "--tools", "none",
+        "--prompt", "Name five capitals in Europe."]
+
+
+@pytest.fixture(scope="module")
+def one_process_chat(tmp_path_factory) -> dict:
+    data = tmp_path_factory.mktemp("chat_data")
+    one = _app("--data-dir", str(data), *CHAT)
     assert one.returncode == 0, one.stderr
-    assert two.returncode == 0, two.stderr
-    assert "runs on 2 processes (layers 0-1, 2-5)" in two.stderr
-    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    return json.loads(one.stdout)
+
+
+@pytest.mark.parametrize("ranks, split, layers", [(2, "2,4", "0-1, 2-5"),
+                                                  (3, None, "0-1, 2-3, 4-5")])
+def test_chat_distributed_on_local_ranks_gives_the_one_process_reply(
+        tmp_path, one_process_chat, ranks, split, layers):
+    """Three ranks too: the stream and the tap states of two ranks travel on to the last."""
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * ranks))
+    extra = ["--layer-split", split] if split else []
+    run = _app("--data-dir", str(tmp_path / "data"), *CHAT, "--distributed", str(hosts), *extra)
+    assert run.returncode == 0, run.stderr
+    assert f"runs on {ranks} processes (layers {layers})" in run.stderr
+    a, b = one_process_chat, json.loads(run.stdout)
     assert b["tokens"] == a["tokens"] and len(a["tokens"]) == 40
     assert b["summary"]["cycles"] == a["summary"]["cycles"]
     assert a["summary"]["network_bytes"] == 0

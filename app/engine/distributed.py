@@ -508,7 +508,7 @@ class ShardWorker:
         mine = [captured[t] for t in sorted(captured)]
         out = mx.concatenate([h, carried, *mine], axis=-1) if (mine or width > hidden) else h
         if not last:
-            header = _header(FORWARD, S, 0, flags, dtype, int(out.shape[-1]), taps)
+            header = _header(FORWARD, S, hidden, flags, dtype, int(out.shape[-1]), taps)
             mx.eval(out, header, cache_arrays(self.cache))
             link.send(header, nxt)
             link.send(out, nxt)
