@@ -180,11 +180,39 @@ def peer_loss(link, pair: str, how: str, max_tokens: int) -> dict:
             os.kill(peer, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             marks["t"] = time.perf_counter()
 
+    if how == "kill":  # through the chat layer: the reply is stored as failed
+        return _stored_turn(shard, drafter, on_cycle, marks, max_tokens)
     cfg = GenerationConfig(mode="dflash", max_tokens=max_tokens)
     tokens, cycles, done = _collect(generate(shard, ids, cfg, drafter), on_cycle)
     elapsed = time.perf_counter() - marks["t"] if "t" in marks else None
     return dict(stop=done.stop_cause, error=done.error, seconds=elapsed, tokens=len(tokens),
                 cycles=len(cycles), lost=shard.shard.link.lost)
+
+
+def _stored_turn(target, drafter, on_cycle, marks, max_tokens) -> dict:
+    """One DFlash turn run and stored as the window runs it (``run_turn`` on a
+    ``ChatSession``), the peer killed after 3 cycles: the stored reply's state."""
+    from app.chat.reply import ReplySettings
+    from app.chat.session import ChatSession
+    from app.chat.storage import Store
+    from app.chat.stored_turn import TurnRequest, run_turn
+    from app.engine.events import CycleEvent as Cycle
+    from app.engine.prefix import PromptCache
+
+    store = Store(":memory:")
+    session = ChatSession(store)
+    session.target, session.drafter, session.cache = target, drafter, PromptCache()
+    conv = store.new_conversation()
+    request = TurnRequest(conv.id, "Write.", ReplySettings(mode="dflash", max_tokens=max_tokens))
+    cycles = 0
+    for tagged in run_turn(store, session, request):
+        if isinstance(tagged.event, Cycle):
+            cycles += 1
+            on_cycle(cycles)
+    elapsed = time.perf_counter() - marks["t"] if "t" in marks else None
+    reply = store.active_path(conv.id)[-1]
+    return dict(stop=reply.status, error=reply.error, seconds=elapsed, role=reply.role,
+                tokens=len(reply.token_ids), cycles=cycles, lost=target.shard.link.lost)
 
 
 def main() -> int:

@@ -148,12 +148,15 @@ def _peer_loss(tiny_pairs, tmp_path_factory, how: str, timeout: float) -> dict:
                     "--timeout", str(timeout)])
 
 
-def test_a_killed_rank_ends_the_reply_with_peer_lost(tiny_pairs, tmp_path_factory):
+def test_a_killed_rank_ends_the_reply_stored_as_failed(tiny_pairs, tmp_path_factory):
+    """The turn runs as the window runs it (``run_turn`` on a ``ChatSession``): the reply
+    stops, keeps what it wrote and is stored with status ``error`` and the cause."""
     r = _peer_loss(tiny_pairs, tmp_path_factory, "kill", 20.0)
+    assert r["role"] == "assistant"
     assert r["stop"] == "error"
-    assert r["error"].startswith("PeerLostError:"), r["error"]
+    assert "PeerLostError" in r["error"] and "connection" in r["error"], r["error"]
     assert r["lost"]
-    assert r["cycles"] >= 3 and r["tokens"] < 400
+    assert r["cycles"] >= 3 and r["tokens"] > 0
     assert r["seconds"] < 10.0
 
 
