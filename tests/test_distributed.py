@@ -224,6 +224,11 @@ def test_distributed_arguments_are_checked(tmp_path):
     assert "name two hosts or more" in one_host.stderr
     missing = _app(*data, "chat", "--distributed", str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "cannot read the hostfile" in missing.stderr
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    split = _app(*data, "chat", "--distributed", str(two), "--layer-split", "3,4")
+    assert split.returncode == 2
+    assert split.stderr.count("--layer-split '3,4': give 2 layer counts") == 1  # before any start
     serve = _app(*data, "serve", "--distributed", str(hosts))
     assert serve.returncode == 2
     assert "serve --distributed is not supported yet" in serve.stderr

@@ -143,8 +143,11 @@ def load_sharded_target(args, tpath: str, keep_quantized: bool | None):
         CommandError, GenerationError: as :func:`join`; ModelLoadError and the other load
             errors of :func:`~app.models.distributed.load_shard`.
     """
-    from app.models.distributed import load_shard
+    from app.models.distributed import load_shard, num_layers_of, parse_layer_split
 
+    if "MLX_RANK" not in os.environ:  # a bad split or model is said once, before any start
+        parse_layer_split(args.layer_split, num_layers_of(tpath),
+                          len(read_hosts(args.distributed)))
     link = join(args)
     loaded = load_shard(tpath, link, args.layer_split, keep_quantized)
     if link.rank != 0:
