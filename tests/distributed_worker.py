@@ -16,6 +16,7 @@ Scenarios:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+importlib.import_module("app.engine")  # an optimized BLAS before MLX, on Linux
 
 import mlx.core as mx  # noqa: E402
 
