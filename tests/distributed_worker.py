@@ -137,6 +137,8 @@ def exact(link, pairs: list[str], max_tokens: int) -> dict:
                 partial=sum(1 for c in cycles if c.accepted < c.drafted),
                 full=sum(1 for c in cycles if c.drafted and c.accepted == c.drafted),
                 ref_replays=sum(c.replayed for c in ref_cycles),
+                network_s=sum(c.network_s for c in cycles),
+                ref_network_s=sum(c.network_s for c in ref_cycles),
                 cache_layers=len(cache), cache_difference=_difference(cache, ref_cache),
                 bytes=shard.shard.traffic.bytes_sent - before))
         results.append(_restore_check(shard, whole, ids))

@@ -94,6 +94,8 @@ def test_every_run_equals_one_process_bit_for_bit(exact_report):
         assert r["replays"] == r["ref_replays"], what
         assert r["cache_layers"] >= 2, what
         assert r["cache_difference"] == 0.0, what
+        assert r["ref_network_s"] == 0.0, what
+        assert (r["network_s"] > 0) == (r["cycles"] > 0), what  # waited on rank 1 per cycle
         seen += 1
     assert seen == 9 + 3 * 7  # the demo pair with DFlash2, three tiny pairs without
 

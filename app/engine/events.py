@@ -66,6 +66,9 @@ class CycleEvent:
             per cycle"): then ``draft_s`` and ``rollback_s`` are the seconds spent queueing
             those stages and ``verify_s`` includes the wait for all the queued work; with
             ``GenerationConfig.stage_timing`` each is that stage's compute time.
+        network_s: for a target sharded over a group (:mod:`app.engine.distributed`), the
+            seconds of this cycle rank 0 waited on the other ranks (their layers and the
+            transfers; part of ``verify_s`` and ``rollback_s``); 0 in one process.
     """
 
     index: int
@@ -76,6 +79,7 @@ class CycleEvent:
     draft_s: float
     verify_s: float
     rollback_s: float
+    network_s: float = 0.0
 
     def kept(self, n: int) -> CycleEvent | None:
         """This cycle as far as its first ``n`` committed tokens are kept (an end token, a

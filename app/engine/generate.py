@@ -459,6 +459,13 @@ def target_runner(target, fast_verify: bool = False) -> TargetRunner:
     return TargetRunner(target.model, target.model_type, fast_verify=fast_verify)
 
 
+def _network_wait(runner: TargetRunner) -> float:
+    """Seconds a sharded target's runner has waited on its group so far (0 in one
+    process)."""
+    traffic = getattr(runner, "traffic", None)
+    return traffic.wait_s if traffic is not None else 0.0
+
+
 def _checkpoint(runner: TargetRunner, cache: list, strategy: str, queue) -> VerifyCheckpoint:
     """The rollback unit of ``runner``'s verify passes (a sharded target's rolls back on
     every rank)."""
@@ -680,6 +687,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 break
             remaining = config.max_tokens - s.generated_tokens
             L = min(block, remaining)
+            waited = _network_wait(runner)
             # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
@@ -753,7 +761,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     last_full = accepted >= n_drafts
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:
@@ -810,6 +818,7 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
                 break
             remaining = config.max_tokens - s.generated_tokens
             L = min(block, remaining)
+            waited = _network_wait(runner)
             t0 = time.perf_counter()
             drafts_in, _ = index.match(min(L - 1, length.value))
             ids = mx.array([[pending, *drafts_in]], dtype=mx.int32)
@@ -839,7 +848,7 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
             index.extend(committed)
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, len(drafts_in), accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:
