@@ -40,7 +40,7 @@ from app.commands.generation import (
     CommandError,
     default_dflash2,
     int_at_least,
-    keep_quantized_arg,
+    load_target_arg,
     resolve_pair,
 )
 from app.engine.bench import (
@@ -130,6 +130,9 @@ def register(subparsers) -> None:
                    "reused prefix (prefix reuse)")
     p.add_argument("--history-tokens", type=_positive, default=3800,
                    help="history length for --multi-turn (default 3800 tokens)")
+    from app.commands.distributed import add_distributed_arguments
+
+    add_distributed_arguments(p)
     p.set_defaults(func=run_bench)
 
 
@@ -354,14 +357,14 @@ def run_multi_turn(args) -> int:
     from app.engine.blas import warn_if_slow_blas
     from app.engine.errors import EngineError
     from app.engine.prefix import PromptCache
-    from app.models.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)
-        target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
+        target = load_target_arg(args, tpath)
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
-    except (CommandError, EngineError) as exc:
+    except (CommandError, EngineError, ValueError) as exc:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)
@@ -414,11 +417,11 @@ def run_bench(args) -> int:
         return run_multi_turn(args)
     from app.engine.blas import warn_if_slow_blas
     from app.engine.errors import EngineError
-    from app.models.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter
 
     try:
         tpath, dpath = resolve_pair(args, need_drafter=True)
-        target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
+        target = load_target_arg(args, tpath)
         drafter = load_drafter(dpath)
         check_pair(target, drafter)
         drafter2 = None
@@ -433,7 +436,7 @@ def run_bench(args) -> int:
         else:
             prompts, source = default_prompts(Path(tpath) if Path(tpath).is_dir() else None)
         rendered = [(p.id, render(target, p)) for p in prompts]
-    except (CommandError, EngineError, BenchError) as exc:
+    except (CommandError, EngineError, BenchError, ValueError) as exc:
         _err(f"error: {exc}")
         return 2
     warn_if_slow_blas(sys.stderr, load_mlx=True)

@@ -83,7 +83,8 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
 def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = None) -> str:
     """One line of figures of the whole reply, tool rounds included (as the window's panel
     gives them): mode, tokens, rounds, time to answer (tools' share), decode tok/s, TTFT,
-    acceptance, tau, replays, finish (``wall_s`` as :func:`chat_object`'s)."""
+    acceptance, tau, replays, for a sharded target the seconds waited on the network and the
+    bytes sent, finish (``wall_s`` as :func:`chat_object`'s)."""
     from app.chat.measure import ReplyFigures
 
     s = reply.reply_summary
@@ -99,6 +100,8 @@ def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = 
         acc = "n/a" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.0f}%"
         tau = "n/a" if s.tau is None else f"{s.tau:.2f}"
         parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
+    if s.network_bytes:  # a target sharded over a group (docs/distributed.md)
+        parts.append(f"network {s.network_wait_s:.2f} s waited, {s.network_bytes / 1e6:.2f} MB")
     parts.append(f"finish {reply.finish_reason}")
     return " · ".join(parts)
 

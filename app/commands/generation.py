@@ -113,6 +113,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tool-rounds", type=_non_negative_int, default=8,
                    help="tool rounds at most per reply (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from app.commands.distributed import add_distributed_arguments
+
+    add_distributed_arguments(p)
 
 
 # ------------------------------------------------------------------------------ setup
@@ -235,10 +238,10 @@ def _messages(args) -> list[dict]:
 
 def _load(args, need_drafter: bool):
     from app.models.catalog import warn_drafter_defaults
-    from app.models.loader import check_pair, load_drafter, load_target
+    from app.models.loader import check_pair, load_drafter
 
     tpath, dpath = resolve_pair(args, need_drafter)
-    target = load_target(tpath, keep_quantized=keep_quantized_arg(args))
+    target = load_target_arg(args, tpath)
     if target.weights_note:
         _warn(f"note: {target.weights_note}")
     drafter = None
@@ -262,6 +265,25 @@ def _load(args, need_drafter: bool):
     return target, drafter, tpath, dpath
 
 
+def load_target_arg(args, tpath: str):
+    """The target for the arguments: in this process, or with ``--distributed`` sharded over
+    a group (:func:`app.commands.distributed.load_sharded_target`; on a rank other than 0
+    that call serves its layers and ends the process)."""
+    from app.models.loader import load_target
+
+    if getattr(args, "distributed", None):
+        from app.commands.distributed import load_sharded_target
+
+        return load_sharded_target(args, tpath, keep_quantized_arg(args))
+    return load_target(tpath, keep_quantized=keep_quantized_arg(args))
+
+
+def _no_prebuild_if_sharded(target) -> dict:
+    """``warm_up``'s keyword for ``target``: no kernel prebuild in child processes for a
+    target sharded over a group (its model holds rank 0's layers only)."""
+    return {"prebuild": False} if getattr(target, "shard", None) is not None else {}
+
+
 def warm_up_on_gpu(target, drafters: list) -> None:
     """On a GPU backend, warm the loaded pair up as the window does after a load
     (:func:`app.engine.warmup.warm_up`, every drafter included), so that the first reply's
@@ -269,7 +291,7 @@ def warm_up_on_gpu(target, drafters: list) -> None:
     from app.engine.warmup import needs_warm_up, warm_up
 
     if needs_warm_up():
-        report = warm_up(target, drafters, every_drafter=True)
+        report = warm_up(target, drafters, every_drafter=True, **_no_prebuild_if_sharded(target))
         _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
 
 
@@ -280,7 +302,7 @@ def warm_up_both(target, drafters: list) -> None:
     look slower than it is. Says how long it took on stderr."""
     from app.engine.warmup import warm_up
 
-    report = warm_up(target, drafters, every_drafter=True)
+    report = warm_up(target, drafters, every_drafter=True, **_no_prebuild_if_sharded(target))
     _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
 
 

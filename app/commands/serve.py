@@ -70,6 +70,9 @@ def register(subparsers) -> None:
     p.add_argument("--log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
+    p.add_argument("--distributed", metavar="HOSTFILE",
+                   help="not supported yet: a target sharded over several hosts runs with chat, "
+                   "compare and bench (docs/distributed.md)")
     p.set_defaults(func=run_serve)
 
 
@@ -86,6 +89,9 @@ def _model_id(model_arg: str | None, target_path: str, name: str) -> str:
 
 
 def _serve(args) -> int:
+    from app.commands.distributed import refuse_distributed
+
+    refuse_distributed(args, "serve")
     from app.chat.session import PairSpec
     from app.serve.api import ServeOptions
     from app.serve.server import ServeConfigError, bind_socket, check_host, make_server

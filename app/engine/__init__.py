@@ -1,5 +1,5 @@
 """Qt-free, chat-free decoding: plain, DFlash and DFlash2, verification, the rollback unit,
-the prefix cache, events and Summary.
+the prefix cache, events and Summary, and a target sharded over a group of processes.
 
 Importing it on Linux first loads an optimized BLAS into the process when one is installed,
 before MLX is imported, or warns once that MLX will use its reference BLAS

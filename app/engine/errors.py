@@ -72,3 +72,9 @@ class PromptTooLongError(GenerationError):
 
 class WrongThreadError(EngineError):
     """An MLX entry point was called on the GUI thread (see ``app.engine.threads``)."""
+
+
+class PeerLostError(GenerationError):
+    """A process of the group a sharded target runs on (:mod:`app.engine.distributed`) died,
+    or did not answer within the network timeout: the reply stops there. The group cannot be
+    used again; the message names what was being exchanged."""

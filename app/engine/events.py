@@ -66,6 +66,9 @@ class CycleEvent:
             per cycle"): then ``draft_s`` and ``rollback_s`` are the seconds spent queueing
             those stages and ``verify_s`` includes the wait for all the queued work; with
             ``GenerationConfig.stage_timing`` each is that stage's compute time.
+        network_s: for a target sharded over a group (:mod:`app.engine.distributed`), the
+            seconds of this cycle rank 0 waited on the other ranks (their layers and the
+            transfers; part of ``verify_s`` and ``rollback_s``); 0 in one process.
     """
 
     index: int
@@ -76,6 +79,7 @@ class CycleEvent:
     draft_s: float
     verify_s: float
     rollback_s: float
+    network_s: float = 0.0
 
     def kept(self, n: int) -> CycleEvent | None:
         """This cycle as far as its first ``n`` committed tokens are kept (an end token, a
@@ -109,6 +113,9 @@ class Summary:
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     ``lookup_cycles``: DFlash cycles that verified prompt-lookup drafts instead of the
     drafter's (``GenerationConfig.lookup_drafts``; 0 otherwise).
+    ``network_wait_s`` and ``network_bytes``: for a target sharded over a group of processes
+    (:mod:`app.engine.distributed`), the seconds rank 0 waited on the group (the other ranks'
+    layers included) and the bytes put on the network, prefill included; 0 in one process.
     """
 
     mode: ModeName = Mode.PLAIN.value
@@ -136,6 +143,8 @@ class Summary:
     fast_verify: bool = False
     stage_timing: bool = False
     lookup_cycles: int = 0
+    network_wait_s: float = 0.0
+    network_bytes: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""
@@ -195,6 +204,8 @@ class Summary:
             out.accepted += s.accepted
             out.replays += s.replays
             out.lookup_cycles += s.lookup_cycles
+            out.network_wait_s += s.network_wait_s
+            out.network_bytes += s.network_bytes
             out.draft_s += s.draft_s
             out.verify_s += s.verify_s
             out.rollback_s += s.rollback_s

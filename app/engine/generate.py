@@ -384,6 +384,8 @@ def generate(
     check_engine_thread()
     if not prompt_ids:
         raise GenerationError("the prompt is empty")
+    if getattr(target, "shard", None) is not None:
+        session = None  # the other ranks keep no prefix cache: every reply prefills
     _check_sampling(config, target)
     if config.max_tokens < 1:
         raise GenerationError("max_tokens must be at least 1")
@@ -393,7 +395,7 @@ def generate(
             lambda cancel: _clear_on_error(
                 _plain_body(target, list(prompt_ids), config, cancel, session, boundaries,
                             drafter, summary),
-                session,
+                session, getattr(target, "shard", None),
             ),
             summary,
         )
@@ -405,13 +407,13 @@ def generate(
         block = config.block_size or DEFAULT_BLOCK
         if block < 1:
             raise GenerationError(f"block size {block} must be at least 1")
-        runner = TargetRunner(target.model, target.model_type, fast_verify=config.fast_verify)
+        runner = target_runner(target, config.fast_verify)
         summary = Summary(mode="lookup", prompt_tokens=len(prompt_ids))
         return Generation(
             lambda cancel: _clear_on_error(
                 _lookup_body(target, runner, list(prompt_ids), config, block, cancel, session,
                              boundaries, summary),
-                session,
+                session, getattr(target, "shard", None),
             ),
             summary,
         )
@@ -427,7 +429,7 @@ def generate(
         raise GenerationError(
             f"block size {block} is outside 1..{drafter.config.block_size} for this drafter"
         )
-    runner = TargetRunner(target.model, target.model_type, fast_verify=config.fast_verify)
+    runner = target_runner(target, config.fast_verify)
     v2 = drafter_mode(drafter) is Mode.DFLASH2
     summary = Summary(mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt_ids))
     return Generation(
@@ -436,10 +438,40 @@ def generate(
                 target, runner, drafter, list(prompt_ids), config, block, cancel, session,
                 boundaries, summary,
             ),
-            session,
+            session, getattr(target, "shard", None),
         ),
         summary,
     )
+
+
+def target_runner(target, fast_verify: bool = False) -> TargetRunner:
+    """The :class:`TargetRunner` for ``target``: a new one, or for a target sharded over a
+    group of processes (``target.shard``, :mod:`app.engine.distributed`) its one runner, set
+    to ``fast_verify``.
+
+    Raises:
+        UnsupportedArchitectureError: a family without tap capture.
+    """
+    shard = getattr(target, "shard", None)
+    if shard is not None:
+        shard.fast_verify = bool(fast_verify) and shard.hybrid
+        return shard
+    return TargetRunner(target.model, target.model_type, fast_verify=fast_verify)
+
+
+def _network_wait(runner: TargetRunner) -> float:
+    """Seconds a sharded target's runner has waited on its group so far (0 in one
+    process)."""
+    traffic = getattr(runner, "traffic", None)
+    return traffic.wait_s if traffic is not None else 0.0
+
+
+def _checkpoint(runner: TargetRunner, cache: list, strategy: str, queue) -> VerifyCheckpoint:
+    """The rollback unit of ``runner``'s verify passes (a sharded target's rolls back on
+    every rank)."""
+    make = getattr(runner, "checkpoint", None)
+    return make(cache, strategy, queue) if make is not None else VerifyCheckpoint(
+        runner, cache, strategy, queue)
 
 
 def _start(session: PromptCache | None, prompt: list[int], need_drafter: bool) -> int:
@@ -447,10 +479,17 @@ def _start(session: PromptCache | None, prompt: list[int], need_drafter: bool) -
     return session.prepare(prompt, need_drafter) if session is not None else 0
 
 
-def _clear_on_error(body: Iterator, session: PromptCache | None) -> Iterator:
-    """Run ``body``; if it fails, drop the kept caches, which may be half-updated."""
+def _clear_on_error(body: Iterator, session: PromptCache | None, shard=None) -> Iterator:
+    """Run ``body``; if it fails, drop the kept caches, which may be half-updated. For a
+    target sharded over a group (``shard``, :mod:`app.engine.distributed`), the run's
+    network figures go into its ``Done`` summary (``network_wait_s``, ``network_bytes``)."""
+    start = (shard.traffic.wait_s, shard.traffic.bytes_sent) if shard is not None else None
     try:
-        yield from body
+        for ev in body:
+            if start is not None and isinstance(ev, Done):
+                ev.summary.network_wait_s = shard.traffic.wait_s - start[0]
+                ev.summary.network_bytes = shard.traffic.bytes_sent - start[1]
+            yield ev
     except BaseException:
         if session is not None:
             session.clear()
@@ -480,7 +519,7 @@ def _tap_keeper(target, drafter, session: PromptCache | None, start: int):
     if start and session.drafter_cache is None:
         return None
     try:
-        runner = TargetRunner(target.model, target.model_type)
+        runner = target_runner(target)
     except Exception:  # a family without tap capture: plain as usual
         return None
     return runner, list(drafter.config.target_layer_ids)
@@ -491,7 +530,10 @@ def _shared_kernel_runner(target) -> TargetRunner | None:
     (:func:`app.engine.kernels.gdn_kernel.kernel_active`): a :class:`TargetRunner`, so that plain steps
     run the same recurrence kernel as DFlash's verify passes (bit-for-bit the same tokens and
     state). Else None: mlx-lm's model call, which on the CPU and Apple GPUs computes exactly
-    what the runner computes."""
+    what the runner computes. A target sharded over a group (``target.shard``) always runs
+    through its runner."""
+    if getattr(target, "shard", None) is not None:
+        return target.shard
     if not gdn_kernel.kernel_active():
         return None
     try:
@@ -508,10 +550,15 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
     s, choose, t_start = _begin(config, summary or Summary(mode="plain",
                                                            prompt_tokens=len(prompt)))
     s.reused_tokens = start = _start(session, prompt, False)
-    cache = session.target_cache if start else make_prompt_cache(model)
-    snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
     keeper = _tap_keeper(target, drafter, session, start)
     shared = None if keeper is not None else _shared_kernel_runner(target)
+    if start:
+        cache = session.target_cache
+    elif getattr(target, "shard", None) is not None:
+        cache = target.shard.make_cache()  # every rank starts an empty cache
+    else:
+        cache = make_prompt_cache(model)
+    snap = (lambda pos: session.snapshot(pos, cache)) if session is not None else None
     kept: list[mx.array] = []  # tap states of every position fed to the target, in order
 
     def step(ids: mx.array) -> mx.array:
@@ -630,7 +677,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         on_device = choose is None and not speculative
         staged = config.stage_timing
         queue = mx.eval if staged else mx.async_eval
-        checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
+        checkpoint = _checkpoint(runner, cache, config.rollback, queue)
         # opt-in: long prompt-lookup matches replace the drafter's block (GenerationConfig)
         index = NgramIndex(history) if config.lookup_drafts and not v2 else None
         last_full = True  # the drafter's previous block was wholly accepted
@@ -640,6 +687,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 break
             remaining = config.max_tokens - s.generated_tokens
             L = min(block, remaining)
+            waited = _network_wait(runner)
             # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
             block_ids = mx.array([pending], dtype=mx.int32)
@@ -713,7 +761,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     last_full = accepted >= n_drafts
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:
@@ -763,13 +811,14 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
     else:
         staged = config.stage_timing
         queue = mx.eval if staged else mx.async_eval
-        checkpoint = VerifyCheckpoint(runner, cache, config.rollback, queue)
+        checkpoint = _checkpoint(runner, cache, config.rollback, queue)
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
                 break
             remaining = config.max_tokens - s.generated_tokens
             L = min(block, remaining)
+            waited = _network_wait(runner)
             t0 = time.perf_counter()
             drafts_in, _ = index.match(min(L - 1, length.value))
             ids = mx.array([[pending, *drafts_in]], dtype=mx.int32)
@@ -799,7 +848,7 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
             index.extend(committed)
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, len(drafts_in), accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:

@@ -104,9 +104,14 @@ class VerifyCheckpoint:
             for tape in tapes:
                 tape.restore()
             trim_attention(cache, runner.linear, L)
-            runner.forward(ids[:, :n], cache, all_logits=False)
+            self._replay(ids[:, :n])
         self.queue(cache_arrays(cache))
         return True
+
+    def _replay(self, kept: mx.array) -> None:
+        """Run the kept tokens ``(1, n)`` through the target again (the ``replay`` strategy),
+        on the cache just put back to its state before the pass."""
+        self.runner.forward(kept, self.cache, all_logits=False)
 
     def restore(self) -> None:
         """Drop every position of the pass: the cache as it was before it (recurrent state

@@ -186,6 +186,7 @@ class TargetRunner:
         self.model_type = model_type
         self.inner = model.model  # qwen3_5: Model.model -> language_model.model
         self.layers = list(model.layers)
+        self.first_layer = 0  # model-wide id of layers[0] (a shard's runner walks a range)
         self.hybrid = any(getattr(layer, "is_linear", False) for layer in self.layers)
         self.linear = [bool(getattr(layer, "is_linear", False)) for layer in self.layers]
         self.num_layers = len(self.layers)
@@ -248,6 +249,38 @@ class TargetRunner:
             (None when ``taps`` is None).
         """
         h = self.inner.embed_tokens(ids) if embeds is None else embeds
+        h, captured = self.run_layers(h, cache, taps, tapes)
+        tap_states = None
+        if taps:
+            tap_states = mx.concatenate([captured[i] for i in taps], axis=-1)
+        if not all_logits:
+            h = h[:, -1:, :]
+        return self.lm_head(self.inner.norm(h)), tap_states
+
+    def run_layers(
+        self,
+        h: mx.array,
+        cache: list,
+        taps: list[int] | None = None,
+        tapes: list[GDNTape] | None = None,
+        chunked: bool | None = None,
+    ) -> tuple[mx.array, dict[int, mx.array]]:
+        """Run the residual stream ``h`` ``(1, S, hidden)`` through :attr:`layers` (the layers
+        ``first_layer .. first_layer + len(layers) - 1`` of the model), updating ``cache`` (one
+        entry per layer of :attr:`layers`).
+
+        Args:
+            taps: model-wide 0-based layer ids whose outputs to capture (ids of other layers
+                are ignored).
+            tapes: a list that receives one :class:`GDNTape` per GDN layer (a verify pass).
+            chunked: run the GDN recurrence in the chunked form; None: when ``fast_verify``
+                is on and ``tapes`` is given.
+
+        Returns:
+            ``h`` after the last layer and ``{layer id: (1, S, hidden)}`` for the captured taps.
+        """
+        if chunked is None:
+            chunked = self.fast_verify and tapes is not None
         ssm_cache = next((c for c, lin in zip(cache, self.linear) if lin), None)
         ssm_mask = create_ssm_mask(h, ssm_cache) if ssm_cache is not None else None
         masks: dict = {}  # one attention mask per kind of cache, as mlx-lm's models build them
@@ -260,24 +293,19 @@ class TargetRunner:
 
         wanted = set(taps or ())
         captured: dict[int, mx.array] = {}
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            if self.linear[i]:
+        for j, (layer, c) in enumerate(zip(self.layers, cache)):
+            if self.linear[j]:
                 r = gdn_forward(
                     layer.linear_attn, layer.input_layernorm(h), ssm_mask, c, tapes,
-                    chunked=self.fast_verify and tapes is not None,
+                    chunked=chunked,
                 )
                 h = h + r
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             else:
                 h = layer(h, mask=attention_mask(c), cache=c)
-            if i in wanted:
-                captured[i] = h
-        tap_states = None
-        if taps:
-            tap_states = mx.concatenate([captured[i] for i in taps], axis=-1)
-        if not all_logits:
-            h = h[:, -1:, :]
-        return self.lm_head(self.inner.norm(h)), tap_states
+            if j + self.first_layer in wanted:
+                captured[j + self.first_layer] = h
+        return h, captured
 
 
 def check_restorable(cache: list) -> None:

@@ -281,6 +281,9 @@ class LoadedTarget:
         weights_note: how a quantized checkpoint's weights are used here (dequantized to
             float32 for the CPU, or kept quantized and why); empty otherwise.
         dequantized: True when the quantized layers were dequantized at load.
+        shard: for a target sharded over a group of processes, rank 0's
+            :class:`~app.engine.distributed.DistributedRunner` (the model then holds only
+            rank 0's layers); None for a target in one process.
     """
 
     model: Any
@@ -294,6 +297,7 @@ class LoadedTarget:
     trained_chat_length: int | None = None
     weights_note: str = ""
     dequantized: bool = False
+    shard: Any = None
 
     @property
     def num_layers(self) -> int:
@@ -414,7 +418,8 @@ def lift_tokenizer_length_limit(tokenizer) -> None:
 
 
 def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
-                keep_quantized: bool | None = None) -> LoadedTarget:
+                keep_quantized: bool | None = None, layers: tuple[int, int] | None = None,
+                ends: bool = True) -> LoadedTarget:
     """Load a target with mlx-lm's loader from a folder or a cached Hugging Face repo id.
 
     Float16/bfloat16 weights of an unquantized checkpoint are upcast to float32 on the CPU
@@ -427,6 +432,11 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     memory; otherwise it stays quantized with a logged warning. ``keep_quantized``: None
     decides so; True never dequantizes; False dequantizes without the memory check (and on
     any backend). ``LoadedTarget.weights_note`` says what happened.
+
+    ``layers`` ``(first, end)``: load only the decoder layers ``first .. end - 1`` (one rank of
+    a sharded target, :mod:`app.models.distributed`); the others become weightless stand-ins
+    that keep their ``is_linear`` flag, and their weights are never read. ``ends=False`` also
+    leaves out the embedding, the final norm and the LM head (a rank other than 0).
 
     Raises:
         ModelNotFoundError, ModelLoadError (missing/corrupt files, wrong tensor shapes),
@@ -461,7 +471,10 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
                 f"model type {cfg.get('model_type')!r} is not supported by mlx-lm: {exc}"
             ) from exc
     try:
-        model, tokenizer = mlx_load(str(folder), trust_remote_code=False)
+        model, tokenizer = mlx_load(str(folder), trust_remote_code=False,
+                                    lazy=layers is not None)
+        if layers is not None:
+            keep_layers(model, layers, ends)
     except EngineError:
         raise
     except ValueError as exc:
@@ -526,6 +539,41 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
         weights_note=note,
         dequantized=bool(note) and not quantized,
     )
+
+
+def keep_layers(model, layers: tuple[int, int], ends: bool = True) -> None:
+    """Replace the decoder layers of ``model`` outside ``layers`` ``(first, end)`` by
+    weightless modules that keep the layer's plain attributes (``is_linear``, ``use_sliding``:
+    what ``make_cache`` reads); without ``ends``, also the embedding, the
+    final norm and the LM head. Called on a lazily loaded model, before its weights are read.
+
+    Raises:
+        ModelLoadError: a range outside the model's layers, or a model whose layer list
+            cannot be reached.
+    """
+    import mlx.nn as nn
+
+    inner = getattr(model, "model", None)
+    owned = getattr(inner, "layers", None)
+    if not isinstance(owned, list):
+        raise ModelLoadError("this model's layers cannot be split between processes")
+    first, end = layers
+    if not 0 <= first < end <= len(owned):
+        raise ModelLoadError(f"layers {first}..{end - 1} are outside the model's {len(owned)}")
+    for i, layer in enumerate(owned):
+        if not first <= i < end:
+            stub = nn.Module()  # the layer's flags (is_linear, use_sliding), none of its weights
+            for key, value in vars(layer).items():
+                if isinstance(value, (bool, int, float, str)) and not key.startswith("_"):
+                    setattr(stub, key, value)
+            stub.is_linear = bool(getattr(layer, "is_linear", False))
+            owned[i] = stub
+    if not ends:
+        inner.embed_tokens = nn.Module()
+        inner.norm = nn.Module()
+        head_owner = getattr(model, "language_model", model)
+        if "lm_head" in head_owner:
+            head_owner.lm_head = nn.Module()
 
 
 def _eval_parameters(model) -> None:

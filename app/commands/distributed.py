@@ -1,0 +1,172 @@
+"""``--distributed HOSTFILE``: run the target sharded over a group of processes
+(:mod:`app.engine.distributed`, MLX's ring backend) for ``chat``, ``compare`` and ``bench``.
+
+Every rank runs the same command line. How the group starts:
+
+* under ``mlx.launch`` (``MLX_RANK`` and ``MLX_HOSTFILE`` set by it): this process joins;
+* a hostfile naming only this machine (``127.0.0.1`` or ``localhost``, once per process):
+  this process is rank 0 and starts the other ranks here, with a ring hostfile on free ports;
+* a hostfile naming other hosts: the command is started again through ``mlx.launch`` (ssh to
+  each host, the same Python path and working folder on every host), rank 0 on the first.
+
+The hostfile is ``mlx.launch``'s: a JSON list of ``{"ssh": "host", "ips": ["10.0.0.1"]}``
+(or an object whose ``"hosts"`` is that list). Rank 0 prints the reply; the other ranks
+serve their layers and exit when it does. ``serve`` and the window do not run a sharded
+target yet.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class CommandError(ValueError):
+    """A bad ``--distributed`` argument (the commands' guard turns it into exit code 2)."""
+
+
+def add_distributed_arguments(p) -> None:
+    """``--distributed HOSTFILE``, ``--layer-split``, ``--network-timeout`` on parser ``p``."""
+    from app.engine.distributed import DEFAULT_TIMEOUT_S
+
+    p.add_argument("--distributed", metavar="HOSTFILE",
+                   help="shard the target over the hosts of this mlx.launch hostfile (MLX ring "
+                   "backend; see docs/distributed.md)")
+    p.add_argument("--layer-split", metavar="N,N,...",
+                   help="with --distributed: layers per process, in rank order (default even)")
+    p.add_argument("--network-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="with --distributed: seconds without an answer from a host before the "
+                   f"reply stops with an error (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def read_hosts(path: str | Path) -> list[dict]:
+    """The hosts of an ``mlx.launch`` hostfile: ``[{"ssh": ..., "ips": [...]}, ...]``.
+
+    Raises:
+        CommandError: a missing or unreadable file, or fewer than two hosts.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--distributed {path}: cannot read the hostfile ({exc})") from None
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(hosts, list) or not all(isinstance(h, dict) and h.get("ssh")
+                                              for h in hosts):
+        raise CommandError(f"--distributed {path}: expected a JSON list of "
+                           '{"ssh": HOST, "ips": [IP]} (mlx.launch\'s hostfile)')
+    if len(hosts) < 2:
+        raise CommandError(f"--distributed {path}: name two hosts or more (one per process)")
+    return hosts
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _spawn_local(size: int) -> None:
+    """Start ranks ``1 .. size-1`` of this command here and make this process rank 0."""
+    ring = [[f"127.0.0.1:{port}"] for port in _free_ports(size)]
+    fd, name = tempfile.mkstemp(prefix="dflash-hosts-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(ring, f)
+    os.environ["MLX_HOSTFILE"] = name
+    children = []
+    for rank in range(1, size):
+        env = dict(os.environ, MLX_RANK=str(rank))
+        children.append(subprocess.Popen([sys.executable, "-m", "app", *sys.argv[1:]],
+                                         env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL))
+    os.environ["MLX_RANK"] = "0"
+
+    def reap():
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        Path(name).unlink(missing_ok=True)
+
+    atexit.register(reap)
+
+
+def _relaunch(hostfile: str) -> None:
+    """Run this command again on every host through ``mlx.launch`` (does not return)."""
+    cmd = [sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
+           "sys.exit(main())", "--hostfile", hostfile, "--backend", "ring",
+           "--python", sys.executable, "--cwd", os.getcwd(), "--", "-m", "app", *sys.argv[1:]]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+
+
+def join(args):
+    """This process's :class:`~app.engine.distributed.Link` for ``--distributed`` (module
+    docstring: join, start local ranks, or start again through ``mlx.launch``).
+
+    Raises:
+        CommandError: a bad hostfile or timeout.
+        GenerationError: the group cannot be formed.
+    """
+    from app.engine.distributed import join_group
+
+    if not args.network_timeout > 0:
+        raise CommandError("--network-timeout must be a number of seconds above 0")
+    if "MLX_RANK" not in os.environ:
+        hosts = read_hosts(args.distributed)
+        if all(h["ssh"] in LOCAL_HOSTS for h in hosts):
+            _spawn_local(len(hosts))
+        else:
+            _relaunch(args.distributed)
+    return join_group(args.network_timeout)
+
+
+def load_sharded_target(args, tpath: str, keep_quantized: bool | None):
+    """Rank 0: the target sharded over the group (``target.shard``), its other ranks told to
+    stop when this process exits. Any other rank: serves its layers, then exits the process.
+
+    Raises:
+        CommandError, GenerationError: as :func:`join`; ModelLoadError and the other load
+            errors of :func:`~app.models.distributed.load_shard`.
+    """
+    from app.models.distributed import load_shard, num_layers_of, parse_layer_split
+
+    if "MLX_RANK" not in os.environ:  # a bad split or model is said once, before any start
+        parse_layer_split(args.layer_split, num_layers_of(tpath),
+                          len(read_hosts(args.distributed)))
+    link = join(args)
+    loaded = load_shard(tpath, link, args.layer_split, keep_quantized)
+    if link.rank != 0:
+        loaded.serve()
+        sys.stdout.flush()
+        os._exit(0)
+    atexit.register(loaded.shard.stop)
+    hosts = ", ".join(f"{lo}-{hi - 1}" for lo, hi in loaded.shard.ranges)
+    print(f"note: the target runs on {link.size} processes (layers {hosts})", file=sys.stderr,
+          flush=True)
+    return loaded
+
+
+def refuse_distributed(args, command: str) -> None:
+    """Refuse ``--distributed`` for a command that cannot run a sharded target yet.
+
+    Raises:
+        CommandError: always, when ``--distributed`` was given.
+    """
+    if getattr(args, "distributed", None):
+        raise CommandError(f"{command} --distributed is not supported yet: a sharded target "
+                           "runs with chat, compare and bench (docs/distributed.md)")
