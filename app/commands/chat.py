@@ -162,8 +162,14 @@ def _chat(args) -> int:
 
 def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
     """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
-    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
-    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
+    from app.chat.events import (
+        ContentDelta,
+        ReasoningDelta,
+        ReplyDone,
+        ToolCallDelta,
+        ToolResultEvent,
+    )
+    from app.chat.reply import run_reply
 
     section = None
     reply = None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.chat.events import TurnStored
 from app.chat.settings import ReplySettings
-from app.chat.stored_turn import TurnStored
 from app.chat.turns import ConversationView, ReplyResult, Turn
 from app.ui.panels import LiveStats
 
