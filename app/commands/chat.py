@@ -15,7 +15,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply
+from app.chat.events import Reply
+from app.chat.reply import ReplySettings, collect_reply
 from app.commands.generation import (
     _add_common,
     _guard,
