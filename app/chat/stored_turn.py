@@ -5,7 +5,8 @@ the sides of a Compare turn), its growth and its final state.
 :class:`~app.chat.storage.Store`. It runs on the thread that owns MLX (the window's worker,
 ``app.ui.worker``, or the caller of :meth:`app.chat.session.ChatSession.send`), so the GUI
 thread never writes a reply; the window only reads the store back when :class:`TurnStored`
-arrives. Qt-free.
+arrives. Qt-free. Its events are defined in :mod:`app.chat.events`, the one event namespace
+(and re-exported here).
 
 A turn, asked for by a :class:`TurnRequest`:
 

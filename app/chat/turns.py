@@ -596,7 +596,7 @@ class ViewStore:
 
     def reload_turn(self, conv: ConversationView, reply: Turn,
                     live: dict[str, ReplyResult]) -> None:
-        """After a stored turn (``app.chat.stored_turn.TurnStored``): bring the view's last
+        """After a stored turn (``app.chat.events.TurnStored``): bring the view's last
         two turns (the user message and ``reply``, which must be the last) up to date with the
         store, in place: row ids, versions and their status (stopped, interrupted, error), the
         chosen version, the user message's versions (:attr:`Turn.edits`), the title. ``live``

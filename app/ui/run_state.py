@@ -77,7 +77,7 @@ class ReplyRun:
     """The view's turns and the regenerated reply's chosen key before the request (restored
     when the turn cannot be stored)."""
     stored: TurnStored | None = None
-    """The worker's :class:`~app.chat.stored_turn.TurnStored` once every row is final."""
+    """The worker's :class:`~app.chat.events.TurnStored` once every row is final."""
     not_started: str | None = None
     """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
     not_stored: bool = False
