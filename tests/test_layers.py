@@ -208,3 +208,34 @@ def test_each_controller_reads_only_what_it_was_given():
         if reads - sets - own:
             unset[name] = sorted(reads - sets - own)
     assert unset == {}
+
+
+def test_consumers_import_event_types_from_the_one_event_namespace():
+    """The window, the server and the CLIs take every event type from ``app.chat.events``:
+    none from the engine's events module, and none of its names from the modules that emit
+    them (the pipeline, the reply runner, the stored turn)."""
+    from app.chat import events
+
+    emitters = {"app.chat.pipeline", "app.chat.reply", "app.chat.stored_turn", "app.chat.turns",
+                "app.chat.session"}
+    wrong = []
+    seen = 0
+    for pkg in ("ui", "serve", "commands"):
+        for path in (APP / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    wrong += [f"{module_name(path)}: import {a.name}" for a in node.names
+                              if a.name == "app.engine.events"]
+                if not isinstance(node, ast.ImportFrom) or not node.module:
+                    continue
+                names = {a.name for a in node.names}
+                if node.module == "app.chat.events":
+                    seen += len(names)
+                elif node.module == "app.engine.events" or (
+                        node.module in emitters and names & set(events.__all__)):
+                    wrong.append(f"{module_name(path)}: from {node.module} import "
+                                 f"{', '.join(sorted(names & set(events.__all__)) or names)}")
+    assert wrong == []
+    assert seen >= 20  # the walk found the consumers' event imports
+    for name in ("TokenEvent", "Done", "ReplyDone", "TaggedEvent", "TurnStored"):
+        assert name in events.__all__ and hasattr(events, name)

@@ -120,8 +120,9 @@ def test_three_sided_compare_view_marks_nothing_for_a_stopped_prefix(qtbot):
         assert "#ffd7d5" not in view.texts[key].toHtml()
     # stored: the stopped side's gap was never looked for, and that is not a missing figure
     turn = Turn("assistant", compare=True, chosen="dflash", versions={
-        "plain": Version(plain, stopped=True), "dflash": Version(dflash, stopped=True),
-        "dflash2": Version(dataclasses.replace(dflash2, gap_checked=False), stopped=True)})
+        "plain": Version(dataclasses.replace(plain, status="stopped")),
+        "dflash": Version(dataclasses.replace(dflash, status="stopped")),
+        "dflash2": Version(dataclasses.replace(dflash2, gap_checked=False, status="stopped"))})
     assert stored_sides(turn)[2] == []
 
 

@@ -664,8 +664,8 @@ def test_counts_read_as_english():
     s = Summary(mode="dflash", generated_tokens=1, cycles=1, replays=1, tau=1.0,
                 tok_per_s=5.0)
     t = Turn("assistant")
-    t.versions["dflash"] = Version(ReplyResult(mode="dflash", tokens=[7], summary=s),
-                                   stopped=True)
+    t.versions["dflash"] = Version(ReplyResult(mode="dflash", tokens=[7], summary=s,
+                                               status="stopped"))
     t.chosen = "dflash"
     line = figures_line(t)
     assert "1 token ·" in line and "1 cycle ·" in line

@@ -1682,7 +1682,8 @@ def test_a_reply_stopped_after_its_tool_call_keeps_its_reasoning_fold(qtbot):
     reply = Turn("assistant", versions={"plain": Version(ReplyResult(
         mode="plain", reasoning="", content="", finish_reason="cancelled",
         tool_calls=[{"name": "country_info", "arguments": {}}], rounds=2,
-        messages=[first, {"role": "tool", "content": "{}"}]), stopped=True)}, chosen="plain")
+        messages=[first, {"role": "tool", "content": "{}"}], status="stopped"))},
+        chosen="plain")
     conv = ConversationView(1, "Oceania", messages=[Turn("user", "Three capitals?"), reply])
     view.render(conv)
     assert "Reasoning (4 words)" in view.toPlainText()
@@ -1931,7 +1932,7 @@ def test_colour_drafts_keep_a_reply_stopped_in_its_reasoning_out_of_the_answer(q
     reply = Turn("assistant", versions={"dflash": Version(ReplyResult(
         mode="dflash", tokens=[1, 2, 3], pieces=["The", " user", " asks"],
         from_draft=[False, True, True], reasoning="The user asks", content="",
-        finish_reason="cancelled"), stopped=True)}, chosen="dflash")
+        finish_reason="cancelled", status="stopped"))}, chosen="dflash")
     conv = ConversationView(1, "Cups", messages=[Turn("user", "Change 87.54 cups into ml."),
                                                  reply])
     for colour in (False, True):

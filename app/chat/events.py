@@ -1,21 +1,42 @@
-"""The typed events and results of a reply, importable without MLX (the window handles them).
+"""Every event of a reply and of a stored turn, in one namespace importable without MLX (the
+window, the server and the CLIs import their event types from here, and match them with
+``isinstance``, never by class name).
 
-The text pipeline (:mod:`app.chat.pipeline`) emits :class:`ContentDelta`,
-:class:`ReasoningDelta`, :class:`ToolCallDelta`, :class:`PipelineWarning` and
-:class:`StopStringHit`; the reply runner (:mod:`app.chat.reply`) adds :class:`RoundStarted`,
-:class:`RoundResumed` (when it continues a round Max tokens cut, :class:`ResumeRound`),
-:class:`ToolResultEvent`, :class:`RoundFinished` and ends with :class:`ReplyDone` carrying the
-:class:`Reply`. ``app.chat.session.ChatSession.reply`` puts a :class:`Notice` first when the
-prompt was fitted to the context (turns left out, tool results shortened). Engine events
-(``TokenEvent``, ``CycleEvent``, ``Done``) come from :mod:`app.engine.events`. Consumers match them with ``isinstance``, never by class name.
+* Engine events, re-exported from :mod:`app.engine.events`: :class:`TokenEvent`,
+  :class:`CycleEvent` and :class:`Done` with its :class:`Summary`.
+* Text events: the pipeline (:mod:`app.chat.pipeline`) emits :class:`ContentDelta`,
+  :class:`ReasoningDelta`, :class:`ToolCallDelta`, :class:`PipelineWarning` and
+  :class:`StopStringHit`.
+* Reply events: the reply runner (:mod:`app.chat.reply`) adds :class:`RoundStarted`,
+  :class:`RoundResumed` (when it continues a round Max tokens cut, :class:`ResumeRound`),
+  :class:`ToolResultEvent`, :class:`RoundFinished` and ends with :class:`ReplyDone` carrying
+  the :class:`Reply` (its rounds, :class:`ReplyRound`, with their tool runs,
+  :class:`ToolRun`).
+  ``app.chat.session.ChatSession.reply`` puts a :class:`Notice` first when the prompt was
+  fitted to the context (turns left out, tool results shortened).
+* Stored-turn events: ``app.chat.stored_turn.run_turn`` wraps each reply event in a
+  :class:`TaggedEvent` (with its Compare side) and adds the turn's own: :class:`TurnBegun`,
+  :class:`TurnNotStarted` (:class:`TurnNotStored`, :class:`TurnRefused`),
+  :class:`SaveFailed`, :class:`ReplyFailed`, :class:`ReplyFinished` and, last,
+  :class:`TurnStored`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.events import CycleEvent, Summary, TokenEvent
+from app.engine.events import CycleEvent, Done, Summary, TokenEvent
+
+__all__ = [
+    "ContentDelta", "CycleEvent", "Delta", "Done", "Notice", "PipelineWarning",
+    "ReasoningDelta", "Reply", "ReplyDone", "ReplyEvent", "ReplyFailed", "ReplyFinished",
+    "ReplyRound", "ResumeRound", "RoundFinished", "RoundResumed", "RoundStarted",
+    "SaveFailed", "StopStringHit", "Summary", "TaggedEvent", "TokenEvent", "ToolCall",
+    "ToolCallDelta", "ToolResultEvent", "ToolRun", "TurnBegun", "TurnEvent", "TurnNotStarted",
+    "TurnNotStored", "TurnRefused", "TurnStored", "tool_call_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -379,6 +400,108 @@ ReplyEvent = (
     | RoundFinished
     | ReplyDone
 )
+
+
+# A stored turn's events (``app.chat.stored_turn.run_turn``): each reply event comes wrapped
+# in a TaggedEvent, and the turn's own events come between and after them.
+
+
+@dataclass(frozen=True)
+class TaggedEvent:
+    """One event of a turn and the ``tag`` of the Compare side it belongs to ("plain" /
+    "dflash" / "dflash2"; "" for one reply or the turn as a whole). ``at``: when the backend
+    produced it (seconds, ``time.monotonic``, the worker's clock, which the GUI thread shares),
+    so the window times first tokens by when they were made, not when it drew them."""
+
+    event: Any
+    tag: str = ""
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class TurnBegun:
+    """The turn's rows are stored (status ``generating``); generation starts.
+
+    ``user_id`` is the user message's row (None for a regenerated reply); ``reply_ids`` maps
+    each version key to its reply row."""
+
+    conversation_id: int
+    user_id: int | None
+    reply_ids: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TurnNotStarted:
+    """The turn's rows could not be stored, so nothing was stored and no reply ran;
+    ``message`` says why."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnNotStored(TurnNotStarted):
+    """The turn's rows could not be written (``app.chat.storage.StoreWriteError``: a full
+    disk, an I/O error, the database locked beyond its timeout), so nothing was stored and
+    no reply ran; ``message`` names the cause and the folder."""
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    """A write of the running reply failed (``app.chat.storage.StoreWriteError``; its
+    growth, sent at the first failure of a turn): the reply goes on and keeps its text in
+    memory, and its final state is written at the end if the store can take it then
+    (else :class:`TurnStored` says so too). ``message`` names the cause and the folder."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnRefused(TurnNotStarted):
+    """The turn's prompt does not fit the model's context (``PromptTooLongError``), so its
+    rows were rolled back and no reply ran, or a reply cannot be continued
+    (``app.chat.stored_turn.CannotContinueError``; nothing was changed); ``message`` says why and what to
+    change."""
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The last event of one reply (or one side of a Compare turn): its
+    ``app.chat.turns.ReplyResult`` (typed ``Any`` here: that module builds on this one)."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """Generation failed; ``message`` is for the user (the reply keeps what it had)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnStored:
+    """The last event of a turn: every reply row holds its final state.
+
+    ``reply_ids`` maps each version key to its row; ``chosen`` is the key the conversation
+    continues from (made active; for a Compare, DFlash's side when it finished, else the first
+    side that finished, else the first that ran); ``error`` says why the final write failed ("" when it did
+    not; the rows then keep their last saved growth and become ``interrupted`` on the next
+    start)."""
+
+    conversation_id: int
+    reply_ids: dict[str, int]
+    chosen: str
+    error: str = ""
+    pending: Any = None
+    """When the final write failed because the store could not write
+    (``app.chat.storage.StoreWriteError``: a full disk, ...): that write, to be tried again
+    (``app.chat.stored_turn.PendingWrite``, kept in its ``PendingWrites``); None otherwise."""
+
+
+TurnEvent = (TurnBegun | TurnNotStarted | SaveFailed | ReplyFailed | ReplyFinished
+             | TurnStored)
+"""A stored turn's own events (each reply event comes as a :class:`TaggedEvent`'s
+``event``; so do these, with the tag of their side or "")."""
 
 
 def tool_call_dict(obj: Any) -> dict:

@@ -683,16 +683,16 @@ class ChatSession:
                 refused: type[Exception]) -> Iterator:
         """Run ``request`` (a ``TurnRequest``) through ``run_turn`` on the store, yielding the
         reply's events; ``refused`` is raised for ``TurnRefused`` (see :meth:`send`)."""
-        from app.chat.storage import StorageError
-        from app.chat.stored_turn import (
+        from app.chat.events import (
             ReplyFailed,
             ReplyFinished,
             TurnBegun,
             TurnNotStarted,
             TurnRefused,
             TurnStored,
-            run_turn,
         )
+        from app.chat.storage import StorageError
+        from app.chat.stored_turn import run_turn
 
         failed = None
         for tagged in run_turn(self.store, self, request, cancel):

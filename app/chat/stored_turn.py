@@ -5,7 +5,8 @@ the sides of a Compare turn), its growth and its final state.
 :class:`~app.chat.storage.Store`. It runs on the thread that owns MLX (the window's worker,
 ``app.ui.worker``, or the caller of :meth:`app.chat.session.ChatSession.send`), so the GUI
 thread never writes a reply; the window only reads the store back when :class:`TurnStored`
-arrives. Qt-free.
+arrives. Qt-free. Its events are defined in :mod:`app.chat.events`, the one event namespace
+(and re-exported here).
 
 A turn, asked for by a :class:`TurnRequest`:
 
@@ -59,7 +60,20 @@ from pathlib import Path
 from typing import Any
 
 from app.chat.conversation import CONTINUED_KEY
-from app.chat.events import Notice, ReplyDone, ResumeRound
+from app.chat.events import (  # noqa: F401 (re-exported: a stored turn's events)
+    Notice,
+    ReplyDone,
+    ReplyFailed,
+    ReplyFinished,
+    ResumeRound,
+    SaveFailed,
+    TaggedEvent,
+    TurnBegun,
+    TurnNotStarted,
+    TurnNotStored,
+    TurnRefused,
+    TurnStored,
+)
 from app.chat.settings import ReplySettings, as_reply_settings
 from app.chat.storage import Store, StoreWriteError
 from app.chat.turns import (
@@ -138,102 +152,10 @@ class TurnRequest:
         return [t or self.key or self.settings.mode for t in self.tags]
 
 
-@dataclass(frozen=True)
-class TaggedEvent:
-    """One event of a turn and the ``tag`` of the Compare side it belongs to ("plain" /
-    "dflash" / "dflash2"; "" for one reply or the turn as a whole). ``at``: when the backend
-    produced it (seconds, ``time.monotonic``, the worker's clock, which the GUI thread shares),
-    so the window times first tokens by when they were made, not when it drew them."""
-
-    event: Any
-    tag: str = ""
-    at: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class TurnBegun:
-    """The turn's rows are stored (status ``generating``); generation starts.
-
-    ``user_id`` is the user message's row (None for a regenerated reply); ``reply_ids`` maps
-    each version key to its reply row."""
-
-    conversation_id: int
-    user_id: int | None
-    reply_ids: dict[str, int]
-
-
-@dataclass(frozen=True)
-class TurnNotStarted:
-    """The turn's rows could not be stored, so nothing was stored and no reply ran;
-    ``message`` says why."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class TurnNotStored(TurnNotStarted):
-    """The turn's rows could not be written (``app.chat.storage.StoreWriteError``: a full
-    disk, an I/O error, the database locked beyond its timeout), so nothing was stored and
-    no reply ran; ``message`` names the cause and the folder."""
-
-
-@dataclass(frozen=True)
-class SaveFailed:
-    """A write of the running reply failed (``app.chat.storage.StoreWriteError``; its
-    growth, sent at the first failure of a turn): the reply goes on and keeps its text in
-    memory, and its final state is written at the end if the store can take it then
-    (else :class:`TurnStored` says so too). ``message`` names the cause and the folder."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class TurnRefused(TurnNotStarted):
-    """The turn's prompt does not fit the model's context (``PromptTooLongError``), so its
-    rows were rolled back and no reply ran, or a reply cannot be continued
-    (:class:`CannotContinueError`; nothing was changed); ``message`` says why and what to
-    change."""
-
-
 class CannotContinueError(Exception):
     """A stored reply cannot be continued where Max tokens cut it; the message says why and
     what to do instead (a Compare side, a reply that did not end by Max tokens, one stored
     without what Continue needs, or one made by models that are not loaded now)."""
-
-
-@dataclass(frozen=True)
-class ReplyFinished:
-    """The last event of one reply (or one side of a Compare turn): its
-    :class:`~app.chat.turns.ReplyResult`."""
-
-    result: ReplyResult
-
-
-@dataclass(frozen=True)
-class ReplyFailed:
-    """Generation failed; ``message`` is for the user (the reply keeps what it had)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class TurnStored:
-    """The last event of a turn: every reply row holds its final state.
-
-    ``reply_ids`` maps each version key to its row; ``chosen`` is the key the conversation
-    continues from (made active; for a Compare, DFlash's side when it finished, else the first
-    side that finished, else the first that ran); ``error`` says why the final write failed ("" when it did
-    not; the rows then keep their last saved growth and become ``interrupted`` on the next
-    start)."""
-
-    conversation_id: int
-    reply_ids: dict[str, int]
-    chosen: str
-    error: str = ""
-    pending: PendingWrite | None = None
-    """When the final write failed because the store could not write
-    (``app.chat.storage.StoreWriteError``: a full disk, ...): that write, to be tried again
-    (:class:`PendingWrites`); None otherwise."""
 
 
 @dataclass(frozen=True)

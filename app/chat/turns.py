@@ -195,6 +195,11 @@ class ReplyResult:
     context_note: Notice | None = None
     """What was left out of its prompt to fit the context (None: the whole chat was sent);
     stored with the row (:data:`CONTEXT_KEY`), so the footer of a reopened chat says it."""
+    status: str = "complete"
+    """Its row's status (``app.chat.conversation.STATUSES``: ``complete``, ``generating``,
+    ``stopped``, ``interrupted`` or ``error``), as read back by :meth:`from_row`; a result
+    made while the reply ran says ``complete`` until its row is written (its
+    :attr:`finish_reason` tells a stopped one)."""
 
     def all_reasoning(self) -> str:
         """The reasoning of every round, in order (:func:`app.chat.conversation.all_reasoning`)."""
@@ -265,6 +270,7 @@ class ReplyResult:
             continued=[dict(c) for c in (m.generation or {}).get(CONTINUED_KEY) or []
                        if isinstance(c, dict)],
             context_note=Notice.from_dict((m.generation or {}).get(CONTEXT_KEY)),
+            status=m.status,
         )
 
     @property
@@ -401,18 +407,27 @@ class PartialReply:
 
 @dataclass
 class Version:
-    """One generated version of an assistant turn.
-
-    ``result`` is its :class:`ReplyResult`; ``stopped`` is True when the reply is partial
-    (Stop, or ``interrupted``: the app ended while it was written); ``error`` holds a
-    generation error message; ``saved`` once its final state is stored.
-    """
+    """One generated version of an assistant turn, as the window shows it: a thin view of its
+    :class:`ReplyResult` (read back from its row), whose :attr:`ReplyResult.status` gives the
+    flags below."""
 
     result: ReplyResult
-    stopped: bool = False
-    error: str | None = None
-    saved: bool = False
-    interrupted: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """True when the reply is partial: Stop, or interrupted (the app ended while it was
+        written)."""
+        return self.result.status in ("stopped", "interrupted")
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the app ended while the reply was written."""
+        return self.result.status == "interrupted"
+
+    @property
+    def error(self) -> str | None:
+        """The generation error message of a reply that failed (None otherwise)."""
+        return self.result.error if self.result.status == "error" else None
 
     @property
     def never_ran(self) -> bool:
@@ -550,13 +565,7 @@ class ViewStore:
                     continue
                 rows.append((version_key(row.mode or "plain", dict(rows)), row))
         for key, row in rows:
-            turn.versions[key] = Version(
-                ReplyResult.from_row(row),
-                stopped=row.status in ("stopped", "interrupted"),
-                error=row.error if row.status == "error" else None,
-                saved=row.status != "generating",
-                interrupted=row.status == "interrupted",
-            )
+            turn.versions[key] = Version(ReplyResult.from_row(row))
             turn.ids[key] = row.id
             if row.id == m.id:
                 turn.chosen = key
@@ -587,7 +596,7 @@ class ViewStore:
 
     def reload_turn(self, conv: ConversationView, reply: Turn,
                     live: dict[str, ReplyResult]) -> None:
-        """After a stored turn (``app.chat.stored_turn.TurnStored``): bring the view's last
+        """After a stored turn (``app.chat.events.TurnStored``): bring the view's last
         two turns (the user message and ``reply``, which must be the last) up to date with the
         store, in place: row ids, versions and their status (stopped, interrupted, error), the
         chosen version, the user message's versions (:attr:`Turn.edits`), the title. ``live``
@@ -606,7 +615,8 @@ class ViewStore:
         conv.earlier = fresh.earlier
         stored = fresh.messages[-1]
         for key, v in stored.versions.items():
-            if key in live:
+            if key in live:  # the live record, with its row's status and error
+                live[key].status, live[key].error = v.result.status, v.result.error
                 v.result = live[key]
         reply.versions, reply.ids = stored.versions, stored.ids
         reply.chosen, reply.compare = stored.chosen, stored.compare

@@ -15,7 +15,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from app.chat.reply import Reply, ReplySettings, collect_reply
+from app.chat.events import Reply
+from app.chat.reply import ReplySettings, collect_reply
 from app.commands.generation import (
     _add_common,
     _guard,
@@ -162,8 +163,14 @@ def _chat(args) -> int:
 
 def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
     """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
-    from app.chat.pipeline import ContentDelta, ReasoningDelta, ToolCallDelta
-    from app.chat.reply import ReplyDone, ToolResultEvent, run_reply
+    from app.chat.events import (
+        ContentDelta,
+        ReasoningDelta,
+        ReplyDone,
+        ToolCallDelta,
+        ToolResultEvent,
+    )
+    from app.chat.reply import run_reply
 
     section = None
     reply = None

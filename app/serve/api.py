@@ -45,16 +45,16 @@ from app.serve.protocol import (
     usage_object,
 )
 from app.serve.worker import (
-    CallDelta,
-    Failed,
-    Finished,
     Job,
+    JobFailed,
+    JobFinished,
     JobQueue,
+    JobRefused,
+    JobStarted,
+    JobTextDelta,
+    JobToolCall,
     QueueFullError,
-    Refused,
     ShuttingDownError,
-    Started,
-    TextDelta,
 )
 
 log = logging.getLogger(__name__)
@@ -216,9 +216,9 @@ def create_app(worker: JobQueue, options: ServeOptions,
         watch = asyncio.ensure_future(_watch_disconnect(request, job))
         try:
             first = await events.get()
-            if isinstance(first, Refused):
+            if isinstance(first, JobRefused):
                 raise first.error
-            assert isinstance(first, Started)
+            assert isinstance(first, JobStarted)
             completion_id = new_completion_id()
             if req.stream:
                 watch.cancel()  # StreamingResponse listens for the disconnect itself
@@ -228,10 +228,10 @@ def create_app(worker: JobQueue, options: ServeOptions,
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             while True:
                 event = await events.get()
-                if isinstance(event, Finished):
+                if isinstance(event, JobFinished):
                     return JSONResponse(completion_object(event.result, completion_id,
                                                           options.model_id))
-                if isinstance(event, Failed):
+                if isinstance(event, JobFailed):
                     raise ApiError(500, event.message, type="server_error",
                                    code="generation_failed")
         except BaseException:
@@ -288,14 +288,14 @@ async def _stream(req: ChatRequest, job: Job, events: asyncio.Queue, completion_
                                                                "content": ""}))
         while True:
             event = await events.get()
-            if isinstance(event, TextDelta):
+            if isinstance(event, JobTextDelta):
                 key = "content" if event.kind == "content" else "reasoning_content"
                 yield sse(chunk_object(completion_id, model, created, {key: event.text}))
-            elif isinstance(event, CallDelta):
+            elif isinstance(event, JobToolCall):
                 call = tool_call_object(completion_id, event.index, event.name,
                                         event.arguments, with_index=True)
                 yield sse(chunk_object(completion_id, model, created, {"tool_calls": [call]}))
-            elif isinstance(event, Finished):
+            elif isinstance(event, JobFinished):
                 result = event.result
                 figures = {"usage": usage_object(result), "dflash": dflash_object(result)}
                 reason = openai_finish_reason(result.finish_reason)
@@ -307,7 +307,7 @@ async def _stream(req: ChatRequest, job: Job, events: asyncio.Queue, completion_
                                            **figures))
                 yield sse("[DONE]")
                 return
-            elif isinstance(event, Failed):
+            elif isinstance(event, JobFailed):
                 error = ApiError(500, event.message, type="server_error",
                                  code="generation_failed")
                 yield sse(error.body())

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.chat.events import Summary
 from app.chat.settings import DECODING_MODES, Sampling, SettingError, coerce
-from app.engine.events import Summary
 
 MAX_STOP_STRINGS = 16
 """Stop strings one request may give (OpenAI allows 4; more costs nothing here)."""

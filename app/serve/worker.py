@@ -7,9 +7,9 @@ a cancel flag) and :meth:`JobQueue.submit` puts it on a bounded queue (full:
 one at a time (:meth:`JobQueue.take`) and runs each (:meth:`JobQueue.run`): it checks the
 prompt against the context, runs :meth:`app.chat.session.ChatSession.reply` with the job's
 cancel flag (the engine checks it every token / cycle) and hands typed events back through
-``deliver``: :class:`Refused` (the request could not start: an
-:class:`~app.serve.protocol.ApiError`) or :class:`Started`, then :class:`TextDelta` /
-:class:`CallDelta` as the reply is written, then :class:`Finished` or :class:`Failed`.
+``deliver``: :class:`JobRefused` (the request could not start: an
+:class:`~app.serve.protocol.ApiError`) or :class:`JobStarted`, then :class:`JobTextDelta` /
+:class:`JobToolCall` as the reply is written, then :class:`JobFinished` or :class:`JobFailed`.
 ``deliver`` is called on that thread; the API's posts onto its event loop with
 ``loop.call_soon_threadsafe``.
 
@@ -53,7 +53,7 @@ class ShuttingDownError(Exception):
 
 # ------------------------------------------------------------------------------ events
 @dataclass(frozen=True)
-class Started:
+class JobStarted:
     """The request passed the worker's checks and its reply begins.
 
     ``prompt_tokens``: the rendered prompt's length; ``mode``: the decoding mode that runs;
@@ -66,7 +66,7 @@ class Started:
 
 
 @dataclass(frozen=True)
-class Refused:
+class JobRefused:
     """The request did not start (bad mode, prompt over the context, cancelled while queued,
     shutting down): ``error`` says why and with which status."""
 
@@ -74,7 +74,7 @@ class Refused:
 
 
 @dataclass(frozen=True)
-class TextDelta:
+class JobTextDelta:
     """New text of the reply: ``kind`` is ``"content"`` or ``"reasoning"``."""
 
     kind: str
@@ -82,7 +82,7 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
-class CallDelta:
+class JobToolCall:
     """A tool call the model wrote (complete, parsed): ``index`` its position in the reply."""
 
     index: int
@@ -92,20 +92,20 @@ class CallDelta:
 
 
 @dataclass(frozen=True)
-class Finished:
+class JobFinished:
     """The reply ended (also when cancelled: ``result.finish_reason`` says so)."""
 
     result: CompletionResult
 
 
 @dataclass(frozen=True)
-class Failed:
+class JobFailed:
     """The reply failed after it started (an engine error): ``message`` for the client."""
 
     message: str
 
 
-WorkerEvent = Started | Refused | TextDelta | CallDelta | Finished | Failed
+JobEvent = JobStarted | JobRefused | JobTextDelta | JobToolCall | JobFinished | JobFailed
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Job:
 
     Attributes:
         request: the checked request.
-        deliver: called on the worker thread with each :data:`WorkerEvent`, in order; it must
+        deliver: called on the worker thread with each :data:`JobEvent`, in order; it must
             not block (the API's posts onto its event loop). If it raises, the job is cancelled.
         cancel: set from any thread to stop the reply (the engine stops before its next
             token / cycle; a job still queued is refused when its turn comes).
@@ -282,7 +282,7 @@ class JobQueue:
     def run(self, session: ChatSession, job: Job) -> None:
         """Run ``job`` on ``session`` (on the thread that owns MLX): its events go to
         ``job.deliver``, its outcome to :attr:`records`. Never raises: an unexpected error is
-        logged and answered with :class:`Failed`."""
+        logged and answered with :class:`JobFailed`."""
         self._current = job
         t0 = time.perf_counter()
         try:
@@ -290,7 +290,7 @@ class JobQueue:
         except Exception:  # never lose the thread: the job is answered with 500
             log.exception("serving a request")
             self._record("failed", None, 0, t0, job)
-            self._send(job, Failed("internal error while generating; see the server log"))
+            self._send(job, JobFailed("internal error while generating; see the server log"))
         finally:
             self._current = None
             self.served += 1
@@ -312,7 +312,7 @@ class JobQueue:
     def _refuse(self, job: Job, error: ApiError) -> None:
         self.records.append(JobRecord("refused", None, 0, 0.0, job.cancel.is_set(),
                                       threading.current_thread().name))
-        self._send(job, Refused(error))
+        self._send(job, JobRefused(error))
 
     def _serve(self, session: ChatSession, job: Job, t0: float) -> None:
         from app.chat.events import ContentDelta, ReasoningDelta, ReplyDone, ToolCallDelta
@@ -334,22 +334,22 @@ class JobQueue:
         try:
             for ev in session.reply(job.request.messages, settings, cancel=job.cancel):
                 if isinstance(ev, ContentDelta) and ev.text:
-                    self._send(job, TextDelta("content", ev.text))
+                    self._send(job, JobTextDelta("content", ev.text))
                 elif isinstance(ev, ReasoningDelta) and ev.text:
-                    self._send(job, TextDelta("reasoning", ev.text))
+                    self._send(job, JobTextDelta("reasoning", ev.text))
                 elif isinstance(ev, ToolCallDelta):
                     c = ev.call
-                    self._send(job, CallDelta(calls, c.id, c.name, dict(c.arguments)))
+                    self._send(job, JobToolCall(calls, c.id, c.name, dict(c.arguments)))
                     calls += 1
                 elif isinstance(ev, ReplyDone):
                     reply = ev.reply
         except (EngineError, ValueError) as exc:  # engine errors, a refused setting
             self._record("failed", None, 0, t0, job)
-            self._send(job, Failed(str(exc)))
+            self._send(job, JobFailed(str(exc)))
             return
         if reply is None:  # pragma: no cover - run_reply always ends with ReplyDone
             self._record("failed", None, 0, t0, job)
-            self._send(job, Failed("the reply ended without a result"))
+            self._send(job, JobFailed("the reply ended without a result"))
             return
         result = CompletionResult(
             content=reply.content, reasoning=reply.reasoning,
@@ -357,7 +357,7 @@ class JobQueue:
             finish_reason=reply.finish_reason, summary=reply.summary,
             block_size=started.block_size, completion_tokens=len(reply.tokens))
         self._record("finished", reply.finish_reason, len(reply.tokens), t0, job)
-        self._send(job, Finished(result))
+        self._send(job, JobFinished(result))
         if not reply.tool_calls and not job.cancel.is_set() and self._queue.empty():
             self._prefill_next(session, [*job.request.messages, *reply.messages], settings)
 
@@ -375,9 +375,10 @@ class JobQueue:
         if done is not None:
             self.prefilled += 1
 
-    def _prepare(self, session: ChatSession, req: ChatRequest) -> tuple[ReplySettings, Started]:
+    def _prepare(self, session: ChatSession,
+                 req: ChatRequest) -> tuple[ReplySettings, JobStarted]:
         """The :class:`~app.chat.settings.ReplySettings` for ``ChatSession.reply`` and the
-        :class:`Started` event, after checking the mode, block size and the prompt against
+        :class:`JobStarted` event, after checking the mode, block size and the prompt against
         the context.
 
         Raises:
@@ -431,7 +432,7 @@ class JobQueue:
         except SettingError as exc:  # e.g. max_tokens above the app's range
             raise bad_request(str(exc), "max_tokens" if "max_tokens" in str(exc)
                               else None) from None
-        return settings, Started(prompt_tokens=n, mode=mode, block_size=block,
+        return settings, JobStarted(prompt_tokens=n, mode=mode, block_size=block,
                                  max_tokens=max_tokens)
 
 
@@ -514,5 +515,6 @@ class ServeWorker(JobQueue):
             log.exception("unloading at shutdown")
 
 
-__all__ = ["CallDelta", "Failed", "Finished", "Job", "JobQueue", "JobRecord", "QueueFullError", "Refused", "ServeWorker", "ShuttingDownError", "Started",
-           "TextDelta", "WorkerConfig", "WorkerEvent"]
+__all__ = ["Job", "JobEvent", "JobFailed", "JobFinished", "JobQueue", "JobRecord", "JobRefused",
+           "JobStarted", "JobTextDelta", "JobToolCall", "QueueFullError", "ServeWorker",
+           "ShuttingDownError", "WorkerConfig"]

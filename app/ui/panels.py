@@ -43,7 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.events import CycleEvent, Summary
+from app.chat.events import CycleEvent, Summary
 from app.engine.modes import Mode
 from app.ui.text import plural, seconds_text
 from app.ui.theme import FIGURE_VALUE_PX

@@ -38,29 +38,29 @@ from app.chat.baseline import (
 from app.chat.conversation import all_reasoning
 from app.chat.events import (
     ContentDelta,
+    CycleEvent,
+    Done,
+    Notice,
     PipelineWarning,
     ReasoningDelta,
-    RoundResumed,
-    RoundStarted,
-    ToolCallDelta,
-    ToolResultEvent,
-    tool_call_dict,
-)
-from app.chat.session import Notice
-from app.chat.settings import SettingError
-from app.chat.stored_turn import (
     ReplyFailed,
     ReplyFinished,
+    RoundResumed,
+    RoundStarted,
     SaveFailed,
+    TokenEvent,
+    ToolCallDelta,
+    ToolResultEvent,
     TurnBegun,
     TurnNotStarted,
     TurnNotStored,
     TurnRefused,
-    TurnRequest,
     TurnStored,
+    tool_call_dict,
 )
+from app.chat.settings import SettingError
+from app.chat.stored_turn import TurnRequest
 from app.chat.turns import ReplyResult, Turn, version_key
-from app.engine.events import CycleEvent, Done, TokenEvent
 from app.engine.lookup import DEFAULT_BLOCK
 from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.chat.events import TurnStored
 from app.chat.settings import ReplySettings
-from app.chat.stored_turn import TurnStored
 from app.chat.turns import ConversationView, ReplyResult, Turn
 from app.ui.panels import LiveStats
 
@@ -77,7 +77,7 @@ class ReplyRun:
     """The view's turns and the regenerated reply's chosen key before the request (restored
     when the turn cannot be stored)."""
     stored: TurnStored | None = None
-    """The worker's :class:`~app.chat.stored_turn.TurnStored` once every row is final."""
+    """The worker's :class:`~app.chat.events.TurnStored` once every row is final."""
     not_started: str | None = None
     """Why the turn could not be stored (``TurnNotStarted``; nothing ran), else None."""
     not_stored: bool = False

@@ -30,18 +30,19 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.chat.events import ReplyDone, RoundFinished, StopStringHit
+from app.chat.events import (
+    ReplyDone,
+    ReplyFinished,
+    RoundFinished,
+    SaveFailed,
+    StopStringHit,
+    TaggedEvent,
+    TurnStored,
+)
 from app.chat.session import ChatSession, ModelInfo, PairSpec
 from app.chat.settings import ReplySettings
 from app.chat.storage import Store
-from app.chat.stored_turn import (
-    ReplyFinished,
-    SaveFailed,
-    TaggedEvent,
-    TurnRequest,
-    TurnStored,
-    run_turn,
-)
+from app.chat.stored_turn import TurnRequest, run_turn
 from app.engine.errors import EngineError, WrongThreadError
 
 log = logging.getLogger(__name__)
