@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from app.commands.distributed import free_ports
 from app.engine.errors import GenerationError, ModelLoadError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,20 +26,10 @@ WORKER = ROOT / "tests" / "distributed_worker.py"
 MODELS = ROOT / "resources" / "models"
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _launch(tmp: Path, args: list[str], timeout: float = 240) -> dict:
     """Run the worker as ranks 1 and 0; rank 0's report (rank 1's pid in ``PEER_PID``)."""
     hostfile = tmp / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _ports(2)]))
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     out = tmp / "report.json"
     env = dict(os.environ, MLX_HOSTFILE=str(hostfile))
     cmd = [sys.executable, str(WORKER), *args]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,21 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.commands.distributed import free_ports  # noqa: E402
+
 PROMPTS = [
     "Name five capitals in Europe.",
     "What is 17 times 23? Think step by step.",
     "Write a short note about the water cycle.",
 ]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _decode_traffic(log: list) -> tuple[int, float]:
@@ -158,7 +149,7 @@ def main() -> int:
     if "MLX_RANK" not in os.environ:  # start rank 1, then be rank 0
         fd, hostfile = tempfile.mkstemp(suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump([[f"127.0.0.1:{port}"] for port in _free_ports(2)], f)
+            json.dump([[f"127.0.0.1:{port}"] for port in free_ports(2)], f)
         os.environ["MLX_HOSTFILE"] = hostfile
         peer = subprocess.Popen([sys.executable, *sys.argv],
                                 env=dict(os.environ, MLX_RANK="1"))

@@ -67,7 +67,10 @@ def read_hosts(path: str | Path) -> list[dict]:
     return hosts
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports on 127.0.0.1 that were free when asked (bound once, then released):
+    the ring addresses of ranks started on this machine. Another process may take one before
+    a rank binds it; the ring then fails to connect and says which address."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -80,7 +83,7 @@ def _free_ports(n: int) -> list[int]:
 
 def _spawn_local(size: int) -> None:
     """Start ranks ``1 .. size-1`` of this command here and make this process rank 0."""
-    ring = [[f"127.0.0.1:{port}"] for port in _free_ports(size)]
+    ring = [[f"127.0.0.1:{port}"] for port in free_ports(size)]
     fd, name = tempfile.mkstemp(prefix="dflash-hosts-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(ring, f)

@@ -24,7 +24,13 @@ import statistics
 from collections import Counter
 
 from tools.demo_pair.corpus import Generator
-from tools.demo_pair.data import CORPUS_VERSIONS, REPO, PromptFitter, chat_examples, fitted_chat_examples
+from tools.demo_pair.data import (
+    CORPUS_VERSIONS,
+    REPO,
+    PromptFitter,
+    chat_examples,
+    fitted_chat_examples,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
