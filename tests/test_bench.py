@@ -10,6 +10,7 @@ import pytest
 from app.cli import main
 from app.engine import bench
 from app.engine.events import Summary
+from app.engine.modes import Mode
 
 MODES = {"plain", "dflash+tape@2", "dflash+replay@2", "dflash+tape@4", "dflash+replay@4"}
 
@@ -115,7 +116,8 @@ def _rec(mode, prompt, repeat, tps, tokens=(1, 2, 3)):
 
 
 def test_ratio_is_the_median_of_pairwise_ratios_and_divergence_is_flagged():
-    plain, tape = bench.Mode("plain", "plain"), bench.Mode("dflash+tape@4", "dflash", "tape", 4)
+    plain = bench.BenchRun("plain", Mode.PLAIN)
+    tape = bench.BenchRun("dflash+tape@4", Mode.DFLASH, "tape", 4)
     records = [
         _rec(plain, "a", 0, 10.0), _rec(tape, "a", 0, 20.0),  # ratio 2
         _rec(plain, "b", 0, 20.0), _rec(tape, "b", 0, 20.0),  # ratio 1
@@ -221,7 +223,8 @@ def test_per_prompt_divergence_with_the_top_two_gap(tiny_hybrid):
 
     target, _ = tiny_hybrid
     ids = prompt_ids(target)
-    plain, tape = bench.Mode("plain", "plain"), bench.Mode("dflash+tape@4", "dflash", "tape", 4)
+    plain = bench.BenchRun("plain", Mode.PLAIN)
+    tape = bench.BenchRun("dflash+tape@4", Mode.DFLASH, "tape", 4)
     records = [_rec(plain, "a", 0, 10.0, tokens=(5, 6, 7)), _rec(tape, "a", 0, 20.0,
                                                                   tokens=(5, 6, 9)),
                _rec(plain, "b", 0, 10.0), _rec(tape, "b", 0, 10.0)]
@@ -253,7 +256,7 @@ def test_stage_timing_is_opt_in_and_keeps_the_tokens(tiny_hybrid):
     target, drafter = tiny_hybrid
     ids = list(target.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello"}], add_generation_prompt=True))
-    mode = bench.Mode("dflash+tape@8", "dflash", "tape", 8)
+    mode = bench.BenchRun("dflash+tape@8", Mode.DFLASH, "tape", 8)
     default = bench.run_one(target, drafter, ids, mode, 24)
     staged = bench.run_one(target, drafter, ids, mode, 24, stage_timing=True)
     assert default.tokens == staged.tokens and len(default.tokens) == 24

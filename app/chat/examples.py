@@ -50,6 +50,6 @@ def read_examples(folder: str | Path) -> list[Example]:
 DEMO_ABOUT = ("The bundled demo pair: a small model made for this app. It knows countries "
               "(capitals, currencies, languages, population), arithmetic, unit conversions and "
               "the time in a city, using the app's tools for facts. It is tiny, so it is fast "
-              "and often wrong outside those topics. Write sums with spaces or in words "
-              "(17 * 23, 17 times 23): 17*23 confuses it.")
+              "and often wrong outside those topics. It learned chats of up to about 40 turns "
+              "within its 4,096-token context: start a new chat when answers go astray.")
 """What the first screen says about the bundled demo pair."""

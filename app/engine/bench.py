@@ -1,6 +1,6 @@
 """Benchmark runners: prompt ids in, figures out (no argparse, no files, no chat templates).
 
-:func:`run_matrix` runs every prompt through each :class:`Mode` (``plain``, and for every block
+:func:`run_matrix` runs every prompt through each :class:`BenchRun` (``plain``, and for every block
 size B ``dflash+tape@B`` and ``dflash+replay@B``, greedy), interleaved and repeated after one
 untimed warm-up run per mode (with ``fast`` also ``dflash+tape@B+fast``, the near-exact chunked
 verify); :func:`aggregate` gives per mode the median tok/s (generation
@@ -31,7 +31,7 @@ from typing import Any
 
 from app.engine.compare import first_divergence, near_tie
 from app.engine.events import Summary
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTING_MODES, Mode
 
 DEFAULT_BLOCK_SIZES = "4,8,16"
 DEFAULT_REPEATS = 2
@@ -74,13 +74,14 @@ class BenchPrompt:
 
 
 @dataclass(frozen=True)
-class Mode:
-    """A decoding mode: ``name`` (``plain``, ``dflash+tape@8``, ``dflash+tape@8+fast``...),
-    engine ``mode``, ``rollback``, ``block`` (None for plain) and ``fast`` (the engine's
-    near-exact ``fast_verify``)."""
+class BenchRun:
+    """One column of the benchmark: ``name`` (``plain``, ``dflash+tape@8``,
+    ``dflash+tape@8+fast``...), the decoding ``mode`` (:class:`app.engine.modes.Mode`),
+    ``rollback``, ``block`` (None for plain) and ``fast`` (the engine's near-exact
+    ``fast_verify``)."""
 
     name: str
-    mode: str
+    mode: Mode
     rollback: str = "tape"
     block: int | None = None
     fast: bool = False
@@ -92,7 +93,7 @@ class RunRecord:
     """One timed generation: its tokens, the engine's summary and each token's wall time
     (seconds since the generation started, ``time.perf_counter``)."""
 
-    mode: Mode
+    mode: BenchRun
     prompt_id: str
     repeat: int
     prompt_tokens: int
@@ -187,25 +188,25 @@ def default_prompts(target_dir: Path | None) -> tuple[list[BenchPrompt], str]:
 
 # ------------------------------------------------------------------------------ running
 def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False,
-               dflash: bool = True) -> list[Mode]:
+               dflash: bool = True) -> list[BenchRun]:
     """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
     ``fast``, ``dflash+tape@B+fast``); with ``dflash2`` also ``dflash2+tape@B`` and
     ``dflash2+tape@B+nosel`` (the DFlash2 drafter with its selector's bigram term off);
     ``dflash=False`` leaves the DFlash modes out (only a DFlash2 drafter is given)."""
-    modes = [Mode("plain", "plain")]
+    modes = [BenchRun("plain", Mode.PLAIN)]
     for b in block_sizes:
         if dflash:
-            modes.append(Mode(f"dflash+tape@{b}", "dflash", "tape", b))
-            modes.append(Mode(f"dflash+replay@{b}", "dflash", "replay", b))
+            modes.append(BenchRun(f"dflash+tape@{b}", Mode.DFLASH, "tape", b))
+            modes.append(BenchRun(f"dflash+replay@{b}", Mode.DFLASH, "replay", b))
             if fast:
-                modes.append(Mode(f"dflash+tape@{b}+fast", "dflash", "tape", b, fast=True))
+                modes.append(BenchRun(f"dflash+tape@{b}+fast", Mode.DFLASH, "tape", b, fast=True))
         if dflash2:
-            modes.append(Mode(f"dflash2+tape@{b}", "dflash2", "tape", b))
-            modes.append(Mode(f"dflash2+tape@{b}+nosel", "dflash2", "tape", b, selector=False))
+            modes.append(BenchRun(f"dflash2+tape@{b}", Mode.DFLASH2, "tape", b))
+            modes.append(BenchRun(f"dflash2+tape@{b}+nosel", Mode.DFLASH2, "tape", b, selector=False))
     return modes
 
 
-def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
+def run_one(target, drafter, ids: list[int], mode: BenchRun, max_tokens: int,
             prompt_id: str = "", repeat: int = 0, drafter2=None,
             stage_timing: bool = False) -> RunRecord:
     """One greedy generation in ``mode``; returns its :class:`RunRecord`. ``dflash2`` modes
@@ -223,7 +224,7 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
                            rollback=mode.rollback, fast_verify=mode.fast,
                            selector=mode.selector, stage_timing=stage_timing)
-    chosen = {"dflash": drafter, "dflash2": drafter2 or drafter}.get(mode.mode)
+    chosen = {Mode.DFLASH: drafter, Mode.DFLASH2: drafter2 or drafter}.get(mode.mode)
     gen = generate(target, ids, cfg, chosen)
     tokens, times, summary = [], [], None
     t0 = time.perf_counter()
@@ -238,7 +239,7 @@ def run_one(target, drafter, ids: list[int], mode: Mode, max_tokens: int,
     return RunRecord(mode, prompt_id, repeat, len(ids), tokens, summary, times)
 
 
-def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: list[Mode],
+def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: list[BenchRun],
                repeats: int, max_tokens: int, progress=None, drafter2=None,
                stage_timing: bool = False) -> list[RunRecord]:
     """Warm each mode up once (untimed), then run every (repeat, prompt, mode), the mode order
@@ -273,7 +274,7 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if a and b and a > 0 and b > 0 else None
 
 
-def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
+def aggregate(records: list[RunRecord], modes: list[BenchRun]) -> dict[str, dict]:
     """Per mode figures (see the module docstring); keys match ``--json``'s ``modes``."""
     plain = {(r.prompt_id, r.repeat): r for r in records if r.mode.name == "plain"}
     out: dict[str, dict] = {}
@@ -332,7 +333,7 @@ def aggregate(records: list[RunRecord], modes: list[Mode]) -> dict[str, dict]:
             "fast_verify": m.fast,
             "prompts": prompts,
         }
-        if m.mode == "dflash2":
+        if m.mode is Mode.DFLASH2:
             out[m.name]["selector"] = m.selector
     return out
 
@@ -469,12 +470,12 @@ def run_scaling(target, drafter, block: int, lengths=SCALING_LENGTHS,
     """
     import dataclasses
 
-    modes = [Mode("plain", "plain"), Mode(f"dflash+tape@{block}", "dflash", "tape", block)]
+    modes = [BenchRun("plain", Mode.PLAIN), BenchRun(f"dflash+tape@{block}", Mode.DFLASH, "tape", block)]
     # End tokens are ignored so that every run reaches its length (cost figures only).
     target = dataclasses.replace(target, eos_token_ids=set())
 
-    def key(m: Mode) -> str:
-        return "plain" if m.mode == "plain" else "dflash"
+    def key(m: BenchRun) -> str:
+        return "plain" if m.mode is Mode.PLAIN else "dflash"
 
     ctx = []
     done: set[int] = set()
