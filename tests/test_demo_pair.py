@@ -28,7 +28,7 @@ TARGET_DIR, DRAFTER_DIR = demo_pair_dirs()
 DFLASH2_DIR = demo_dflash2_dir()
 
 # Held-out items the shipped pair answers correctly (a fixed subset of the model card's run).
-SINGLE_IDS = ["fact_capital-0", "tool_time-111", "tool_convert-121", "greeting-80",
+SINGLE_IDS = ["fact_capital-0", "tool_time-111", "tool_convert-127", "greeting-80",
               "scope-155"]
 SCRIPT_IDS = ["script-4-calc_op", "script-40-country_other"]
 
