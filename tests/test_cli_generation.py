@@ -585,3 +585,33 @@ def test_the_window_and_the_cli_take_the_default_pair_from_one_place(tmp_path, m
     assert (spec.target, spec.drafter, spec.tiny) == (t, None, False)  # the target alone
     (folders["demo-target"] / "config.json").unlink()
     assert default_pair().tiny
+
+
+def test_a_reply_stopped_at_a_tool_call_says_how_to_run_it(capsys, pair_paths, monkeypatch):
+    """Without --run-tools, chat and compare end at the call; the last line says what to add."""
+    from app.commands.chat import TOOL_HINT
+    from app.models.loader import load_target
+
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n</parameter>\n"
+            "</function>\n</tool_call>")
+    scripts = [tok.encode(call, add_special_tokens=False) + [eos]]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                             "--prompt", "17*23?", "--no-think")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[-2].endswith("finish tool_calls") and lines[-1] == TOOL_HINT
+    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
+               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                             "--prompt", "17*23?", "--no-think", "--run-tools")
+    assert code == 0, err
+    assert TOOL_HINT not in out
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts[:1]))
+    code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "17*23?",
+                             "--no-think")
+    assert code == 0, err
+    assert out.count("finish tool_calls") >= 2 and out.splitlines()[-1] == TOOL_HINT

@@ -129,6 +129,16 @@ def test_export_holds_every_field(tmp_path):
     assert [m["error"] for m in errors] == ["GenerationError: boom"]
 
 
+def test_a_markdown_export_given_to_import_says_to_use_json(tmp_path):
+    with Store(tmp_path / "a.db") as s:
+        md = export_markdown(s, build(s))
+        before = len(s.list_conversations())
+        for data in (md, md.encode("utf-8")):
+            with pytest.raises(ImportFormatError, match="Markdown export.*JSON export"):
+                import_json(s, data)
+        assert len(s.list_conversations()) == before
+
+
 def test_markdown_shows_the_active_path(tmp_path):
     with Store(tmp_path / "a.db") as s:
         cid = build(s)

@@ -101,7 +101,8 @@ class SpeedUp:
                 f"{where} with a {b.context_tokens:,}-token prompt.")
 
 
-NO_BASELINE = "no plain baseline yet (3 plain replies or Compares make one)"
+NO_BASELINE = (f"no plain baseline yet (it takes {MIN_SAMPLES} plain runs in all, replies or "
+               "Compares, on prompts of similar length)")
 """The footer's text when no comparable plain speed was measured."""
 
 

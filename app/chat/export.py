@@ -352,6 +352,11 @@ def parse_json(data: dict | str | bytes) -> tuple[Conversation, list[Message]]:
         try:
             data = json.loads(data)
         except ValueError as exc:
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+            if text.lstrip().startswith("#"):  # a Markdown export starts with its title
+                raise ImportFormatError(
+                    "this looks like a Markdown export, which is for reading only: import a "
+                    "JSON export (Export chat, format JSON)") from exc
             raise ImportFormatError(f"not a JSON file: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ImportFormatError("not a DFlash Chat conversation export (no 'format' marker)")

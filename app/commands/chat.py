@@ -133,6 +133,17 @@ def _print_reply(reply: Reply, block: int | None, wall_s: float | None = None) -
     print(figures_line(reply, block, wall_s))
 
 
+TOOL_HINT = ("note: the model asked for a tool and the reply stopped there; add --run-tools to "
+             "run the built-in tools and get its answer (the window runs them by default)")
+"""Printed after a text-mode reply that ended with ``finish_reason`` ``tool_calls``."""
+
+
+def tool_hint(reply: Reply, run_tools: bool) -> str | None:
+    """:data:`TOOL_HINT` when ``reply`` stopped at a tool call that was not run
+    (``run_tools`` False), else None."""
+    return TOOL_HINT if reply.finish_reason == "tool_calls" and not run_tools else None
+
+
 def run_chat(args) -> int:
     """``chat``: one reply; returns the exit code."""
     return _guard(_chat, args)
@@ -158,6 +169,8 @@ def _chat(args) -> int:
     for w in reply.warnings:
         print(f"[warning] {w['message']}")
     print(figures_line(reply, block, wall))
+    if hint := tool_hint(reply, args.run_tools):
+        print(hint)
     return 0
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from app.chat.measure import ReplyFigures, median_figures, speedup
 from app.chat.reply import collect_reply, divergence_near_tie
 from app.chat.tools import builtin_tools
-from app.commands.chat import _print_reply, chat_object
+from app.commands.chat import _print_reply, chat_object, tool_hint
 from app.commands.generation import (
     _add_common,
     _guard,
@@ -190,4 +190,6 @@ def _compare(args) -> int:
         print("speed: " + speedup(figures["plain"], figures["dflash2"]).line("DFlash2"))
     if Mode.LOOKUP in results:
         print("speed: " + speedup(figures["plain"], figures[Mode.LOOKUP]).line("Lookup"))
+    if hint := tool_hint(plain, args.run_tools):
+        print(hint)
     return 0
