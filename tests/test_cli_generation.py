@@ -197,6 +197,20 @@ def test_first_divergence(a, b, expected):
     assert first_divergence(a, b) == expected
 
 
+CALC_CALL = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n</parameter>\n"
+             "</function>\n</tool_call>")
+"""A calculator call as the demo target writes it (17*23)."""
+
+
+def _rounds(pair_paths, *texts: str) -> list[list[int]]:
+    """Each text as one scripted round of the bundled target: its token ids and ``<|im_end|>``."""
+    from app.models.loader import load_target
+
+    tok = load_target(pair_paths[0]).tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    return [tok.encode(t, add_special_tokens=False) + [eos] for t in texts]
+
+
 class _Scripted:
     """A scripted engine for the CLI: round k emits ``scripts[k]`` (token ids)."""
 
@@ -224,14 +238,7 @@ class _Scripted:
 
 
 def test_run_tools_json_has_rounds(capsys, pair_paths, monkeypatch):
-    from app.models.loader import load_target
-
-    tok = load_target(pair_paths[0]).tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    call = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n</parameter>\n"
-            "</function>\n</tool_call>")
-    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
-               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
+    scripts = _rounds(pair_paths, CALC_CALL, "It is 391.")
     objs = []
     for mode in ("plain", "dflash"):
         monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
@@ -282,14 +289,7 @@ def test_compare_human_output(capsys, pair_paths):
 
 
 def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_paths, monkeypatch):
-    from app.models.loader import load_target
-
-    tok = load_target(pair_paths[0]).tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    call = ("Checking.\n<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n"
-            "</parameter>\n</function>\n</tool_call>")
-    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
-               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
+    scripts = _rounds(pair_paths, "Checking.\n" + CALC_CALL, "It is 391.")
     monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
     code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
                              "--prompt", "17*23?", "--no-think", "--run-tools")
@@ -312,14 +312,8 @@ def test_compare_prints_every_round_and_the_whole_replys_figures(capsys, pair_pa
     its tool call (chat printed it), and the figures line counted only the last round (32
     tokens where the window showed 85). Each side now prints every round, and its figures
     are the whole reply's, as the window's panel gives them (JSON: ``reply_summary``)."""
-    from app.models.loader import load_target
 
-    tok = load_target(pair_paths[0]).tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    call = ("Checking.\n<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n"
-            "</parameter>\n</function>\n</tool_call>")
-    first = tok.encode(call, add_special_tokens=False) + [eos]
-    second = tok.encode("It is 391.", add_special_tokens=False) + [eos]
+    first, second = _rounds(pair_paths, "Checking.\n" + CALC_CALL, "It is 391.")
     monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted([first, second] * 3))
     code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "17*23?",
                              "--no-think", "--run-tools")
@@ -408,7 +402,6 @@ def test_compare_runs_the_tools_on_one_frozen_clock(capsys, pair_paths, monkeypa
     import datetime as real
 
     from app.chat.tools import clock
-    from app.models.loader import load_target
 
     class TickingDatetime(real.datetime):  # the clock moves one second at every read
         reads = 0
@@ -423,12 +416,9 @@ def test_compare_runs_the_tools_on_one_frozen_clock(capsys, pair_paths, monkeypa
 
     monkeypatch.setattr(clock, "_dt", Ticking)
     assert clock.current_time("UTC")["time"] != clock.current_time("UTC")["time"]
-    tok = load_target(pair_paths[0]).tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
     call = ("<tool_call>\n<function=current_time>\n<parameter=timezone>\nAsia/Tokyo\n"
             "</parameter>\n</function>\n</tool_call>")
-    turn = [tok.encode(call, add_special_tokens=False) + [eos],
-            tok.encode("Here it is.", add_special_tokens=False) + [eos]]
+    turn = _rounds(pair_paths, call, "Here it is.")
     monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(turn + turn))
     code, out, err = run_cli(capsys, "compare", *pair_args(pair_paths), "--prompt", "Time?",
                              "--no-think", "--run-tools", "--json")
@@ -590,21 +580,14 @@ def test_the_window_and_the_cli_take_the_default_pair_from_one_place(tmp_path, m
 def test_a_reply_stopped_at_a_tool_call_says_how_to_run_it(capsys, pair_paths, monkeypatch):
     """Without --run-tools, chat and compare end at the call; the last line says what to add."""
     from app.commands.chat import TOOL_HINT
-    from app.models.loader import load_target
 
-    tok = load_target(pair_paths[0]).tokenizer
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    call = ("<tool_call>\n<function=calculator>\n<parameter=expression>\n17*23\n</parameter>\n"
-            "</function>\n</tool_call>")
-    scripts = [tok.encode(call, add_special_tokens=False) + [eos]]
-    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
+    scripts = _rounds(pair_paths, CALC_CALL, "It is 391.")
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts[:1]))
     code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
                              "--prompt", "17*23?", "--no-think")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[-2].endswith("finish tool_calls") and lines[-1] == TOOL_HINT
-    scripts = [tok.encode(call, add_special_tokens=False) + [eos],
-               tok.encode("It is 391.", add_special_tokens=False) + [eos]]
     monkeypatch.setattr(reply_mod, "_engine_generate", _Scripted(scripts))
     code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
                              "--prompt", "17*23?", "--no-think", "--run-tools")
