@@ -101,9 +101,9 @@ class SpeedUp:
                 f"{where} with a {b.context_tokens:,}-token prompt.")
 
 
-NO_BASELINE = (f"no plain baseline yet (it takes {MIN_SAMPLES} plain runs in all, replies or "
-               "Compares, on prompts of similar length)")
-"""The footer's text when no comparable plain speed was measured."""
+NO_BASELINE = f"no plain baseline yet (needs {MIN_SAMPLES} plain runs of similar length)"
+"""The footer's text when no comparable plain speed was measured (plain replies and the plain
+sides of Compares count; docs/window.md gives the rule)."""
 
 
 @dataclass
