@@ -677,9 +677,11 @@ def test_the_program_ending_without_closing_the_window_stops_the_worker_first(tm
             assert cut and cut[0].content
 
 
-def test_a_terminate_signal_quits_the_window_cleanly(tmp_path):
+@pytest.mark.parametrize("wait_s", [0.0, 1.0], ids=["while-the-window-is-built", "running"])
+def test_a_terminate_signal_quits_the_window_cleanly(tmp_path, wait_s):
     """SIGTERM (a logout, ``kill``) and Ctrl+C quit like File › Quit: the log says so and
-    the process ends with status 0, the worker stopped first."""
+    the process ends with status 0, the worker stopped first; also when the signal comes
+    right after the log's first line, while the window is still being built."""
     import signal
     import subprocess
     import sys
@@ -697,7 +699,7 @@ def test_a_terminate_signal_quits_the_window_cleanly(tmp_path):
         while time.monotonic() < deadline and not (
                 log.is_file() and "starting" in log.read_text(encoding="utf-8")):
             time.sleep(0.1)
-        time.sleep(1.0)  # the window is up and its event loop runs
+        time.sleep(wait_s)  # 1 s: the window is up and its event loop runs
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -78,15 +78,18 @@ def quit_on_signals(app: QApplication):
     """Quit ``app`` the ordinary way (``aboutToQuit``: the window shuts down, the worker
     stops, the store closes) on SIGTERM (a logout, ``kill``) and SIGINT (Ctrl+C), instead
     of dying with the worker thread running or a KeyboardInterrupt raised inside a slot.
-    A timer lets Python see the signal while Qt's loop waits. Returns a function that puts
-    the previous handlers back."""
+    A timer lets Python see the signal while Qt's loop waits; a signal that comes before the
+    loop runs (the window still being built) quits as soon as it does. Returns a function that
+    puts the previous handlers back."""
     import signal
 
     from PySide6.QtCore import QTimer
 
     def on_signal(signum, _frame) -> None:
         log.info("signal %s: quitting", signum)
-        app.quit()
+        # queued, so a signal that comes while the window is still being built quits as
+        # soon as the event loop runs (app.quit() before the loop would do nothing)
+        QTimer.singleShot(0, app.quit)
 
     wanted = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
     previous = {sig: signal.signal(sig, on_signal) for sig in wanted}
@@ -134,6 +137,7 @@ def run_gui(args=None) -> int:
         print(f"error: cannot write the log in {data_dir}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
+    restore = quit_on_signals(app)  # before the window's slow imports: a signal then quits too
     log.info("starting %s %s, data in %s", APP_NAME, __version__, data_dir)
     qs = QSettings(str(data_dir / "settings.ini"), QSettings.IniFormat)
 
@@ -149,7 +153,6 @@ def run_gui(args=None) -> int:
 
     server = listen(name, bring_up)
     app.aboutToQuit.connect(win.shutdown)
-    restore = quit_on_signals(app)
     win.show()
     import asyncio
 
