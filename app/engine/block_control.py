@@ -1,0 +1,169 @@
+"""The automatic block size: before each DFlash cycle, the block length that promises the most
+tokens per second.
+
+A cycle of block length ``L`` (the pending token and ``L - 1`` drafts; ``L = 1`` drafts
+nothing and is one plain step of the target) commits on average
+
+    E[tokens | L] = 1 + sum_{j=1}^{L-1} prod_{i<=j} p_i
+
+tokens, where ``p_i`` is the probability that draft ``i`` is accepted given that drafts
+``1..i-1`` were (its conditional acceptance rate), and costs
+
+    cost(L) = draft(L) + verify(L) + rollback(L) * P(some draft rejected)
+
+milliseconds at the current context length (:class:`app.engine.costs.CostModel`, corrected by
+what the cycles measure). :class:`BlockController` picks the ``L`` in ``1..max_block`` with
+the largest ``E[tokens | L] / cost(L)``.
+
+The rates are estimated from the recent cycles: after a cycle that drafted ``d`` tokens and
+accepted ``a``, positions ``1..a`` saw an acceptance and position ``a + 1`` (if ``a < d``) a
+rejection; each moves its rate by an exponential moving average (weight :attr:`alpha`).
+Positions the cycle did not reach are censored (not observed): their rates drift back
+toward the optimistic prior (weight :attr:`decay` per cycle), so that after a run of short
+blocks, or of plain steps, longer blocks are tried again when the text turns predictable.
+
+Costs are corrected online: each cycle's measured wall time (one host wait per cycle, so the
+time is the device's) over the model's prediction moves a correction factor by an
+exponential moving average, one factor for plain steps and one for drafted blocks (the two
+differ in what they run: no drafter, no tapes).
+
+Exactness does not depend on the controller: whatever ``L`` it picks, the target's verify pass
+decides every token (``app.engine.generate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engine.costs import CostModel
+
+PRIOR = 0.8
+"""The optimistic conditional acceptance rate a position starts at and drifts back to."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision: ``block`` (the cycle's length L), its ``expected`` tokens, ``cost_ms``
+    (corrected) and ``rate`` (expected tokens per ms), and the plain step's rate beside it
+    (``plain_rate``, tokens per ms) for the reason a panel shows."""
+
+    block: int
+    expected: float
+    cost_ms: float
+    rate: float
+    plain_rate: float
+
+    @property
+    def reason(self) -> str:
+        """One line: why this block (e.g. ``"block 6: 3.1 tok in 22 ms, 1.7x a plain
+        step"``)."""
+        gain = self.rate / self.plain_rate if self.plain_rate > 0 else float("nan")
+        return (f"block {self.block}: {self.expected:.1f} tok in {self.cost_ms:.0f} ms, "
+                f"{gain:.2f}x a plain step")
+
+
+class BlockController:
+    """Per-cycle block length from acceptance estimates and a cost model (module doc).
+
+    Args:
+        costs: the pair's :class:`~app.engine.costs.CostModel` (ms).
+        max_block: the largest block allowed (the drafter's block size or the one set).
+        prior: the optimistic conditional acceptance rate (0..1) positions start at.
+        alpha: the weight of one observation in a position's rate (0..1].
+        decay: the per-cycle pull of an unobserved position's rate toward ``prior`` (0..1).
+        cost_alpha: the weight of one cycle's measured/predicted time in the correction.
+
+    Raises:
+        ValueError: ``max_block < 1`` or a rate/weight outside its range.
+    """
+
+    def __init__(self, costs: CostModel, max_block: int, prior: float = PRIOR,
+                 alpha: float = 0.25, decay: float = 0.03, cost_alpha: float = 0.2) -> None:
+        if max_block < 1:
+            raise ValueError(f"max_block must be at least 1, got {max_block}")
+        for name, v, lo_open in (("prior", prior, False), ("alpha", alpha, True),
+                                 ("decay", decay, False), ("cost_alpha", cost_alpha, True)):
+            if not (0 < v <= 1 if lo_open else 0 <= v <= 1):
+                raise ValueError(f"{name} must be in {'(0, 1]' if lo_open else '[0, 1]'}, "
+                                 f"got {v}")
+        self.costs = costs
+        self.max_block = max_block
+        self.prior, self.alpha, self.decay, self.cost_alpha = prior, alpha, decay, cost_alpha
+        self.rates = [prior] * (max_block - 1)  # rates[i]: draft i + 1 accepted given the rest
+        self.step_scale = 1.0  # measured / predicted, plain steps
+        self.block_scale = 1.0  # measured / predicted, drafted blocks
+        self.last: Choice | None = None
+
+    def expected_tokens(self, length: int) -> float:
+        """``E[tokens | L]`` under the current rates (1 for ``L = 1``)."""
+        total, run = 1.0, 1.0
+        for p in self.rates[: max(0, length - 1)]:
+            run *= p
+            total += run
+        return total
+
+    def full_acceptance(self, length: int) -> float:
+        """The probability that all ``length - 1`` drafts are accepted (1 for ``L = 1``)."""
+        run = 1.0
+        for p in self.rates[: max(0, length - 1)]:
+            run *= p
+        return run
+
+    def predicted_ms(self, length: int, ctx: int) -> float:
+        """The model's ms for a cycle of ``length`` at ``ctx`` (uncorrected): the draft, the
+        verify, and the rollback weighted by the chance that a draft is rejected."""
+        c = self.costs
+        return (c.draft(length, ctx) + c.verify(length, ctx)
+                + c.rollback(length) * (1.0 - self.full_acceptance(length)))
+
+    def cost_ms(self, length: int, ctx: int) -> float:
+        """:meth:`predicted_ms` times the online correction of its kind."""
+        scale = self.step_scale if length <= 1 else self.block_scale
+        return self.predicted_ms(length, ctx) * scale
+
+    def choose(self, ctx: int, limit: int | None = None) -> int:
+        """The block length for the next cycle (``1..min(max_block, limit)``).
+
+        Args:
+            ctx: positions in the target cache (prompt and committed tokens).
+            limit: a further cap (e.g. the tokens left before ``max_tokens``).
+        """
+        top = self.max_block if limit is None else max(1, min(self.max_block, limit))
+        plain_cost = self.cost_ms(1, ctx)
+        plain_rate = 1.0 / plain_cost if plain_cost > 0 else float("inf")
+        best = Choice(1, 1.0, plain_cost, plain_rate, plain_rate)
+        for length in range(2, top + 1):
+            cost = self.cost_ms(length, ctx)
+            expected = self.expected_tokens(length)
+            rate = expected / cost if cost > 0 else float("inf")
+            if rate > best.rate:
+                best = Choice(length, expected, cost, rate, plain_rate)
+        self.last = best
+        return best.block
+
+    def update(self, length: int, drafted: int, accepted: int, seconds: float | None = None,
+               ctx: int = 0) -> None:
+        """Learn from a finished cycle.
+
+        Args:
+            length: the cycle's block length (as chosen).
+            drafted: drafts verified (``length - 1``, or 0 for a plain step).
+            accepted: drafts accepted (``0..drafted``).
+            seconds: the cycle's measured wall seconds, or None (no cost correction).
+            ctx: positions in the target cache when the cycle began (for the prediction).
+        """
+        observed = min(drafted, accepted + 1)
+        for i in range(len(self.rates)):
+            if i < observed:
+                hit = 1.0 if i < accepted else 0.0
+                self.rates[i] += self.alpha * (hit - self.rates[i])
+            else:
+                self.rates[i] += self.decay * (self.prior - self.rates[i])
+        if seconds is not None and seconds > 0:
+            predicted = self.predicted_ms(length, ctx)
+            if predicted > 0:
+                ratio = min(4.0, max(0.25, seconds * 1e3 / predicted))
+                if length <= 1:
+                    self.step_scale += self.cost_alpha * (ratio - self.step_scale)
+                else:
+                    self.block_scale += self.cost_alpha * (ratio - self.block_scale)
