@@ -40,6 +40,11 @@ from app.engine.costs import CostModel
 PRIOR = 0.8
 """The optimistic conditional acceptance rate a position starts at and drifts back to."""
 
+COST_ALPHA = 0.2
+"""The weight of one cycle's measured/predicted time in the online cost correction (0: the
+cost model as measured, no correction; tests use it to make choices independent of
+timing)."""
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -71,18 +76,21 @@ class BlockController:
         prior: the optimistic conditional acceptance rate (0..1) positions start at.
         alpha: the weight of one observation in a position's rate (0..1].
         decay: the per-cycle pull of an unobserved position's rate toward ``prior`` (0..1).
-        cost_alpha: the weight of one cycle's measured/predicted time in the correction.
+        cost_alpha: the weight of one cycle's measured/predicted time in the correction
+            (0..1; 0 turns the correction off; None: :data:`COST_ALPHA`).
 
     Raises:
         ValueError: ``max_block < 1`` or a rate/weight outside its range.
     """
 
     def __init__(self, costs: CostModel, max_block: int, prior: float = PRIOR,
-                 alpha: float = 0.25, decay: float = 0.03, cost_alpha: float = 0.2) -> None:
+                 alpha: float = 0.25, decay: float = 0.03,
+                 cost_alpha: float | None = None) -> None:
         if max_block < 1:
             raise ValueError(f"max_block must be at least 1, got {max_block}")
+        cost_alpha = COST_ALPHA if cost_alpha is None else cost_alpha
         for name, v, lo_open in (("prior", prior, False), ("alpha", alpha, True),
-                                 ("decay", decay, False), ("cost_alpha", cost_alpha, True)):
+                                 ("decay", decay, False), ("cost_alpha", cost_alpha, False)):
             if not (0 < v <= 1 if lo_open else 0 <= v <= 1):
                 raise ValueError(f"{name} must be in {'(0, 1]' if lo_open else '[0, 1]'}, "
                                  f"got {v}")

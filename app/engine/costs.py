@@ -167,11 +167,65 @@ def _fill_target_cache(runner, ctx: int, taps: list[int]) -> list:
     return cache
 
 
-def _undo(checkpoint, length: int) -> None:
-    """Drop a timed verify pass (``checkpoint`` None: the one-token step already trimmed)
-    so that the cache keeps its context length."""
-    if checkpoint is not None:
-        checkpoint.restore()
+def _fill_drafter_cache(dmodel, ctx: int, width: int) -> list:
+    """A drafter context cache holding ``ctx`` zero rows (a stand-in without
+    ``extend_context`` gets its own empty cache)."""
+    dcache = dmodel.make_cache()
+    extend = getattr(dmodel, "extend_context", None)
+    if extend is not None:
+        fc = getattr(dmodel, "fc", None)
+        dtype = fc.weight.dtype if fc is not None else mx.float32
+        extend(mx.zeros((1, ctx, width), dtype=dtype), dcache)
+        mx.eval([a for c in dcache for a in (getattr(c, "keys", None),
+                                             getattr(c, "values", None)) if a is not None])
+    return dcache
+
+
+class _Stages:
+    """The target's stages of one cycle of block ``ids`` ``(1, L)`` on ``cache``, each
+    waited for and leaving the cache at its context length."""
+
+    def __init__(self, runner, cache: list, taps: list[int], strategy: str, ids: mx.array):
+        self.runner, self.cache, self.taps, self.strategy, self.ids = (
+            runner, cache, taps, strategy, ids)
+
+    def verify(self):
+        """The pass (a plain step for L = 1, which is trimmed at once: returns None), else
+        its :class:`~app.engine.rollback.VerifyCheckpoint`, not yet committed."""
+        from app.engine.rollback import VerifyCheckpoint
+        from app.engine.target import trim_attention
+
+        runner, cache, ids = self.runner, self.cache, self.ids
+        if ids.shape[1] == 1:
+            logits, vt = runner.forward(ids, cache, taps=self.taps)
+            mx.eval(mx.argmax(logits[0], axis=-1), vt)
+            trim_attention(cache, runner.linear, 1)
+            return None
+        ck = VerifyCheckpoint(runner, cache, self.strategy, mx.eval)
+        logits, vt = runner.forward(ids, cache, taps=self.taps, tapes=ck.begin(ids))
+        choice = mx.argmax(logits[0], axis=-1)
+        mx.eval(mx.cumprod(ids[0, 1:] == choice[:-1]).sum(), choice, vt)
+        return ck
+
+    def verify_and_undo(self) -> None:
+        """:meth:`verify`, then the whole pass dropped (timed together)."""
+        ck = self.verify()
+        if ck is not None:
+            ck.restore()
+
+    def rollback(self) -> float:
+        """Seconds of committing half of a verify pass (the pass itself not timed); the kept
+        positions are then trimmed."""
+        from app.engine.target import cache_arrays, trim_attention
+
+        ck = self.verify()
+        keep = max(1, int(self.ids.shape[1]) // 2)
+        t0 = time.perf_counter()
+        ck.commit(keep)  # queue=mx.eval waits for it
+        dt = time.perf_counter() - t0
+        trim_attention(self.cache, self.runner.linear, keep)
+        mx.eval(cache_arrays(self.cache))
+        return dt
 
 
 def _wait(drafts) -> None:
@@ -212,9 +266,6 @@ def calibrate(runner, drafter, strategy: str = "tape", lengths: tuple[int, ...] 
             lengths >= 1.
     """
     from app.engine.device import device_description
-    from app.engine.generate import greedy_acceptance
-    from app.engine.rollback import VerifyCheckpoint
-    from app.engine.target import cache_arrays, trim_attention
 
     t_start = time.perf_counter()
     block = int(drafter.config.block_size)
@@ -232,44 +283,17 @@ def calibrate(runner, drafter, strategy: str = "tape", lengths: tuple[int, ...] 
     mask = int(drafter.config.mask_token_id)
     for ci, ctx in enumerate(contexts):
         cache = _fill_target_cache(runner, ctx, taps)
-        dcache = dmodel.make_cache()
-        extend = getattr(dmodel, "extend_context", None)
-        if extend is not None:
-            fc = getattr(dmodel, "fc", None)
-            dtype = fc.weight.dtype if fc is not None else mx.float32
-            extend(mx.zeros((1, ctx, len(taps) * runner.hidden_size), dtype=dtype), dcache)
-            mx.eval([a for c in dcache for a in (getattr(c, "keys", None),
-                                                 getattr(c, "values", None)) if a is not None])
+        dcache = _fill_drafter_cache(dmodel, ctx, len(taps) * runner.hidden_size)
         vrow, drow = [], []
         for li, L in enumerate(lengths):
             ids = mx.array([[1] + [mask] * (L - 1)], dtype=mx.int32)
-
-            def verify(ids=ids, L=L):
-                if L == 1:
-                    logits, vt = runner.forward(ids, cache, taps=taps)
-                    mx.eval(greedy_acceptance(None, logits[0]), vt)
-                    trim_attention(cache, runner.linear, 1)
-                    return None
-                ck = VerifyCheckpoint(runner, cache, strategy, mx.eval)
-                logits, vt = runner.forward(ids, cache, taps=taps, tapes=ck.begin(ids))
-                mx.eval(greedy_acceptance(ids[0, 1:], logits[0]), vt)
-                return ck
-
-            vrow.append(_best(lambda: _undo(verify(), L), repeats))
+            stage = _Stages(runner, cache, taps, strategy, ids)
+            vrow.append(_best(stage.verify_and_undo, repeats))
             if L > 1:
-                if ci == 0:
-                    def roll(L=L):
-                        ck = verify()
-                        t0 = time.perf_counter()
-                        ck.commit(max(1, L // 2))  # queue=mx.eval waits for it
-                        dt = time.perf_counter() - t0
-                        trim_attention(cache, runner.linear, max(1, L // 2))
-                        mx.eval(cache_arrays(cache))
-                        return dt
-
-                    rollback[li] = min(roll() for _ in range(max(1, repeats))) * 1e3
-                drow.append(_best(lambda L=L: _wait(dmodel.draft(runner, 1, L, None, dcache)),
-                                  repeats))
+                if ci == 0:  # the rollback does not depend on the context
+                    rollback[li] = min(stage.rollback() for _ in range(max(1, repeats))) * 1e3
+                drow.append(_best(lambda L=L, d=dcache: _wait(dmodel.draft(runner, 1, L, None,
+                                                                           d)), repeats))
             else:
                 drow.append(0.0)
         verify_rows.append(vrow)
