@@ -649,6 +649,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     # DFlash2 at temperature > 0: sampled walk + min(1, p/q) acceptance (module docstring)
     speculative = v2 and config.temperature > 0
     probs = _d2.make_target_probs(config) if speculative else None
+    # opt-in: the block length per cycle from acceptance and measured costs (GenerationConfig);
+    # the pair's first such reply measures the costs here, before the reply's clock starts
+    control = BlockController(_costs.model_for(runner, target.model, drafter, config.rollback),
+                              block) if config.auto_block else None
     s, choose, t_start = _begin(config, summary or Summary(
         mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt)))
     s.fast_verify = runner.fast_verify
@@ -675,9 +679,6 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     # tap states the drafter has not read yet, joined when it next drafts (a run of plain
     # steps under the automatic block size adds one part per step)
     ctx_parts: list[mx.array] = [] if ctx_taps is None else [ctx_taps]
-    # opt-in: the block length per cycle from acceptance and measured costs (GenerationConfig)
-    control = BlockController(_costs.model_for(runner, target.model, drafter, config.rollback),
-                              block) if config.auto_block else None
     s.auto_block = control is not None
     history = list(prompt)
     cache_ids = list(prompt)
