@@ -144,6 +144,21 @@ def test_censored_positions_are_not_counted_as_rejections():
     assert c.rates[3:] == [0.5] * 4
 
 
+def test_state_carries_over():
+    c = BlockController(flat_costs(), 16)
+    for _ in range(10):
+        c.update(16, 15, 3)
+    c.block_scale = 2.0
+    d = BlockController(flat_costs(), 8)
+    d.restore(c.state())
+    assert d.rates == c.rates[:7] and d.block_scale == 2.0
+    e = BlockController(flat_costs(), 16, prior=0.5)
+    e.restore({"rates": [0.9, 0.1]})
+    assert e.rates[:3] == [0.9, 0.1, 0.5]
+    e.restore(None)
+    assert e.rates[0] == 0.9
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="max_block"):
         BlockController(flat_costs(), 0)
@@ -169,6 +184,8 @@ def test_calibration_measures_every_stage(tiny_hybrid):
                auto_block=True)
     assert auto.tokens == plain
     assert costs.known_model(drafter, target.model) is not None  # measured once, kept
+    kept = costs.remember_state.__module__ and costs._MODELS[id(drafter.model)]
+    assert any(k[0] == "state" for k in kept)  # the next reply starts from this one's state
 
 
 # --- exactness ------------------------------------------------------------------------------
@@ -182,6 +199,7 @@ def fixed_costs(request, monkeypatch):
     measured times), so that their choices do not depend on the machine's speed."""
     if "wide" in request.fixturenames or "tiny_hybrid" in request.fixturenames:
         monkeypatch.setattr(block_control, "COST_ALPHA", 0.0)
+        monkeypatch.setattr(costs, "known_state", lambda *a: None)  # each run from the prior
 
 
 @pytest.fixture(scope="module")

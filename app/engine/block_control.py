@@ -27,6 +27,10 @@ time is the device's) over the model's prediction moves a correction factor by a
 exponential moving average, one factor for plain steps and one for drafted blocks (the two
 differ in what they run: no drafter, no tapes).
 
+The engine keeps a pair's controller state between replies (``app.engine.costs``,
+``remember_state``): a reply starts from the rates and corrections the previous one ended
+with, not from the prior.
+
 Exactness does not depend on the controller: whatever ``L`` it picks, the target's verify pass
 decides every token (``app.engine.generate``).
 """
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 from app.engine.costs import CostModel
 
-PRIOR = 0.8
+PRIOR = 0.9
 """The optimistic conditional acceptance rate a position starts at and drifts back to."""
 
 COST_ALPHA = 0.2
@@ -101,6 +105,23 @@ class BlockController:
         self.step_scale = 1.0  # measured / predicted, plain steps
         self.block_scale = 1.0  # measured / predicted, drafted blocks
         self.last: Choice | None = None
+
+    def state(self) -> dict:
+        """What this controller learned (the rates and the cost corrections), for the next
+        reply of the same pair to start from (:meth:`restore`)."""
+        return {"rates": list(self.rates), "step_scale": self.step_scale,
+                "block_scale": self.block_scale}
+
+    def restore(self, state: dict | None) -> None:
+        """Start from a :meth:`state` of an earlier run (None: nothing to restore). Rates of
+        positions that run did not have start at the prior."""
+        if not state:
+            return
+        rates = [min(1.0, max(0.0, float(p))) for p in state.get("rates", [])]
+        n = len(self.rates)
+        self.rates = (rates + [self.prior] * n)[:n]
+        self.step_scale = float(state.get("step_scale", 1.0))
+        self.block_scale = float(state.get("block_scale", 1.0))
 
     def expected_tokens(self, length: int) -> float:
         """``E[tokens | L]`` under the current rates (1 for ``L = 1``)."""

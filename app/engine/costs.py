@@ -334,6 +334,17 @@ def remember(drafter, target_model, model: CostModel, strategy: str = "tape") ->
     _per_drafter(drafter)[(id(target_model), strategy)] = model
 
 
+def remember_state(drafter, target_model, state: dict) -> None:
+    """Keep a block controller's learned state (``BlockController.state``) for the pair's
+    next reply (in memory, as long as the drafter's model lives)."""
+    _per_drafter(drafter)[("state", id(target_model))] = state
+
+
+def known_state(drafter, target_model) -> dict | None:
+    """The pair's last kept controller state, or None."""
+    return _MODELS.get(id(drafter.model), {}).get(("state", id(target_model)))
+
+
 def known_model(drafter, target_model, strategy: str = "tape") -> CostModel | None:
     """The pair's measured :class:`CostModel` if :func:`model_for` has measured it, else
     None (nothing is measured)."""

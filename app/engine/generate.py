@@ -119,7 +119,8 @@ class GenerationConfig:
             one plain step of the target) up to ``block_size`` (None: the drafter's), to
             maximise expected tokens per second from the recent acceptance lengths and the
             pair's measured costs (:mod:`app.engine.costs`, measured on the first such reply
-            of a loaded pair, under a second on the bundled demo pair on a CPU). Exact as any
+            of a loaded pair, under a second on the bundled demo pair on a CPU); a reply starts
+            from what the pair's previous such reply learned. Exact as any
             block size (the verify pass decides every token); ``CycleEvent.block`` and
             ``Summary.block_lengths`` record the blocks used. Ignored by ``plain`` and
             ``lookup`` (whose draft length adapts by its own rule).
@@ -651,8 +652,11 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     probs = _d2.make_target_probs(config) if speculative else None
     # opt-in: the block length per cycle from acceptance and measured costs (GenerationConfig);
     # the pair's first such reply measures the costs here, before the reply's clock starts
-    control = BlockController(_costs.model_for(runner, target.model, drafter, config.rollback),
-                              block) if config.auto_block else None
+    control = None
+    if config.auto_block:
+        control = BlockController(_costs.model_for(runner, target.model, drafter,
+                                                   config.rollback), block)
+        control.restore(_costs.known_state(drafter, target.model))  # the pair's last reply
     s, choose, t_start = _begin(config, summary or Summary(
         mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt)))
     s.fast_verify = runner.fast_verify
@@ -801,6 +805,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             session.store(cache_ids, cache, dcache, int(dcache[0].offset))
         else:
             session.store(cache_ids, cache, None, 0)
+    if control is not None:
+        _costs.remember_state(drafter, target.model, control.state())
     s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)
