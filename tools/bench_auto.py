@@ -19,13 +19,17 @@ Prompt classes:
   tool's result (run by the built-in tools at a frozen clock) in the prompt, so that the reply
   restates the result (copy-heavy);
 * ``long``: synthetic chat histories of about ``--lengths`` tokens (the ``bench
-  --multi-turn`` history; the demo target's context is 4,096 tokens) with a question.
+  --multi-turn`` history; the demo target's context is 4,096 tokens) with a question;
+* ``unfit``: the first three bench prompts with a drafter that does not fit: the bundled
+  DFlash drafter's weights replaced by random ones (fixed seed), so nearly every draft is
+  rejected (plain, ``dflash@16`` and ``dflash@auto`` only).
 
 Everything is warmed first: one run of every side (the automatic sides' first run measures
 the pair's cost model, :mod:`app.engine.costs`, whose time is printed). Then per prompt and
 repeat the sides run in an order that rotates, so a busy machine slows them alike. Printed:
 per prompt the median time to answer of each side and the ratios; per class the median of the
-per-prompt ratios (auto / plain, auto / fixed 16, DFlash2 auto / DFlash auto), the mean block
+per-prompt ratios (auto / plain, auto / fixed 16, DFlash2 auto / DFlash auto) of the time to
+answer and of the decode speed (tokens per second after the first token), the mean block
 the automatic sides used, and whether every side gave plain's tokens. A benchmark, not a test:
 it asserts nothing. Run it with OpenBLAS preloaded on Linux (tools/README.md).
 """
@@ -127,8 +131,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--classes", nargs="+", choices=["bench", "tool", "long"],
-                   default=["bench", "tool", "long"])
+    p.add_argument("--classes", nargs="+", choices=["bench", "tool", "long", "unfit"],
+                   default=["bench", "tool", "long", "unfit"])
     p.add_argument("--lengths", type=int, nargs="+", default=[2000, 3900],
                    help="token lengths of the long prompts (default 2000 3900)")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
@@ -173,6 +177,20 @@ def main(argv=None) -> int:
                       or (cfg.get("text_config") or {}).get("max_position_embeddings") or 1 << 20)
         classes["long"] = _long_prompts(target, args.lengths, context - args.max_tokens)
 
+    unfit = None
+    if "unfit" in args.classes:
+        import mlx.core as mx
+        from mlx.utils import tree_map
+
+        prompts, _ = default_prompts(Path(tdir))
+        classes["unfit"] = [(p.id, bench_prompt_ids(target, p)) for p in prompts[:3]]
+        unfit = load_drafter(ddir)
+        mx.random.seed(0)
+        unfit.model.update(tree_map(lambda a: mx.random.normal(a.shape, dtype=a.dtype) * 0.05
+                                    if a.ndim == 2 else a, unfit.model.parameters()))
+        mx.eval(unfit.model.parameters())
+        _run(target, {"dflash": unfit}, classes["unfit"][0][1], "dflash@auto", 16)
+
     # warm-up: every side once (the automatic sides measure the cost model here)
     warm_ids = next(iter(classes.values()))[0][1]
     for side in sides:
@@ -192,20 +210,27 @@ def main(argv=None) -> int:
         ratios: dict[str, list[float]] = {}
         blocks: dict[str, list[float]] = {s: [] for s in sides if s.endswith("auto")}
         same = 0
+        use = {"dflash": unfit} if cls == "unfit" else drafters
+        cls_sides = [x for x in sides if x in ("plain", "dflash@16", "dflash@auto")] \
+            if cls == "unfit" else sides
+        decode: dict[str, list[float]] = {}
         for pid, ids in prompts:
-            times: dict[str, list[float]] = {s: [] for s in sides}
+            times: dict[str, list[float]] = {s: [] for s in cls_sides}
+            rates: dict[str, list[float]] = {s: [] for s in cls_sides}
             toks: dict[str, list[int]] = {}
             for _ in range(args.repeats):
-                order = sides[k % len(sides):] + sides[: k % len(sides)]
+                order = cls_sides[k % len(cls_sides):] + cls_sides[: k % len(cls_sides)]
                 k += 1
                 for side in order:
-                    t, dt, s = _run(target, drafters, ids, side, args.max_tokens)
+                    t, dt, s = _run(target, use, ids, side, args.max_tokens)
                     times[side].append(dt)
+                    rates[side].append(s.tok_per_s)
                     toks.setdefault(side, t)
                     if side in blocks and s.block_lengths:
                         blocks[side].append(statistics.mean(s.block_lengths))
             med = {s: statistics.median(v) for s, v in times.items()}
-            identical = all(toks[s] == toks["plain"] for s in sides)
+            rate = {s: statistics.median(v) for s, v in rates.items()}
+            identical = all(toks[s] == toks["plain"] for s in cls_sides)
             same += identical
             row = {"class": cls, "prompt": pid, "prompt_tokens": len(ids),
                    "tokens": len(toks["plain"]), "median_s": med, "identical": identical}
@@ -222,12 +247,16 @@ def main(argv=None) -> int:
                 if v is not None:
                     ratios.setdefault(name, []).append(v)
                     got[name] = v
+                if a in rate and b in rate and rate[b] > 0 and rate[a] > 0:
+                    decode.setdefault(name, []).append(rate[a] / rate[b])
             row["ratios"] = got
+            row["decode_tok_per_s"] = rate
             print(f"{cls:5s} {pid[:28]:28s} {len(ids):5d} tok in, {len(toks['plain']):4d} out  "
-                  + "  ".join(f"{s} {med[s]:.2f}s" for s in sides) + "  |  "
+                  + "  ".join(f"{s} {med[s]:.2f}s" for s in cls_sides) + "  |  "
                   + "  ".join(f"{n} {v:.2f}x" for n, v in got.items())
                   + ("" if identical else "  TOKENS DIFFER"), flush=True)
         summary[cls] = {n: statistics.median(v) for n, v in ratios.items()}
+        summary[cls]["decode"] = {n: statistics.median(v) for n, v in decode.items()}
         summary[cls]["mean_block"] = {s: statistics.mean(v) for s, v in blocks.items() if v}
         summary[cls]["identical"] = f"{same}/{len(prompts)}"
     print()
@@ -235,8 +264,10 @@ def main(argv=None) -> int:
     for cls, fig in summary.items():
         parts = [f"{n} {v:.2f}x" for n, v in fig.items() if isinstance(v, float)]
         mb = ", ".join(f"{s} {v:.1f}" for s, v in fig["mean_block"].items())
-        print(f"  {cls:5s} " + "  ".join(parts) + f"  (mean block: {mb}; identical "
-              f"{fig['identical']})")
+        dec = "  ".join(f"{n} {v:.2f}x" for n, v in fig["decode"].items())
+        print(f"  {cls:5s} time to answer: " + "  ".join(parts) + f"  (mean block: {mb}; "
+              f"identical {fig['identical']})")
+        print(f"  {'':5s} decode tok/s:   {dec}")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     return 0

@@ -44,7 +44,12 @@ from app.engine.costs import CostModel
 PRIOR = 0.9
 """The optimistic conditional acceptance rate a position starts at and drifts back to."""
 
-COST_ALPHA = 0.2
+DECAY = 0.005
+"""The per-cycle pull of an unobserved position's rate back toward the prior: after drafts
+stop paying (every draft rejected), blocks are tried again after about a hundred plain steps
+on the demo pair, which costs about 2% over plain decoding when they still do not pay."""
+
+COST_ALPHA = 0.1
 """The weight of one cycle's measured/predicted time in the online cost correction (0: the
 cost model as measured, no correction; tests use it to make choices independent of
 timing)."""
@@ -79,7 +84,8 @@ class BlockController:
         max_block: the largest block allowed (the drafter's block size or the one set).
         prior: the optimistic conditional acceptance rate (0..1) positions start at.
         alpha: the weight of one observation in a position's rate (0..1].
-        decay: the per-cycle pull of an unobserved position's rate toward ``prior`` (0..1).
+        decay: the per-cycle pull of an unobserved position's rate toward ``prior`` (0..1;
+            None: :data:`DECAY`).
         cost_alpha: the weight of one cycle's measured/predicted time in the correction
             (0..1; 0 turns the correction off; None: :data:`COST_ALPHA`).
 
@@ -88,11 +94,12 @@ class BlockController:
     """
 
     def __init__(self, costs: CostModel, max_block: int, prior: float = PRIOR,
-                 alpha: float = 0.25, decay: float = 0.03,
+                 alpha: float = 0.25, decay: float | None = None,
                  cost_alpha: float | None = None) -> None:
         if max_block < 1:
             raise ValueError(f"max_block must be at least 1, got {max_block}")
         cost_alpha = COST_ALPHA if cost_alpha is None else cost_alpha
+        decay = DECAY if decay is None else decay
         for name, v, lo_open in (("prior", prior, False), ("alpha", alpha, True),
                                  ("decay", decay, False), ("cost_alpha", cost_alpha, False)):
             if not (0 < v <= 1 if lo_open else 0 <= v <= 1):
@@ -191,7 +198,7 @@ class BlockController:
         if seconds is not None and seconds > 0:
             predicted = self.predicted_ms(length, ctx)
             if predicted > 0:
-                ratio = min(4.0, max(0.25, seconds * 1e3 / predicted))
+                ratio = min(2.0, max(0.5, seconds * 1e3 / predicted))
                 if length <= 1:
                     self.step_scale += self.cost_alpha * (ratio - self.step_scale)
                 else:

@@ -705,13 +705,21 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         # opt-in: long prompt-lookup matches replace the drafter's block (GenerationConfig)
         index = NgramIndex(history) if config.lookup_drafts and not v2 else None
         last_full = True  # the drafter's previous block was wholly accepted
+        # auto: a plain step already queued on the previous plain step's lazy token, as plain
+        # decoding queues its next step (its logits and taps), or None
+        ahead = None
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
                 break
             remaining = config.max_tokens - s.generated_tokens
             ctx_len = len(cache_ids)
-            L = min(block, remaining) if control is None else control.choose(ctx_len, remaining)
+            if ahead is not None:  # decided by the previous cycle: a plain step
+                L = 1
+            elif control is not None:
+                L = control.choose(ctx_len, remaining)
+            else:
+                L = min(block, remaining)
             waited = _network_wait(runner)
             # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
@@ -746,13 +754,22 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             n_drafts = L - 1 if proposed is not None else 0
             # Verify (without drafts: one plain step, nothing to roll back)
             verify_ids = block_ids[None]
-            vlogits, vtaps = runner.forward(
-                verify_ids, cache, taps=taps,
-                tapes=checkpoint.begin(verify_ids) if proposed is not None else None)
+            if ahead is not None:
+                (vlogits, vtaps), ahead = ahead, None
+            else:
+                vlogits, vtaps = runner.forward(
+                    verify_ids, cache, taps=taps,
+                    tapes=checkpoint.begin(verify_ids) if proposed is not None else None)
             t1 = time.perf_counter()
             if on_device:
                 packed = greedy_acceptance(proposed, vlogits[0])
                 queue(packed, vtaps)
+                if (control is not None and proposed is None and not staged and remaining > 1
+                        and not cancel.is_set() and control.choose(ctx_len + 1, remaining - 1) == 1):
+                    # the next cycle is a plain step too: queue it on this step's lazy token
+                    # before reading it, so building it overlaps the computation
+                    ahead = runner.forward(packed[1:2].reshape(1, 1), cache, taps=taps)
+                    queue(*ahead)
                 accepted, *choice = host_read(packed)  # the cycle's one host synchronisation
                 bonus = choice[accepted]
                 drafts = choice[:accepted]  # the accepted drafts equal the target's choices
@@ -796,6 +813,12 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                                block=L)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
+        if ahead is not None:  # the queued step fed the last token: the cache holds it
+            cache_ids.append(pending)
+            kept = ahead[1][:, :1]
+            ctx_parts.append(kept)
+            if turn_taps is not None:
+                turn_taps.append(kept)
     if session is not None:
         session.update_kept(start, cache_ids, turn_taps or [], taps)
         if ctx_parts and extend is not None:
