@@ -142,11 +142,42 @@ def test_limit_and_measured_costs():
     assert c.choose(100) == 1
 
 
+def test_near_ties_go_to_the_longer_block():
+    """Rates within block_control.TIE of the best: the longest such block; plain steps are
+    never traded for a near-tie."""
+    c = BlockController(flat_costs(plain=10, per_token=1.0), 16)
+    c.rates = [0.99] * 8 + [0.5] * 7  # blocks of 9..16 within a few percent of each other
+    exact = max(range(1, 17), key=lambda L: c.expected_tokens(L) / c.cost_ms(L, 0))
+    chosen = c.choose(0)
+    assert chosen >= exact
+    rate = c.expected_tokens(chosen) / c.cost_ms(chosen, 0)
+    assert rate >= (1 - block_control.TIE) * c.expected_tokens(exact) / c.cost_ms(exact, 0)
+    c.rates = [0.0] * 15
+    assert c.choose(0) == 1
+
+
 def test_censored_positions_are_not_counted_as_rejections():
-    c = BlockController(flat_costs(), 8, prior=0.5, alpha=0.5, decay=0.0)
+    """Positions past the rejected one are not observed: not lowered as a rejection would
+    lower them, only capped at the rate of the position before them."""
+    c = BlockController(flat_costs(), 8, prior=0.9, alpha=0.5, decay=0.0)
+    c.rates = [0.5, 0.5, 0.5, 0.9, 0.2, 0.9, 0.9]
     c.update(8, 7, 2)  # drafts 1, 2 accepted, 3 rejected, 4..7 not seen
-    assert c.rates[:3] == [0.75, 0.75, 0.25]
-    assert c.rates[3:] == [0.5] * 4
+    assert c.rates == [0.75, 0.75, 0.25, 0.25, 0.2, 0.2, 0.2]
+    c = BlockController(flat_costs(), 4, prior=0.9, alpha=0.5, decay=0.0)
+    c.update(4, 3, 3)  # all seen, all accepted
+    assert c.rates == [0.95] * 3
+
+
+def test_an_unfit_drafter_is_dropped_after_few_blocks():
+    """Every first draft rejected, a block costing 2.4 plain steps: plain steps within a few
+    cycles (the positions never reached do not keep the prior's promise)."""
+    c = BlockController(flat_costs(plain=10, per_token=0.6, draft=5.0), 16)
+    drafted = 0
+    for _ in range(8):
+        L = c.choose(100)
+        drafted += L > 1
+        c.update(L, L - 1, 0)
+    assert c.choose(100) == 1 and drafted <= 5
 
 
 def test_state_carries_over():

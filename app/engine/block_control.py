@@ -13,14 +13,18 @@ tokens, where ``p_i`` is the probability that draft ``i`` is accepted given that
 
 milliseconds at the current context length (:class:`app.engine.costs.CostModel`, corrected by
 what the cycles measure). :class:`BlockController` picks the ``L`` in ``1..max_block`` with
-the largest ``E[tokens | L] / cost(L)``.
+the largest ``E[tokens | L] / cost(L)`` (among drafted blocks within :data:`TIE` of the best,
+the longest).
 
 The rates are estimated from the recent cycles: after a cycle that drafted ``d`` tokens and
 accepted ``a``, positions ``1..a`` saw an acceptance and position ``a + 1`` (if ``a < d``) a
 rejection; each moves its rate by an exponential moving average (weight :attr:`alpha`).
 Positions the cycle did not reach are censored (not observed): their rates drift back
 toward the optimistic prior (weight :attr:`decay` per cycle), so that after a run of short
-blocks, or of plain steps, longer blocks are tried again when the text turns predictable.
+blocks, or of plain steps, longer blocks are tried again when the text turns predictable, but
+never above the rate of the position before them: an unobserved position is assumed no better
+than the one that must be passed to reach it (so a drafter whose first draft is rejected
+every time is not credited with the prior at the positions it never reaches).
 
 Costs are corrected online: each cycle's measured wall time (one host wait per cycle, so the
 time is the device's) over the model's prediction moves a correction factor by an
@@ -44,10 +48,15 @@ from app.engine.costs import CostModel
 PRIOR = 0.9
 """The optimistic conditional acceptance rate a position starts at and drifts back to."""
 
-DECAY = 0.005
+DECAY = 0.01
 """The per-cycle pull of an unobserved position's rate back toward the prior: after drafts
 stop paying (every draft rejected), blocks are tried again after about a hundred plain steps
-on the demo pair, which costs about 2% over plain decoding when they still do not pay."""
+on the demo pair, which costs a few percent over plain decoding when they still do not pay."""
+
+TIE = 0.02
+"""Blocks whose expected rate is within this share of the best one's count as ties, and the
+longest of them is taken: the estimates are noisy, and a longer block observes the acceptance
+of more positions (those past a block are never observed)."""
 
 COST_ALPHA = 0.1
 """The weight of one cycle's measured/predicted time in the online cost correction (0: the
@@ -94,7 +103,7 @@ class BlockController:
     """
 
     def __init__(self, costs: CostModel, max_block: int, prior: float = PRIOR,
-                 alpha: float = 0.25, decay: float | None = None,
+                 alpha: float = 0.15, decay: float | None = None,
                  cost_alpha: float | None = None) -> None:
         if max_block < 1:
             raise ValueError(f"max_block must be at least 1, got {max_block}")
@@ -167,13 +176,16 @@ class BlockController:
         top = self.max_block if limit is None else max(1, min(self.max_block, limit))
         plain_cost = self.cost_ms(1, ctx)
         plain_rate = 1.0 / plain_cost if plain_cost > 0 else float("inf")
-        best = Choice(1, 1.0, plain_cost, plain_rate, plain_rate)
+        options = [Choice(1, 1.0, plain_cost, plain_rate, plain_rate)]
         for length in range(2, top + 1):
             cost = self.cost_ms(length, ctx)
             expected = self.expected_tokens(length)
             rate = expected / cost if cost > 0 else float("inf")
-            if rate > best.rate:
-                best = Choice(length, expected, cost, rate, plain_rate)
+            options.append(Choice(length, expected, cost, rate, plain_rate))
+        best = max(options, key=lambda c: c.rate)
+        if best.block > 1:  # the longest block within TIE of the best: it observes more
+            best = max((c for c in options[1:] if c.rate >= (1 - TIE) * best.rate),
+                       key=lambda c: c.block)
         self.last = best
         return best.block
 
@@ -195,6 +207,8 @@ class BlockController:
                 self.rates[i] += self.alpha * (hit - self.rates[i])
             else:
                 self.rates[i] += self.decay * (self.prior - self.rates[i])
+                if i > 0:  # never above the position before it, which must be passed first
+                    self.rates[i] = min(self.rates[i], self.rates[i - 1])
         if seconds is not None and seconds > 0:
             predicted = self.predicted_ms(length, ctx)
             if predicted > 0:
