@@ -158,11 +158,16 @@ def test_near_ties_go_to_the_longer_block():
 
 def test_censored_positions_are_not_counted_as_rejections():
     """Positions past the rejected one are not observed: not lowered as a rejection would
-    lower them, only capped at the rate of the position before them."""
+    lower them; one no cycle has reached yet is capped at the rate of the position before it,
+    one reached earlier keeps its rate."""
     c = BlockController(flat_costs(), 8, prior=0.9, alpha=0.5, decay=0.0)
     c.rates = [0.5, 0.5, 0.5, 0.9, 0.2, 0.9, 0.9]
     c.update(8, 7, 2)  # drafts 1, 2 accepted, 3 rejected, 4..7 not seen
     assert c.rates == [0.75, 0.75, 0.25, 0.25, 0.2, 0.2, 0.2]
+    c = BlockController(flat_costs(), 8, prior=0.9, alpha=0.5, decay=0.0)
+    c.update(8, 7, 7)  # every position reached once
+    c.update(8, 7, 0)
+    assert c.rates == [0.475] + [0.95] * 6
     c = BlockController(flat_costs(), 4, prior=0.9, alpha=0.5, decay=0.0)
     c.update(4, 3, 3)  # all seen, all accepted
     assert c.rates == [0.95] * 3

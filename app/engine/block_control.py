@@ -21,10 +21,10 @@ accepted ``a``, positions ``1..a`` saw an acceptance and position ``a + 1`` (if 
 rejection; each moves its rate by an exponential moving average (weight :attr:`alpha`).
 Positions the cycle did not reach are censored (not observed): their rates drift back
 toward the optimistic prior (weight :attr:`decay` per cycle), so that after a run of short
-blocks, or of plain steps, longer blocks are tried again when the text turns predictable, but
-never above the rate of the position before them: an unobserved position is assumed no better
-than the one that must be passed to reach it (so a drafter whose first draft is rejected
-every time is not credited with the prior at the positions it never reaches).
+blocks, or of plain steps, longer blocks are tried again when the text turns predictable. A
+position no cycle has reached yet is never credited above the rate of the position before it
+(which must be passed to reach it): a drafter whose first draft is rejected every time is not
+credited with the prior at the positions it never reaches.
 
 Costs are corrected online: each cycle's measured wall time (one host wait per cycle, so the
 time is the device's) over the model's prediction moves a correction factor by an
@@ -118,6 +118,7 @@ class BlockController:
         self.max_block = max_block
         self.prior, self.alpha, self.decay, self.cost_alpha = prior, alpha, decay, cost_alpha
         self.rates = [prior] * (max_block - 1)  # rates[i]: draft i + 1 accepted given the rest
+        self.seen = [False] * (max_block - 1)  # whether a cycle has reached position i + 1
         self.step_scale = 1.0  # measured / predicted, plain steps
         self.block_scale = 1.0  # measured / predicted, drafted blocks
         self.last: Choice | None = None
@@ -125,8 +126,8 @@ class BlockController:
     def state(self) -> dict:
         """What this controller learned (the rates and the cost corrections), for the next
         reply of the same pair to start from (:meth:`restore`)."""
-        return {"rates": list(self.rates), "step_scale": self.step_scale,
-                "block_scale": self.block_scale}
+        return {"rates": list(self.rates), "seen": list(self.seen),
+                "step_scale": self.step_scale, "block_scale": self.block_scale}
 
     def restore(self, state: dict | None) -> None:
         """Start from a :meth:`state` of an earlier run (None: nothing to restore). Rates of
@@ -136,6 +137,8 @@ class BlockController:
         rates = [min(1.0, max(0.0, float(p))) for p in state.get("rates", [])]
         n = len(self.rates)
         self.rates = (rates + [self.prior] * n)[:n]
+        seen = [bool(x) for x in state.get("seen", [])]
+        self.seen = (seen + [False] * n)[:n]
         self.step_scale = float(state.get("step_scale", 1.0))
         self.block_scale = float(state.get("block_scale", 1.0))
 
@@ -205,9 +208,10 @@ class BlockController:
             if i < observed:
                 hit = 1.0 if i < accepted else 0.0
                 self.rates[i] += self.alpha * (hit - self.rates[i])
+                self.seen[i] = True
             else:
                 self.rates[i] += self.decay * (self.prior - self.rates[i])
-                if i > 0:  # never above the position before it, which must be passed first
+                if i > 0 and not self.seen[i]:  # never seen: no better than the one before
                     self.rates[i] = min(self.rates[i], self.rates[i - 1])
         if seconds is not None and seconds > 0:
             predicted = self.predicted_ms(length, ctx)
