@@ -327,7 +327,8 @@ def warm_up_both(target, drafters: list, auto_block: bool = False) -> None:
     replies run with the automatic block size, which measures their cost models first."""
     from app.engine.warmup import warm_up
 
-    report = warm_up(target, drafters, every_drafter=True, auto_block=auto_block,
+    extra = {"auto_block": True} if auto_block else {}  # warm_up's default otherwise
+    report = warm_up(target, drafters, every_drafter=True, **extra,
                      **_no_prebuild_if_sharded(target))
     _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
 
