@@ -32,8 +32,8 @@ exponential moving average, one factor for plain steps and one for drafted block
 differ in what they run: no drafter, no tapes).
 
 The engine keeps a pair's controller state between replies (``app.engine.costs``,
-``remember_state``): a reply starts from the rates and corrections the previous one ended
-with, not from the prior.
+``remember_state``): a reply starts from the rates and corrections the previous one of the
+same kind (greedy, or sampled) ended with, not from the prior.
 
 Exactness does not depend on the controller: whatever ``L`` it picks, the target's verify pass
 decides every token (``app.engine.generate``).

@@ -334,15 +334,17 @@ def remember(drafter, target_model, model: CostModel, strategy: str = "tape") ->
     _per_drafter(drafter)[(id(target_model), strategy)] = model
 
 
-def remember_state(drafter, target_model, state: dict) -> None:
+def remember_state(drafter, target_model, state: dict, kind: str = "greedy") -> None:
     """Keep a block controller's learned state (``BlockController.state``) for the pair's
-    next reply (in memory, as long as the drafter's model lives)."""
-    _per_drafter(drafter)[("state", id(target_model))] = state
+    next reply of the same ``kind`` (``"greedy"``, or ``"sampled"`` for replies with
+    temperature or a repetition penalty, whose acceptance differs), in memory, as long as the
+    drafter's model lives."""
+    _per_drafter(drafter)[("state", id(target_model), kind)] = state
 
 
-def known_state(drafter, target_model) -> dict | None:
-    """The pair's last kept controller state, or None."""
-    return _MODELS.get(id(drafter.model), {}).get(("state", id(target_model)))
+def known_state(drafter, target_model, kind: str = "greedy") -> dict | None:
+    """The pair's last kept controller state of ``kind``, or None."""
+    return _MODELS.get(id(drafter.model), {}).get(("state", id(target_model), kind))
 
 
 def known_model(drafter, target_model, strategy: str = "tape") -> CostModel | None:

@@ -120,7 +120,8 @@ class GenerationConfig:
             maximise expected tokens per second from the recent acceptance lengths and the
             pair's measured costs (:mod:`app.engine.costs`, measured on the first such reply
             of a loaded pair, under a second on the bundled demo pair on a CPU); a reply starts
-            from what the pair's previous such reply learned. Exact as any
+            from what the pair's previous such reply learned (greedy and sampled replies
+            apart). Exact as any
             block size (the verify pass decides every token); ``CycleEvent.block`` and
             ``Summary.block_lengths`` record the blocks used. Ignored by ``plain`` and
             ``lookup`` (whose draft length adapts by its own rule).
@@ -656,7 +657,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     if config.auto_block:
         control = BlockController(_costs.model_for(runner, target.model, drafter,
                                                    config.rollback), block)
-        control.restore(_costs.known_state(drafter, target.model))  # the pair's last reply
+        kind = "greedy" if config.greedy else "sampled"
+        control.restore(_costs.known_state(drafter, target.model, kind))  # the last reply
     s, choose, t_start = _begin(config, summary or Summary(
         mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt)))
     s.fast_verify = runner.fast_verify
@@ -829,7 +831,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         else:
             session.store(cache_ids, cache, None, 0)
     if control is not None:
-        _costs.remember_state(drafter, target.model, control.state())
+        _costs.remember_state(drafter, target.model, control.state(), kind)
     s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)
