@@ -415,7 +415,7 @@ def test_block_size_arguments():
         _block_sizes("4,x")
 
 
-def test_chat_json_with_block_size_auto(capsys, tiny_root):
+def test_chat_json_with_block_size_auto(capsys, tiny_root, tmp_path, monkeypatch):
     """``chat --block-size auto --json``: plain's tokens, ``auto_block`` true, the largest
     block as ``block_size``, the blocks used in the summary."""
     import json
@@ -423,6 +423,8 @@ def test_chat_json_with_block_size_auto(capsys, tiny_root):
     from app.cli import main
     from app.models.tiny import build_tiny_pair
 
+    monkeypatch.setattr(costs, "_store", [None])  # the command sets it: undone after
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
     t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
     objs = {}
     for extra in (["--mode", "plain"], ["--mode", "dflash", "--block-size", "auto"]):
@@ -438,3 +440,36 @@ def test_chat_json_with_block_size_auto(capsys, tiny_root):
     assert objs["plain"]["auto_block"] is False
     s = auto["summary"]
     assert s["auto_block"] and len(s["block_lengths"]) == s["cycles"] > 0
+
+
+def test_cost_models_are_stored_per_pair_and_read_back(tiny_root, tmp_path, monkeypatch,
+                                                       capsys):
+    """With a store set, a measured model is written to the data folder and a later load of
+    the same pair reads it instead of measuring; ``models --json`` lists it."""
+    import json
+
+    from app.cli import main
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
+
+    monkeypatch.setattr(costs, "_store", [None])
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
+    t, d = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    target, drafter = load_target(t), load_drafter(d)
+    runner = TargetRunner(target.model, target.model_type)
+    costs.set_store(tmp_path)
+    first = costs.model_for(runner, target.model, drafter, "tape", target.path)
+    assert (tmp_path / costs.STORE_NAME).is_file()
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs, "calibrate", no_measuring)
+    again = load_drafter(d)  # a new load: nothing in memory
+    assert costs.model_for(runner, target.model, again, "tape", target.path) == first
+    (listed,) = costs.stored_models(tmp_path)
+    assert listed["rollback"] == "tape" and listed["verify_ms"] == first.verify_ms
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost_models"] == [listed]
+    (tmp_path / costs.STORE_NAME).write_text("not json")
+    assert costs.stored_models(tmp_path) == []

@@ -261,9 +261,12 @@ def _messages(args) -> list[dict]:
 
 
 def _load(args, need_drafter: bool):
+    from app.engine.costs import set_store
     from app.models.catalog import warn_drafter_defaults
     from app.models.loader import check_pair, load_drafter
+    from app.paths import default_data_dir
 
+    set_store(default_data_dir())  # measured cost models of --block-size auto are kept there
     tpath, dpath = resolve_pair(args, need_drafter)
     target = load_target_arg(args, tpath)
     if target.weights_note:

@@ -28,14 +28,20 @@ stage. What the engine then measures per cycle corrects them online
 
 :class:`CostModel` is a plain record (``to_dict`` / ``from_dict``); :func:`model_for` keeps
 one per loaded pair in memory for the life of the models (measured on the first reply that
-asks for the automatic block size).
+asks for the automatic block size). With a store set (:func:`set_store`: the CLI sets the
+app-data folder), measured models are also written to ``cost_models.json`` there, keyed by
+the target and drafter folders, the rollback strategy and the device, and a later process
+reads them instead of measuring again (:func:`stored_models` lists them; ``python -m app
+models --json`` shows them as ``cost_models``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -316,15 +322,81 @@ def _per_drafter(drafter) -> dict:
     return _MODELS[key]
 
 
-def model_for(runner, target_model, drafter, strategy: str = "tape") -> CostModel:
+STORE_NAME = "cost_models.json"
+"""The file, in the store folder, that keeps measured cost models between processes."""
+
+_store: list[Path | None] = [None]
+
+
+def set_store(folder: str | Path | None) -> None:
+    """Keep measured cost models in ``folder``/:data:`STORE_NAME` (None: in memory only)."""
+    _store[0] = Path(folder) / STORE_NAME if folder else None
+
+
+def _pair_key(target_path, drafter, strategy: str, device: str) -> str | None:
+    dpath = getattr(drafter, "path", None)
+    if not target_path or not dpath:
+        return None
+    return " | ".join((str(Path(target_path).resolve()), str(Path(dpath).resolve()),
+                       strategy, device))
+
+
+def _read_store(path: Path | None) -> dict:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # a speed aid only: unreadable means measure again
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stored_models(folder: str | Path) -> list[dict]:
+    """The cost models stored in ``folder`` (:func:`set_store`), each ``{"target",
+    "drafter", "rollback", "device", **CostModel.to_dict()}``; [] when none (or unreadable)."""
+    out = []
+    for key, model in _read_store(Path(folder) / STORE_NAME).items():
+        parts = key.split(" | ")
+        if len(parts) == 4 and isinstance(model, dict):
+            out.append({"target": parts[0], "drafter": parts[1], "rollback": parts[2],
+                        **model, "device": parts[3]})
+    return out
+
+
+def model_for(runner, target_model, drafter, strategy: str = "tape",
+              target_path=None) -> CostModel:
     """The :class:`CostModel` of the loaded pair (``target_model``, ``drafter``) for rollback
-    ``strategy``: measured by :func:`calibrate` the first time, then kept in memory as long
-    as the drafter's model lives (a reloaded pair is measured again)."""
+    ``strategy``: from memory; else, with a store set and ``target_path`` given, the one
+    stored for this pair and device; else measured by :func:`calibrate` (and stored). Kept
+    in memory as long as the drafter's model lives."""
     per_drafter = _per_drafter(drafter)
     key = (id(target_model), strategy)
     model = per_drafter.get(key)
+    if model is not None:
+        return model
+    store = _store[0]
+    skey = None
+    if store is not None:
+        from app.engine.device import device_description
+
+        skey = _pair_key(target_path, drafter, strategy, device_description())
+    stored = _read_store(store).get(skey) if skey else None
+    if stored is not None:
+        try:
+            model = CostModel.from_dict(stored)
+        except ValueError:
+            model = None
     if model is None:
-        model = per_drafter[key] = calibrate(runner, drafter, strategy)
+        model = calibrate(runner, drafter, strategy)
+        if skey:
+            data = _read_store(store)
+            data[skey] = model.to_dict()
+            try:
+                store.parent.mkdir(parents=True, exist_ok=True)
+                store.write_text(json.dumps(data, indent=1))
+            except OSError:
+                pass  # kept in memory; the next process measures again
+    per_drafter[key] = model
     return model
 
 

@@ -656,7 +656,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     control = None
     if config.auto_block:
         control = BlockController(_costs.model_for(runner, target.model, drafter,
-                                                   config.rollback), block)
+                                                   config.rollback, getattr(target, "path", None)),
+                                  block)
         kind = "greedy" if config.greedy else "sampled"
         control.restore(_costs.known_state(drafter, target.model, kind))  # the last reply
     s, choose, t_start = _begin(config, summary or Summary(
