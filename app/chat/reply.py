@@ -160,6 +160,7 @@ def _generation_config(settings: ReplySettings, mode: str):
         mode=mode,
         max_tokens=settings.max_tokens,
         block_size=settings.block_size,
+        auto_block=settings.auto_block,
         rollback=settings.rollback,
         fast_verify=settings.fast_verify,
         **settings.sampling.generation_kwargs(),

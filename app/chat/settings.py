@@ -251,6 +251,11 @@ class ReplySettings:
         block_size: DFlash block size, a whole number >= 1, or None for the drafter's own.
             Its upper bound is the drafter's block size, which only the loaded drafter knows:
             the engine refuses a larger one (``GenerationError``) when the reply starts.
+            With ``auto_block`` it is the largest block the controller may choose.
+        auto_block: the automatic block size (``GenerationConfig.auto_block``): DFlash and
+            DFlash2 choose each cycle's block length, 1 (a plain step) up to ``block_size``,
+            from the measured costs and the recent acceptance. Off by default (fixed
+            blocks); ignored by plain and lookup.
         rollback: ``"tape"`` or ``"replay"`` (DFlash recurrent rollback strategy).
         fast_verify: the engine's near-exact chunked verify (``GenerationConfig.fast_verify``).
         enable_thinking: passed to the chat template; None keeps the tokenizer's default.
@@ -270,6 +275,7 @@ class ReplySettings:
     mode: Mode = Mode.PLAIN
     max_tokens: int = SPECS["max_tokens"].default
     block_size: int | None = None
+    auto_block: bool = False
     rollback: str = SPECS["rollback"].default
     fast_verify: bool = SPECS["fast_verify"].default
     enable_thinking: bool | None = None
@@ -298,7 +304,7 @@ class ReplySettings:
         if self.rollback not in SPECS["rollback"].choices:
             raise SettingError(f"rollback must be one of {', '.join(SPECS['rollback'].choices)}"
                                f", got {self.rollback!r}")
-        for name in ("fast_verify", "run_tools"):
+        for name in ("fast_verify", "run_tools", "auto_block"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(f"{name} must be true or false, got "
                                    f"{getattr(self, name)!r}")
@@ -338,7 +344,8 @@ DECODING_MODES = MODES
 """The values of a reply's ``mode`` (and of the window's stored ``composer/mode``): the
 :class:`app.engine.modes.Mode` table's."""
 
-REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "rollback", "fast_verify",
+REPLY_KEYS = frozenset({"mode", "max_tokens", "block_size", "auto_block", "rollback",
+                        "fast_verify",
                         "enable_thinking",
                         "stop", "stop_strings", "tools", "run_tools", "use_tools",
                         "max_tool_rounds", "tool_parser", "runnable_tools", "tool_timeout_s",
@@ -378,7 +385,7 @@ def reply_settings(values: dict) -> ReplySettings:
     if "mode" in values and values["mode"] not in DECODING_MODES:
         raise SettingError(f"mode must be one of {', '.join(DECODING_MODES)}, "
                            f"got {values['mode']!r}")
-    kwargs = {k: values[k] for k in ("mode", "max_tokens", "block_size", "rollback",
+    kwargs = {k: values[k] for k in ("mode", "max_tokens", "block_size", "auto_block", "rollback",
                                      "fast_verify", "enable_thinking", "tools", "run_tools",
                                      "max_tool_rounds", "tool_parser", "runnable_tools",
                                      "tool_timeout_s") if k in values}

@@ -69,15 +69,18 @@ __all__ = ["plot_results", "register", "run_bench", "text_report", "write_output
 
 
 # ------------------------------------------------------------------------------ arguments
-def _block_sizes(text: str) -> list[int]:
+def _block_sizes(text: str) -> list[int | str]:
+    """``--block-sizes``: whole numbers >= 1, sorted, then ``"auto"`` when it was given."""
+    words = [x.strip().lower() for x in text.split(",") if x.strip()]
+    auto = "auto" in words
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
+        sizes = [int(x) for x in words if x != "auto"]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"block sizes must be integers like 4,8,16: {text!r}") from None
-    if not sizes or any(b < 1 for b in sizes):
+            f"block sizes must be integers like 4,8,16 (or auto): {text!r}") from None
+    if not (sizes or auto) or any(b < 1 for b in sizes):
         raise argparse.ArgumentTypeError(f"block sizes must be positive: {text!r}")
-    return sorted(set(sizes))
+    return sorted(set(sizes)) + (["auto"] if auto else [])
 
 
 def _positive(text: str) -> int:
@@ -106,7 +109,8 @@ def register(subparsers) -> None:
                    "prompt per line (default: the demo pair's held-out prompts + long ones)")
     p.add_argument("--block-sizes", type=_block_sizes, default=_block_sizes(DEFAULT_BLOCK_SIZES),
                    help=f"comma-separated DFlash block sizes (default {DEFAULT_BLOCK_SIZES}; "
-                   "sizes above the drafter's are dropped)")
+                   "sizes above the drafter's are dropped); 'auto' adds the automatic block "
+                   "size (dflash+tape@auto, and dflash2+tape@auto with a DFlash2 drafter)")
     p.add_argument("--repeats", type=_positive, default=DEFAULT_REPEATS,
                    help=f"timed runs per prompt and mode (default {DEFAULT_REPEATS})")
     p.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
@@ -180,6 +184,10 @@ def text_report(result: dict) -> str:
                      f"{_fmt(v['dflash_tau'])} ({_fmt(v['tau_ratio'])}x, goal >= 1.10), selector "
                      f"off {_fmt(v['dflash2_nosel_tau'])}; tok/s {_fmt(v['dflash2_tok_per_s'], '.1f')}"
                      f" vs {_fmt(v['dflash_tok_per_s'], '.1f')}")
+    for name, f in result["modes"].items():
+        if f.get("auto_block"):
+            lines.append(f"{name}: the automatic block size, mean block "
+                         f"{_fmt(f.get('mean_block'), '.1f')} (1 = a plain step)")
     lines.append("tok/s and the first x plain: pooled over every prompt and repeat; x med: the "
                  "median of paired per-prompt ratios; answer s: the median time to answer "
                  "(prefill + generation), its x plain pooled")
@@ -442,16 +450,18 @@ def run_bench(args) -> int:
     warn_if_slow_blas(sys.stderr, load_mlx=True)
     only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     limit = min(d.config.block_size for d in (drafter, drafter2) if d is not None)
-    blocks = [b for b in args.block_sizes if b <= limit]
-    if len(blocks) < len(args.block_sizes):
+    auto = "auto" in args.block_sizes
+    sizes = [b for b in args.block_sizes if b != "auto"]
+    blocks = [b for b in sizes if b <= limit]
+    if len(blocks) < len(sizes):
         _err(f"note: block sizes above the drafter's {limit} dropped "
-             f"({', '.join(str(b) for b in args.block_sizes if b > limit)})")
+             f"({', '.join(str(b) for b in sizes if b > limit)})")
     if not blocks:
         blocks = [limit]
     modes = make_modes(blocks, fast=args.fast_verify and not only_v2,
-                       dflash2=only_v2 or drafter2 is not None, dflash=not only_v2)
+                       dflash2=only_v2 or drafter2 is not None, dflash=not only_v2, auto=auto)
     settings = {"prompts": source, "prompt_count": len(prompts), "repeats": args.repeats,
-                "max_tokens": args.max_tokens, "block_sizes": blocks,
+                "max_tokens": args.max_tokens, "block_sizes": blocks, "auto_block": auto,
                 "modes_order": "interleaved, rotating", "greedy": True,
                 "fast_verify_modes": bool(args.fast_verify),
                 "stage_timing": bool(getattr(args, "stage_timing", False))}

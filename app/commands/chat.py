@@ -62,6 +62,7 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
     out: dict[str, Any] = {
         "mode": reply.mode,
         "block_size": block,
+        "auto_block": bool(settings.auto_block and reply.mode in DRAFTER_MODES),
         "rollback": settings.rollback,
         "tokens": reply.tokens,
         "text": reply.text,
@@ -83,14 +84,19 @@ def chat_object(reply: Reply, settings: ReplySettings, drafter, with_rounds: boo
 
 def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = None) -> str:
     """One line of figures of the whole reply, tool rounds included (as the window's panel
-    gives them): mode, tokens, rounds, time to answer (tools' share), decode tok/s, TTFT,
+    gives them): mode (and block; under the automatic block size its range and the mean
+    block used), tokens, rounds, time to answer (tools' share), decode tok/s, TTFT,
     acceptance, tau, replays, for a sharded target the seconds waited on the network and the
     bytes sent, finish (``wall_s`` as :func:`chat_object`'s)."""
     from app.chat.measure import ReplyFigures
 
     s = reply.reply_summary
     fig = ReplyFigures.of(reply, wall_s)
-    parts = [reply.mode + (f" (block {block})" if block else "")]
+    label = f" (block {block})" if block else ""
+    if s.auto_block and s.block_lengths:  # the automatic block size: its range and mean
+        mean = sum(s.block_lengths) / len(s.block_lengths)
+        label = f" (block auto 1..{block}, mean {mean:.1f})"
+    parts = [reply.mode + label]
     rounds = f" in {len(reply.rounds)} rounds" if len(reply.rounds) > 1 else ""
     parts.append(f"{len(reply.all_tokens)} tokens{rounds}")
     tools = f" (tools {fig.tool_s:.2f} s)" if fig.tool_s > 0 else ""

@@ -33,6 +33,7 @@ from app.chat.reply import collect_reply, divergence_near_tie
 from app.chat.tools import builtin_tools
 from app.commands.chat import _print_reply, chat_object, tool_hint
 from app.commands.generation import (
+    AUTO,
     _add_common,
     _guard,
     _load,
@@ -93,7 +94,7 @@ def _compare(args) -> int:
         if drafter_mode(drafter2) is not Mode.DFLASH2:
             raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
-    warm_up_both(target, [drafter, drafter2])
+    warm_up_both(target, [drafter, drafter2], auto_block=args.block_size == AUTO)
     only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:

@@ -42,6 +42,25 @@ def int_at_least(minimum: int):
 _positive_int = int_at_least(1)
 _non_negative_int = int_at_least(0)
 
+AUTO = "auto"
+"""``--block-size auto``: the automatic block size (``ReplySettings.auto_block``)."""
+
+
+def block_size_arg(text: str) -> int | str:
+    """An argparse ``type`` for ``--block-size``: a whole number >= 1, or ``auto``."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'auto')") from None
+
+
+def block_settings(value: int | str | None) -> tuple[int | None, bool]:
+    """``(block_size, auto_block)`` of a ``--block-size`` value: ``auto`` is the drafter's
+    block size as the largest, chosen per cycle."""
+    return (None, True) if value == AUTO else (value, False)
+
 
 def _temperature(text: str) -> float:
     """An argparse ``type`` for ``--temp``: the window's range (``RANGES["temperature"]``,
@@ -76,8 +95,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     max_tokens = SPECS["max_tokens"].default  # the window's default, from the one table
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                    help=f"generated tokens at most per round (default {max_tokens})")
-    p.add_argument("--block-size", type=_positive_int,
-                   help="DFlash block size, 1..the drafter's (default: the drafter's)")
+    p.add_argument("--block-size", type=block_size_arg,
+                   help="DFlash block size, 1..the drafter's (default: the drafter's), or "
+                   "'auto': each cycle's block (1 = a plain step, up to the drafter's) chosen "
+                   "from the pair's measured costs and the recent acceptance (opt-in; "
+                   "docs/performance.md, 'Automatic block size')")
     p.add_argument("--rollback", choices=list(ROLLBACKS), default=ROLLBACKS[0],
                    help=f"recurrent-state rollback under DFlash (default {ROLLBACKS[0]})")
     p.add_argument("--fast-verify", action="store_true",
@@ -207,10 +229,12 @@ def default_thinking(target: str, drafter: str | None) -> bool | None:
 
 def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | None):
     """:class:`ReplySettings` for ``mode`` from parsed arguments."""
+    block, auto = block_settings(args.block_size)
     return ReplySettings(
         mode=mode,
         max_tokens=args.max_tokens,
-        block_size=args.block_size,
+        block_size=block,
+        auto_block=auto,
         rollback=args.rollback,
         fast_verify=args.fast_verify,
         enable_thinking=think,
@@ -237,9 +261,12 @@ def _messages(args) -> list[dict]:
 
 
 def _load(args, need_drafter: bool):
+    from app.engine.costs import set_store
     from app.models.catalog import warn_drafter_defaults
     from app.models.loader import check_pair, load_drafter
+    from app.paths import default_data_dir
 
+    set_store(default_data_dir())  # measured cost models of --block-size auto are kept there
     tpath, dpath = resolve_pair(args, need_drafter)
     target = load_target_arg(args, tpath)
     if target.weights_note:
@@ -295,14 +322,17 @@ def warm_up_on_gpu(target, drafters: list) -> None:
         _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
 
 
-def warm_up_both(target, drafters: list) -> None:
+def warm_up_both(target, drafters: list, auto_block: bool = False) -> None:
     """Before anything is timed, run both paths once on the loaded pair, on every backend
     (:func:`app.engine.warmup.warm_up`, every drafter included): a process's first plain
     reply on the CPU is up to half as fast as its later ones, which made a cold plain side
-    look slower than it is. Says how long it took on stderr."""
+    look slower than it is. Says how long it took on stderr. ``auto_block``: the drafters'
+    replies run with the automatic block size, which measures their cost models first."""
     from app.engine.warmup import warm_up
 
-    report = warm_up(target, drafters, every_drafter=True, **_no_prebuild_if_sharded(target))
+    extra = {"auto_block": True} if auto_block else {}  # warm_up's default otherwise
+    report = warm_up(target, drafters, every_drafter=True, **extra,
+                     **_no_prebuild_if_sharded(target))
     _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
 
 

@@ -80,6 +80,11 @@ def _run_models(args: argparse.Namespace) -> int:
             return code
         catalog.refresh()
     report = catalog_report(catalog)
+    from app.engine.costs import stored_models
+    from app.paths import default_data_dir
+
+    # the measured costs of --block-size auto (app.engine.costs), per pair and device
+    report["cost_models"] = stored_models(default_data_dir())
     if args.probe is not None:
         _probe_pairs(catalog, report, args.probe)
     if catalog.folders_error:

@@ -77,8 +77,9 @@ class BenchPrompt:
 class BenchRun:
     """One column of the benchmark: ``name`` (``plain``, ``dflash+tape@8``,
     ``dflash+tape@8+fast``...), the decoding ``mode`` (:class:`app.engine.modes.Mode`),
-    ``rollback``, ``block`` (None for plain) and ``fast`` (the engine's near-exact
-    ``fast_verify``)."""
+    ``rollback``, ``block`` (None for plain and for the automatic block size), ``fast`` (the
+    engine's near-exact ``fast_verify``) and ``auto`` (the automatic block size,
+    ``GenerationConfig.auto_block``: ``dflash+tape@auto``)."""
 
     name: str
     mode: Mode
@@ -86,6 +87,7 @@ class BenchRun:
     block: int | None = None
     fast: bool = False
     selector: bool = True  # DFlash2 modes: False = the candidate selector's bigram term off
+    auto: bool = False
 
 
 @dataclass
@@ -188,11 +190,12 @@ def default_prompts(target_dir: Path | None) -> tuple[list[BenchPrompt], str]:
 
 # ------------------------------------------------------------------------------ running
 def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False,
-               dflash: bool = True) -> list[BenchRun]:
+               dflash: bool = True, auto: bool = False) -> list[BenchRun]:
     """``plain`` then, per block size, ``dflash+tape@B`` and ``dflash+replay@B`` (and, with
     ``fast``, ``dflash+tape@B+fast``); with ``dflash2`` also ``dflash2+tape@B`` and
     ``dflash2+tape@B+nosel`` (the DFlash2 drafter with its selector's bigram term off);
-    ``dflash=False`` leaves the DFlash modes out (only a DFlash2 drafter is given)."""
+    ``dflash=False`` leaves the DFlash modes out (only a DFlash2 drafter is given); ``auto``
+    adds ``dflash+tape@auto`` (and ``dflash2+tape@auto``): the automatic block size."""
     modes = [BenchRun("plain", Mode.PLAIN)]
     for b in block_sizes:
         if dflash:
@@ -203,6 +206,10 @@ def make_modes(block_sizes: list[int], fast: bool = False, dflash2: bool = False
         if dflash2:
             modes.append(BenchRun(f"dflash2+tape@{b}", Mode.DFLASH2, "tape", b))
             modes.append(BenchRun(f"dflash2+tape@{b}+nosel", Mode.DFLASH2, "tape", b, selector=False))
+    if auto and dflash:
+        modes.append(BenchRun("dflash+tape@auto", Mode.DFLASH, "tape", None, auto=True))
+    if auto and dflash2:
+        modes.append(BenchRun("dflash2+tape@auto", Mode.DFLASH2, "tape", None, auto=True))
     return modes
 
 
@@ -223,7 +230,8 @@ def run_one(target, drafter, ids: list[int], mode: BenchRun, max_tokens: int,
 
     cfg = GenerationConfig(mode=mode.mode, max_tokens=max_tokens, block_size=mode.block,
                            rollback=mode.rollback, fast_verify=mode.fast,
-                           selector=mode.selector, stage_timing=stage_timing)
+                           selector=mode.selector, stage_timing=stage_timing,
+                           auto_block=mode.auto)
     chosen = {Mode.DFLASH: drafter, Mode.DFLASH2: drafter2 or drafter}.get(mode.mode)
     gen = generate(target, ids, cfg, chosen)
     tokens, times, summary = [], [], None
@@ -268,6 +276,10 @@ def run_matrix(target, drafter, prompts: list[tuple[str, list[int]]], modes: lis
 def _median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     return statistics.median(xs) if xs else None
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -332,6 +344,8 @@ def aggregate(records: list[RunRecord], modes: list[BenchRun]) -> dict[str, dict
             "identical_tokens": identical,
             "fast_verify": m.fast,
             "prompts": prompts,
+            "auto_block": m.auto,
+            "mean_block": _mean([b for s in ss for b in s.block_lengths]) if m.auto else None,
         }
         if m.mode is Mode.DFLASH2:
             out[m.name]["selector"] = m.selector
@@ -346,7 +360,7 @@ def dflash2_vs_dflash(modes: dict[str, dict]) -> dict[str, dict]:
     for name, fig in modes.items():
         if fig.get("mode") != "dflash2" or not fig.get("selector", True):
             continue
-        b = fig["block_size"]
+        b = fig["block_size"] or "auto"
         base = modes.get(f"dflash+tape@{b}", {})
         nosel = modes.get(f"{name}+nosel", {})
         t1, t2 = base.get("tau"), fig["tau"]
@@ -383,7 +397,8 @@ def tape_vs_replay(modes: dict[str, dict]) -> dict[str, float | None]:
     """Per block size: tape's rollback ms per replay over replay's (goal: at most 1/5)."""
     out = {}
     for name, fig in modes.items():
-        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig.get("mode") == "dflash2":
+        if fig["rollback"] != "tape" or fig.get("fast_verify") or fig.get("mode") == "dflash2" \
+                or fig.get("auto_block"):
             continue
         other = modes.get(name.replace("+tape@", "+replay@"))
         a = fig["rollback_ms_per_replay"]

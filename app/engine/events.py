@@ -69,6 +69,10 @@ class CycleEvent:
         network_s: for a target sharded over a group (:mod:`app.engine.distributed`), the
             seconds of this cycle rank 0 waited on the other ranks (their layers and the
             transfers; part of ``verify_s`` and ``rollback_s``); 0 in one process.
+        block: the cycle's block length L (the pending token and the drafts verified: 1 for
+            a plain step without drafts), as chosen before the cycle (fixed, or by the
+            automatic block size, ``GenerationConfig.auto_block``); a cut (:meth:`kept`)
+            leaves it as it ran. 0 where unknown (events made before it was recorded).
     """
 
     index: int
@@ -80,6 +84,7 @@ class CycleEvent:
     verify_s: float
     rollback_s: float
     network_s: float = 0.0
+    block: int = 0
 
     def kept(self, n: int) -> CycleEvent | None:
         """This cycle as far as its first ``n`` committed tokens are kept (an end token, a
@@ -113,6 +118,10 @@ class Summary:
     ``mode`` is ``dflash2`` when a DFlash2 drafter drafted (``app.engine.dflash2``).
     ``lookup_cycles``: DFlash cycles that verified prompt-lookup drafts instead of the
     drafter's (``GenerationConfig.lookup_drafts``; 0 otherwise).
+    ``auto_block``: True when the block length was chosen per cycle
+    (``GenerationConfig.auto_block``); ``block_lengths``: each cycle's block length L in order
+    (:attr:`CycleEvent.block`; 1 is a plain step), as ``accepted_lengths`` holds each cycle's
+    accepted drafts.
     ``network_wait_s`` and ``network_bytes``: for a target sharded over a group of processes
     (:mod:`app.engine.distributed`), the seconds rank 0 waited on the group (the other ranks'
     layers included) and the bytes put on the network, prefill included; 0 in one process.
@@ -145,6 +154,8 @@ class Summary:
     lookup_cycles: int = 0
     network_wait_s: float = 0.0
     network_bytes: int = 0
+    auto_block: bool = False
+    block_lengths: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the ``summary`` object of ``chat --json``)."""
@@ -161,13 +172,15 @@ class Summary:
         self.verify_s += ev.verify_s
         self.rollback_s += ev.rollback_s
         self.accepted_lengths.append(ev.accepted)
+        self.block_lengths.append(ev.block)
 
     def counted_over(self, cycles: list[CycleEvent], committed: int) -> Summary:
-        """A copy whose cycle counts (cycles, drafted, accepted, replays, accepted lengths)
-        are those of ``cycles`` (the cycles as far as their tokens were kept,
+        """A copy whose cycle counts (cycles, drafted, accepted, replays, accepted and block
+        lengths) are those of ``cycles`` (the cycles as far as their tokens were kept,
         :meth:`CycleEvent.kept`) and whose rates follow (:meth:`set_rates` over ``committed``
         kept tokens after the first); the seconds stay as measured."""
-        out = replace(self, cycles=0, drafted=0, accepted=0, replays=0, accepted_lengths=[])
+        out = replace(self, cycles=0, drafted=0, accepted=0, replays=0, accepted_lengths=[],
+                      block_lengths=[])
         seconds = (self.draft_s, self.verify_s, self.rollback_s)
         for ev in cycles:
             out.add_cycle(ev)
@@ -206,6 +219,7 @@ class Summary:
             out.lookup_cycles += s.lookup_cycles
             out.network_wait_s += s.network_wait_s
             out.network_bytes += s.network_bytes
+            out.auto_block = out.auto_block or s.auto_block
             out.draft_s += s.draft_s
             out.verify_s += s.verify_s
             out.rollback_s += s.rollback_s
@@ -234,6 +248,7 @@ class Summary:
         out.stop_cause = last.stop_cause
         out.error = last.error
         out.accepted_lengths = [a for r in rounds for a in r.accepted_lengths]
+        out.block_lengths = [b for r in rounds for b in r.block_lengths]
         return out
 
     @classmethod

@@ -53,7 +53,9 @@ from typing import Literal
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from app.engine import costs as _costs
 from app.engine import dflash2 as _d2
+from app.engine.block_control import BlockController
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
 from app.engine.kernels import gdn_kernel
@@ -112,6 +114,17 @@ class GenerationConfig:
             looked-up tokens are verified instead of the drafter's block (the drafter does not
             run that cycle; its context catches up at its next draft). Exact as any draft
             (verify and rollback are the same); ``Summary.lookup_cycles`` counts such cycles.
+        auto_block: opt-in, ``dflash`` and ``dflash2``: the block length is chosen before
+            each cycle (:class:`app.engine.block_control.BlockController`), from 1 (no draft:
+            one plain step of the target) up to ``block_size`` (None: the drafter's), to
+            maximise expected tokens per second from the recent acceptance lengths and the
+            pair's measured costs (:mod:`app.engine.costs`, measured on the first such reply
+            of a loaded pair, under a second on the bundled demo pair on a CPU); a reply starts
+            from what the pair's previous such reply learned (greedy and sampled replies
+            apart). Exact as any
+            block size (the verify pass decides every token); ``CycleEvent.block`` and
+            ``Summary.block_lengths`` record the blocks used. Ignored by ``plain`` and
+            ``lookup`` (whose draft length adapts by its own rule).
     """
 
     mode: ModeName = Mode.PLAIN.value
@@ -130,6 +143,7 @@ class GenerationConfig:
     selector: bool = True
     stage_timing: bool = False
     lookup_drafts: bool = False
+    auto_block: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -637,6 +651,15 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     # DFlash2 at temperature > 0: sampled walk + min(1, p/q) acceptance (module docstring)
     speculative = v2 and config.temperature > 0
     probs = _d2.make_target_probs(config) if speculative else None
+    # opt-in: the block length per cycle from acceptance and measured costs (GenerationConfig);
+    # the pair's first such reply measures the costs here, before the reply's clock starts
+    control = None
+    if config.auto_block:
+        control = BlockController(_costs.model_for(runner, target.model, drafter,
+                                                   config.rollback, getattr(target, "path", None)),
+                                  block)
+        kind = "greedy" if config.greedy else "sampled"
+        control.restore(_costs.known_state(drafter, target.model, kind))  # the last reply
     s, choose, t_start = _begin(config, summary or Summary(
         mode="dflash2" if v2 else "dflash", prompt_tokens=len(prompt)))
     s.fast_verify = runner.fast_verify
@@ -660,6 +683,10 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         extend(ctx_taps, dcache)
         mx.eval(cache_arrays(dcache))
         ctx_taps = None
+    # tap states the drafter has not read yet, joined when it next drafts (a run of plain
+    # steps under the automatic block size adds one part per step)
+    ctx_parts: list[mx.array] = [] if ctx_taps is None else [ctx_taps]
+    s.auto_block = control is not None
     history = list(prompt)
     cache_ids = list(prompt)
     pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
@@ -681,15 +708,27 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
         # opt-in: long prompt-lookup matches replace the drafter's block (GenerationConfig)
         index = NgramIndex(history) if config.lookup_drafts and not v2 else None
         last_full = True  # the drafter's previous block was wholly accepted
+        # auto: a plain step already queued on the previous plain step's lazy token, as plain
+        # decoding queues its next step (its logits and taps), or None
+        ahead = None
         while True:
             if cancel.is_set():
                 s.stop_cause = "cancelled"
                 break
             remaining = config.max_tokens - s.generated_tokens
-            L = min(block, remaining)
+            ctx_len = len(cache_ids)
+            if ahead is not None:  # decided by the previous cycle: a plain step
+                L = 1
+            elif control is not None:
+                L = control.choose(ctx_len, remaining)
+            else:
+                L = min(block, remaining)
             waited = _network_wait(runner)
             # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
+            if L > 1 and len(ctx_parts) > 1:
+                ctx_parts = [mx.concatenate(ctx_parts, axis=1)]
+            ctx_taps = ctx_parts[0] if ctx_parts else None
             block_ids = mx.array([pending], dtype=mx.int32)
             proposed = cand = q = None
             looked: list[int] = []
@@ -714,16 +753,26 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 proposed = proposed.astype(mx.int32)
                 block_ids = mx.concatenate([block_ids, proposed])
                 if not looked:  # the drafter read the context; else it catches up next time
-                    ctx_taps = None
+                    ctx_parts = []
             n_drafts = L - 1 if proposed is not None else 0
-            # Verify
+            # Verify (without drafts: one plain step, nothing to roll back)
             verify_ids = block_ids[None]
-            vlogits, vtaps = runner.forward(verify_ids, cache, taps=taps,
-                                            tapes=checkpoint.begin(verify_ids))
+            if ahead is not None:
+                (vlogits, vtaps), ahead = ahead, None
+            else:
+                vlogits, vtaps = runner.forward(
+                    verify_ids, cache, taps=taps,
+                    tapes=checkpoint.begin(verify_ids) if proposed is not None else None)
             t1 = time.perf_counter()
             if on_device:
                 packed = greedy_acceptance(proposed, vlogits[0])
                 queue(packed, vtaps)
+                if (control is not None and proposed is None and not staged and remaining > 1
+                        and not cancel.is_set() and control.choose(ctx_len + 1, remaining - 1) == 1):
+                    # the next cycle is a plain step too: queue it on this step's lazy token
+                    # before reading it, so building it overlaps the computation
+                    ahead = runner.forward(packed[1:2].reshape(1, 1), cache, taps=taps)
+                    queue(*ahead)
                 accepted, *choice = host_read(packed)  # the cycle's one host synchronisation
                 bonus = choice[accepted]
                 drafts = choice[:accepted]  # the accepted drafts equal the target's choices
@@ -745,13 +794,15 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             # rollback is queued, not waited for: the next cycle's draft and verify are built
             # on it and its work runs before theirs.
             n = len(committed)
-            replayed = checkpoint.commit(n)
+            replayed = checkpoint.commit(n) if proposed is not None else False
             t3 = time.perf_counter()
+            if control is not None and not looked:
+                control.update(L, n_drafts, accepted, t3 - t0, ctx_len)
             # taps of the positions now in the target cache; kept until the drafter reads them
             kept = vtaps[:, :n]
             if turn_taps is not None:
                 turn_taps.append(kept)
-            ctx_taps = kept if ctx_taps is None else mx.concatenate([ctx_taps, kept], axis=1)
+            ctx_parts.append(kept)
             cache_ids.append(pending)
             cache_ids.extend(committed[: n - 1])
             history.extend(committed)
@@ -761,17 +812,27 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                     last_full = accepted >= n_drafts
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited,
+                               block=L)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
+        if ahead is not None:  # the queued step fed the last token: the cache holds it
+            cache_ids.append(pending)
+            kept = ahead[1][:, :1]
+            ctx_parts.append(kept)
+            if turn_taps is not None:
+                turn_taps.append(kept)
     if session is not None:
         session.update_kept(start, cache_ids, turn_taps or [], taps)
-        if ctx_taps is not None and extend is not None:
-            extend(ctx_taps, dcache)
+        if ctx_parts and extend is not None:
+            extend(ctx_parts[0] if len(ctx_parts) == 1 else mx.concatenate(ctx_parts, axis=1),
+                   dcache)
         if extend is not None:
             session.store(cache_ids, cache, dcache, int(dcache[0].offset))
         else:
             session.store(cache_ids, cache, None, 0)
+    if control is not None:
+        _costs.remember_state(drafter, target.model, control.state(), kind)
     s.set_rates(s.generated_tokens - 1)  # the prefill's first token is not a cycle's
     _summary_common(s, t_start, t_first, time.perf_counter())
     yield Done(s)

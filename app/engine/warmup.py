@@ -160,7 +160,8 @@ def user_prompt_ids(target, text: str) -> list[int]:
 
 
 def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
-            prebuild: bool | None = None, every_drafter: bool = False) -> WarmUpReport:
+            prebuild: bool | None = None, every_drafter: bool = False,
+            auto_block: bool = False) -> WarmUpReport:
     """Run one plain and one greedy DFlash reply per drafter, to build their kernels.
 
     Args:
@@ -180,6 +181,9 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
             build what it missed.
         every_drafter: with a prebuild, still build every drafter's kernels and run its
             reply before returning (a headless comparison runs them all at once).
+        auto_block: run the drafters' replies with the automatic block size
+            (``GenerationConfig.auto_block``), which measures each pair's cost model
+            (:mod:`app.engine.costs`) here rather than in the first real reply.
 
     Returns:
         A :class:`WarmUpReport`.
@@ -207,7 +211,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
     def one(mode: str, drafter) -> float:
         nonlocal tokens
         t0 = time.perf_counter()
-        for ev in generate(target, ids, GenerationConfig(mode=mode, max_tokens=n), drafter):
+        cfg = GenerationConfig(mode=mode, max_tokens=n, auto_block=auto_block)
+        for ev in generate(target, ids, cfg, drafter):
             if isinstance(ev, Done):
                 tokens += ev.summary.generated_tokens
         return time.perf_counter() - t0
