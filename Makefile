@@ -14,6 +14,8 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 	&& { echo $$p; break; }; done)
 EXTRAS := test
+# processes make test-fast runs its tests in (pytest-xdist); make test runs them in one
+TEST_WORKERS ?= 2
 
 # Linux: mlx-cpu links a reference BLAS; load Debian's OpenBLAS ahead of it
 # when present (see README, "Performance"). macOS is untouched.
@@ -95,7 +97,7 @@ test-fast: $(STAMP) blas
 	@$(MAKE) --no-print-directory _test-fast
 
 _test-fast:
-	@DFLASH_TEST_FAST=1 $(MAKE) --no-print-directory _test PYTEST_ARGS='-m "not slow" $(PYTEST_ARGS)'
+	@DFLASH_TEST_FAST=1 $(MAKE) --no-print-directory _test PYTEST_ARGS='-m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)'
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app tests tools packaging

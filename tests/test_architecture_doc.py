@@ -23,6 +23,7 @@ def _example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bundled_pair() is None, reason="the bundled demo pair is not installed")
 def test_the_script_example_runs_and_both_modes_answer_alike():
     env = {k: v for k, v in os.environ.items()

@@ -178,6 +178,7 @@ def test_bad_prompt_file_exits_2_with_a_message(pair_paths, tmp_path, capsys):
     assert "prompt 0 has no 'messages'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_multi_turn_reuses_the_history(pair_paths, capsys):
     code = main(["bench", "--multi-turn", "--model", pair_paths[0], "--draft-model",
                  pair_paths[1], "--history-tokens", "300", "--max-tokens", "4", "--json"])

@@ -399,6 +399,7 @@ def test_greedy_dflash2_tokens_and_caches_equal_plain(pair2, monkeypatch, block_
     assert spec.summary.replays > 0  # hybrid target: the rollback ran
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(REFERENCE, reason="this process already runs the reference BLAS")
 @pytest.mark.skipif(os.environ.get(CHILD_FLAG) == "1", reason="in the child already")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
@@ -563,7 +564,9 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("settings,steer", SETTINGS, ids=["t1.0", "t0.7-topk-reppen-steered"])
+@pytest.mark.parametrize("settings,steer", [
+    pytest.param(*s, marks=pytest.mark.slow) for s in SETTINGS
+], ids=["t1.0", "t0.7-topk-reppen-steered"])  # make test-fast runs test_engine_sampling's one
 def test_dflash2_sampling_matches_plain_sampling(peaky2, monkeypatch, settings, steer):
     """The random drafter as is, and (where its candidates would all fall outside top-k 8)
     nudged by +4 on the draft logit of the target's greedy token, so drafts get accepted;

@@ -21,6 +21,9 @@ import pytest
 from app.commands.distributed import free_ports
 from app.engine.errors import GenerationError, ModelLoadError
 
+#: each test starts 2-3 processes (about 45 s in all): the full suite runs them, not make test-fast
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "distributed_worker.py"
 MODELS = ROOT / "resources" / "models"

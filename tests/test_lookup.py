@@ -224,7 +224,8 @@ def tool_result_prompt(target) -> list[int]:
     return render_prompt(target.tokenizer, msgs).ids
 
 
-@pytest.mark.parametrize("variant", [slow_4bit(v) for v in DEMO_VARIANTS])
+@pytest.mark.parametrize("variant", [  # make test-fast runs float32
+    pytest.param(v, marks=() if v == "float32" else pytest.mark.slow) for v in DEMO_VARIANTS])
 def test_demo_target_lookup_is_exact_and_accepts(variant, lookup_root, monkeypatch):
     from mlx_lm.convert import convert
 

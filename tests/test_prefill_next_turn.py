@@ -16,6 +16,10 @@ SETTINGS = {"max_tokens": 96, "use_tools": True, "temperature": 0.0,
             "system_prompt": "You are a helpful assistant."}
 FIRST, FOLLOW = "What is 17 times 23?", "Now divide that by 7."
 
+#: every mode; make test-fast runs the dflash one (the others are marked slow)
+FAST_TIER_DFLASH_ONLY = [pytest.param(m, marks=() if m == "dflash" else pytest.mark.slow)
+                         for m in ("plain", "dflash", "dflash2")]
+
 
 @pytest.fixture(scope="module")
 def demo_spec():
@@ -41,7 +45,7 @@ def _send(session, conv_id, text, settings):
     return done[0].reply
 
 
-@pytest.mark.parametrize("mode", ["plain", "dflash", "dflash2"])
+@pytest.mark.parametrize("mode", FAST_TIER_DFLASH_ONLY)
 def test_a_follow_up_prefills_only_its_message_and_gives_the_same_tokens(demo_spec, mode):
     settings = {**SETTINGS, "mode": mode}
     ahead, cold = _session(demo_spec), _session(demo_spec)
@@ -95,7 +99,7 @@ def test_the_worker_prefills_on_request_and_survives_a_failure(qtbot):
                      (2, {"mode": "plain"}, "", store)]
 
 
-@pytest.mark.parametrize("mode", ["plain", "dflash", "dflash2"])
+@pytest.mark.parametrize("mode", FAST_TIER_DFLASH_ONLY)
 def test_a_new_chat_prefilled_after_load_reads_only_its_message(demo_spec, mode):
     """``prefill_new_chat`` (the window's worker runs it after a load): the first reply of a
     fresh start reuses the whole system + tools preamble and gives a cold start's tokens and
