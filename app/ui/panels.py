@@ -544,6 +544,7 @@ class LivePanel(QWidget):
         value = self.labels["block"]
         value.tip = f"{why}\n\n{self._block_tip}" if why and not plain else self._block_tip
         value.setToolTip(value.tip)
+        value._fit()  # the whole value first when it does not fit (FigureValue)
         self.tiles["block"].setToolTip(value.tip)
         self.chart.set_values(stats.accepted_lengths,
                               (self._block - 1) if self._block else None)
