@@ -405,7 +405,8 @@ def test_auto_cycles_say_why_their_block_was_chosen(tiny_hybrid):
     assert spec.summary.auto_block and spec.cycles
     for c in spec.cycles:
         assert c.reason.startswith(f"block {c.block}"), (c.block, c.reason)
-        assert ("a plain step" in c.reason) == (c.block == 1)
+        assert ("(a plain step)" in c.reason) == (c.block == 1)
+        assert c.reason.startswith(f"block {c.block}:") or c.block == 1
     costs.remember(drafter, target.model, flat_costs(plain=1.0, per_token=50.0, draft=50.0))
     steps = run(target, prompt_ids(target), drafter, mode="dflash", max_tokens=8,
                 auto_block=True)
