@@ -108,9 +108,16 @@ def test_the_check_box_reaches_every_reply_and_the_warm_up(qtbot, qs):
         win.transcript.open_settings()
         dlg = win.transcript.settings_dialog
         assert not dlg.auto_block.isChecked()
+        assert "block 4 ·" in win.composer.note.text()
         dlg.auto_block.setChecked(True)
         dlg.as_defaults.click()
         assert settings_mod.load_defaults(qs)["auto_block"] is True
+        # the line under the composer names it (Lookup ignores it)
+        assert "Next reply: block auto ≤4 ·" in win.composer.note.text()
+        win.composer.set_mode("lookup")
+        assert "block auto" not in win.composer.note.text()
+        win.composer.set_mode("plain")
+        assert "block" not in win.composer.note.text()
         send_and_wait(qtbot, win, "auto", mode="dflash")
         assert backend.asked[-1].auto_block is True and backend.asked[-1].mode == "dflash"
         n = len(backend.asked)
