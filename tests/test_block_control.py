@@ -392,6 +392,26 @@ def test_fixed_blocks_record_their_length(tiny_hybrid):
     spec = run(target, prompt_ids(target), drafter, mode="dflash", max_tokens=20, block_size=4)
     assert not spec.summary.auto_block
     assert set(spec.summary.block_lengths) <= {4, 3, 2, 1} and spec.cycles[0].block == 4
+    assert all(c.reason == "" for c in spec.cycles)  # fixed blocks: nothing was chosen
+
+
+def test_auto_cycles_say_why_their_block_was_chosen(tiny_hybrid):
+    """With auto each CycleEvent carries the controller's reason for its block (what the
+    window's live panel shows): a plain step says so, a drafted block names its length."""
+    target, drafter = tiny_hybrid
+    costs.remember(drafter, target.model, flat_costs(plain=10.0, per_token=0.1))
+    spec = run(target, prompt_ids(target), drafter, mode="dflash", max_tokens=20,
+               auto_block=True)
+    assert spec.summary.auto_block and spec.cycles
+    for c in spec.cycles:
+        assert c.reason.startswith(f"block {c.block}"), (c.block, c.reason)
+        assert ("(a plain step)" in c.reason) == (c.block == 1)
+        assert c.reason.startswith(f"block {c.block}:") or c.block == 1
+    costs.remember(drafter, target.model, flat_costs(plain=1.0, per_token=50.0, draft=50.0))
+    steps = run(target, prompt_ids(target), drafter, mode="dflash", max_tokens=8,
+                auto_block=True)
+    assert {c.block for c in steps.cycles} == {1}
+    assert all(c.reason.startswith("block 1 (a plain step)") for c in steps.cycles)
 
 
 # --- the command line -----------------------------------------------------------------------

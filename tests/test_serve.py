@@ -96,6 +96,24 @@ def test_plain_and_dflash_are_identical_at_temperature_0_with_their_figures(clie
     assert small.model_extra["dflash"]["block_size"] == 4
     assert small.model_extra["dflash"]["tau"] <= 4
     assert small.choices[0].message.content == plain.content
+    assert not small.model_extra["dflash"]["auto_block"]
+    assert not replies["plain"].model_extra["dflash"]["auto_block"]
+
+
+def test_block_size_auto_chooses_each_cycles_block_and_stays_exact(client):
+    """``"block_size": "auto"``: the automatic block size runs (its cost model measured on the
+    first such request), the reply says ``auto_block``, its largest block stays the
+    drafter's, and the text is the plain reply's."""
+    plain = _complete(client, QUESTION, mode="plain").choices[0].message
+    for mode in ("dflash", "dflash2"):
+        r = _complete(client, QUESTION, mode=mode, block_size="auto")
+        fig = r.model_extra["dflash"]
+        assert fig["mode"] == mode and fig["auto_block"] is True
+        assert fig["block_size"] == 16 and fig["cycles"] >= 1
+        assert r.choices[0].message.content == plain.content
+    # plain ignores it (nothing is chosen per cycle)
+    r = _complete(client, QUESTION, mode="plain", block_size="auto")
+    assert r.model_extra["dflash"]["auto_block"] is False
 
 
 def test_stop_seed_and_thinking_fields_reach_the_reply(client):
@@ -259,6 +277,7 @@ BAD_REQUESTS = [
     ("POST", URL, _bad(stream="yes"), 400, "stream", "true or false"),
     ("POST", URL, _bad(mode="turbo"), 400, "mode", "plain, dflash, dflash2"),
     ("POST", URL, _bad(block_size=99), 400, "block_size", "drafter's 16"),
+    ("POST", URL, _bad(block_size="automatic"), 400, "block_size", 'or "auto", got "automatic"'),
     ("POST", URL, _bad(n=3), 400, "n", "one choice"),
     ("POST", URL, _bad(tools=[{"type": "function"}]), 400, "tools[0]", "function"),
     ("POST", URL, _bad(tools=[{"type": "function", "function": {"name": "f"}}],

@@ -73,6 +73,8 @@ def test_fields_are_typed_with_the_apps_ranges():
     ({"stop": [1]}, "stop", "list of strings"),
     ({"stop": ["x"] * 17}, "stop", "at most 16"),
     ({"block_size": 0}, "block_size", "at least 1"),
+    ({"block_size": "fast"}, "block_size", 'at least 1 or "auto", got "fast"'),
+    ({"block_size": "16"}, "block_size", 'or "auto"'),
     ({"max_tokens": 2.0}, "max_tokens", "whole number"),
     ({"logprobs": True}, "logprobs", "not supported"),
     ({"frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
@@ -87,6 +89,21 @@ def test_bad_fields_name_themselves(change, param, words):
     assert error.status == 400 and error.param == param and words in error.message
     assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error",
                                       "param": param, "code": error.code}}
+
+
+def test_block_size_auto_sets_the_automatic_block_size():
+    req = parse_chat_request({"messages": [USER], "block_size": "auto"})
+    assert req.auto_block and req.block_size is None  # the largest block: the drafter's
+    fixed = parse_chat_request({"messages": [USER], "block_size": 8})
+    assert not fixed.auto_block and fixed.block_size == 8
+    assert not parse_chat_request({"messages": [USER]}).auto_block
+
+
+def test_the_dflash_object_says_whether_auto_ran():
+    assert completion_object(_result(), "chatcmpl-x", "m")["dflash"]["auto_block"] is False
+    auto = _result(summary=Summary(mode="dflash", auto_block=True, cycles=3,
+                                   block_lengths=[16, 1, 6]))
+    assert completion_object(auto, "chatcmpl-x", "m")["dflash"]["auto_block"] is True
 
 
 def test_tool_choice_shows_all_none_or_one_tool():

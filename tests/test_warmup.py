@@ -229,3 +229,43 @@ def test_a_quantized_target_is_warmed_and_its_embedding_gathers_listed(tiny_root
     assert ("gather", ("uint32", "int32")) in recipes  # the packed weight
     assert ("gather", ("float32", "int32")) in recipes  # its scales
     assert ("silu", ("float32",)) in recipes  # the activation dtype, not the packed one
+
+
+def test_session_warm_up_with_auto_block_measures_the_costs(tiny_hybrid, monkeypatch):
+    """``auto_block``: the drafters' warm-up replies run with the automatic block size, so the
+    pair's cost model is known before the first reply (the window asks for it when its
+    Automatic block size setting is on)."""
+    from app.chat.session import ChatSession
+    from app.engine import costs
+
+    session = ChatSession()
+    session.target, session.drafter = tiny_hybrid
+    asked = []
+    real = warmup.warm_up
+    monkeypatch.setattr(warmup, "warm_up",
+                        lambda t, d, **kw: asked.append(kw) or real(t, d, **kw))
+    assert session.warm_up(auto_block=True) > 0
+    assert asked == [{"max_tokens": 4, "auto_block": True}]
+    assert costs.known_model(session.drafter, session.target.model) is not None
+
+
+class _AutoBackend(_Backend):
+    def warm_up(self, auto_block=False):
+        self.calls.append(("warm_up", auto_block))
+        return 1.5
+
+
+def test_the_worker_warms_up_with_auto_block_when_the_window_asks(qtbot):
+    from app.ui.worker import Worker
+
+    backend = _AutoBackend()
+    worker = Worker(backend)
+    said = []
+    worker.loading.connect(said.append)
+    worker._on_load(PairSpec(tiny=True))
+    assert backend.calls == ["load", ("warm_up", False)]
+    assert not any("block costs" in s for s in said)
+    worker.warm_auto_block = True  # the window's Automatic block size is on
+    worker._on_load(PairSpec(tiny=True))
+    assert backend.calls[-1] == ("warm_up", True)
+    assert any(s.startswith("Warming up") and "measuring its block costs" in s for s in said)

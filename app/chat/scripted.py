@@ -33,7 +33,7 @@ from app.chat.session import ModelInfo, PairSpec
 from app.chat.settings import ReplySettings, as_reply_settings
 from app.engine.errors import ModelLoadError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-from app.engine.modes import DRAFTING_MODES
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,10 @@ class ScriptedSession:
     Attributes:
         turns: the replies, in order (the last repeats).
         cycles: cycles per reply (None: as many as the content needs).
-        block: the drafter's block size shown (drafts per cycle: ``block - 1``).
+        block: the drafter's block size shown (drafts per cycle: ``block - 1``; each
+            cycle's ``CycleEvent.block``). With ``ReplySettings.auto_block`` in a DFlash mode
+            the cycles carry a scripted ``reason`` and the last one is a plain step (block 1),
+            and the summary says ``auto_block``.
         accept: accepted drafts in cycle ``c`` (default ``c % block``), 0..block-1.
         chunk_chars: characters of content per cycle (None: all in the first cycle).
         delay_s: seconds slept after each cycle; tokens_per_s: pace of the stream (None: as
@@ -141,13 +144,15 @@ class ScriptedSession:
         self.last_settings, self.last_messages = rs, list(messages)
         turn = self.turns[min(self.turn, len(self.turns) - 1)]
         self.turn += 1
-        events = self._events(turn, rs.mode, cancel or threading.Event())
+        events = self._events(turn, rs.mode, cancel or threading.Event(),
+                              rs.auto_block and rs.mode in DRAFTER_MODES)
         if turn.notice is not None:
             return itertools.chain([turn.notice], events)
         return events
 
     # ---- the stream
-    def _events(self, turn: ScriptedTurn, mode: str, cancel: threading.Event) -> Iterator:
+    def _events(self, turn: ScriptedTurn, mode: str, cancel: threading.Event,
+                auto: bool = False) -> Iterator:
         for i, word in enumerate(turn.reasoning.split(" ") if turn.reasoning else []):
             yield ReasoningDelta(word if i == 0 else " " + word)
             if self.reasoning_delay_s:
@@ -174,6 +179,10 @@ class ScriptedSession:
             if self.seconds is not None and time.perf_counter() - start >= self.seconds:
                 break
             acc = max(0, min(self.block - 1, accept(c)))
+            # the automatic block size (auto): the last cycle is a plain step
+            length = 1 if auto and c == n_cycles - 1 else self.block
+            if length == 1:
+                acc = 0
             text = chunks[c] if c < len(chunks) else None
             for k in range(acc + 1):
                 yield TokenEvent(100 + idx, idx, k < acc)
@@ -182,8 +191,10 @@ class ScriptedSession:
                 idx += 1
             if text:
                 yield ContentDelta(text)
-            ev = CycleEvent(c, self.block - 1, acc, acc + 1, acc < self.block - 1,
-                            0.001, 0.002, 0.0005 if acc < self.block - 1 else 0.0)
+            ev = CycleEvent(c, length - 1, acc, acc + 1, acc < length - 1,
+                            0.001, 0.002, 0.0005 if acc < length - 1 else 0.0, block=length,
+                            reason=(f"block {length}: scripted" if length > 1 else
+                                    "block 1 (a plain step): scripted") if auto else "")
             s.add_cycle(ev)
             self.emitted_cycles += 1
             yield ev
@@ -196,6 +207,7 @@ class ScriptedSession:
         s.set_rates(committed=idx)
         s.generated_tokens = idx
         s.stop_cause = "cancelled" if stopped else "end_token"
+        s.auto_block = auto
         s.mode = mode if mode in DRAFTING_MODES else "plain"
         for key, value in self.figures.items():
             setattr(s, key, value)

@@ -239,12 +239,14 @@ class ChatSession:
                     self.unload()
             raise
 
-    def warm_up(self, force: bool = False) -> float | None:
+    def warm_up(self, force: bool = False, auto_block: bool = False) -> float | None:
         """Run both paths once before anything is timed: one short plain and one short DFlash
         reply per drafter (:func:`app.engine.warmup.warm_up`; no prompt cache is touched).
         On a GPU backend the replies are long enough to build every kernel a reply needs; on
         the CPU (:func:`app.engine.warmup.needs_warm_up` False), where nothing is compiled,
         they are :data:`CPU_WARM_UP_TOKENS` long unless ``force`` asks for the full warm-up.
+        ``auto_block``: the drafters' replies run with the automatic block size, which
+        measures each pair's cost model (``app.engine.costs``) here, not in the first reply.
 
         Returns:
             Seconds spent, or None when no pair is loaded.
@@ -255,8 +257,10 @@ class ChatSession:
         if self.target is None:
             return None
         short = not (force or needs_warm_up())
-        return warm_up(self.target, [self.drafter, self.drafter2],
-                       **({"max_tokens": CPU_WARM_UP_TOKENS} if short else {})).seconds
+        extra = {"max_tokens": CPU_WARM_UP_TOKENS} if short else {}
+        if auto_block:
+            extra["auto_block"] = True
+        return warm_up(self.target, [self.drafter, self.drafter2], **extra).seconds
 
     def probe_drafters(self) -> list:
         """Probe each loaded drafter's fit (:func:`app.chat.drafter_probe.probe_drafter`: a

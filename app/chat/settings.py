@@ -5,7 +5,9 @@ Stored keys (QSettings group ``generation``, a conversation's ``settings``, expo
 names in :data:`SPECS`, unchanged from earlier versions:
 
 * ``system_prompt`` (str), ``max_tokens`` (int tokens), ``block_size`` (int; 0 = the
-  drafter's own), ``rollback`` ("tape" | "replay"), ``fast_verify`` (bool: the engine's
+  drafter's own), ``auto_block`` (bool: the automatic block size, each cycle's block length
+  chosen up to ``block_size``; off by default, and off where a stored file lacks it),
+  ``rollback`` ("tape" | "replay"), ``fast_verify`` (bool: the engine's
   near-exact chunked verify, off by default), ``thinking`` (bool), ``stop_strings``
   (list[str]), ``use_tools`` (bool: offer the built-in tools and run their calls);
 * sampling: ``temperature`` (float; 0 = greedy), ``top_p`` (float), ``top_k`` (int; 0 = off),
@@ -63,6 +65,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("system_prompt", "You are a helpful assistant."),
     Spec("max_tokens", 512, 1, 131072),
     Spec("block_size", 0, 0, 64),
+    Spec("auto_block", False),
     Spec("rollback", ROLLBACKS[0], choices=ROLLBACKS),
     Spec("fast_verify", False),
     Spec("thinking", True),
@@ -275,7 +278,7 @@ class ReplySettings:
     mode: Mode = Mode.PLAIN
     max_tokens: int = SPECS["max_tokens"].default
     block_size: int | None = None
-    auto_block: bool = False
+    auto_block: bool = SPECS["auto_block"].default
     rollback: str = SPECS["rollback"].default
     fast_verify: bool = SPECS["fast_verify"].default
     enable_thinking: bool | None = None

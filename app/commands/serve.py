@@ -114,6 +114,10 @@ def _serve(args) -> int:
         drafter2 = None
     thinking = args.think if args.think is not None else default_thinking(target, drafter)
     spec = PairSpec(target=target, drafter=drafter, drafter2=drafter2)
+    from app.engine.costs import set_store
+    from app.paths import default_data_dir
+
+    set_store(default_data_dir())  # cost models measured by "block_size": "auto" are kept there
     worker = ServeWorker(WorkerConfig(spec=spec, max_queue=args.max_queue,
                                       enable_thinking=thinking))
     try:

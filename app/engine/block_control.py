@@ -78,8 +78,12 @@ class Choice:
 
     @property
     def reason(self) -> str:
-        """One line: why this block (e.g. ``"block 6: 3.1 tok in 22 ms, 1.7x a plain
-        step"``)."""
+        """One line: why this block (e.g. ``"block 6: 3.1 tok in 22 ms, 1.70x a plain
+        step"``; for a plain step ``"block 1 (a plain step): 12 ms a token, no drafted block
+        expected to do better"``)."""
+        if self.block <= 1:
+            return (f"block 1 (a plain step): {self.cost_ms:.0f} ms a token, no drafted block "
+                    f"expected to do better")
         gain = self.rate / self.plain_rate if self.plain_rate > 0 else float("nan")
         return (f"block {self.block}: {self.expected:.1f} tok in {self.cost_ms:.0f} ms, "
                 f"{gain:.2f}x a plain step")

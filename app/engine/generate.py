@@ -723,6 +723,9 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
                 L = control.choose(ctx_len, remaining)
             else:
                 L = min(block, remaining)
+            # why this length, for the window's live panel (auto only; the choice made it)
+            why = control.last.reason if control is not None and control.last is not None \
+                else ""
             waited = _network_wait(runner)
             # Draft (queued; the host reads its tokens only where acceptance is on the host)
             t0 = time.perf_counter()
@@ -813,7 +816,7 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, n_drafts, accepted, accepted + 1, replayed,
                                t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited,
-                               block=L)
+                               block=L, reason=why)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
         if ahead is not None:  # the queued step fed the last token: the cache holds it

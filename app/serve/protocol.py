@@ -84,7 +84,11 @@ class ChatRequest:
         mode: ``"plain"``, ``"dflash"``, ``"dflash2"`` or ``"lookup"``; None: DFlash when a
             drafter is loaded, else plain.
         block_size: DFlash block size (None: the drafter's; for ``lookup``
-            :data:`app.engine.lookup.DEFAULT_BLOCK`).
+            :data:`app.engine.lookup.DEFAULT_BLOCK`). The request's ``"auto"`` leaves it None
+            and sets ``auto_block``.
+        auto_block: the request's ``block_size`` was ``"auto"``: DFlash and DFlash2 choose
+            each cycle's block length, 1 (a plain step) up to the drafter's block size
+            (``ReplySettings.auto_block``); plain and lookup ignore it.
         max_tokens: generated tokens at most (None: what the context leaves, capped by the
             server's default).
         stop: stop strings (matched on the decoded text).
@@ -100,6 +104,7 @@ class ChatRequest:
     mode: str | None = None
     block_size: int | None = None
     max_tokens: int | None = None
+    auto_block: bool = False
     stop: list[str] = field(default_factory=list)
     sampling: Sampling = field(default_factory=Sampling)
     enable_thinking: bool | None = None
@@ -307,8 +312,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request(f"mode must be one of {', '.join(DECODING_MODES)}, got "
                           f"{json.dumps(mode)}", "mode")
     block = body.get("block_size")
-    if block is not None and (not _is_int(block) or block < 1):
-        raise bad_request("block_size must be a whole number of at least 1", "block_size")
+    auto_block = block == "auto"
+    if auto_block:
+        block = None  # the largest block stays the drafter's
+    elif block is not None and (not _is_int(block) or block < 1):
+        raise bad_request(f"block_size must be a whole number of at least 1 or \"auto\", got "
+                          f"{json.dumps(block)}", "block_size")
     max_tokens = None
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
@@ -355,6 +364,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
                           "chat_template_kwargs.enable_thinking")
     return ChatRequest(messages=messages, model=model, tools=tools, stream=stream,
                        include_usage=include_usage, mode=mode, block_size=block,
+                       auto_block=auto_block,
                        max_tokens=max_tokens, stop=[s for s in stop if s], sampling=sampling,
                        enable_thinking=thinking)
 
@@ -454,7 +464,9 @@ def dflash_object(result: CompletionResult) -> dict:
     second of generation, prefill excluded), ``ttft_s`` (seconds to the first token, prefill
     included), ``prefill_s``, ``prompt_tokens``, ``reused_tokens`` (of the prompt, from the
     prefix cache), ``generated_tokens``, ``stop_cause`` (``end_token``, ``length``,
-    ``cancelled``, ``error``).
+    ``cancelled``, ``error``), ``auto_block`` (True when the automatic block size chose each
+    cycle's block length: a DFlash or DFlash2 reply of a request with ``block_size``
+    ``"auto"``; ``block_size`` is then the largest block it could choose).
     """
     s = result.summary
     return {"mode": s.mode, "block_size": result.block_size, "tau": s.tau,
@@ -462,7 +474,7 @@ def dflash_object(result: CompletionResult) -> dict:
             "replays": s.replays, "cycles": s.cycles, "tok_per_s": s.tok_per_s,
             "ttft_s": s.ttft_s, "prefill_s": s.prefill_s, "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens, "generated_tokens": s.generated_tokens,
-            "stop_cause": s.stop_cause}
+            "stop_cause": s.stop_cause, "auto_block": s.auto_block}
 
 
 def completion_object(result: CompletionResult, completion_id: str, model: str,

@@ -427,6 +427,7 @@ class JobQueue:
         try:
             settings = ReplySettings(
                 mode=mode, max_tokens=max_tokens, block_size=req.block_size,
+                auto_block=req.auto_block,
                 stop=list(req.stop), tools=req.tools, run_tools=False,
                 enable_thinking=thinking, sampling=req.sampling)
         except SettingError as exc:  # e.g. max_tokens above the app's range

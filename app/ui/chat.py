@@ -97,7 +97,8 @@ drawn); each "Show earlier messages" adds as much again."""
 
 
 def figures_line(msg: Turn) -> str:
-    """The per-reply figures line: mode, tok/s, tau, replays, block size, rollback, state."""
+    """The per-reply figures line: mode, tok/s, tau, replays, block size (``block auto``
+    when the automatic block size chose it), rollback, state."""
     v = msg.version
     if v is None:
         return ""
@@ -123,7 +124,8 @@ def figures_line(msg: Turn) -> str:
     if r.continued:
         parts.append(continued_text(r.continued))
     if r.mode in DRAFTING_MODES:
-        parts.append(f"block {r.block_size or 'default'}")
+        auto = s is not None and s.auto_block  # the automatic block size ran
+        parts.append("block auto" if auto else f"block {r.block_size or 'default'}")
         parts.append(r.rollback)
     if v.interrupted:
         parts.append("interrupted (the app closed while it was written)")

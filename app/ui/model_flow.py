@@ -137,6 +137,13 @@ class ModelController(QObject):
         self.state.loading = spec
         if self.state.model is None:
             self.set_intro()
+        # with the automatic block size on, the warm-up measures the pair's block costs
+        try:
+            auto = settings_mod.coerce("auto_block",
+                                       self.state.current_settings().get("auto_block", False))
+        except SettingError:  # a hand-edited chat override: the reply's banner says so
+            auto = False
+        self.worker.warm_auto_block = auto
         self.worker.loadRequested.emit(spec)
 
     def unload(self) -> None:

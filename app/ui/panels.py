@@ -70,6 +70,12 @@ FIGURES: list[tuple[str, str, str]] = [
      "show a small share. A greedy reply waits for the device once per cycle, in verify, so "
      "draft and rollback count the time to queue them; the benchmark (Chat > Run short "
      "benchmark, or bench --stage-timing) times each stage."),
+    ("block", "Block",
+     "How many tokens the last check by the big model covered. The last cycle's block length "
+     "L: the pending token and L - 1 drafts (1: a plain step, no drafts). With the automatic "
+     "block size (Settings › Block size › Automatic) it reads \"auto · L\" and the line below "
+     "the chart says why that length was chosen, from the costs measured on this machine and "
+     "the recent acceptance; the reply is exact either way."),
     ("tok_per_s", "tok/s",
      "How fast the reply was written. Generated tokens per second, from the first token to "
      "the last (reading the prompt is not counted)."),
@@ -90,7 +96,7 @@ FIGURES: list[tuple[str, str, str]] = [
      "read for this reply."),
 ]
 
-DFLASH_ONLY = ("acceptance", "tau", "replays", "rollback_share", "cycles")
+DFLASH_ONLY = ("acceptance", "tau", "replays", "rollback_share", "block", "cycles")
 """Figures that only DFlash has (hidden for a plain reply)."""
 
 
@@ -123,6 +129,9 @@ class LiveStats:
     continues_after: int = 0
     """For a reply continued after Max tokens: its generated tokens before (the figures
     while it runs are the continuation's; 0 for a new reply)."""
+    last_reason: str = ""
+    """Why the last cycle's block length was chosen (:attr:`CycleEvent.reason`; "" for fixed
+    blocks, and for a reply shown from the store, whose cycles are not kept)."""
 
     @property
     def cycles(self) -> int:
@@ -148,6 +157,7 @@ class LiveStats:
         """Add one DFlash cycle."""
         self.running.add_cycle(ev)
         self.committed += ev.committed
+        self.last_reason = ev.reason
 
     def on_round(self, index: int, prompt_tokens: int, now: float | None = None) -> None:
         """A generation round started (``index`` 0-based) at ``now`` (seconds,
@@ -170,11 +180,23 @@ class LiveStats:
         if rounds is not None:
             self.round_summaries = list(rounds)
 
+    def block(self) -> tuple[int, bool] | None:
+        """The last cycle's block length and whether the automatic block size chose it, or
+        None (no cycle, or a length not recorded: 0). Live: the last :class:`CycleEvent`'s
+        ``block``, automatic when it carried a ``reason``; finished: the summary's last
+        ``block_lengths`` entry and ``auto_block``."""
+        s = self.summary
+        if s is not None:
+            last = s.block_lengths[-1] if s.block_lengths else 0
+            return (last, s.auto_block) if last > 0 else None
+        last = self.running.block_lengths[-1] if self.running.block_lengths else 0
+        return (last, bool(self.last_reason)) if last > 0 else None
+
     def values(self) -> dict:
         """The numbers the panel shows, keyed as in :data:`FIGURES` (None: not applicable).
 
         Units: acceptance and rollback_share as fractions, ttft in seconds, tok_per_s in
-        tokens per second, context as (used, limit)."""
+        tokens per second, context as (used, limit), block as (length L, automatic)."""
         s = self.summary
         if s is not None:
             return {
@@ -182,6 +204,7 @@ class LiveStats:
                 "tau": s.tau,
                 "replays": s.replays,
                 "rollback_share": s.rollback_share,
+                "block": self.block(),
                 # no rate below two tokens (as while running), no time to first token
                 # without a token (a reply stopped before its first)
                 "tok_per_s": s.tok_per_s if s.generated_tokens > 1 else None,
@@ -210,6 +233,7 @@ class LiveStats:
             "tau": r.tau,
             "replays": r.replays,
             "rollback_share": r.rollback_share,
+            "block": self.block(),
             "tok_per_s": rate,
             "ttft": ttft,
             "cycles": r.cycles,
@@ -237,6 +261,10 @@ def format_figure(key: str, value) -> str:
     if key == "context":
         used, limit = value
         return f"{used:,} / {limit:,}" if limit else f"{used:,}"
+    if key == "block":
+        length, auto = value
+        text = f"{length} (plain step)" if length == 1 else f"{length}"
+        return f"auto · {text}" if auto else text
     return f"{value:,}"
 
 
@@ -412,6 +440,7 @@ class LivePanel(QWidget):
         outer.addWidget(self.chart)
         outer.addWidget(self.mode_label)
         self.shown: dict = {}
+        self._block_tip = self.labels["block"].tip
         self.mode = "dflash"
         self._stats: LiveStats | None = None
         self._block: int | None = None
@@ -508,11 +537,30 @@ class LivePanel(QWidget):
         for key, label in self.labels.items():
             label.setText(format_figure(key, self.shown.get(key)))
         self.chart.setVisible(not plain)
+        why = self.block_reason(stats)
         self.mode_label.setText(
-            "Plain decoding: one token per step, no drafts, so acceptance, τ, replays and "
-            "cycles do not apply." if plain else "")
+            "Plain decoding: one token per step, no drafts, so acceptance, τ, replays, "
+            "block and cycles do not apply." if plain else why)
+        value = self.labels["block"]
+        value.tip = f"{why}\n\n{self._block_tip}" if why and not plain else self._block_tip
+        value.setToolTip(value.tip)
+        value._fit()  # the whole value first when it does not fit (FigureValue)
+        self.tiles["block"].setToolTip(value.tip)
         self.chart.set_values(stats.accepted_lengths,
                               (self._block - 1) if self._block else None)
+
+    @staticmethod
+    def block_reason(stats: LiveStats) -> str:
+        """The line under the chart for a reply whose block lengths the automatic block size
+        chose: why the last one (:attr:`LiveStats.last_reason`), or what it does when the
+        reason is not known (a reply shown from the store); "" for fixed blocks."""
+        block = stats.block()
+        if block is None or not block[1]:
+            return ""
+        if stats.last_reason:
+            return f"Automatic block size: {stats.last_reason}."
+        return ("Automatic block size: each cycle's length chosen from the costs measured on "
+                "this machine and the recent acceptance.")
 
     def _on_round_picked(self, index: int) -> None:
         st = self._stats

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
@@ -37,6 +38,13 @@ from app.chat.settings import (  # noqa: F401 (DEFAULTS, RANGES: the one table, 
 )
 
 log = logging.getLogger(__name__)
+
+AUTO_BLOCK_TIP = (
+    "Automatic block size: DFlash and DFlash2 choose each cycle's block length, from 1 (a "
+    "plain step, no drafts) up to Block size, from the costs measured on this machine and the "
+    "recent acceptance. The reply is exact either way: the big model checks every token. "
+    "Plain and Lookup ignore it.")
+"""The tooltip of the dialog's "Automatic" check box (``auto_block``)."""
 
 
 def load_defaults(qs: QSettings) -> dict:
@@ -135,7 +143,12 @@ class SettingsDialog(QDialog):
         self.block.setValue(values["block_size"])
         self.block.setAccessibleName("Block size")
         self.block.setToolTip("Tokens per DFlash block (1 committed + block-1 drafts); at most "
-                              "the drafter's trained block size.")
+                              "the drafter's trained block size. With Automatic, the largest "
+                              "block a cycle may use.")
+        self.auto_block = QCheckBox("Automatic")
+        self.auto_block.setChecked(bool(values.get("auto_block", False)))
+        self.auto_block.setAccessibleName("Automatic block size")
+        self.auto_block.setToolTip(AUTO_BLOCK_TIP)
         self.rollback = QComboBox()
         self.rollback.addItems(["tape", "replay"])
         self.rollback.setCurrentText(values["rollback"])
@@ -203,7 +216,11 @@ class SettingsDialog(QDialog):
         form = QFormLayout()
         form.addRow("System prompt", self.system)
         form.addRow("Max tokens", self.max_tokens)
-        form.addRow("Block size", self.block)
+        block_row = QHBoxLayout()
+        block_row.setContentsMargins(0, 0, 0, 0)
+        block_row.addWidget(self.block, 1)
+        block_row.addWidget(self.auto_block)
+        form.addRow("Block size", block_row)
         form.addRow("Rollback", self.rollback)
         form.addRow("", self.fast_verify)
         form.addRow("", self.thinking)
@@ -237,6 +254,7 @@ class SettingsDialog(QDialog):
             system_prompt=self.system.toPlainText(),
             max_tokens=self.max_tokens.value(),
             block_size=self.block.value(),
+            auto_block=self.auto_block.isChecked(),
             rollback=self.rollback.currentText(),
             fast_verify=self.fast_verify.isChecked(),
             thinking=self.thinking.isChecked(),

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 from app.chat.storage import StorageError, StoreWriteError
 from app.chat.turns import LOAD_TURNS, ConversationView, Turn
 from app.engine.lookup import DEFAULT_BLOCK
-from app.engine.modes import DRAFTING_MODES, Mode
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, Mode
 from app.ui import settings as settings_mod
 from app.ui.chat import ChatView, Composer
 from app.ui.compare import CompareView
@@ -191,8 +191,10 @@ class TranscriptController(QObject):
         temp = v.get("temperature", 0.0)
         parts = ["greedy" if temp <= 0 else f"T {temp:g}", f"≤{v.get('max_tokens')} tok"]
         if self.composer.mode() in DRAFTING_MODES:
-            parts[:0] = [f"block {block}" if block else "block: drafter's",
-                         v.get("rollback", "tape")]
+            size = f"block {block}" if block else "block: drafter's"
+            if v.get("auto_block") is True and self.composer.mode() in DRAFTER_MODES:
+                size = f"block auto ≤{block}" if block else "block auto"  # Lookup ignores it
+            parts[:0] = [size, v.get("rollback", "tape")]
             if v.get("fast_verify"):
                 parts.append("fast verify")
         if not v.get("thinking", True):

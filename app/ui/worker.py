@@ -201,6 +201,10 @@ class Worker(QObject):
         self.store = store if store is not None else Store(":memory:")
         """Where replies are stored (the window's store; shared with the GUI thread, see
         ``app.chat.storage`` on thread safety)."""
+        self.warm_auto_block = False
+        """Warm up with the automatic block size (``ChatSession.warm_up(auto_block=True)``:
+        the pair's cost model is measured then, not in the first reply). Set from the GUI
+        thread before ``loadRequested`` (the window's settings have it on); read on this one."""
         self._cancel = threading.Event()
         self._interrupted = threading.Event()
         self._cancelled: set[int] = set()
@@ -243,16 +247,22 @@ class Worker(QObject):
     def _warm_up(self, spec: PairSpec) -> None:
         """After a load: run both paths once before anything is timed (``ChatSession.warm_up``:
         short on the CPU; on a GPU backend it builds the kernels a reply needs, and the status
-        bar says so). A backend without ``warm_up``, or a failure, only skips it."""
+        bar says so). With :attr:`warm_auto_block` the drafters' warm-up replies run with the
+        automatic block size, which measures the pair's cost model (``app.engine.costs``) so
+        that the first reply does not. A backend without ``warm_up``, or a failure, only
+        skips it."""
         warm = getattr(self.backend, "warm_up", None)
         if not callable(warm):
             return
         try:
             from app.engine.warmup import needs_warm_up
 
+            auto = bool(self.warm_auto_block)
             if needs_warm_up():
                 self.loading.emit(f"Warming up {spec.label} (building GPU kernels)…")
-            seconds = warm()
+            elif auto:
+                self.loading.emit(f"Warming up {spec.label} (measuring its block costs)…")
+            seconds = warm(auto_block=True) if auto else warm()
         except Exception:  # the pair is loaded; a failed warm-up must not undo that
             log.exception("warm-up failed")
             return
@@ -364,6 +374,10 @@ class Worker(QObject):
     @Slot(int, object)
     def _on_reply(self, req_id: int, request: TurnRequest) -> None:
         """Store and generate one turn (``run_turn``), forwarding its events in batches."""
+        self.warm_auto_block = False
+        """Warm up with the automatic block size (``ChatSession.warm_up(auto_block=True)``:
+        the pair's cost model is measured then, not in the first reply). Set from the GUI
+        thread before ``loadRequested`` (the window's settings have it on); read on this one."""
         self._cancel = threading.Event()
         self._interrupted = threading.Event()
         if req_id in self._cancelled:
