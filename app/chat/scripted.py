@@ -104,6 +104,7 @@ class ScriptedSession:
 
     def __post_init__(self) -> None:
         self.turn = 0
+        self.auto_now = False  # this reply runs the automatic block size (reply())
         self.emitted_cycles = 0
         self.summary: Summary | None = None
         self.threads: list[int] = []
@@ -144,15 +145,16 @@ class ScriptedSession:
         self.last_settings, self.last_messages = rs, list(messages)
         turn = self.turns[min(self.turn, len(self.turns) - 1)]
         self.turn += 1
-        events = self._events(turn, rs.mode, cancel or threading.Event(),
-                              rs.auto_block and rs.mode in DRAFTER_MODES)
+        # the automatic block size: read by _events (subclasses override it, 3 arguments)
+        self.auto_now = rs.auto_block and rs.mode in DRAFTER_MODES
+        events = self._events(turn, rs.mode, cancel or threading.Event())
         if turn.notice is not None:
             return itertools.chain([turn.notice], events)
         return events
 
     # ---- the stream
-    def _events(self, turn: ScriptedTurn, mode: str, cancel: threading.Event,
-                auto: bool = False) -> Iterator:
+    def _events(self, turn: ScriptedTurn, mode: str, cancel: threading.Event) -> Iterator:
+        auto = self.auto_now
         for i, word in enumerate(turn.reasoning.split(" ") if turn.reasoning else []):
             yield ReasoningDelta(word if i == 0 else " " + word)
             if self.reasoning_delay_s:
