@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -402,9 +403,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
 
-    from app.engine.device import device_description
+    from app.engine.device import configure_cuda_attention, device_description
     from app.engine.kernels.gdn_kernel import kernel_active
 
+    # as the app's loader does before the first attention pass: on MLX's CUDA backend, no
+    # cuDNN attention (it is built per key length; app.engine.device says why)
+    configure_cuda_attention()
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     modes = split(args.modes)
     kinds = [m for m in modes if m in ("dflash", "dflash2")]
@@ -412,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"header": {"mlx": mx.__version__, "device": str(mx.default_device()),
                          "device_name": device_description(mx),
                          "gdn_kernel": kernel_active(),
+                         "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1") != "0",
                          "platform": f"{platform.system()} {platform.machine()}",
                          "max_tokens": args.max_tokens, "repeats": args.repeats,
                          "block_size": BLOCK, "tau_requested": {k: taus[k] for k in kinds},
