@@ -210,6 +210,22 @@ def test_the_worker_says_nothing_on_the_cpu(qtbot):
     assert backend.calls == ["load", "warm_up"]  # asked; the session answers None there
 
 
+def test_the_worker_keeps_cost_models_in_its_folder_from_the_first_load(qtbot, tmp_path,
+                                                                      monkeypatch):
+    """The window gives the worker its data folder (``Worker.cost_dir``); the worker points
+    the automatic block size's cost-model store there when a pair loads, on its own thread,
+    so the window needs no MLX import before a model is asked for."""
+    from app.engine import costs
+    from app.ui.worker import Worker
+
+    monkeypatch.setattr(costs, "_store", [None])
+    worker = Worker(_Backend())
+    worker.cost_dir = tmp_path
+    assert costs._store[0] is None  # nothing before a load
+    worker._on_load(PairSpec(tiny=True))
+    assert costs._store[0] == tmp_path / costs.STORE_NAME
+
+
 def test_a_quantized_target_is_warmed_and_its_embedding_gathers_listed(tiny_root):
     import mlx.nn as nn
 

@@ -141,11 +141,10 @@ def run_gui(args=None) -> int:
     log.info("starting %s %s, data in %s", APP_NAME, __version__, data_dir)
     qs = QSettings(str(data_dir / "settings.ini"), QSettings.IniFormat)
 
-    from app.engine.costs import set_store
     from app.ui.window import MainWindow
 
-    set_store(data_dir)  # the automatic block size's measured cost models are kept there
     win = MainWindow(store=make_store(data_dir), qsettings=qs, data_dir=data_dir)
+    win.worker.cost_dir = data_dir  # the automatic block size's measured cost models
     win.log_path = Path(handler.baseFilename)
 
     def bring_up() -> None:

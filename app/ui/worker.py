@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -201,6 +202,11 @@ class Worker(QObject):
         self.store = store if store is not None else Store(":memory:")
         """Where replies are stored (the window's store; shared with the GUI thread, see
         ``app.chat.storage`` on thread safety)."""
+        self.cost_dir: Path | None = None
+        """The folder the automatic block size's measured cost models are kept in
+        (``app.engine.costs.set_store``; None: in memory only). Set from the GUI thread
+        before ``loadRequested``; applied on this thread when a pair loads, so the window
+        does not import MLX before a model is asked for."""
         self.warm_auto_block = False
         """Warm up with the automatic block size (``ChatSession.warm_up(auto_block=True)``:
         the pair's cost model is measured then, not in the first reply). Set from the GUI
@@ -230,6 +236,10 @@ class Worker(QObject):
     @Slot(object)
     def _on_load(self, spec: PairSpec) -> None:
         self.loading.emit(f"Loading {spec.label}…")
+        if self.cost_dir is not None:
+            from app.engine.costs import set_store
+
+            set_store(self.cost_dir)
         try:
             info = self.backend.load(spec)
         except EngineError as exc:
