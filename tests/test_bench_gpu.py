@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
     "bench_gpu", Path(__file__).resolve().parent.parent / "tools" / "bench_gpu.py")
@@ -28,6 +29,7 @@ def test_host_sync_counter_counts_eval_item_tolist_not_async_eval():
     assert counter["syncs"] == 3
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_forward_costs_and_pair_figures_on_the_tiny_pair(tiny_hybrid):
     target, drafter = tiny_hybrid
     costs = bench_gpu.forward_costs(target.model, target.model_type, [1, 3], prefix=16,

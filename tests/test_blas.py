@@ -122,6 +122,7 @@ def test_warning_is_silent_on_macos(monkeypatch):
     assert blas.blas_in_use() == blas.BlasInfo("Accelerate (macOS)", "", True)
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 @linux_only
 @pytest.mark.skipif(blas.find_openblas() is None, reason="Debian's OpenBLAS is not installed")
 def test_python_m_app_runs_openblas_with_one_thread_unless_asked(tmp_path):
