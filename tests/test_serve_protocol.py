@@ -97,6 +97,8 @@ def test_block_size_auto_sets_the_automatic_block_size():
     fixed = parse_chat_request({"messages": [USER], "block_size": 8})
     assert not fixed.auto_block and fixed.block_size == 8
     assert not parse_chat_request({"messages": [USER]}).auto_block
+    for spelled in ("AUTO", " Auto "):  # as the CLI's --block-size takes it
+        assert parse_chat_request({"messages": [USER], "block_size": spelled}).auto_block
 
 
 def test_the_dflash_object_says_whether_auto_ran():
@@ -104,6 +106,7 @@ def test_the_dflash_object_says_whether_auto_ran():
     auto = _result(summary=Summary(mode="dflash", auto_block=True, cycles=3,
                                    block_lengths=[16, 1, 6]))
     assert completion_object(auto, "chatcmpl-x", "m")["dflash"]["auto_block"] is True
+    assert completion_object(auto, "chatcmpl-x", "m")["dflash"]["block_lengths"] == [16, 1, 6]
 
 
 def test_tool_choice_shows_all_none_or_one_tool():

@@ -312,7 +312,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request(f"mode must be one of {', '.join(DECODING_MODES)}, got "
                           f"{json.dumps(mode)}", "mode")
     block = body.get("block_size")
-    auto_block = block == "auto"
+    # "auto" as the CLI's --block-size takes it: any case, spaces around it ignored
+    auto_block = isinstance(block, str) and block.strip().lower() == "auto"
     if auto_block:
         block = None  # the largest block stays the drafter's
     elif block is not None and (not _is_int(block) or block < 1):
@@ -466,7 +467,9 @@ def dflash_object(result: CompletionResult) -> dict:
     prefix cache), ``generated_tokens``, ``stop_cause`` (``end_token``, ``length``,
     ``cancelled``, ``error``), ``auto_block`` (True when the automatic block size chose each
     cycle's block length: a DFlash or DFlash2 reply of a request with ``block_size``
-    ``"auto"``; ``block_size`` is then the largest block it could choose).
+    ``"auto"``; ``block_size`` is then the largest block it could choose), ``block_lengths``
+    (each verify cycle's block length L in order, 1 a plain step without drafts; empty for
+    plain).
     """
     s = result.summary
     return {"mode": s.mode, "block_size": result.block_size, "tau": s.tau,
@@ -474,7 +477,8 @@ def dflash_object(result: CompletionResult) -> dict:
             "replays": s.replays, "cycles": s.cycles, "tok_per_s": s.tok_per_s,
             "ttft_s": s.ttft_s, "prefill_s": s.prefill_s, "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens, "generated_tokens": s.generated_tokens,
-            "stop_cause": s.stop_cause, "auto_block": s.auto_block}
+            "stop_cause": s.stop_cause, "auto_block": s.auto_block,
+            "block_lengths": list(s.block_lengths)}
 
 
 def completion_object(result: CompletionResult, completion_id: str, model: str,
