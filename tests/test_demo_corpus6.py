@@ -181,6 +181,7 @@ def test_pronoun_follow_ups_name_the_country_of_an_earlier_turn():
     assert max(back) >= 3 and len(back) > 50
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
     from app.chat.history import LEAVE_OUT_STEP, fit_for_tokenizer
     from app.chat.storage import Store
@@ -241,6 +242,7 @@ def test_long_chats_render_within_the_context_as_the_app_fits_them(tmp_path):
     assert compared >= 60 and left_out >= 3  # turns left out (two at a time) in both chats
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_v6_corpus_never_uses_a_heldout_text():
     """Neither held-out set's user texts (v1 beside the target, the frozen v2) occur in the
     corpus that ``build.prepare`` generates."""

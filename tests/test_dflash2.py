@@ -566,7 +566,7 @@ SETTINGS = [
 
 @pytest.mark.parametrize("settings,steer", [
     pytest.param(*s, marks=pytest.mark.slow) for s in SETTINGS
-], ids=["t1.0", "t0.7-topk-reppen-steered"])  # make test-fast runs test_engine_sampling's one
+], ids=["t1.0", "t0.7-topk-reppen-steered"])  # 10-14 s each: make test runs them
 def test_dflash2_sampling_matches_plain_sampling(peaky2, monkeypatch, settings, steer):
     """The random drafter as is, and (where its candidates would all fall outside top-k 8)
     nudged by +4 on the draft logit of the target's greedy token, so drafts get accepted;
@@ -675,6 +675,7 @@ def test_chat_mode_dflash2(capsys, cli_paths):
     assert code == 2 and "DFlash2 drafter" in err
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths):
     t, d, d2 = cli_paths
     code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d, *COMMON,

@@ -68,8 +68,8 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", [
-    pytest.param(s, marks=() if i == 0 else pytest.mark.slow) for i, s in enumerate(SETTINGS)
-], ids=["t0.7-topk", "t1.3-topp", "t1.0-reppen"])  # the rest are marked slow: make test-fast runs the first
+    pytest.param(s, marks=pytest.mark.slow) for s in SETTINGS
+], ids=["t0.7-topk", "t1.3-topp", "t1.0-reppen"])  # 10-17 s each: make test runs them
 def test_dflash_sampling_matches_plain_sampling(peaky, settings):
     target, _, oracle = peaky
     plain = _samples(target, None, "plain", 0, **settings)

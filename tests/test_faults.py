@@ -677,7 +677,8 @@ def test_the_program_ending_without_closing_the_window_stops_the_worker_first(tm
             assert cut and cut[0].content
 
 
-@pytest.mark.parametrize("wait_s", [0.0, 1.0], ids=["while-the-window-is-built", "running"])
+@pytest.mark.parametrize("wait_s", [0.0, pytest.param(1.0, marks=pytest.mark.slow)],
+                         ids=["while-the-window-is-built", "running"])
 def test_a_terminate_signal_quits_the_window_cleanly(tmp_path, wait_s):
     """SIGTERM (a logout, ``kill``) and Ctrl+C quit like File › Quit: the log says so and
     the process ends with status 0, the worker stopped first; also when the signal comes
@@ -817,6 +818,7 @@ def test_an_imported_30_mb_line_is_cut_in_the_view_and_kept_whole(qtbot, qs, tmp
         win.shutdown()
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_a_chat_of_200000_messages_opens_with_its_latest_turns(qtbot, qs, tmp_path):
     """The window opens with a store holding a chat of 200,000 messages: it loads the latest
     turns, draws the last ones with a "Show earlier messages" link, and each click draws

@@ -1155,6 +1155,7 @@ def test_a_new_chat_does_not_show_the_previous_chats_compare(qtbot, qs):
         win.shutdown()
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_real_short_benchmark_from_the_menu_gives_a_plain_baseline(qtbot, qs, tiny_dirs):
     from app.chat.session import ChatSession
 

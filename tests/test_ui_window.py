@@ -1391,6 +1391,7 @@ def test_compare_with_an_empty_box_says_what_it_needs(qtbot, qs):
         close_window(win)
 
 
+@pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_stop_before_any_token_shows_no_first_token_time(qtbot, qs):
     """Stopped while the reply was still thinking (no token yet): there is no time to first
     token, so the live panel shows a dash, not the summary's made-up figure."""
