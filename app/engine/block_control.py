@@ -161,17 +161,18 @@ class BlockController:
             run *= p
         return run
 
-    def predicted_ms(self, length: int, ctx: int) -> float:
+    def predicted_ms(self, length: int, ctx: int, full: float | None = None) -> float:
         """The model's ms for a cycle of ``length`` at ``ctx`` (uncorrected): the draft, the
-        verify, and the rollback weighted by the chance that a draft is rejected."""
+        verify, and the rollback weighted by the chance that a draft is rejected (``full``:
+        :meth:`full_acceptance` of ``length`` when the caller has it)."""
         c = self.costs
-        return (c.draft(length, ctx) + c.verify(length, ctx)
-                + c.rollback(length) * (1.0 - self.full_acceptance(length)))
+        full = self.full_acceptance(length) if full is None else full
+        return c.draft(length, ctx) + c.verify(length, ctx) + c.rollback(length) * (1.0 - full)
 
-    def cost_ms(self, length: int, ctx: int) -> float:
+    def cost_ms(self, length: int, ctx: int, full: float | None = None) -> float:
         """:meth:`predicted_ms` times the online correction of its kind."""
         scale = self.step_scale if length <= 1 else self.block_scale
-        return self.predicted_ms(length, ctx) * scale
+        return self.predicted_ms(length, ctx, full) * scale
 
     def choose(self, ctx: int, limit: int | None = None) -> int:
         """The block length for the next cycle (``1..min(max_block, limit)``).
@@ -184,9 +185,13 @@ class BlockController:
         plain_cost = self.cost_ms(1, ctx)
         plain_rate = 1.0 / plain_cost if plain_cost > 0 else float("inf")
         options = [Choice(1, 1.0, plain_cost, plain_rate, plain_rate)]
+        # one pass over the lengths: the running product is full_acceptance(length) and the
+        # running sum expected_tokens(length), as those methods compute them (a hot path)
+        expected, full = 1.0, 1.0
         for length in range(2, top + 1):
-            cost = self.cost_ms(length, ctx)
-            expected = self.expected_tokens(length)
+            full *= self.rates[length - 2]
+            expected += full
+            cost = self.cost_ms(length, ctx, full)
             rate = expected / cost if cost > 0 else float("inf")
             options.append(Choice(length, expected, cost, rate, plain_rate))
         best = max(options, key=lambda c: c.rate)

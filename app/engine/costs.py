@@ -91,17 +91,24 @@ class CostModel:
                 raise ValueError(f"{name} must be 2 rows of {n} figures")
         if len(self.rollback_ms) != n:
             raise ValueError(f"rollback_ms must hold {n} figures")
+        self._lines: dict[tuple[str, int], tuple[float, float]] = {}  # _at's, by stage, L
 
     @property
     def max_length(self) -> int:
         """The longest measured block."""
         return self.lengths[-1]
 
-    def _at(self, rows: list[list[float]], length: int, ctx: int) -> float:
-        lo, hi = (self._in_length(r, length) for r in rows)
-        c0, c1 = self.contexts
-        slope = max(0.0, (hi - lo) / (c1 - c0))
-        return lo + slope * max(0, ctx - c0)
+    def _at(self, stage: str, length: int, ctx: int) -> float:
+        # the controller asks for every length every cycle: the interpolation in the block
+        # length (independent of ctx) is kept per (stage, length)
+        key = (stage, length)
+        line = self._lines.get(key)
+        if line is None:
+            lo, hi = (self._in_length(r, length) for r in getattr(self, stage))
+            c0, c1 = self.contexts
+            line = self._lines[key] = (lo, max(0.0, (hi - lo) / (c1 - c0)))
+        lo, slope = line
+        return lo + slope * max(0, ctx - self.contexts[0])
 
     def _in_length(self, row: list[float], length: int) -> float:
         ls = self.lengths
@@ -119,11 +126,11 @@ class CostModel:
 
     def verify(self, length: int, ctx: int) -> float:
         """ms of the target's pass over ``length`` tokens after ``ctx`` cached positions."""
-        return self._at(self.verify_ms, length, ctx)
+        return self._at("verify_ms", length, ctx)
 
     def draft(self, length: int, ctx: int) -> float:
         """ms of the drafter's pass for a block of ``length`` (0 for ``length <= 1``)."""
-        return 0.0 if length <= 1 else self._at(self.draft_ms, length, ctx)
+        return 0.0 if length <= 1 else self._at("draft_ms", length, ctx)
 
     def rollback(self, length: int) -> float:
         """ms of a rollback after a pass of ``length`` tokens (0 for ``length <= 1``)."""
