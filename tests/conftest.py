@@ -91,6 +91,20 @@ def tiny_dense(tiny_root):
     return load_target(t), load_drafter(d)
 
 
+@pytest.fixture(autouse=True)
+def _cost_models_in_memory():
+    """The commands (chat, compare, serve) and the window point the automatic block size's
+    cost-model store (``app.engine.costs.set_store``) at the data folder, and it stays set for
+    the process: a later test's auto reply on a tiny pair would then be written to the user's
+    real data folder. Every test starts with the store in memory only."""
+    import sys
+
+    costs = sys.modules.get("app.engine.costs")
+    if costs is not None:
+        costs.set_store(None)
+    yield
+
+
 # ------------------------------------------------------------------ the window (pytest-qt)
 @pytest.fixture(autouse=True)
 def _allow_engine_after():
