@@ -157,6 +157,11 @@ def random_target(config: dict, dtype: str):
     import mlx.nn as nn
     from mlx_lm.utils import _get_classes
 
+    from app.engine.device import configure_cuda_attention
+
+    # as the app's loader does before the first attention pass: on MLX's CUDA backend, no
+    # cuDNN attention (built per key length, so a drafter pays it every cycle)
+    configure_cuda_attention()
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
     model.eval()  # as mlx-lm's loader leaves it: GDN layers take their kernel only when not training

@@ -403,12 +403,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
 
-    from app.engine.device import configure_cuda_attention, device_description
+    from app.engine.device import backend, device_description
     from app.engine.kernels.gdn_kernel import kernel_active
 
-    # as the app's loader does before the first attention pass: on MLX's CUDA backend, no
-    # cuDNN attention (it is built per key length; app.engine.device says why)
-    configure_cuda_attention()
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     modes = split(args.modes)
     kinds = [m for m in modes if m in ("dflash", "dflash2")]
@@ -416,7 +413,6 @@ def main(argv: list[str] | None = None) -> int:
     result = {"header": {"mlx": mx.__version__, "device": str(mx.default_device()),
                          "device_name": device_description(mx),
                          "gdn_kernel": kernel_active(),
-                         "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1") != "0",
                          "platform": f"{platform.system()} {platform.machine()}",
                          "max_tokens": args.max_tokens, "repeats": args.repeats,
                          "block_size": BLOCK, "tau_requested": {k: taus[k] for k in kinds},
@@ -443,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
             mx.random.seed(args.seed)
             target = build_target(tcfg, dtype, shape)
             drafters = {k: build_drafter(tcfg, k, dtype, shape == "tiny") for k in kinds}
+            # random_target turned cuDNN attention off on CUDA, as the app's loader does
+            result["header"]["cudnn_sdpa"] = backend() == "CUDA" and os.environ.get(
+                "MLX_CUDA_USE_CUDNN_SDPA", "1") != "0"
             log(f"## {label} {dtype}: built in {time.perf_counter() - t0:.1f} s")
             for length in [int(x) for x in split(args.prompt_lengths)]:
                 name = f"{label}-{dtype}-p{length}"
