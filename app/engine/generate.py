@@ -119,7 +119,7 @@ class GenerationConfig:
             one plain step of the target) up to ``block_size`` (None: the drafter's), to
             maximise expected tokens per second from the recent acceptance lengths and the
             pair's measured costs (:mod:`app.engine.costs`, measured on the first such reply
-            of a loaded pair, under a second on the bundled demo pair on a CPU); a reply starts
+            of a loaded pair, about a second on the bundled demo pair on a CPU); a reply starts
             from what the pair's previous such reply learned (greedy and sampled replies
             apart). Exact as any
             block size (the verify pass decides every token); ``CycleEvent.block`` and
