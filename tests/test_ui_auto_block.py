@@ -38,6 +38,10 @@ class RecordingBackend(ScriptedBackend):
         self.warm_ups.append(kwargs.get("auto_block"))
         return 0.0
 
+    def measure_block_costs(self, rollback: str = "tape") -> float:
+        self.measured = getattr(self, "measured", []) + [rollback]
+        return 0.8
+
 
 def cycle(i: int, block: int, accepted: int, reason: str = "") -> CycleEvent:
     return CycleEvent(i, block - 1, accepted, accepted + 1, False, 0.001, 0.002, 0.0,
@@ -145,6 +149,37 @@ def test_the_check_box_reaches_every_reply_and_the_warm_up(qtbot, qs):
         win.load_model("t2", "d2")
         qtbot.waitUntil(lambda: len(backend.warm_ups) == 2, timeout=10_000)
         assert backend.warm_ups[-1] is True
+    finally:
+        win.shutdown()
+
+
+def test_turning_auto_on_after_a_load_measures_the_costs_at_once(qtbot, qs):
+    """Ticking Automatic with a pair loaded (loaded with it off, so its warm-up measured
+    nothing) asks the worker to measure the block costs now, once per load and rollback, and
+    the status line says how long it took; a chat saved with it off asks nothing."""
+    backend = RecordingBackend(cycles=3)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        assert getattr(backend, "measured", []) == []
+        win.transcript.open_settings()
+        win.transcript.settings_dialog.for_chat.click()  # auto still off: nothing to measure
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
+        dlg.auto_block.setChecked(True)
+        with qtbot.waitSignal(win.worker.blockCostsReady, timeout=10_000):
+            dlg.as_defaults.click()
+        assert backend.measured == ["tape"]
+        qtbot.waitUntil(lambda: "Measured the block costs in 0.8 s"
+                        in win.messages.flash_label.text(), timeout=5_000)
+        win.transcript.open_settings()
+        win.transcript.settings_dialog.as_defaults.click()  # the same load and rollback
+        dlg = win.transcript.open_settings() or win.transcript.settings_dialog
+        dlg.rollback.setCurrentText("replay")
+        with qtbot.waitSignal(win.worker.blockCostsReady, timeout=10_000):
+            dlg.as_defaults.click()
+        assert backend.measured == ["tape", "replay"]
     finally:
         win.shutdown()
 

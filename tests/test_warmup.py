@@ -164,6 +164,50 @@ def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):
     assert session.warm_up() > 0
 
 
+def test_session_measures_block_costs_once_and_then_knows_them(tiny_hybrid, monkeypatch):
+    """Turning the automatic block size on after a load: the session measures the pair's cost
+    model for that rollback (``costs.calibrate``) once; asked again it is known."""
+    from app.chat.session import ChatSession
+    from app.engine import costs
+
+    session = ChatSession()
+    assert session.measure_block_costs() is None  # nothing loaded
+    session.target, session.drafter = tiny_hybrid
+    measured = []
+    real = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate",
+                        lambda r, d, strategy="tape", **kw: measured.append(strategy)
+                        or real(r, d, strategy, **kw))
+    assert costs.known_model(session.drafter, session.target.model) is None
+    assert session.measure_block_costs() > 0
+    assert measured == ["tape"]
+    assert costs.known_model(session.drafter, session.target.model) is not None
+    session.measure_block_costs()
+    assert measured == ["tape"]  # known: not measured again
+    session.measure_block_costs("replay")
+    assert measured == ["tape", "replay"]
+    with pytest.raises(ValueError, match="rollback"):
+        session.measure_block_costs("undo")
+
+
+def test_the_worker_measures_block_costs_when_asked(qtbot):
+    from app.ui.worker import Worker
+
+    class Backend(_Backend):
+        def measure_block_costs(self, rollback):
+            self.calls.append(rollback)
+            if self.fail:
+                raise RuntimeError("boom")
+            return 0.5
+
+    for fail, expected in ((False, 0.5), (True, None)):
+        worker = Worker(Backend(fail))
+        got = []
+        worker.blockCostsReady.connect(got.append)
+        worker._on_block_costs("replay")
+        assert got == [expected] and worker.backend.calls == ["replay"]
+
+
 class _Backend:
     def __init__(self, fail=False):
         self.calls, self.fail = [], fail

@@ -262,6 +262,36 @@ class ChatSession:
             extra["auto_block"] = True
         return warm_up(self.target, [self.drafter, self.drafter2], **extra).seconds
 
+    def measure_block_costs(self, rollback: str = "tape") -> float | None:
+        """Make sure each loaded drafter's cost model (``app.engine.costs``, what the
+        automatic block size chooses by) is known for rollback ``rollback``: from memory or
+        the store, else measured now (about a second on the demo pair), so that the next
+        automatic reply does not measure it. Called when the automatic block size is turned
+        on while a pair is loaded (a load with it on measures in :meth:`warm_up`).
+
+        Returns:
+            Seconds spent (near 0 when every model was known), or None with no pair or no
+            drafter loaded.
+
+        Raises:
+            ValueError: ``rollback`` is not ``"tape"`` or ``"replay"``.
+        """
+        check_engine_thread()
+        if rollback not in ("tape", "replay"):
+            raise ValueError(f"rollback must be 'tape' or 'replay', not {rollback!r}")
+        drafters = [d for d in (self.drafter, self.drafter2) if d is not None]
+        if self.target is None or not drafters:
+            return None
+        from app.engine import costs
+        from app.engine.generate import target_runner
+
+        t0 = time.perf_counter()
+        runner = target_runner(self.target)
+        for d in drafters:
+            costs.model_for(runner, self.target.model, d, rollback,
+                            getattr(self.target, "path", None))
+        return time.perf_counter() - t0
+
     def probe_drafters(self) -> list:
         """Probe each loaded drafter's fit (:func:`app.chat.drafter_probe.probe_drafter`: a
         few greedy cycles on a fixed short prompt; no prompt cache is touched).

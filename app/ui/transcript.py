@@ -75,6 +75,8 @@ class TranscriptController(QObject):
         compare_view.chosen.connect(self.on_compare_choice)
         composer.colour_box.toggled.connect(self.on_colour_toggled)
         worker.piecesReady.connect(self.on_pieces)
+        worker.blockCostsReady.connect(self.on_block_costs)
+        self._costs_asked: set[tuple[int, str]] = set()
 
     def refresh_list(self) -> None:
         """Redraw the chat list, the shown conversation selected."""
@@ -247,6 +249,32 @@ class TranscriptController(QObject):
             self.messages.show_note(f"Saved for “{self.state.conv.title or 'this chat'}”: its "
                                     "next reply uses them.")
         self.update_settings_note()
+        self.measure_block_costs()
+
+    def measure_block_costs(self) -> None:
+        """With the automatic block size now on and a pair with a drafter loaded, ask the
+        worker to measure the pair's block costs now (``Worker.blockCostsRequested``), so
+        the next reply does not spend about a second on it; once per load and rollback (a
+        load with it on measures them in its warm-up)."""
+        v = self.state.current_settings()
+        model = self.state.model
+        if v.get("auto_block") is not True or model is None or not model.drafter_name:
+            return
+        rollback = str(v.get("rollback", "tape"))
+        key = (id(model), rollback)
+        if key in self._costs_asked:
+            return
+        self._costs_asked.add(key)
+        self.messages.flash("Measuring the block costs for the automatic block size…", 10000)
+        self.worker.blockCostsRequested.emit(rollback)
+
+    def on_block_costs(self, seconds: object) -> None:
+        """``Worker.blockCostsReady``: say how long the measurement took (nothing when the
+        costs were already known)."""
+        if isinstance(seconds, float) and seconds >= 0.05:
+            self.messages.flash(f"Measured the block costs in {seconds:.1f} s", 5000)
+        else:
+            self.messages.flash("", 0)
 
     def save(self, conv: ConversationView) -> None:
         """Store ``conv``'s settings and choices (a failure is said in a banner)."""

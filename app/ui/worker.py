@@ -172,6 +172,10 @@ class Worker(QObject):
             after a load, so the first reply prefills only its message; emits nothing.
         (request) serveRequested(JobQueue): run one job of the window's server queue
             (``app.ui.serve_flow``) on this thread; its answer goes to the job's callback.
+        (request) blockCostsRequested(str): the automatic block size was turned on with a
+            pair loaded: measure its cost models for that rollback now
+            (:meth:`ChatSession.measure_block_costs`); answered by blockCostsReady(object),
+            the seconds spent or None.
     """
 
     loading = Signal(str)
@@ -195,6 +199,8 @@ class Worker(QObject):
     prefillRequested = Signal(int, object, str)
     preambleRequested = Signal(object, str)
     serveRequested = Signal(object)
+    blockCostsRequested = Signal(str)
+    blockCostsReady = Signal(object)
 
     def __init__(self, backend: Backend | None = None, store: Store | None = None) -> None:
         super().__init__()
@@ -222,6 +228,7 @@ class Worker(QObject):
         self.prefillRequested.connect(self._on_prefill)
         self.preambleRequested.connect(self._on_preamble)
         self.serveRequested.connect(self._on_serve)
+        self.blockCostsRequested.connect(self._on_block_costs)
 
     def cancel(self, req_id: int | None = None, interrupted: bool = False) -> None:
         """Ask a reply to stop (thread-safe; takes effect within one cycle/token). With
@@ -295,6 +302,25 @@ class Worker(QObject):
             log.info("drafter probe of %s: %s (%.2f s)", p.drafter_name, p.label(), p.seconds)
         if probes:
             self.probed.emit(probes)
+
+    @Slot(str)
+    def _on_block_costs(self, rollback: str) -> None:
+        """The automatic block size was turned on with a pair loaded: measure what it needs
+        now (``ChatSession.measure_block_costs``), not in the next reply, and emit
+        ``blockCostsReady`` with the seconds spent (None: nothing to measure or it failed;
+        the next automatic reply then measures)."""
+        measure = getattr(self.backend, "measure_block_costs", None)
+        seconds = None
+        if callable(measure):
+            if self.cost_dir is not None:
+                from app.engine.costs import set_store
+
+                set_store(self.cost_dir)
+            try:
+                seconds = measure(rollback)
+            except Exception:  # the pair stays loaded; the next auto reply measures instead
+                log.exception("measuring the block costs failed")
+        self.blockCostsReady.emit(seconds)
 
     def _still_loaded(self) -> bool:
         """After a failed load: does the backend still hold a working pair?"""
@@ -384,10 +410,6 @@ class Worker(QObject):
     @Slot(int, object)
     def _on_reply(self, req_id: int, request: TurnRequest) -> None:
         """Store and generate one turn (``run_turn``), forwarding its events in batches."""
-        self.warm_auto_block = False
-        """Warm up with the automatic block size (``ChatSession.warm_up(auto_block=True)``:
-        the pair's cost model is measured then, not in the first reply). Set from the GUI
-        thread before ``loadRequested`` (the window's settings have it on); read on this one."""
         self._cancel = threading.Event()
         self._interrupted = threading.Event()
         if req_id in self._cancelled:
