@@ -122,6 +122,10 @@ def has_display() -> bool:
     return display_problem() is None
 
 
+SHORT_USAGE_LINES = 4
+"""A subcommand's usage text longer than this many lines is shortened in error messages."""
+
+
 class SubcommandParser(argparse.ArgumentParser):
     """A subcommand's parser: an argument it does not know is reported with the subcommand's
     own usage (``python -m app chat: error: unrecognized arguments: ...``), not the top-level
@@ -133,6 +137,18 @@ class SubcommandParser(argparse.ArgumentParser):
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
+
+    def error(self, message: str):
+        """Exit with status 2 after ``message``, under a short usage line when the full one
+        would run past :data:`SHORT_USAGE_LINES` lines (the options are in ``--help``): a
+        mistyped value is then seen, not scrolled away under thirty options."""
+        usage = self.format_usage()
+        if usage.count("\n") > SHORT_USAGE_LINES:
+            words = [a.metavar or a.dest for a in self._actions
+                     if not a.option_strings and a.dest != "command" and a.help != "==SUPPRESS=="]
+            usage = (f"usage: {self.prog} [options] {' '.join(str(w) for w in words)}".rstrip()
+                     + f"  ({self.prog} --help lists the options)\n")
+        self.exit(2, f"{usage}{self.prog}: error: {message}\n")
 
 
 def check_data_dir(path: str) -> str | None:

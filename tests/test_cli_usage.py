@@ -89,6 +89,35 @@ def test_unknown_argument_shows_the_subcommands_usage(capsys, argv, prog):
     assert f"{prog}: error: unrecognized arguments: --bogus" in err
 
 
+@pytest.mark.parametrize("command", ["chat", "compare", "bench"])
+def test_a_bad_value_is_said_under_a_short_usage_line(capsys, command):
+    """A command with many options names the mistake two lines down, not under its whole
+    usage text; a short usage (``tools run``) is still shown whole."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--max-tokens", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    prog = f"python -m app {command}"
+    assert err == [f"usage: {prog} [options]  ({prog} --help lists the options)",
+                   f"{prog}: error: argument --max-tokens: must be at least 1, got 0"]
+    with pytest.raises(SystemExit):
+        main(["tools", "run"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m app tools run [-h] [--args JSON]") and " name" in err
+
+
+@pytest.mark.parametrize("mode, said", [("lookup", True), ("plain", True), ("dflash", False),
+                                        ("dflash2", False)])
+def test_auto_block_without_a_drafter_mode_is_said(mode, said):
+    from app.commands.generation import auto_block_note
+
+    note = auto_block_note("auto", mode)
+    assert (note is not None) == said
+    if said:
+        assert note.startswith(f"note: --block-size auto has no effect in {mode} mode")
+    assert auto_block_note(8, mode) is None and auto_block_note(None, mode) is None
+
+
 # ------------------------------------------------------------------------------ tools run
 @pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
 def test_tool_timeout_must_be_above_zero(capsys, timeout):

@@ -11,6 +11,7 @@ It goes through :func:`app.chat.reply.run_reply`, the same code the window uses.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from app.commands.generation import (
     _guard,
     _load,
     _messages,
+    auto_block_note,
     default_thinking,
     load_tools,
     settings_from_args,
@@ -158,6 +160,8 @@ def run_chat(args) -> int:
 def _chat(args) -> int:
     tools = load_tools(args.tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
+    if note := auto_block_note(args.block_size, args.mode):
+        print(note, file=sys.stderr)
     target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTER_MODES)
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:

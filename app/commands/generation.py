@@ -13,7 +13,7 @@ from pathlib import Path
 from app.chat.reply import ReplySettings
 from app.chat.settings import RANGES, SPECS, Sampling
 from app.engine.errors import EngineError
-from app.engine.modes import ROLLBACKS, Mode
+from app.engine.modes import DRAFTER_MODES, ROLLBACKS, Mode
 
 # A question that needs a tool and a reasoning block, in the bundled pair's closed world.
 DEFAULT_PROMPT = "What is the local time in Sydney?"
@@ -60,6 +60,15 @@ def block_settings(value: int | str | None) -> tuple[int | None, bool]:
     """``(block_size, auto_block)`` of a ``--block-size`` value: ``auto`` is the drafter's
     block size as the largest, chosen per cycle."""
     return (None, True) if value == AUTO else (value, False)
+
+
+def auto_block_note(value: int | str | None, mode: str) -> str | None:
+    """The note for ``--block-size auto`` in a ``mode`` without a drafter (plain, lookup),
+    where it has no effect; None otherwise."""
+    if value != AUTO or Mode(mode) in DRAFTER_MODES:
+        return None
+    return (f"note: --block-size auto has no effect in {Mode(mode).value} mode: it chooses a "
+            "drafter's blocks (dflash, dflash2); lookup drafts as many tokens as its match gives")
 
 
 def _temperature(text: str) -> float:
