@@ -291,3 +291,31 @@ def test_text_table_columns_line_up_with_the_longest_mode_name():
     end = header.index("tok/s") + len("tok/s")
     assert [r[:end].rstrip()[-5:] for r in rows] == ["100.0", "250.0"]
     assert {len(r) for r in rows} == {len(header)}
+
+
+def test_the_dflash2_line_gives_the_tables_pooled_tok_per_s():
+    """The "DFlash2 vs DFlash" line under the table gave the median run's tok/s while the
+    table's tok/s column is pooled, so the two disagreed; the line now gives the pooled
+    figures (the JSON keeps the median ones under their names and adds the pooled ones)."""
+    from app.commands.bench import text_report
+
+    def mode(kind, median, pooled, tau):
+        return {"mode": kind, "block_size": 16, "selector": True, "tok_per_s": median,
+                "pooled_tok_per_s": pooled, "ratio_to_plain": 1.0, "ttft_s": 0.1,
+                "acceptance_rate": 0.5, "tau": tau, "replays": 0, "draft_share": None,
+                "verify_share": None, "rollback_share": None, "rollback_ms_per_replay": None,
+                "peak_memory_bytes": 2**20, "identical_tokens": True}
+
+    modes = {"plain": mode("plain", 100.0, 101.0, None),
+             "dflash+tape@16": mode("dflash", 300.0, 310.5, 8.0),
+             "dflash2+tape@16": mode("dflash2", 280.0, 290.5, 9.0)}
+    pairs = bench.dflash2_vs_dflash(modes)
+    assert pairs["16"]["dflash2_tok_per_s"] == 280.0  # the median, as before
+    assert pairs["16"]["dflash2_pooled_tok_per_s"] == 290.5
+    assert pairs["16"]["dflash_pooled_tok_per_s"] == 310.5
+    result = {"header": {"app": "0", "mlx": "0", "mlx_lm": "0", "device": "cpu", "blas": "-",
+                         "target": "t", "drafter": "d", "prompts": "p", "repeats": 1,
+                         "max_tokens": 8},
+              "modes": modes, "identical_tokens": True, "dflash2_vs_dflash": pairs}
+    line = next(ln for ln in text_report(result).splitlines() if ln.startswith("DFlash2 vs"))
+    assert line.endswith("tok/s (pooled, as in the table) 290.5 vs 310.5")
