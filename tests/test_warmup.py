@@ -178,6 +178,8 @@ def test_session_measures_block_costs_once_and_then_knows_them(tiny_hybrid, monk
     monkeypatch.setattr(costs, "calibrate",
                         lambda r, d, strategy="tape", **kw: measured.append(strategy)
                         or real(r, d, strategy, **kw))
+    # the shared tiny pair may carry a model from another test: start from none
+    monkeypatch.setitem(costs._MODELS, id(session.drafter.model), {})
     assert costs.known_model(session.drafter, session.target.model) is None
     assert session.measure_block_costs() > 0
     assert measured == ["tape"]
