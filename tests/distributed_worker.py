@@ -99,11 +99,28 @@ def _runs(drafter2: bool) -> list[dict]:
             dict(mode="dflash", rollback="tape", fast_verify=True)]
     runs += [dict(mode="plain", temperature=0.8, seed=3),
              dict(mode="dflash", rollback="tape", temperature=0.8, seed=3),
-             dict(mode="lookup", rollback="tape")]
+             dict(mode="lookup", rollback="tape"),
+             dict(mode="dflash", rollback="tape", auto_block=True)]
     if drafter2:
         runs.append(dict(mode="dflash2", rollback="tape"))
         runs.append(dict(mode="dflash2", rollback="tape", temperature=0.8, seed=3))
     return runs
+
+
+def _same_auto_choices(whole, shard, drafter) -> None:
+    """Before the automatic block size's runs: measure the pair's cost model through the
+    sharded runner (the calibration's passes cross the network like a reply's), then give
+    both runs that model, no online correction from measured times and no state carried from
+    an earlier reply, so that they choose the same blocks and their caches compare bit for
+    bit (with different blocks a sliding-window buffer holds the same rows rotated)."""
+    from app.engine import block_control, costs
+
+    model = costs.calibrate(gen.target_runner(shard), drafter, contexts=(8, 64), repeats=1)
+    assert all(v > 0 for row in model.verify_ms for v in row), model
+    for t in (whole, shard):
+        costs.remember(drafter, t.model, model, "tape")
+    block_control.COST_ALPHA = 0.0
+    costs.known_state = lambda *a, **k: None
 
 
 def exact(link, pairs: list[str], max_tokens: int) -> dict:
@@ -124,6 +141,8 @@ def exact(link, pairs: list[str], max_tokens: int) -> dict:
             drafter = by_kind.get("dflash2" if settings["mode"] == "dflash2" else "dflash")
             if settings["mode"] == "lookup":
                 drafter = None
+            if settings.get("auto_block"):
+                _same_auto_choices(whole, shard, drafter)
             cfg = GenerationConfig(max_tokens=max_tokens, block_size=None, **settings)
             ref_tokens, ref_cycles, ref_done = _collect(generate(whole, ids, cfg, drafter))
             ref_cache = [cache_state(c) for c in recorder.cache]

@@ -229,6 +229,30 @@ def test_calibration_measures_every_stage(tiny_hybrid):
     assert any(k[0] == "state" for k in kept)  # the next reply starts from this one's state
 
 
+def test_calibration_and_auto_on_a_sliding_window_target(tmp_path):
+    """A target with sliding-window layers (llama, ``RotatingKVCache``): measuring a 1-token
+    step used to trim its ring buffer after an in-place write, which raised "sliding-window
+    cache is not in the state a verify pass leaves" before the first token of every auto
+    reply. Now it measures, and an auto reply (plain steps and blocks mixed: the tiny drafter
+    is random) gives plain's tokens."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from app.models.loader import load_drafter, load_target
+    from app.models.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tmp_path, "llama", seed=1, block_size=8)
+    target, drafter = load_target(t), load_drafter(d)
+    runner = TargetRunner(target.model, target.model_type)
+    assert any(isinstance(c, RotatingKVCache) for c in runner.make_cache())
+    m = costs.calibrate(runner, drafter, contexts=(8, 64), repeats=1)
+    assert all(v > 0 for row in m.verify_ms for v in row)
+    ids = prompt_ids(target)
+    plain = run(target, ids, mode="plain", max_tokens=48).tokens
+    auto = run(target, ids, drafter, mode="dflash", max_tokens=48, auto_block=True)
+    assert auto.summary.error is None
+    assert auto.tokens == plain
+
+
 # --- exactness ------------------------------------------------------------------------------
 
 EXACT_VARIANTS = ("qwen3_5-float32", "qwen3_5-bfloat16", "qwen3-bfloat16")

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache
 
 from app.engine.errors import GenerationError
 
@@ -212,7 +213,11 @@ class _Stages:
         if ids.shape[1] == 1:
             logits, vt = runner.forward(ids, cache, taps=self.taps)
             mx.eval(mx.argmax(logits[0], axis=-1), vt)
-            trim_attention(cache, runner.linear, 1)
+            # back to the context length; a sliding-window cache keeps the step (a 1-token
+            # step writes its ring buffer in place, which a trim cannot undo, and the window
+            # holds as many positions either way)
+            trim_attention(cache, [lin or isinstance(c, RotatingKVCache)
+                                   for c, lin in zip(cache, runner.linear)], 1)
             return None
         ck = VerifyCheckpoint(runner, cache, self.strategy, mx.eval)
         logits, vt = runner.forward(ids, cache, taps=self.taps, tapes=ck.begin(ids))
