@@ -139,3 +139,62 @@ def test_cuda_kernel_is_the_same_in_one_call_or_token_by_token(dtype):
     assert np.array_equal(np.array(s), np.array(st))
     assert np.array_equal(np.array(y.astype(mx.float32)),
                           np.array(mx.concatenate(ys, 1).astype(mx.float32)))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_compiled_layers_compute_what_the_layer_walk_computes(tiny_hybrid, monkeypatch, dtype):
+    """``DFLASH_COMPILE_LAYERS=1`` (CUDA only; forced on here): the ``mx.compile`` programs
+    give, bit for bit, the layer walk's logits, tap states, GDN tapes, caches and, after a
+    tape rollback and a step, the same again; steps and verify passes both take them."""
+    from mlx.utils import tree_map
+
+    from app.engine import target as target_mod
+    from app.engine.target import TargetRunner, cache_arrays, trim_attention
+
+    base, _ = tiny_hybrid
+    model = base.model
+    if dtype != mx.float32:
+        import copy
+
+        model = copy.deepcopy(model)
+        model.update(tree_map(lambda a: a.astype(dtype), model.parameters()))
+    runner = TargetRunner(model, base.model_type)
+    assert runner.hybrid
+    ids = mx.array([[1 + i % 50 for i in range(40)]], dtype=mx.int32)
+    made = []
+    real_programs = target_mod._layer_programs
+    monkeypatch.setattr(target_mod, "_layer_programs",
+                        lambda layer: made.append(layer) or real_programs(layer))
+
+    def run(on: bool) -> list:
+        monkeypatch.setattr(target_mod, "compiled_layers_on", lambda: on)
+        cache = runner.make_cache()
+        out = list(runner.forward(ids, cache, taps=[1, 3], all_logits=False))
+        tapes = []
+        out += runner.forward(mx.array([[3, 4, 5, 6]], dtype=mx.int32), cache, taps=[1, 3],
+                              tapes=tapes)
+        out += [x for t in tapes for x in (t.conv_input, t.q, t.k, t.v, t.a, t.b)]
+        for t in tapes:
+            t.rollback(2)
+        trim_attention(cache, runner.linear, 2)
+        out.append(runner.forward(mx.array([[9]], dtype=mx.int32), cache)[0])
+        out += cache_arrays(cache)
+        mx.eval(out)
+        return out
+
+    walked = run(False)
+    assert not made
+    compiled = run(True)
+    assert len(made) >= 3 * runner.num_layers  # prefill, verify and step
+    assert len(walked) == len(compiled)
+    for a, b in zip(walked, compiled):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert mx.array_equal(a, b).item()
+    if model is not base.model:  # an unloaded model's programs go with it
+        import gc
+
+        keys = [id(layer) for layer in model.layers]
+        assert all(k in target_mod._PROGRAMS for k in keys)
+        del model, runner, made[:], walked, compiled
+        gc.collect()
+        assert not any(k in target_mod._PROGRAMS for k in keys)
