@@ -48,6 +48,10 @@ def version_text() -> str:
         kernels = describe()
         if kernels:
             lines.append(kernels)
+        from app.engine.target import COMPILE_LAYERS_ENV, compiled_layers_on
+
+        if compiled_layers_on():
+            lines.append(f"target layers: mx.compile programs ({COMPILE_LAYERS_ENV}=1; exact)")
     except Exception as exc:  # pragma: no cover - shown, not raised
         lines.append(f"mlx unavailable: {exc}")
     try:

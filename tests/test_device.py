@@ -55,6 +55,20 @@ def test_version_text_names_the_device(monkeypatch):
     assert line == f"mlx {mx.__version__} (device: Device(gpu, 0): NVIDIA H200 (CUDA))"
 
 
+def test_version_text_says_when_compiled_layers_are_on(monkeypatch):
+    """``DFLASH_COMPILE_LAYERS=1`` takes effect only with the CUDA GDN kernel active; the
+    version text says when it does, and nothing otherwise (this CPU)."""
+    from app.engine.kernels import gdn_kernel
+
+    monkeypatch.setenv("DFLASH_COMPILE_LAYERS", "1")
+    assert not any(ln.startswith("target layers:") for ln in version_text().splitlines())
+    monkeypatch.setattr(gdn_kernel, "_on_cuda", lambda: True)
+    assert "target layers: mx.compile programs (DFLASH_COMPILE_LAYERS=1; exact)" \
+        in version_text().splitlines()
+    monkeypatch.setenv("DFLASH_COMPILE_LAYERS", "0")
+    assert not any(ln.startswith("target layers:") for ln in version_text().splitlines())
+
+
 def test_a_shadowed_cuda_wheel_is_named_with_its_fix():
     cpu = fake_mx("cpu", {"device_name": "Xeon"})
     both = {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"}.get
