@@ -30,7 +30,8 @@ repeat the sides run in an order that rotates, so a busy machine slows them alik
 per prompt the median time to answer of each side and the ratios; per class the median of the
 per-prompt ratios (auto / plain, auto / fixed 16, DFlash2 auto / DFlash auto) of the time to
 answer and of the decode speed (tokens per second after the first token), the mean block
-the automatic sides used, and whether every side gave plain's tokens. A benchmark, not a test:
+the automatic sides used, and whether every side gave plain's tokens. The JSON adds each
+prompt's median tau per drafting side (``tau``). A benchmark, not a test:
 it asserts nothing. Run it with OpenBLAS preloaded on Linux (tools/README.md).
 """
 
@@ -217,6 +218,7 @@ def main(argv=None) -> int:
         for pid, ids in prompts:
             times: dict[str, list[float]] = {s: [] for s in cls_sides}
             rates: dict[str, list[float]] = {s: [] for s in cls_sides}
+            taus: dict[str, list[float]] = {s: [] for s in cls_sides if s != "plain"}
             toks: dict[str, list[int]] = {}
             for _ in range(args.repeats):
                 order = cls_sides[k % len(cls_sides):] + cls_sides[: k % len(cls_sides)]
@@ -225,6 +227,8 @@ def main(argv=None) -> int:
                     t, dt, s = _run(target, use, ids, side, args.max_tokens)
                     times[side].append(dt)
                     rates[side].append(s.tok_per_s)
+                    if side in taus and s.tau:
+                        taus[side].append(s.tau)
                     toks.setdefault(side, t)
                     if side in blocks and s.block_lengths:
                         blocks[side].append(statistics.mean(s.block_lengths))
@@ -251,6 +255,7 @@ def main(argv=None) -> int:
                     decode.setdefault(name, []).append(rate[a] / rate[b])
             row["ratios"] = got
             row["decode_tok_per_s"] = rate
+            row["tau"] = {x: statistics.median(v) for x, v in taus.items() if v}
             print(f"{cls:5s} {pid[:28]:28s} {len(ids):5d} tok in, {len(toks['plain']):4d} out  "
                   + "  ".join(f"{s} {med[s]:.2f}s" for s in cls_sides) + "  |  "
                   + "  ".join(f"{n} {v:.2f}x" for n, v in got.items())
