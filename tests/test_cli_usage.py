@@ -106,6 +106,16 @@ def test_a_bad_value_is_said_under_a_short_usage_line(capsys, command):
     assert err.startswith("usage: python -m app tools run [-h] [--args JSON]") and " name" in err
 
 
+@pytest.mark.parametrize("value, said", [("0", "block sizes must be at least 1, got 0"),
+                                         ("8,-2", "block sizes must be at least 1, got -2"),
+                                         (",", "give at least one block size")])
+def test_bench_block_sizes_are_checked(capsys, value, said):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--block-sizes", value])
+    assert exc.value.code == 2
+    assert said in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("mode, said", [("lookup", True), ("plain", True), ("dflash", False),
                                         ("dflash2", False)])
 def test_auto_block_without_a_drafter_mode_is_said(mode, said):
@@ -115,6 +125,7 @@ def test_auto_block_without_a_drafter_mode_is_said(mode, said):
     assert (note is not None) == said
     if said:
         assert note.startswith(f"note: --block-size auto has no effect in {mode} mode")
+        assert ("lookup drafts" in note) == (mode == "lookup")
     assert auto_block_note(8, mode) is None and auto_block_note(None, mode) is None
 
 

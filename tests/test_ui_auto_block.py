@@ -180,6 +180,19 @@ def test_turning_auto_on_after_a_load_measures_the_costs_at_once(qtbot, qs):
         with qtbot.waitSignal(win.worker.blockCostsReady, timeout=10_000):
             dlg.as_defaults.click()
         assert backend.measured == ["tape", "replay"]
+        # an answer with nothing measured leaves another message on the status line alone
+        win.messages.flash("Copied", 5000)
+        win.transcript.on_block_costs(0.0)
+        assert "Copied" in win.messages.flash_label.text()
+        # another load of a pair: its costs are asked for again (the auto warm-up's own load
+        # measures them, and a save then asks once more, answered from memory)
+        first = win.model
+        win.load_model("t2", "d2")
+        qtbot.waitUntil(lambda: win.model is not first, timeout=10_000)
+        win.transcript.open_settings()
+        with qtbot.waitSignal(win.worker.blockCostsReady, timeout=10_000):
+            win.transcript.settings_dialog.as_defaults.click()
+        assert backend.measured == ["tape", "replay", "replay"]
     finally:
         win.shutdown()
 

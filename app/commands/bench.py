@@ -78,8 +78,11 @@ def _block_sizes(text: str) -> list[int | str]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"block sizes must be integers like 4,8,16 (or auto): {text!r}") from None
-    if not (sizes or auto) or any(b < 1 for b in sizes):
-        raise argparse.ArgumentTypeError(f"block sizes must be positive: {text!r}")
+    if not (sizes or auto):
+        raise argparse.ArgumentTypeError(f"give at least one block size, got {text!r}")
+    if any(b < 1 for b in sizes):
+        raise argparse.ArgumentTypeError(
+            f"block sizes must be at least 1, got {min(sizes)} (in {text!r})")
     return sorted(set(sizes)) + (["auto"] if auto else [])
 
 

@@ -67,8 +67,10 @@ def auto_block_note(value: int | str | None, mode: str) -> str | None:
     where it has no effect; None otherwise."""
     if value != AUTO or Mode(mode) in DRAFTER_MODES:
         return None
+    how = ("lookup drafts as many tokens as its match gives, up to the block size"
+           if Mode(mode) == Mode.LOOKUP else "plain decoding drafts nothing")
     return (f"note: --block-size auto has no effect in {Mode(mode).value} mode: it chooses a "
-            "drafter's blocks (dflash, dflash2); lookup drafts as many tokens as its match gives")
+            f"drafter's blocks (dflash, dflash2); {how}")
 
 
 def _temperature(text: str) -> float:

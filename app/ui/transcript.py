@@ -28,6 +28,9 @@ from app.ui.worker import Worker
 
 log = logging.getLogger("app.ui.window")
 
+MEASURING = "Measuring the block costs for the automatic block size…"
+"""The status line while the worker measures a pair's block costs (``measure_block_costs``)."""
+
 
 class TranscriptController(QObject):
     """The shown conversation and what the window shows of it (see the module doc).
@@ -76,7 +79,8 @@ class TranscriptController(QObject):
         composer.colour_box.toggled.connect(self.on_colour_toggled)
         worker.piecesReady.connect(self.on_pieces)
         worker.blockCostsReady.connect(self.on_block_costs)
-        self._costs_asked: set[tuple[int, str]] = set()
+        self._costs_model = None  # the loaded pair the rollbacks below were measured for
+        self._costs_asked: set[str] = set()
 
     def refresh_list(self) -> None:
         """Redraw the chat list, the shown conversation selected."""
@@ -261,11 +265,12 @@ class TranscriptController(QObject):
         if v.get("auto_block") is not True or model is None or not model.drafter_name:
             return
         rollback = str(v.get("rollback", "tape"))
-        key = (id(model), rollback)
-        if key in self._costs_asked:
+        if model is not self._costs_model:  # another load: nothing measured for it yet
+            self._costs_model, self._costs_asked = model, set()
+        if rollback in self._costs_asked:
             return
-        self._costs_asked.add(key)
-        self.messages.flash("Measuring the block costs for the automatic block size…", 10000)
+        self._costs_asked.add(rollback)
+        self.messages.flash(MEASURING, 10000)
         self.worker.blockCostsRequested.emit(rollback)
 
     def on_block_costs(self, seconds: object) -> None:
@@ -273,7 +278,7 @@ class TranscriptController(QObject):
         costs were already known)."""
         if isinstance(seconds, float) and seconds >= 0.05:
             self.messages.flash(f"Measured the block costs in {seconds:.1f} s", 5000)
-        else:
+        elif MEASURING in self.messages.flash_label.text():  # not another message since
             self.messages.flash("", 0)
 
     def save(self, conv: ConversationView) -> None:
