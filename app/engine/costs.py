@@ -197,7 +197,9 @@ def _fill_drafter_cache(dmodel, ctx: int, width: int) -> list:
 
 class _Stages:
     """The target's stages of one cycle of block ``ids`` ``(1, L)`` on ``cache``, each
-    waited for and leaving the cache at its context length."""
+    waited for and leaving the cache at its context length (a sliding-window layer's one
+    position longer after each 1-token step; the GDN state is not restored: only times
+    matter here)."""
 
     def __init__(self, runner, cache: list, taps: list[int], strategy: str, ids: mx.array):
         self.runner, self.cache, self.taps, self.strategy, self.ids = (
@@ -213,9 +215,10 @@ class _Stages:
         if ids.shape[1] == 1:
             logits, vt = runner.forward(ids, cache, taps=self.taps)
             mx.eval(mx.argmax(logits[0], axis=-1), vt)
-            # back to the context length; a sliding-window cache keeps the step (a 1-token
-            # step writes its ring buffer in place, which a trim cannot undo, and the window
-            # holds as many positions either way)
+            # back to the context length; a sliding-window cache keeps the step: a 1-token
+            # step writes its ring buffer in place, which a trim cannot undo, and the next
+            # multi-token pass puts the buffer back in temporal order (one position more in
+            # a window costs nothing measurable)
             trim_attention(cache, [lin or isinstance(c, RotatingKVCache)
                                    for c, lin in zip(cache, runner.linear)], 1)
             return None
