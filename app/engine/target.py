@@ -144,29 +144,47 @@ def gdn_forward(
         ``(B, S, hidden)`` layer output; the cache is updated as mlx-lm would update it.
     """
     B, S, _ = x.shape
-    qkv, z, b, a = _gdn_project(attn, x)
     conv_before = cache[0]
     if conv_before is None:
         conv_before = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
+    state_before = cache[1]
+    out, cache[0], cache[1], conv_input, q, k, v, a, b = _gdn_mix(
+        attn, x, conv_before, state_before, mask, chunked)
+    cache.advance(S)
+    if tapes is not None:
+        tapes.append(GDNTape(attn, cache, conv_before, state_before, conv_input, q, k, v, a, b))
+    return out
+
+
+def _gdn_mix(attn: nn.Module, x: mx.array, conv_before: mx.array, state_before, mask,
+             chunked: bool = False):
+    """The operations of mlx-lm 0.32.2's ``GatedDeltaNet.__call__`` as a pure function of
+    arrays (what :func:`gdn_forward` and the compiled layer program both run).
+
+    Args:
+        x: ``(B, S, hidden)`` normed input; conv_before ``(B, K-1, conv_dim)``;
+            state_before ``(B, Hv, Dv, Dk)`` or None (zeros); mask and chunked as in
+            :func:`gdn_forward`.
+
+    Returns:
+        ``(out (B, S, hidden), conv_state, state, conv_input, q, k, v, a, b)``: the new conv
+        and recurrent states and what a :class:`GDNTape` keeps.
+    """
+    B, S, _ = x.shape
+    qkv, z, b, a = _gdn_project(attn, x)
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_before, qkv], axis=1)
-    n_keep = attn.conv_kernel_size - 1
-    cache[0] = mx.contiguous(conv_input[:, -n_keep:, :])
+    conv_state = mx.contiguous(conv_input[:, -(attn.conv_kernel_size - 1):, :])
     conv_out = nn.silu(attn.conv1d(conv_input))
     q, k, v = _split_heads(attn, conv_out)
-    state_before = cache[1]
     q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
     update = chunked_gated_delta_update if chunked else gated_delta_update
     out, state = update(
         q, k, v, a, b, attn.A_log, attn.dt_bias, state_before, mask, use_kernel=not attn.training
     )
-    cache[1] = state
-    cache.advance(S)
-    if tapes is not None:
-        tapes.append(GDNTape(attn, cache, conv_before, state_before, conv_input, q, k, v, a, b))
-    out = attn.norm(out, z)
-    return attn.out_proj(out.reshape(B, S, -1))
+    out = attn.out_proj(attn.norm(out, z).reshape(B, S, -1))
+    return out, conv_state, state, conv_input, q, k, v, a, b
 
 
 COMPILE_LAYERS_ENV = "DFLASH_COMPILE_LAYERS"
@@ -191,23 +209,12 @@ def compiled_layers_on() -> bool:
 
 
 def _gdn_block(layer: nn.Module, h: mx.array, conv_before: mx.array, state_before: mx.array):
-    """One whole GDN decoder layer as a pure function of arrays (what :func:`gdn_forward`
-    and the MLP around it compute, unpadded): ``(h_out, conv_state, state, conv_input, q, k,
-    v, a, b)``."""
-    attn = layer.linear_attn
-    B, S, _ = h.shape
-    qkv, z, b, a = _gdn_project(attn, layer.input_layernorm(h))
-    conv_input = mx.concatenate([conv_before, qkv], axis=1)
-    conv_state = mx.contiguous(conv_input[:, -(attn.conv_kernel_size - 1):, :])
-    conv_out = nn.silu(attn.conv1d(conv_input))
-    q, k, v = _split_heads(attn, conv_out)
-    q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
-    out, state = gated_delta_update(q, k, v, a, b, attn.A_log, attn.dt_bias, state_before, None,
-                                    use_kernel=True)
-    out = attn.norm(out, z)
-    h = h + attn.out_proj(out.reshape(B, S, -1))
-    h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return h, conv_state, state, conv_input, q, k, v, a, b
+    """One whole GDN decoder layer, unpadded, as a pure function of arrays (:func:`_gdn_mix`
+    and the MLP around it): ``(h_out, conv_state, state, conv_input, q, k, v, a, b)``."""
+    r, *rest = _gdn_mix(layer.linear_attn, layer.input_layernorm(h), conv_before, state_before,
+                        None)
+    h = h + r
+    return (h + layer.mlp(layer.post_attention_layernorm(h)), *rest)
 
 
 _PROGRAMS: dict[int, Any] = {}
