@@ -229,7 +229,7 @@ def test_calibration_measures_every_stage(tiny_hybrid):
     assert any(k[0] == "state" for k in kept)  # the next reply starts from this one's state
 
 
-def test_calibration_and_auto_on_a_sliding_window_target(tmp_path, monkeypatch):
+def test_calibration_and_auto_on_a_sliding_window_target(wide, monkeypatch):
     """A target with sliding-window layers (llama, ``RotatingKVCache``, window 24): measuring
     a 1-token step used to trim its ring buffer after an in-place write, which raised
     "sliding-window cache is not in the state a verify pass leaves" before the first token of
@@ -242,24 +242,15 @@ def test_calibration_and_auto_on_a_sliding_window_target(tmp_path, monkeypatch):
     from app.models.loader import load_drafter, load_target
     from app.models.tiny import build_tiny_pair
 
-    t, d = build_tiny_pair(tmp_path, "llama", seed=2, block_size=8)
+    t, d = build_tiny_pair(wide / "llama-sliding", "llama", seed=2, block_size=8)
     target, drafter = load_target(t), load_drafter(d)
     runner = TargetRunner(target.model, target.model_type)
     assert any(isinstance(c, RotatingKVCache) for c in runner.make_cache())
     m = costs.calibrate(runner, drafter, contexts=(8, 64), repeats=1)
     assert all(v > 0 for row in m.verify_ms for v in row)
-    monkeypatch.setattr(block_control, "COST_ALPHA", 0.0)
-    monkeypatch.setattr(block_control, "DECAY", 0.05)
-    monkeypatch.setattr(costs, "known_state", lambda *a: None)
-    ids = prompt_ids(target)
-    n = 72
-    reference = run(target, ids, mode="plain", max_tokens=n + 10).tokens
-    plain = reference[:n]
-    states = plain_states(target, ids, plain)
-    oracle = OracleDrafter(reference, len(ids), target.vocab_size, 8, [1, 3],
-                           schedule=[0, 0, 0, None, 5, None, 1, None, None, 0, 3])
-    costs.remember(oracle, target.model, flat_costs(plain=10, per_token=4.0, draft=3.0,
-                                                    rollback=1.0))
+    # (the fixed_costs fixture: choices from the given costs alone)
+    ids, plain, states, oracle = _oracle_setup(
+        target, 72, 8, [0, 0, 0, None, 5, None, 1, None, None, 0, 3])
     spy = CacheSpy(monkeypatch)
     spec, worst = _auto_run(target, oracle, ids, plain, states, spy)
     assert spec.summary.error is None and spec.tokens == plain
@@ -307,6 +298,20 @@ class DraftContextSpy:
         monkeypatch.setattr(type(model), "draft", draft)
 
 
+def _oracle_setup(target, n: int, block: int, schedule: list, rollback: str = "tape"):
+    """Prompt ids, plain's first ``n`` tokens, plain's cache after each position, and an
+    oracle drafter of ``block`` that corrupts the slots ``schedule`` names (every acceptance
+    length occurs), with costs under which both plain steps and blocks win at times."""
+    ids = prompt_ids(target)
+    reference = run(target, ids, mode="plain", max_tokens=n + 20).tokens
+    plain = reference[:n]
+    oracle = OracleDrafter(reference, len(ids), target.vocab_size, block, [1, 3],
+                           schedule=schedule)
+    costs.remember(oracle, target.model, flat_costs(plain=10, per_token=4.0, draft=3.0,
+                                                    rollback=1.0), rollback)
+    return ids, plain, plain_states(target, ids, plain), oracle
+
+
 def _cache_length(cache) -> int:
     return next(c for c in cache if hasattr(c, "offset")).offset
 
@@ -340,15 +345,8 @@ def test_auto_oracle_tokens_and_caches_equal_plain(wide, name, rollback, monkeyp
     if rollback == "replay" and not name.startswith("qwen3_5"):
         pytest.skip("a dense target only trims")
     target, _, dtype = _variant(wide, name)
-    ids = prompt_ids(target)
-    n = 96
-    reference = run(target, ids, mode="plain", max_tokens=n + 20).tokens
-    plain = reference[:n]
-    states = plain_states(target, ids, plain)
-    oracle = OracleDrafter(reference, len(ids), target.vocab_size, 16, [1, 3],
-                           schedule=[0, 0, 0, None, 5, None, 1, 12, None, None, 0, 3])
-    costs.remember(oracle, target.model, flat_costs(plain=10, per_token=4.0, draft=3.0,
-                                                    rollback=1.0), rollback)
+    ids, plain, states, oracle = _oracle_setup(
+        target, 96, 16, [0, 0, 0, None, 5, None, 1, 12, None, None, 0, 3], rollback)
     spy = CacheSpy(monkeypatch)
     spec, worst = _auto_run(target, oracle, ids, plain, states, spy, rollback=rollback)
     assert spec.tokens == plain

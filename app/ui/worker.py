@@ -243,10 +243,7 @@ class Worker(QObject):
     @Slot(object)
     def _on_load(self, spec: PairSpec) -> None:
         self.loading.emit(f"Loading {spec.label}…")
-        if self.cost_dir is not None:
-            from app.engine.costs import set_store
-
-            set_store(self.cost_dir)
+        self._use_cost_dir()
         try:
             info = self.backend.load(spec)
         except EngineError as exc:
@@ -260,6 +257,14 @@ class Worker(QObject):
         self.loaded.emit(info)
         self.memory.emit(self.backend.memory_bytes())
         self._probe()
+
+    def _use_cost_dir(self) -> None:
+        """Point the cost-model store at :attr:`cost_dir` (on this thread: the window does
+        not import MLX before a model is asked for)."""
+        if self.cost_dir is not None:
+            from app.engine.costs import set_store
+
+            set_store(self.cost_dir)
 
     def _warm_up(self, spec: PairSpec) -> None:
         """After a load: run both paths once before anything is timed (``ChatSession.warm_up``:
@@ -312,10 +317,7 @@ class Worker(QObject):
         measure = getattr(self.backend, "measure_block_costs", None)
         seconds = None
         if callable(measure):
-            if self.cost_dir is not None:
-                from app.engine.costs import set_store
-
-                set_store(self.cost_dir)
+            self._use_cost_dir()
             try:
                 seconds = measure(rollback)
             except Exception:  # the pair stays loaded; the next auto reply measures instead
