@@ -330,6 +330,47 @@ def test_selector_walk_follows_the_rule(pair2):
     assert np.abs(counts / 400 - q_want).max() < 0.08
 
 
+
+@pytest.mark.parametrize("V", [4096, 4099, 300, 16])
+def test_top_k_indices_are_the_largest_entries(V):
+    """The grouped partition keeps exactly the top k of each row: divisible and prime sizes,
+    a row no longer than k, and a maximum sitting alone in a group of small entries."""
+    from app.engine.dflash2 import top_k_indices
+
+    rng = np.random.default_rng(V)
+    x = rng.standard_normal((6, V)).astype(np.float32)
+    x[0, :] = -5.0
+    x[0, 17 % V] = 9.0  # one large entry; the other top entries are ties far below it
+    x[1] = np.arange(V, dtype=np.float32)[::-1]  # the top k all in the first group
+    k = min(16, V)
+    got = np.array(top_k_indices(mx.array(x), k))
+    assert got.shape == (6, k)
+    for row, idx in zip(x, got):
+        assert len(set(idx.tolist())) == k
+        assert np.sort(row[idx])[::-1].tolist() == np.sort(row)[::-1][:k].tolist()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 15])
+def test_the_table_walk_equals_walking_slot_by_slot(pair2, n):
+    """The walk's composed table of choices gives the same tokens as choosing one slot after
+    another, for every block length's number of slots (1, 2, and spans of the scan that are
+    and are not powers of two)."""
+    _, drafter = pair2
+    sel = drafter.model.candidate_selector
+    rng = np.random.default_rng(n)
+    V, k = drafter.config.vocab_size, 6
+    hidden = mx.array(rng.standard_normal((n, 64)).astype(np.float32))
+    logits = mx.array(2 * rng.standard_normal((n, V)).astype(np.float32))
+    drafts, cand, _ = sel.walk(hidden, logits, 11, k)
+    A, B = np.array(sel.predecessor_codebook), np.array(sel.successor_codebook)
+    Wh = np.array(hidden) @ np.array(sel.hidden_projection.weight).T
+    prev, want = 11, []
+    for i, row in enumerate(np.array(cand)):
+        score = np.array(logits)[i, row] + B[row] @ (A[prev] * Wh[i])
+        prev = int(row[np.argmax(score)])
+        want.append(prev)
+    assert drafts.tolist() == want
+
 # --- greedy exactness -----------------------------------------------------------------------
 
 

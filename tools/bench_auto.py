@@ -136,7 +136,8 @@ def main(argv=None) -> int:
                    default=["bench", "tool", "long", "unfit"])
     p.add_argument("--lengths", type=int, nargs="+", default=[2000, 3900],
                    help="token lengths of the long prompts (default 2000 3900)")
-    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                   help="sides to time (plain always runs: its tokens are the reference)")
     p.add_argument("--json", default=None, help="write every measurement to this file")
     args = p.parse_args(argv)
 
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
     tdir, ddir, d2dir = pair
     target = load_target(tdir)
     drafters = {"dflash": load_drafter(ddir)}
-    sides = list(args.sides)
+    sides = list(dict.fromkeys(["plain", *args.sides]))
     if d2dir is not None:
         drafters["dflash2"] = load_drafter(d2dir)
     else:
