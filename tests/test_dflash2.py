@@ -742,6 +742,13 @@ def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths):
     only = json.loads(out)
     assert set(only) == set(both) and only["dflash"] == only["dflash2"]
     assert only["identical"] is only["dflash2_identical"] is True
+    # the human output: DFlash's line first, then DFlash2's, as the speed lines
+    code, out, err = _cli(capsys, "compare", "--model", t, "--draft-model", d,
+                          "--dflash2-model", d2, *COMMON)
+    assert code == 0, err
+    lines = [x for x in out.splitlines() if "identical: " in x or x.startswith("speed: ")]
+    assert lines[0] == "identical: yes" and lines[1] == "dflash2 identical: yes", lines
+    assert "DFlash " in lines[2] and "DFlash2" in lines[3], lines
 
 
 def test_bench_reports_dflash2_beside_dflash(capsys, cli_paths, tmp_path):

@@ -119,6 +119,10 @@ def test_lookup_needs_no_drafter_and_counts_cycles(tiny_dense):
     assert s.accepted == sum(run.from_draft)
     assert s.tau == pytest.approx(29 / s.cycles)
     assert all(c.drafted <= DEFAULT_BLOCK - 1 for c in run.cycles)
+    # each cycle's block length is what it verified: the pending token and the drafts (1:
+    # a plain step), as for DFlash, not 0 ("unknown")
+    assert s.block_lengths == [c.drafted + 1 for c in run.cycles]
+    assert 1 in s.block_lengths and max(s.block_lengths) > 1
 
 
 def test_lookup_block_size_caps_drafts(tiny_dense):

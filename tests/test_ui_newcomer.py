@@ -27,6 +27,7 @@ from test_ui_window import (  # noqa: E402
 from app.chat.baseline import NO_BASELINE  # noqa: E402
 from app.chat.pipeline import ContentDelta, ReasoningDelta  # noqa: E402
 from app.engine.errors import ModelLoadError  # noqa: E402
+from app.ui.chat import figures_line  # noqa: E402
 
 # ``qs`` and the autouse ``_allow_engine_after`` are conftest.py fixtures.
 
@@ -515,6 +516,10 @@ def test_new_chat_during_a_reply_keeps_that_replys_figures_out_of_the_new_chat(
         assert PROMPT not in win.chat.toPlainText()
         stopped = blocker.args[0]
         assert stopped.version.stopped and stopped.version.result.summary.generated_tokens > 0
+        # its footer gives the rate up to the stop, as the live figures did
+        rate = stopped.version.result.summary.tok_per_s
+        assert rate > 0 and f"{rate:.1f} tok/s" in figures_line(stopped)
+        assert figures_line(stopped).endswith("stopped")
     finally:
         win.shutdown()
 

@@ -164,6 +164,26 @@ def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):
     assert session.warm_up() > 0
 
 
+def test_session_warm_up_builds_the_unit_registry_meanwhile(tiny_hybrid, monkeypatch):
+    """The first ``convert_units`` call of a session would build pint's registry (~0.5 s,
+    counted as the tool's time); the warm-up builds it in a background thread instead."""
+    from app.chat.session import ChatSession
+    from app.chat.tools import units
+
+    monkeypatch.setattr(units, "_registry", None)
+    started = []
+    real = units.build_in_background
+    monkeypatch.setattr(units, "build_in_background",
+                        lambda: started.append(real()) or started[-1])
+    session = ChatSession()
+    session.target, session.drafter = tiny_hybrid
+    session.warm_up()
+    assert len(started) == 1 and started[0] is not None
+    started[0].join(timeout=30)
+    assert units._registry is not None
+    assert units.build_in_background() is None  # built: nothing to start
+
+
 def test_session_measures_block_costs_once_and_then_knows_them(tiny_hybrid, monkeypatch):
     """Turning the automatic block size on after a load: the session measures the pair's cost
     model for that rollback (``costs.calibrate``) once; asked again it is known."""

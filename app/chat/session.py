@@ -247,15 +247,20 @@ class ChatSession:
         they are :data:`CPU_WARM_UP_TOKENS` long unless ``force`` asks for the full warm-up.
         ``auto_block``: the drafters' replies run with the automatic block size, which
         measures each pair's cost model (``app.engine.costs``) here, not in the first reply.
+        The unit tool's registry is built meanwhile in a background thread
+        (:func:`app.chat.tools.units.build_in_background`), so the first conversion of a
+        session does not take half a second.
 
         Returns:
             Seconds spent, or None when no pair is loaded.
         """
         check_engine_thread()
+        from app.chat.tools.units import build_in_background
         from app.engine.warmup import needs_warm_up, warm_up
 
         if self.target is None:
             return None
+        build_in_background()  # the unit tool's registry, off this thread
         short = not (force or needs_warm_up())
         extra = {"max_tokens": CPU_WARM_UP_TOKENS} if short else {}
         if auto_block:

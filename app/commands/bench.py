@@ -473,9 +473,11 @@ def run_bench(args) -> int:
         settings["dflash2_drafter"] = str(d2path)
     head = header(target, drafter, tpath, dpath, settings)
 
+    name_width = max(len(m.name) for m in modes)  # dflash2+tape@16+nosel: 21
+
     def progress(i, n, rec):
         if not args.json:
-            _err(f"[{i}/{n}] {rec.mode.name:<18} {rec.prompt_id:<22} "
+            _err(f"[{i}/{n}] {rec.mode.name:<{name_width}} {rec.prompt_id:<22} "
                  f"{rec.summary.tok_per_s:7.1f} tok/s")
 
     t0 = time.perf_counter()

@@ -171,7 +171,12 @@ def _compare(args) -> int:
     if obj["sampled"]:
         print(f"sampled (temperature {args.temp:g}): the sides are not expected to match "
               "token for token")
-    else:
+    else:  # DFlash's line first, then the other sides' (as the speed lines below)
+        if div is None:
+            print("identical: yes")
+        else:
+            gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
+            print(f"identical: no (first divergence at token {div}{gap})")
         if "dflash2" in results and not only_v2:
             d2 = obj["dflash2_first_divergence"]
             print("dflash2 identical: "
@@ -180,11 +185,6 @@ def _compare(args) -> int:
             dl = obj["lookup_first_divergence"]
             print("lookup identical: "
                   + ("yes" if dl is None else f"no (first divergence at {dl})"))
-        if div is None:
-            print("identical: yes")
-        else:
-            gap = f", top-two logit gap {tie['gap']:.3g}" if tie else ""
-            print(f"identical: no (first divergence at token {div}{gap})")
     # whole replies, tool rounds included (as the window compares them), warmed, sides rotated
     print("speed: " + speed.line("DFlash2" if only_v2 else "DFlash"))
     if "dflash2" in results and not only_v2:

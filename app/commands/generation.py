@@ -101,7 +101,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "(default with the bundled demo target: its drafter; without --model it "
                    "is paired with the bundled demo target)")
     p.add_argument("--prompt", type=prompt_text, default=DEFAULT_PROMPT,
-                   help="the user message (not empty)")
+                   help=f"the user message (not empty; default: {DEFAULT_PROMPT!r})")
     p.add_argument("--system-prompt", help="a system message")
     max_tokens = SPECS["max_tokens"].default  # the window's default, from the one table
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens,

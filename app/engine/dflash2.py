@@ -243,14 +243,19 @@ class GroupedDynamicCausalConv(nn.Module):
                                            bias=False)
 
     def convolve(self, x: mx.array, delta: mx.array, side: int) -> mx.array:
-        """``x`` ``(B, L, H)``, ``delta`` ``(B, L, K, G)`` (one side) -> ``(B, L, H)``."""
+        """``x`` ``(B, L, H)``, ``delta`` ``(B, L, K, G)`` (one side) -> ``(B, L, H)``.
+
+        Each group's delta is broadcast over its ``group_size`` channels (a view of ``x`` as
+        ``(B, L, G, group_size)``), not repeated into a ``(B, L, H)`` copy."""
+        B, L, H = x.shape
+        grouped = (B, L, self.groups, self.group_size)
         out = None
-        for j in range(min(self.kernel_size, x.shape[1])):
-            dyn = mx.repeat(delta[:, :, j, :], self.group_size, axis=-1)  # (B, L, H)
-            term = (self.base_kernel[side, j].astype(x.dtype) + dyn.astype(x.dtype)) \
-                * causal_shift(x, j)
+        for j in range(min(self.kernel_size, L)):
+            weight = self.base_kernel[side, j].astype(x.dtype).reshape(grouped[2:]) \
+                + delta[:, :, j, :, None].astype(x.dtype)  # (B, L, G, group_size)
+            term = weight * causal_shift(x, j).reshape(grouped)
             out = term if out is None else out + term
-        return out
+        return out.reshape(B, L, H)
 
     def prepare(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """Convolve the sublayer input ``x`` ``(B, L, H)`` (side 0); also return side 1's

@@ -912,7 +912,8 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
             index.extend(committed)
             pending = committed[-1]
             cycle = CycleEvent(s.cycles, len(drafts_in), accepted, accepted + 1, replayed,
-                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited)
+                               t1 - t0, t2 - t1, t3 - t2, _network_wait(runner) - waited,
+                               block=len(drafts_in) + 1)
             if (yield from _emit_cycle(s, committed, flags, cycle, stop, config.max_tokens)):
                 break
     if session is not None:

@@ -105,8 +105,9 @@ def figures_line(msg: Turn) -> str:
     r = v.result
     parts = [mode_label(r.mode) if r.mode in DRAFTING_MODES else "Plain"]
     s = r.summary
+    if s is not None and (not v.stopped or s.tok_per_s > 0):
+        parts.append(f"{s.tok_per_s:.1f} tok/s")  # a stopped reply's: up to the stop
     if s is not None and not v.stopped:
-        parts.append(f"{s.tok_per_s:.1f} tok/s")
         if r.mode in DRAFTING_MODES and s.tau is not None:
             parts.append(f"τ {s.tau:.2f}")
             parts.append(plural(s.replays, "replay"))
