@@ -89,8 +89,10 @@ def test_the_check_box_stands_beside_block_size_with_its_tooltip(qtbot):
     # on the Block size row, right of the spin box
     assert abs(box.geometry().center().y() - dlg.block.geometry().center().y()) < 6
     assert box.geometry().left() >= dlg.block.geometry().right()
+    assert dlg.block.value() == 0 and dlg.block.text() == "up to drafter's"  # a cap
     box.setChecked(False)
     assert dlg.values()["auto_block"] is False
+    assert dlg.block.text() == "drafter default"
     fresh = settings_mod.SettingsDialog(settings_mod.defaults())
     qtbot.addWidget(fresh)
     assert not fresh.auto_block.isChecked()

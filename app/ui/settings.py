@@ -149,6 +149,8 @@ class SettingsDialog(QDialog):
         self.auto_block.setChecked(bool(values.get("auto_block", False)))
         self.auto_block.setAccessibleName("Automatic block size")
         self.auto_block.setToolTip(AUTO_BLOCK_TIP)
+        self.auto_block.toggled.connect(self._name_block_default)
+        self._name_block_default(self.auto_block.isChecked())
         self.rollback = QComboBox()
         self.rollback.addItems(["tape", "replay"])
         self.rollback.setCurrentText(values["rollback"])
@@ -246,6 +248,12 @@ class SettingsDialog(QDialog):
         lay.addWidget(note)
         lay.addWidget(buttons)
         self._base = dict(values)
+
+    def _name_block_default(self, automatic: bool) -> None:
+        """With Automatic the block size is the largest a cycle may use: say so at 0 (a text
+        as long as the other, so the box keeps its width)."""
+        self.block.setSpecialValueText("up to drafter's" if automatic
+                                       else "drafter default")
 
     def values(self) -> dict:
         """The dialog's values (all keys of :data:`DEFAULTS`)."""
