@@ -380,9 +380,10 @@ class CandidateSelector(nn.Module):
         if pairwise:
             proj = self.hidden_projection(hidden).astype(mx.float32)  # (n, r)
             succ = self.successor_codebook[cand].astype(mx.float32)  # (n, k, r)
-            pred = self.predecessor_codebook.astype(mx.float32)
-            first = first + (pred[anchor] * proj[0])[None] @ succ[0].T
-            rest = rest + (pred[cand[:-1]] * proj[1:, None, :]) @ succ[1:].swapaxes(1, 2)
+            pred = self.predecessor_codebook  # rows gathered first, then cast (V x r is big)
+            first = first + (pred[anchor].astype(mx.float32) * proj[0])[None] @ succ[0].T
+            rest = rest + (pred[cand[:-1]].astype(mx.float32) * proj[1:, None, :]) \
+                @ succ[1:].swapaxes(1, 2)
         rest = mx.broadcast_to(rest, (n - 1, k, k))  # [slot, predecessor index, candidate]
         if temperature > 0:
             first, rest = first * (1.0 / temperature), rest * (1.0 / temperature)
