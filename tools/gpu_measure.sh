@@ -21,6 +21,12 @@
 #                                     # (CUDA graphs on/off, ops per graph), one process each
 #   bash tools/gpu_measure.sh warmup  # load + warm-up with an empty kernel cache (as on a fresh
 #                                     # host), with and without the parallel kernel build
+#   bash tools/gpu_measure.sh serve   # tools/bench_serve.py: the server against in process
+#                                     # (plain, DFlash); the MLX wheel bundle has no starlette
+#                                     # or uvicorn, so carry pure-Python copies as .gpu/serve-site:
+#                                     # mkdir -p .gpu/serve-site && cp -r .venv/lib/python3*/
+#                                     # site-packages/{starlette,uvicorn,h11,anyio,sniffio,click,
+#                                     # idna,typing_extensions.py} .gpu/serve-site/
 #
 # Results go to $OUT (or /tmp/gpu-out): JSON and text files named after what made them.
 set -u
@@ -63,6 +69,13 @@ case "${1:-}" in
     stamp "python -m app bench --block-sizes 16 --repeats 2"
     timeout 500 $py -m app bench --block-sizes 16 --repeats 2 --json > "$O/app_bench.json" 2>"$O/app_bench.err"
     tail -5 "$O/app_bench.err"
+    stamp done
+    ;;
+  serve)
+    stamp "tools/bench_serve.py --modes plain dflash --repeats 2 (PYTHONPATH + .gpu/serve-site)"
+    PYTHONPATH=$PYTHONPATH:$PWD/.gpu/serve-site timeout 400 $py tools/bench_serve.py \
+      --modes plain dflash --repeats 2 --max-tokens 128 --json "$O/serve.json" > "$O/serve.txt" 2>&1
+    tail -8 "$O/serve.txt"
     stamp done
     ;;
   profile)
