@@ -34,7 +34,7 @@ help:
 	@echo "make run    set up and run DFlash Chat (headless comparison when there is no display)"
 	@echo "make test   set up and run the whole test suite"
 	@echo "make test-fast  a quicker tier in two processes: no tests marked slow, one block"
-	@echo "            size in the block-size matrices (4 min 34 s on this project's 2-core CPU)"
+	@echo "            size in the block-size matrices (4 min 25 s on this project's 2-core CPU)"
 	@echo "make lint   ruff"
 	@echo "make bench  benchmark plain vs DFlash on the bundled pair"
 	@echo "make app    build the desktop bundle for this platform (PyInstaller)"
@@ -92,8 +92,8 @@ _test:
 # (-m "not slow"), DFLASH_TEST_FAST=1 cuts the block-size matrices to one block size, both
 # rollbacks kept (tests/engine_fixtures.py), and the exactness matrix's 8-bit and float16
 # variants; the tests run in TEST_WORKERS pytest-xdist processes.
-# Measured: 4 min 34 s on the 2-core Linux machine, idle (1388 passed, 52 skipped,
-# 2026-12-07; runs took 3 min 58 s to 5 min 37 s over two days as the VM's speed and load
+# Measured: 4 min 25 s on the 2-core Linux machine, idle (1398 passed, 52 skipped,
+# 2026-12-07; runs took 3 min 58 s to 5 min 37 s over three days as the VM's speed and load
 # varied).
 test-fast: $(STAMP) blas
 	@$(MAKE) --no-print-directory _test-fast
