@@ -143,16 +143,28 @@ def gdn_forward(
     Returns:
         ``(B, S, hidden)`` layer output; the cache is updated as mlx-lm would update it.
     """
+    return _gdn_on_cache(attn, x, cache, tapes,
+                         lambda conv, state: _gdn_mix(attn, x, conv, state, mask, chunked))
+
+
+def _gdn_on_cache(attn: nn.Module, x: mx.array, cache: ArraysCache,
+                  tapes: list[GDNTape] | None, mix, zero_state: bool = False) -> mx.array:
+    """Run ``mix(conv_before, state_before)`` (:func:`_gdn_mix` or a compiled layer program:
+    ``(out, conv_state, state, conv_input, q, k, v, a, b)``) on the states in ``cache``,
+    store its new states, advance the cache by ``x``'s ``S`` positions and append the
+    :class:`GDNTape`. An empty conv state is zeros; an empty recurrent state stays None
+    unless ``zero_state`` (a compiled program takes arrays only). Returns ``out``."""
     B, S, _ = x.shape
-    conv_before = cache[0]
+    conv_before, state_before = cache[0], cache[1]
     if conv_before is None:
         conv_before = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
-    state_before = cache[1]
-    out, cache[0], cache[1], conv_input, q, k, v, a, b = _gdn_mix(
-        attn, x, conv_before, state_before, mask, chunked)
+    if state_before is None and zero_state:
+        state_before = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim),
+                                dtype=mx.float32)
+    out, cache[0], cache[1], *kept = mix(conv_before, state_before)
     cache.advance(S)
     if tapes is not None:
-        tapes.append(GDNTape(attn, cache, conv_before, state_before, conv_input, q, k, v, a, b))
+        tapes.append(GDNTape(attn, cache, conv_before, state_before, *kept))
     return out
 
 
@@ -402,19 +414,8 @@ class TargetRunner:
         if not self.linear[j]:
             r = layer.self_attn(layer.input_layernorm(h), attention_mask(c), c)
             return program(h + r)
-        attn = layer.linear_attn
-        B, S, _ = h.shape
-        conv_before, state_before = c[0], c[1]
-        if conv_before is None:
-            conv_before = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=h.dtype)
-        if state_before is None:
-            state_before = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim),
-                                    dtype=mx.float32)
-        h, c[0], c[1], conv_input, q, k, v, a, b = program(h, conv_before, state_before)
-        c.advance(S)
-        if tapes is not None:
-            tapes.append(GDNTape(attn, c, conv_before, state_before, conv_input, q, k, v, a, b))
-        return h
+        return _gdn_on_cache(layer.linear_attn, h, c, tapes,
+                             lambda conv, state: program(h, conv, state), zero_state=True)
 
 
 def check_restorable(cache: list) -> None:
