@@ -371,6 +371,35 @@ def test_the_table_walk_equals_walking_slot_by_slot(pair2, n):
         want.append(prev)
     assert drafts.tolist() == want
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_greedy_walk_equals_the_walk_op_by_op(pair2, dtype):
+    """The greedy walk runs as one ``mx.compile`` program (``dflash2._greedy_walk``); its
+    drafts and candidates are the op-by-op walk's (``dflash2._walk``) for every slot count of
+    a block of 16 and both scoring rules, with the selector's weights in float32 and bf16
+    (a fused program must not change a single choice)."""
+    from app.engine import dflash2
+
+    _, drafter = pair2
+    sel = drafter.model.candidate_selector
+    dt = getattr(mx, dtype)
+    books = tuple(a.astype(dt) for a in (sel.hidden_projection.weight,
+                                          sel.predecessor_codebook, sel.successor_codebook))
+    rng = np.random.default_rng(5)
+    V, changed = drafter.config.vocab_size, 0
+    for n in range(1, 16):
+        hidden = mx.array(rng.standard_normal((n, 64)).astype(np.float32)).astype(dt)
+        logits = mx.array(2 * rng.standard_normal((n, V)).astype(np.float32))
+        for pairwise in (True, False):
+            b = books if pairwise else None
+            d1, c1 = dflash2._greedy_walk(hidden, logits, mx.array(11), b, 6)
+            d2, c2, _ = dflash2._walk(hidden, logits, mx.array(11), b, 6, 0.0)
+            assert d1.tolist() == d2.tolist() and c1.tolist() == c2.tolist(), (n, pairwise)
+            if pairwise:  # the bigram term picked a non-top-1 candidate somewhere
+                changed += d1.tolist() != c1[:, 0].tolist()
+    assert changed > 0
+
+
 # --- greedy exactness -----------------------------------------------------------------------
 
 
