@@ -378,9 +378,20 @@ def _greedy_walk(hidden: mx.array, logits: mx.array, anchor: mx.array,
     ``k`` and dtype, and replayed after that (its ~40 small operations cost one dispatch
     each when run op by op: on the demo pair the walk took 1.0 ms that way on this project's
     2-core CPU against 0.65 ms compiled, medians of 50, ``.prof``-style micro-benchmark).
+    Not used on MLX's CUDA backend (:func:`_on_cuda`): there each fused module of a program
+    is compiled by NVRTC on a fresh host (about 4.5 s each for mlx-lm's, on an H200;
+    :mod:`app.engine.kernels.kernel_prebuild`), which the walk has not been measured against.
     Returns ``(drafts (n,) int32, candidates (n, k) int32)``."""
     drafts, cand, _ = _walk(hidden, logits, anchor, books, k, 0.0)
     return drafts, cand
+
+
+@functools.lru_cache(maxsize=1)
+def _on_cuda() -> bool:
+    """True when MLX's default device runs on its CUDA backend (asked once a process)."""
+    from app.engine.device import backend
+
+    return backend() == "CUDA"
 
 
 class CandidateSelector(nn.Module):
@@ -430,7 +441,7 @@ class CandidateSelector(nn.Module):
         k = min(top_k, logits.shape[-1])
         books = ((self.hidden_projection.weight, self.predecessor_codebook,
                   self.successor_codebook) if pairwise else None)
-        if temperature > 0:  # mx.random draws: run op by op
+        if temperature > 0 or _on_cuda():  # mx.random draws; see _greedy_walk on CUDA
             return _walk(hidden, logits, mx.array(anchor), books, k, temperature)
         drafts, cand = _greedy_walk(hidden, logits, mx.array(anchor), books, k)
         return drafts, cand, None
