@@ -86,6 +86,25 @@ def test_nothing_in_the_kernel_build_stops_the_warm_up(tiny_hybrid, monkeypatch)
     assert report.tokens >= 2 and len(report.drafted_s) == 1
 
 
+def test_the_in_process_kernel_build_counts_when_no_child_is_needed(tiny_hybrid, monkeypatch,
+                                                                    kernel_cache):
+    """A start whose disk-cached kernels were all built before still builds the GDN kernel
+    in-process (MLX keeps it in memory only); the report's seconds include it, so "warmed
+    up in N s" is the whole warm-up (on an H100 such a start took 6.8 s and reported 4.2)."""
+    import time
+
+    from app.engine.kernels import kernel_prebuild
+
+    target, drafter = tiny_hybrid
+    monkeypatch.setattr(kernel_prebuild, "built_before",
+                        lambda *a: set(kernel_prebuild.recipes_for(target, [drafter])))
+    monkeypatch.setattr(warmup, "build_gdn_kernel", lambda t: time.sleep(0.3) or True)
+    report = warmup.warm_up(target, [drafter], prebuild=True)
+    assert report.prebuild.processes == 0
+    assert report.prebuild.seconds >= 0.3
+    assert report.seconds >= 0.3 + report.plain_s + sum(report.drafted_s)
+
+
 def test_build_gdn_kernel_passes_the_dtypes_a_reply_passes(tiny_hybrid, monkeypatch):
     import mlx.core as mx
 
