@@ -598,3 +598,40 @@ def test_a_reply_stopped_at_a_tool_call_says_how_to_run_it(capsys, pair_paths, m
                              "--no-think")
     assert code == 0, err
     assert out.count("finish tool_calls") >= 2 and out.splitlines()[-1] == TOOL_HINT
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_tool_setup_is_built_before_the_first_timed_reply(capsys, pair_paths, monkeypatch,
+                                                          command):
+    """`compare --run-tools` timed the unit tool's registry build (pint, ~0.5 s) inside
+    plain's first conversion only ("tools 0.57 s" against 0.00 for DFlash): chat and compare
+    start the build while the pair loads, and compare waits for it before timing a side."""
+    from app.chat.tools import units
+
+    events = []
+
+    class Build:
+        def join(self):
+            events.append("joined")
+
+    monkeypatch.setattr(units, "build_in_background",
+                        lambda: events.append("started") or Build())
+    scripted = _Scripted(list(_rounds(pair_paths, CALC_CALL, "It is 391.")) * 3)
+
+    def generate(*a, **k):
+        events.append("reply")
+        return scripted(*a, **k)
+
+    monkeypatch.setattr(reply_mod, "_engine_generate", generate)
+    extra = ["--mode", "plain"] if command == "chat" else []
+    code, out, err = run_cli(capsys, command, *pair_args(pair_paths), *extra,
+                             "--prompt", "17*23?", "--no-think", "--run-tools")
+    assert code == 0, err
+    assert events[0] == "started"
+    if command == "compare":
+        assert events[1] == "joined" and events.count("joined") == 1
+    events.clear()
+    code, out, err = run_cli(capsys, command, *pair_args(pair_paths), *extra,
+                             "--prompt", "17*23?", "--no-think", "--tools", "none")
+    assert code == 0, err
+    assert "started" not in events

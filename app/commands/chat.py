@@ -26,6 +26,7 @@ from app.commands.generation import (
     auto_block_note,
     default_thinking,
     load_tools,
+    prepare_tools,
     settings_from_args,
     warm_up_on_gpu,
 )
@@ -159,6 +160,7 @@ def run_chat(args) -> int:
 
 def _chat(args) -> int:
     tools = load_tools(args.tools)
+    prepare_tools(args.run_tools, tools)
     settings = settings_from_args(args, args.mode, tools, args.think)
     if note := auto_block_note(args.block_size, args.mode):
         print(note, file=sys.stderr)

@@ -42,6 +42,7 @@ from app.commands.generation import (
     default_dflash2,
     default_thinking,
     load_tools,
+    prepare_tools,
     settings_from_args,
     warm_up_both,
 )
@@ -82,6 +83,7 @@ def run_compare(args) -> int:
 
 def _compare(args) -> int:
     tools = load_tools(args.tools)
+    tool_setup = prepare_tools(args.run_tools, tools)
     target, drafter, tpath, dpath = _load(args, need_drafter=True)
     think = args.think if args.think is not None else default_thinking(tpath, dpath)
     drafter2 = None
@@ -95,6 +97,8 @@ def _compare(args) -> int:
             raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
     warm_up_both(target, [drafter, drafter2], auto_block=args.block_size == AUTO)
+    if tool_setup is not None:  # else the first side's first conversion would pay for it
+        tool_setup.join()
     only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
