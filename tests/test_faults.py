@@ -75,6 +75,24 @@ def _damage(path, how: str) -> None:
     if how == "truncated":
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 3])
+    elif how == "a damaged page":  # the header intact: it opens, and some reads fail
+        with Store(path) as s:
+            for i in range(6):
+                conv = s.new_conversation()
+                for j in range(4):
+                    s.add_message(conv.id, "user", f"chat {i} message {j} " * 60)
+        for suffix in ("-wal", "-shm"):
+            (path.parent / (path.name + suffix)).unlink(missing_ok=True)
+        pages = path.stat().st_size // 4096
+        with open(path, "r+b") as f:  # the middle of every page after the first four
+            for page in range(4, pages):
+                f.seek(page * 4096 + 2000)
+                f.write(b"\x07" * 1500)
+        db = sqlite3.connect(path)
+        assert db.execute("SELECT count(*) FROM schema_version").fetchone() == (1,)  # opens
+        with pytest.raises(sqlite3.DatabaseError):  # and a read of the chats fails
+            db.execute("SELECT * FROM messages").fetchall()
+        db.close()
     elif how == "schema 99":
         db = sqlite3.connect(path)
         db.execute("UPDATE schema_version SET version = 99")
@@ -82,7 +100,8 @@ def _damage(path, how: str) -> None:
         db.close()
 
 
-@pytest.mark.parametrize("how", ["truncated", "random bytes", "schema 99", "not ours"])
+@pytest.mark.parametrize("how", ["truncated", "random bytes", "schema 99", "not ours",
+                                 "a damaged page"])
 def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, qs, tmp_path,
                                                                          how):
     """Chats kept in memory only are said so at start, and still after the model has loaded,
@@ -117,6 +136,19 @@ def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, 
     finally:
         win.shutdown()
     assert db.read_bytes() == before  # the damaged file was left as it was
+
+
+def test_a_page_damaged_after_the_check_is_a_typed_error(tmp_path, monkeypatch):
+    """Damage that the open-time check did not see (the file damaged while the app runs):
+    reads raise StorageError, which callers handle, not sqlite3's error."""
+    from app.chat.storage import StorageError, Store
+
+    db = tmp_path / "conversations.db"
+    _damage(db, "a damaged page")
+    monkeypatch.setattr(Store, "_check_intact", lambda self: None)  # as if damaged later
+    with Store(db) as store:
+        with pytest.raises(StorageError, match="could not read"):
+            store._q("SELECT * FROM messages")  # what every read goes through
 
 
 # ------------------------------------------------------------------ a drafter that fails

@@ -284,7 +284,8 @@ class Store:
         try:
             self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._db.execute("PRAGMA foreign_keys = ON")
-            self._check_version()  # before anything that writes to the file
+            self._check_intact()  # before anything reads rows or writes to the file
+            self._check_version()
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
             # A growing reply rewrites its row every partial_interval_s, so the WAL grows
@@ -435,7 +436,30 @@ class Store:
         with self._lock:
             if self._db is None:
                 raise StorageError("the conversation store is closed")
-            return self._db.execute(sql, params).fetchall()
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as exc:  # a page damaged since the file was opened
+                raise StorageError(f"could not read {self.path}: {exc}") from exc
+
+    def _check_intact(self) -> None:
+        """Raise :class:`StorageError` when SQLite's ``PRAGMA quick_check`` finds the file
+        damaged (pages overwritten, rows out of order: the header can be intact, so it opens
+        and only some reads fail). It reads the whole file: ~120 ms for an 84 MB database on
+        this project's CPU, a few ms for a usual one. Nothing is written."""
+        if str(self.path) == ":memory:":
+            return
+        try:
+            found = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.DatabaseError as exc:
+            if "malformed" not in str(exc):  # not an SQLite file at all: the caller says so
+                raise
+            found = [str(exc)]
+        if found != ["ok"]:
+            first = " ".join(str(found[0]).split())[:200] if found else "no answer"
+            raise StorageError(
+                f"{self.path} is damaged (SQLite's check says: {first}); it was left as it is. "
+                "SQLite's command-line tool can rescue what is readable: "
+                "sqlite3 conversations.db .recover > rescued.sql")
 
     @property
     def schema_version(self) -> int:
