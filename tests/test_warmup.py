@@ -145,11 +145,15 @@ def test_warm_layers_runs_the_layers_on_zeros_and_leaves_compile_on(tiny_hybrid,
     assert run(target, ids, drafter, mode="dflash", max_tokens=12).tokens == before
 
 
-def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kernel_cache):
+def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kernel_cache,
+                                                                            monkeypatch):
+    """Where the cores are fewer than the recipes (the H100 host's fresh start: 7 recipes in
+    the foreground, 5 in the background)."""
     from app.engine.kernels import kernel_prebuild
     from app.models.loader import load_drafter, load_target
     from app.paths import demo_dflash2_dir, demo_pair_dirs
 
+    monkeypatch.setattr(kernel_prebuild, "default_workers", lambda: 2)
     t, d = demo_pair_dirs()
     target, drafter, dflash2 = load_target(t), load_drafter(d), load_drafter(demo_dflash2_dir())
     report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
@@ -164,6 +168,32 @@ def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kerne
     # each child recorded its own recipes, and left no private folder behind
     assert set(walk) <= kernel_prebuild.built_before(kernel_cache)
     assert not list(kernel_cache.glob(".prebuild-*"))
+
+
+def test_with_a_core_for_every_recipe_no_kernel_is_left_to_the_background(kernel_cache,
+                                                                           monkeypatch):
+    """On a fresh H100 host (16 cores) the DFlash2 drafter's 5 kernels were left to background
+    children, and a DFlash2 reply sent right after the warm-up took 12.4 s, building them
+    itself: where each recipe has a core, all are built before the warm-up returns."""
+    from app.engine.kernels import kernel_prebuild
+    from app.models.loader import load_drafter, load_target
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    monkeypatch.setattr(kernel_prebuild, "default_workers", lambda: 12)
+    started = []
+    real_start = kernel_prebuild.start
+    monkeypatch.setattr(kernel_prebuild, "start",
+                        lambda recipes, *a, **k: started.append(list(recipes))
+                        or real_start(recipes, *a, **k))
+    t, d = demo_pair_dirs()
+    target, drafter, dflash2 = load_target(t), load_drafter(d), load_drafter(demo_dflash2_dir())
+    report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
+    every = kernel_prebuild.recipes_for(target, [drafter, dflash2])
+    assert len(every) <= 12 and len(started) == 1  # one job, in the foreground
+    assert sorted(report.prebuild.recipes) == sorted(every) == sorted(started[0])
+    assert report.prebuild.background == [] and kernel_prebuild._BACKGROUND == []
+    assert set(every) <= kernel_prebuild.built_before(kernel_cache)
+    assert len(report.drafted_s) == 1  # still one drafter's reply
 
 
 def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):

@@ -119,7 +119,10 @@ def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
 def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildReport:
     """The CUDA part of :func:`warm_up`: children build the kernels of ``target`` and
     ``drafters`` not recorded as built, while this process builds the GDN kernel and runs
-    :func:`warm_layers`; then children are left building ``later``'s in the background.
+    :func:`warm_layers`; then children are left building ``later``'s in the background,
+    unless every recipe has a core of its own
+    (:func:`~app.engine.kernels.kernel_prebuild.default_workers`): then ``later``'s are
+    built with the others, before the warm-up's replies.
     Never raises: whatever fails is listed in the report's ``failed`` and left to the
     replies, and the children started are always waited for."""
     kernel_prebuild.reap_background()
@@ -131,6 +134,10 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
         todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
         rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
                 if r not in done and r not in todo]
+        if rest and len(todo) + len(rest) <= kernel_prebuild.default_workers():
+            # one child a recipe either way: building the later drafters' kernels now costs
+            # the start no more time, and spares their first reply a build of its own
+            todo, rest = todo + rest, []
         job = kernel_prebuild.start(todo) if todo else None
         build_gdn_kernel(target)  # in this process, while the children compile
         if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
@@ -176,7 +183,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
             :func:`app.engine.kernels.kernel_prebuild.enabled` says no. Then only the first drafter
             gets a warm-up reply: the kernels that only the other drafters need (a DFlash2
             drafter's candidate walk) are built by child processes left running in the
-            background (``WarmUpReport.prebuild.background``). While the children compile,
+            background (``WarmUpReport.prebuild.background``), or with the others when the
+            CPU has a core for each recipe (:func:`_prebuild`). While the children compile,
             this process builds the GDN kernel (:func:`build_gdn_kernel`) and runs
             :func:`warm_layers` (``DFLASH_WARM_LAYERS=0`` skips it, for measurements). A
             failed child is only reported (``WarmUpReport.prebuild.failed``): the replies
@@ -199,8 +207,9 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         prebuild = backend() == "CUDA" and kernel_prebuild.enabled()
     built = None
     if prebuild:
-        # The first drafter's kernels before its reply; the others' in the background (their
-        # first reply reads them from disk, or builds what is not there yet).
+        # The first drafter's kernels before its reply; the others' with them where the cores
+        # allow, else in the background (their first reply reads them from disk, or builds
+        # what is not there yet).
         later = [] if every_drafter else drafters[1:]
         drafters = drafters if every_drafter else drafters[:1]
         built = _prebuild(target, drafters, later)

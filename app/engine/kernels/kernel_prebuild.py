@@ -328,21 +328,27 @@ def split(recipes: list[Recipe], workers: int) -> list[list[Recipe]]:
     return [g for g in groups if g]
 
 
+def default_workers() -> int:
+    """How many children :func:`start` runs at most: the cores this process may use less
+    one (for its own work meanwhile), at most 12 (each child holds a CUDA context, a few
+    hundred MB of GPU memory, until it exits), at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the cores this process may use
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 2
+    return max(1, min(12, cpus - 1))
+
+
 def start(recipes: list[Recipe], workers: int | None = None, stderr: Any = subprocess.PIPE
           ) -> Prebuild:
     """Start child processes that run ``recipes`` (see :func:`split`; ``workers`` defaults
-    to the CPU count less one, at most 12: each child holds a CUDA context, a few hundred MB
-    of GPU memory, until it exits). They inherit the environment, so they write to the same
+    to :func:`default_workers`). They inherit the environment, so they write to the same
     kernel cache as this process. Returns at once.
 
     Raises:
         OSError: the interpreter could not be started.
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))  # the cores this process may use
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 2
-    groups = split(recipes, workers or max(1, min(12, cpus - 1)))
+    groups = split(recipes, workers or default_workers())
     t0 = time.perf_counter()
     procs: list[subprocess.Popen] = []
     try:
