@@ -74,6 +74,75 @@ def test_empty_prompt_is_refused(capsys, command, prompt):
     assert f"python -m app {command}: error: argument --prompt: the message is empty" in err
 
 
+NOT_UTF8 = b"\xff caf\xe9".decode("utf-8", "surrogateescape")
+"""``$'\\xff caf\\xe9'`` as Python decodes it from the command line: lone surrogates."""
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+@pytest.mark.parametrize("option", ["--prompt", "--system-prompt", "--stop", "--tool-parser"])
+def test_text_that_is_not_utf8_is_refused_where_it_is_parsed(capsys, command, option):
+    """A non-UTF-8 argument crashed after the model loaded, with the tokenizer's
+    ``TypeError: TextEncodeInput must be Union[...]`` and a traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, option, NOT_UTF8, "--model", "/nonexistent/model"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m app {command}: error: argument {option}: not valid UTF-8 text: the " \
+        "byte 0xff at character 1 cannot be decoded" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # usage, error
+
+
+def test_a_non_utf8_prompt_exits_2_from_the_shell():
+    """``python -m app chat --prompt $'\\xff caf\\xe9'`` as a shell runs it (bytes in argv)."""
+    import os
+    import subprocess
+    import sys
+
+    for command in ("chat", "compare"):
+        res = subprocess.run([sys.executable, "-m", "app", command, "--prompt",
+                              b"\xff caf\xe9"], capture_output=True, timeout=120,
+                             env={**os.environ, "PYTHONUTF8": "1"})
+        err = res.stderr.decode("utf-8", "replace")
+        assert res.returncode == 2, err
+        assert "error: argument --prompt: not valid UTF-8 text" in err
+        assert "Traceback" not in err
+
+
+def test_tool_arguments_that_are_not_utf8_are_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["tools", "run", "calculator", "--args", '{"expression": "1+' + NOT_UTF8 + '"}'])
+    assert exc.value.code == 2
+    assert "argument --args: not valid UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_a_tool_file_with_text_that_is_not_utf8_exits_2_in_one_line(capsys, tiny_root,
+                                                                    tmp_path, command):
+    """A ``\\ud800`` escape in a --tools file reached the tokenizer, whose TypeError was a
+    traceback; the chat template's check names the field (exit code 2)."""
+    from app.models.tiny import build_tiny_pair
+
+    target, drafter = build_tiny_pair(tiny_root, "qwen3_5", seed=0, block_size=16)
+    tools = tmp_path / "tools.json"
+    tools.write_text('[{"name": "f", "description": "bad \\ud800 text", '
+                     '"parameters": {"type": "object", "properties": {}}}]')
+    code, err = _exit_code(capsys, [command, "--model", str(target), "--draft-model",
+                                    str(drafter), "--prompt", "hi", "--max-tokens", "2",
+                                    "--tools", str(tools)])
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "error: tools[0].function.description is not valid UTF-8 text: it holds a lone "
+        "surrogate (U+D800) at character 5")
+
+
+def test_utf8_text_takes_any_valid_text():
+    from app.commands.generation import prompt_text, utf8_text
+
+    for text in ("naïve café 東京 🙂", "", "\t"):
+        assert utf8_text(text) == text
+    assert prompt_text("hi 🙂") == "hi 🙂"
+
+
 # ------------------------------------------------------------------------------ unknown arguments
 @pytest.mark.parametrize("argv, prog", [(["chat", "--bogus"], "python -m app chat"),
                                         (["compare", "--bogus"], "python -m app compare"),
@@ -213,6 +282,39 @@ def test_serve_arguments_are_checked(capsys, argv, words):
         main(["serve", *argv])
     assert exc.value.code == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["65536", "70000", "4294967296"])
+def test_serve_refuses_a_port_above_65535(capsys, port):
+    """``serve --port 70000`` listened on 4464 (70000 - 65536) without a word. (Parsed
+    only: a port taken would start a server.)"""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "--port", port])
+    assert exc.value.code == 2
+    assert f"argument --port: must be between 0 and 65535, got {port} (a TCP port; 0 picks " \
+        "a free one)" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--port", "65535"]).port == 65535
+    assert build_parser().parse_args(["serve", "--port", "0"]).port == 0
+
+
+def test_bind_socket_refuses_a_port_out_of_range():
+    from app.serve.server import ServeConfigError, bind_socket
+
+    for port in (70000, -1):
+        with pytest.raises(ServeConfigError, match="a TCP port is 0 to 65535"):
+            bind_socket("127.0.0.1", port)
+
+
+def test_serve_refuses_text_arguments_that_are_not_utf8(capsys, monkeypatch):
+    for option in ("--api-key", "--host"):
+        with pytest.raises(SystemExit) as exc:  # parsed only: a key taken would serve
+            build_parser().parse_args(["serve", option, NOT_UTF8])
+        assert exc.value.code == 2
+        assert f"argument {option}: not valid UTF-8 text" in capsys.readouterr().err
+    monkeypatch.setenv("DFLASH_API_KEY", NOT_UTF8)  # os.environ decodes bytes the same way
+    code, err = _exit_code(capsys, ["serve", "--port", "0", "--model", "/nowhere"])
+    assert code == 2 and err.startswith("error: $DFLASH_API_KEY is not valid UTF-8 text")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_serve_on_a_busy_port_says_so_before_loading(capsys):

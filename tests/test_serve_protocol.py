@@ -91,6 +91,49 @@ def test_bad_fields_name_themselves(change, param, words):
                                       "param": param, "code": error.code}}
 
 
+BAD = "\ud800 hi"
+"""Text with a lone surrogate: what a JSON ``"\\ud800 hi"`` decodes to."""
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"messages": [{"role": "user", "content": BAD}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "ok"},
+                                                {"type": "text", "text": BAD}]}]},
+     "messages[0].content[1].text"),
+    ({"messages": [USER, {"role": "assistant", "content": None, "reasoning_content": BAD}]},
+     "messages[1].reasoning_content"),
+    ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": json.dumps({"x": BAD})}}]}]},
+     "messages[1].tool_calls[0].function.arguments.x"),
+    ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": '{"x": "\\ud800"}'}}]}]},  # escaped inside the string
+     "messages[1].tool_calls[0].function.arguments.x"),
+    ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f" + BAD, "arguments": "{}"}}]}]}, "messages[1].tool_calls[0].function.name"),
+    ({"messages": [USER, {"role": "tool", "tool_call_id": "c", "name": BAD, "content": "1"}]},
+     "messages[1].name"),
+    ({"messages": [USER, {"role": "tool", "tool_call_id": BAD, "content": "1"}]},
+     "messages[1].tool_call_id"),
+    ({"messages": [USER, {"role": "tool", "tool_call_id": "c", "content": BAD}]},
+     "messages[1].content"),
+    ({"stop": BAD}, "stop"),
+    ({"stop": ["ok", BAD]}, "stop[1]"),
+    ({"model": BAD}, "model"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": BAD}}]},
+     "tools[0].function.description"),
+    ({"chat_template_kwargs": {BAD: True}}, "chat_template_kwargs"),
+])
+def test_text_that_is_not_utf8_is_refused_naming_its_field(change, param):
+    """A JSON-escaped lone surrogate (``"\\ud800"``) decodes to text the tokenizer cannot
+    take: the server answered 500 (an AssertionError in the handler). It is a 400 naming
+    the field now."""
+    error = _error({"messages": [USER], **change})
+    assert error.status == 400 and error.param == param, (error.param, error.message)
+    assert error.body()["error"]["type"] == "invalid_request_error"
+    assert "is not valid UTF-8 text: it holds a lone surrogate (U+D800)" in error.message
+    json.dumps(error.body(), ensure_ascii=False).encode("utf-8")  # the body can be sent
+
+
 def test_block_size_auto_sets_the_automatic_block_size():
     req = parse_chat_request({"messages": [USER], "block_size": "auto"})
     assert req.auto_block and req.block_size is None  # the largest block: the drafter's

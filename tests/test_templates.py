@@ -86,6 +86,40 @@ def test_bad_messages_raise_typed_error(qwen_tokenizer, messages, match):
     assert issubclass(ChatTemplateError, EngineError)
 
 
+@pytest.mark.parametrize("messages, tools, where", [
+    ([{"role": "user", "content": "\ud800 hi"}], None, "messages[0].content"),
+    ([{"role": "user", "content": "caf\udce9"}], None, "messages[0].content"),
+    ([{"role": "system", "content": "ok"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": {
+            "expression": "1+\udfff"}}}]}], None,
+     "messages[1].tool_calls[0].function.arguments.expression"),
+    ([{"role": "user", "content": "hi"}], [{**CALC, "function": {
+        **CALC["function"], "description": "bad \ud800"}}], "tools[0].function.description"),
+])
+def test_text_that_is_not_utf8_is_a_typed_error_naming_the_field(qwen_tokenizer, messages,
+                                                                  tools, where):
+    """A lone surrogate (a JSON ``\\ud800`` escape, or a command-line argument's byte that is
+    not UTF-8) made the tokenizer raise a bare ``TypeError: TextEncodeInput must be
+    Union[...]``: the window, the CLI and the server saw a traceback. It is a
+    ChatTemplateError naming the field now."""
+    with pytest.raises(ChatTemplateError) as exc:
+        render_prompt(qwen_tokenizer, messages, tools=tools)
+    assert str(exc.value).startswith(f"{where} is not valid UTF-8 text: it holds a lone "
+                                     "surrogate (U+")
+
+
+def test_lone_surrogates_are_found_and_named():
+    from app.chat.templates import invalid_text, lone_surrogate
+
+    assert lone_surrogate("naïve 東京 🙂") is None
+    assert lone_surrogate("ab\udcffc") == 2
+    assert invalid_text({"a": ["ok", {"b": "x\ud800"}]}, "body") == (
+        "body.a[1].b", "body.a[1].b is not valid UTF-8 text: it holds a lone surrogate "
+        "(U+D800) at character 2")
+    assert invalid_text({"\ud800": 1}, "kw")[0] == "kw"
+    assert invalid_text({"a": [1, None, "fine"]}, "body") is None
+
+
 def _tokenizer_with_config(src, dst, extra: dict):
     import json
     import shutil

@@ -55,6 +55,49 @@ def _check_messages(messages: Any) -> None:
             )
 
 
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate (U+D800..U+DFFF) in ``text``, or None when it
+    is valid Unicode text (it encodes as UTF-8).
+
+    Python puts them in a ``str`` for bytes that are not UTF-8 (a command-line argument's
+    undecodable bytes become U+DC80..U+DCFF) and for a JSON ``\\ud800`` escape; tokenizers
+    refuse such text (``TypeError: TextEncodeInput must be Union[...]``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _not_utf8(what: str, text: str, at: int) -> str:
+    return (f"{what} is not valid UTF-8 text: it holds a lone surrogate "
+            f"(U+{ord(text[at]):04X}) at character {at + 1}")
+
+
+def invalid_text(value: Any, where: str) -> tuple[str, str] | None:
+    """The first string in ``value`` (a string, or lists and dicts of them, keys included)
+    that is not valid UTF-8 text (:func:`lone_surrogate`), as ``(path, message)``: ``path``
+    names it from ``where`` (``messages[0].content``; a bad key names its mapping), and
+    ``message`` says what is wrong, for an error. None when all of it is valid."""
+    if isinstance(value, str):
+        at = lone_surrogate(value)
+        return None if at is None else (where, _not_utf8(where, value, at))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = lone_surrogate(key) if isinstance(key, str) else None
+            if at is not None:
+                return where, _not_utf8(f"a key of {where}", key, at)
+            found = invalid_text(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = invalid_text(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def opens_reasoning(prompt_text: str, think_start: str | None, think_end: str | None) -> bool:
     """True when the last assistant turn of ``prompt_text`` holds an unclosed ``think_start``.
 
@@ -93,7 +136,8 @@ def render_prompt(
         :class:`RenderedPrompt`.
 
     Raises:
-        ChatTemplateError: no chat template, malformed messages, or the template failed.
+        ChatTemplateError: no chat template, malformed messages, the template failed, or the
+            text is not valid UTF-8 (a lone surrogate: :func:`lone_surrogate`).
     """
     _check_messages(messages)
     if not getattr(tokenizer, "has_chat_template", False):
@@ -109,6 +153,10 @@ def render_prompt(
         raise ChatTemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(text, str):
         raise ChatTemplateError(f"the chat template returned {type(text).__name__}, not text")
+    if lone_surrogate(text) is not None:  # the tokenizer would raise a bare TypeError
+        found = invalid_text(messages, "messages") or invalid_text(tools, "tools")
+        raise ChatTemplateError(found[1] if found else
+                                "the rendered prompt is not valid UTF-8 text")
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     starts = opens_reasoning(
         text, getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None)

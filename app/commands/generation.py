@@ -39,6 +39,21 @@ def int_at_least(minimum: int):
     return parse
 
 
+def int_between(minimum: int, maximum: int):
+    """An argparse ``type`` accepting whole numbers from ``minimum`` to ``maximum`` (clear
+    message otherwise)."""
+    at_least = int_at_least(minimum)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    return parse
+
+
 _positive_int = int_at_least(1)
 _non_negative_int = int_at_least(0)
 
@@ -86,12 +101,31 @@ def _temperature(text: str) -> float:
     return value
 
 
+def utf8_text(text: str) -> str:
+    """An argparse ``type`` for text that reaches the model or the tokenizer (system prompt,
+    stop strings, ...): refuses an argument that is not valid UTF-8 (exit code 2 with the
+    command's usage). Python decodes such bytes of the command line to lone surrogates,
+    which the tokenizer fails on (``TextEncodeInput must be Union[...]``)."""
+    from app.chat.templates import lone_surrogate
+
+    at = lone_surrogate(text)
+    if at is not None:
+        code = ord(text[at])
+        what = (f"the byte 0x{code - 0xDC00:02x} at character {at + 1} cannot be decoded"
+                if 0xDC80 <= code <= 0xDCFF  # an undecodable byte (surrogateescape)
+                else f"a lone surrogate U+{code:04X} at character {at + 1}")
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {what} (give UTF-8 text; "
+                                         "check the terminal's or the script's encoding)")
+    return text
+
+
 def prompt_text(text: str) -> str:
     """An argparse ``type`` for a user message: refuses an empty or blank one, as the
-    window's composer does (exit code 2 with the command's usage)."""
+    window's composer does, and one that is not valid UTF-8 (:func:`utf8_text`) (exit code 2
+    with the command's usage)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("the message is empty: give some text to reply to")
-    return text
+    return utf8_text(text)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -102,7 +136,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "is paired with the bundled demo target)")
     p.add_argument("--prompt", type=prompt_text, default=DEFAULT_PROMPT,
                    help=f"the user message (not empty; default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--system-prompt", help="a system message")
+    p.add_argument("--system-prompt", type=utf8_text, help="a system message")
     max_tokens = SPECS["max_tokens"].default  # the window's default, from the one table
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                    help=f"generated tokens at most per round (default {max_tokens})")
@@ -137,9 +171,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tools", default="builtin", metavar="{builtin,none,FILE}",
                    help="tool definitions shown to the model: the built-in tools (default), "
                    "none, or a JSON file of definitions")
-    p.add_argument("--tool-parser", help="mlx_lm.tool_parsers module to use instead of the "
-                   "one inferred from the chat template (e.g. json_tools)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+    p.add_argument("--tool-parser", type=utf8_text,
+                   help="mlx_lm.tool_parsers module to use instead of the one inferred from "
+                   "the chat template (e.g. json_tools)")
+    p.add_argument("--stop", action="append", type=utf8_text, default=[], metavar="TEXT",
                    help="stop string (repeatable)")
     p.add_argument("--run-tools", action="store_true",
                    help="run the model's tool calls (built-in tools) and continue the reply")

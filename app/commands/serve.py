@@ -10,6 +10,7 @@ cannot listen on.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -21,8 +22,23 @@ from app.commands.generation import (
     default_dflash2,
     default_thinking,
     int_at_least,
+    int_between,
     resolve_pair,
+    utf8_text,
 )
+
+MAX_PORT = 65535
+"""The largest TCP port number."""
+
+
+def port_number(text: str) -> int:
+    """An argparse ``type`` for ``--port``: a TCP port, 0 (a free one) to :data:`MAX_PORT`
+    (a larger number would wrap around to another port: 70000 listened on 4464)."""
+    try:
+        return int_between(0, MAX_PORT)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a TCP port; 0 picks a free one)") from None
+
 
 API_KEY_ENV = "DFLASH_API_KEY"
 """An API key from the environment, used when ``--api-key`` is not given (keeps it out of
@@ -40,10 +56,10 @@ def register(subparsers) -> None:
         "with every reply). Listens on 127.0.0.1 unless told otherwise; another host needs "
         "--api-key.",
     )
-    p.add_argument("--host", default=DEFAULT_HOST,
+    p.add_argument("--host", type=utf8_text, default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}; anything but loopback "
                    "needs --api-key)")
-    p.add_argument("--port", type=int_at_least(0), default=DEFAULT_PORT,
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 picks a free one, printed at start)")
     p.add_argument("--model", help="target: a folder or a cached Hugging Face repo id "
                    "(default: the bundled demo pair)")
@@ -52,7 +68,8 @@ def register(subparsers) -> None:
                    "--model: plain decoding only)")
     p.add_argument("--dflash2-model", help="a DFlash2 drafter beside the DFlash one (default "
                    "on the bundled demo pair: its DFlash2 drafter; 'none' leaves it out)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ requests "
+    p.add_argument("--api-key", type=utf8_text,
+                   help="require 'Authorization: Bearer KEY' on /v1/ requests "
                    f"(default: ${API_KEY_ENV} when set, else no key)")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
@@ -98,6 +115,11 @@ def _serve(args) -> int:
     from app.serve.worker import ServeWorker, WorkerConfig
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key and not args.api_key:  # the environment's, not checked by the parser
+        try:
+            utf8_text(api_key)
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"${API_KEY_ENV} is {exc}") from None
     try:
         check_host(args.host, api_key)
     except ServeConfigError as exc:

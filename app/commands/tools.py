@@ -14,6 +14,7 @@ import math
 import sys
 
 from app.chat.tools import BUILTIN_TOOLS, find_tool, run_tool, tool_schemas
+from app.commands.generation import utf8_text
 
 
 def positive_seconds(text: str) -> float:
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
         "--args",
         default="{}",
         dest="tool_args",
+        type=utf8_text,
         metavar="JSON",
         help='arguments as a JSON object, e.g. \'{"expression": "17*23"}\'',
     )

@@ -216,9 +216,8 @@ def create_app(worker: JobQueue, options: ServeOptions,
         watch = asyncio.ensure_future(_watch_disconnect(request, job))
         try:
             first = await events.get()
-            if isinstance(first, JobRefused):
-                raise first.error
-            assert isinstance(first, JobStarted)
+            if not isinstance(first, JobStarted):
+                raise _not_started(first)
             completion_id = new_completion_id()
             if req.stream:
                 watch.cancel()  # StreamingResponse listens for the disconnect itself
@@ -274,6 +273,21 @@ def create_app(worker: JobQueue, options: ServeOptions,
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
     return app
+
+
+def _not_started(event: object) -> ApiError:
+    """The error a request gets when the worker's first event for it is not
+    :class:`~app.serve.worker.JobStarted`: a :class:`~app.serve.worker.JobRefused`'s own
+    error (400 bad request, 499, 503...); for a :class:`~app.serve.worker.JobFailed` (the
+    worker failed while preparing the reply: a server fault, logged there) a 500
+    ``server_error`` with its message, for streamed requests too (nothing was sent yet)."""
+    if isinstance(event, JobRefused):
+        return event.error
+    if isinstance(event, JobFailed):
+        return ApiError(500, event.message, type="server_error", code="generation_failed")
+    log.error("the worker began a request with %r instead of JobStarted", event)
+    return ApiError(500, "internal server error: the worker did not start the reply; see the "
+                    "server log", type="server_error")
 
 
 async def _stream(req: ChatRequest, job: Job, events: asyncio.Queue, completion_id: str,

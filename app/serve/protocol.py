@@ -23,6 +23,7 @@ from typing import Any
 
 from app.chat.events import Summary
 from app.chat.settings import DECODING_MODES, Sampling, SettingError, coerce
+from app.chat.templates import invalid_text
 
 MAX_STOP_STRINGS = 16
 """Stop strings one request may give (OpenAI allows 4; more costs nothing here)."""
@@ -111,6 +112,20 @@ class ChatRequest:
 
 
 # ------------------------------------------------------------------------------ parsing
+def check_text(value: Any, param: str) -> None:
+    """Refuse text the model cannot be given: a string in ``value`` (strings, lists and
+    objects of them, keys included) holding a lone surrogate, which JSON's ``\\ud800``
+    escapes decode to (``app.chat.templates.invalid_text``); the tokenizer would fail on it.
+
+    Raises:
+        ApiError: 400 naming the field (``param`` and the path below it).
+    """
+    found = invalid_text(value, param)
+    if found is not None:
+        path, message = found
+        raise bad_request(f"{message}; send valid UTF-8 text", path)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -139,6 +154,7 @@ def _text_content(content: Any, param: str, allow_none: bool) -> str:
             return ""
         raise bad_request(f"{param} is missing", param)
     if isinstance(content, str):
+        check_text(content, param)
         return content
     if isinstance(content, list):
         parts = []
@@ -149,6 +165,7 @@ def _text_content(content: Any, param: str, allow_none: bool) -> str:
                 raise bad_request(f"{param}[{i}] is a {kind!s} part: only text parts are "
                                   "supported (this server has no image or audio input)",
                                   f"{param}[{i}]")
+            check_text(part["text"], f"{param}[{i}].text")
             parts.append(part["text"])
         return "".join(parts)
     raise bad_request(f"{param} must be a string or a list of text parts", param)
@@ -168,6 +185,7 @@ def _tool_calls(calls: Any, param: str) -> list[dict]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"{p}.function.name must be a non-empty string", f"{p}.function.name")
+        check_text(name, f"{p}.function.name")
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:
@@ -178,6 +196,9 @@ def _tool_calls(calls: Any, param: str) -> list[dict]:
         if not isinstance(args, dict):
             raise bad_request(f"{p}.function.arguments must encode a JSON object",
                               f"{p}.function.arguments")
+        check_text(args, f"{p}.function.arguments")
+        if call.get("id"):
+            check_text(str(call["id"]), f"{p}.id")
         out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
                     "function": {"name": name, "arguments": args}})
     return out
@@ -209,8 +230,10 @@ def parse_messages(raw: Any) -> list[dict]:
         msg: dict[str, Any] = {"role": role}
         if role == "assistant":
             msg["content"] = _text_content(m.get("content"), f"{p}.content", allow_none=True)
-            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            key = "reasoning_content" if "reasoning_content" in m else "reasoning"
+            reasoning = m.get(key)
             if isinstance(reasoning, str) and reasoning:
+                check_text(reasoning, f"{p}.{key}")
                 msg["reasoning_content"] = reasoning
             if m.get("tool_calls"):
                 msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{p}.tool_calls")
@@ -222,7 +245,10 @@ def parse_messages(raw: Any) -> list[dict]:
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise bad_request(f"{p}.tool_call_id is missing", f"{p}.tool_call_id")
+            check_text(call_id, f"{p}.tool_call_id")
             msg["tool_call_id"] = call_id
+            if isinstance(m.get("name"), str):
+                check_text(m["name"], f"{p}.name")
             name = m.get("name") if isinstance(m.get("name"), str) else names.get(call_id)
             if name:
                 msg["name"] = name
@@ -256,6 +282,7 @@ def parse_tools(body: dict) -> list[dict] | None:
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
                               f"tools[{i}].function.parameters")
         names.append(fn["name"])
+    check_text(tools, "tools")
     choice = body.get("tool_choice", "auto")
     if choice in (None, "auto"):
         return tools or None
@@ -293,6 +320,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
+    check_text(model, "model")
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body)
     stream = body.get("stream", False)
@@ -337,6 +365,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad_request("stop must be a string or a list of strings", "stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"stop may hold at most {MAX_STOP_STRINGS} strings", "stop")
+    check_text(body.get("stop"), "stop")
     _refuse_unsupported(body)
     temperature = _number(body, "temperature")
     top_p = _number(body, "top_p")
@@ -355,6 +384,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+    check_text(kwargs, "chat_template_kwargs")  # its keys are named in the error below
     unknown = sorted(set(kwargs) - {"enable_thinking"})
     if unknown:
         raise bad_request(f"chat_template_kwargs: only enable_thinking is supported, got "

@@ -64,8 +64,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     ``run(sockets=[...])``; binding before the model loads makes a busy port an error at once.
 
     Raises:
-        ServeConfigError: the address cannot be bound (in use, or not this machine's).
+        ServeConfigError: the address cannot be bound (in use, or not this machine's), or
+            ``port`` is not a TCP port (0 to 65535: getaddrinfo would wrap a larger one
+            around, 70000 to 4464).
     """
+    if not 0 <= port <= 65535:
+        raise ServeConfigError(f"cannot listen on {host}:{port}: a TCP port is 0 to 65535")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

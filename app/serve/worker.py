@@ -9,7 +9,8 @@ prompt against the context, runs :meth:`app.chat.session.ChatSession.reply` with
 cancel flag (the engine checks it every token / cycle) and hands typed events back through
 ``deliver``: :class:`JobRefused` (the request could not start: an
 :class:`~app.serve.protocol.ApiError`) or :class:`JobStarted`, then :class:`JobTextDelta` /
-:class:`JobToolCall` as the reply is written, then :class:`JobFinished` or :class:`JobFailed`.
+:class:`JobToolCall` as the reply is written, then :class:`JobFinished` or :class:`JobFailed`
+(an unexpected error while preparing sends :class:`JobFailed` alone).
 ``deliver`` is called on that thread; the API's posts onto its event loop with
 ``loop.call_soon_threadsafe``.
 
@@ -100,7 +101,8 @@ class JobFinished:
 
 @dataclass(frozen=True)
 class JobFailed:
-    """The reply failed after it started (an engine error): ``message`` for the client."""
+    """The reply failed (an engine error after it started, or an unexpected error in the
+    worker, which may come before any :class:`JobStarted`): ``message`` for the client."""
 
     message: str
 
