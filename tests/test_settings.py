@@ -93,6 +93,7 @@ def test_reply_settings_refuse_bad_values_on_construction(kwargs, match):
     ({"min_p": 1.5}, "min_p 1.5 is out of range"),
     ({"repetition_penalty": 0.5}, "repetition_penalty 0.5 is out of range"),
     ({"seed": -2}, "seed must be at least 0"),
+    ({"seed": 2**40}, "it must be between -1 and 2147483647$"),  # not 2.14748e+09
 ])
 def test_sampling_refuses_values_outside_the_table(kwargs, match):
     with pytest.raises(SettingError, match=match):

@@ -125,7 +125,7 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
         if spec.low is not None and not spec.low <= number <= spec.high:
             if not clamp:
                 raise SettingError(f"{name} {number!r} is out of range: it must be between "
-                                   f"{spec.low:g} and {spec.high:g}")
+                                   f"{_bound(spec.low)} and {_bound(spec.high)}")
             number = type(number)(min(max(number, spec.low), spec.high))
         return number
     if isinstance(default, list):
@@ -140,6 +140,12 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
     return text
 
 
+def _bound(x: float) -> str:
+    """A range's end as a message shows it: whole numbers in full (2147483647, not
+    2.14748e+09), others as ``:g``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def _check_range(name: str, value: Any, what: str = "") -> None:
     """Refuse ``value`` outside setting ``name``'s inclusive range in :data:`SPECS`.
 
@@ -149,7 +155,7 @@ def _check_range(name: str, value: Any, what: str = "") -> None:
     spec = SPECS[name]
     if not spec.low <= value <= spec.high:
         raise SettingError(f"{what or name} {value!r} is out of range: it must be between "
-                           f"{spec.low:g} and {spec.high:g}")
+                           f"{_bound(spec.low)} and {_bound(spec.high)}")
 
 
 def _check_number(name: str, value: Any, kind: type) -> None:
