@@ -1032,6 +1032,22 @@ def test_the_first_reply_of_a_drafter_that_accepts_nothing_names_it(qtbot, qs):
         win.shutdown()
 
 
+def test_a_sampled_reply_with_low_acceptance_does_not_call_the_drafter_unfit(qtbot, qs):
+    """At temperature 2 the bundled pair's own drafter had 1% accepted and the window said it
+    "probably does not fit this target": sampling lowers any drafter's acceptance, so a
+    sampled reply does not judge the fit (the greedy probe after a load does)."""
+    from app.ui import settings as settings_mod
+
+    settings_mod.save_defaults(qs, {"temperature": 2.0, "seed": 7})
+    backend = BenchBackend(accept=lambda c: 0, cycles=6)
+    win, backend = loaded_window(qtbot, qs, backend)
+    try:
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        assert "does not fit this target" not in win.banner.text()
+    finally:
+        win.shutdown()
+
+
 # ------------------------------------------------------------------ the first screen
 def test_empty_chat_shows_the_model_and_its_examples_and_a_click_sends(qtbot, qs, tiny_dirs,
                                                                        tmp_path):

@@ -244,12 +244,14 @@ def unfit_note_text(drafter_name: str | None, acceptance_rate: float, accepted: 
             "target in Models, or use Plain.")
 
 
-def unfit_drafter_note(summary, drafter_name: str | None) -> str | None:
+def unfit_drafter_note(summary, drafter_name: str | None, greedy: bool = True) -> str | None:
     """The note for a DFlash or DFlash2 reply whose drafter looks unfit for the target, or
     None: :func:`fit_verdict` says ``unfit`` (acceptance below :data:`UNFIT_ACCEPTANCE` over
     at least :data:`UNFIT_MIN_CYCLES` cycles). ``summary``: the reply's
-    ``app.engine.events.Summary`` (whole reply)."""
-    if summary is None or summary.mode not in DRAFTING_MODES:
+    ``app.engine.events.Summary`` (whole reply). ``greedy`` False (a sampled reply): None,
+    since sampling lowers any drafter's acceptance (the bundled pair's fell to 1% at
+    temperature 2); the greedy probe after a load judges the fit instead."""
+    if summary is None or summary.mode not in DRAFTING_MODES or not greedy:
         return None
     rate = summary.acceptance_rate
     if fit_verdict(rate, summary.cycles) != "unfit":

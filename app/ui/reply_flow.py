@@ -714,7 +714,8 @@ class ReplyController(QObject):
                                     getattr(self.state.model, "trained_chat_length", None),
                                     note is not None and note.left_out_turns > 0)
                 self.state.slow_streak.add(r.speedup.ratio if r.speedup else None, long)
-                unfit = unfit_drafter_note(s, self.state.model.drafter_name)
+                unfit = unfit_drafter_note(s, self.state.model.drafter_name,
+                                           run.settings.sampling.greedy)
                 if unfit and not long:  # in a long chat low acceptance is the chat's doing
                     self.messages.show_note(unfit)
                 elif self.state.slow_streak.slow:  # below a note on this reply's prompt
