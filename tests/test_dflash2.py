@@ -749,6 +749,17 @@ def test_chat_mode_dflash2(capsys, cli_paths, request):
     assert code == 2 and "DFlash2 drafter" in err
 
 
+def test_chat_with_a_dflash2_drafter_and_the_default_mode_says_dflash2(capsys, cli_paths):
+    """``chat --draft-model D2`` (the default mode, dflash) ran DFlash2 and labelled it
+    "dflash" (its summary said dflash2): the drafter decides, and the command says so."""
+    t, _, d2 = cli_paths
+    code, out, err = _cli(capsys, "chat", "--model", t, "--draft-model", d2, *COMMON, "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["mode"] == obj["summary"]["mode"] == "dflash2"
+    assert "is a DFlash2 drafter: the reply runs DFlash2" in err
+
+
 @pytest.mark.slow  # left to make test (CI): make test-fast stays under 5 minutes
 def test_compare_json_adds_the_dflash2_fields(capsys, cli_paths, request):
     t, d, d2 = cli_paths

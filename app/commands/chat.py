@@ -31,7 +31,7 @@ from app.commands.generation import (
     warm_up_on_gpu,
 )
 from app.engine.lookup import DEFAULT_BLOCK
-from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, MODES
+from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, MODES, Mode, drafter_mode
 
 
 def register(subparsers) -> None:
@@ -165,6 +165,10 @@ def _chat(args) -> int:
     if note := auto_block_note(args.block_size, args.mode):
         print(note, file=sys.stderr)
     target, drafter, tpath, dpath = _load(args, need_drafter=args.mode in DRAFTER_MODES)
+    if settings.mode == Mode.DFLASH and drafter is not None \
+            and drafter_mode(drafter) is Mode.DFLASH2:  # the drafter decides: say so
+        settings = replace(settings, mode=Mode.DFLASH2)
+        print(f"note: {dpath} is a DFlash2 drafter: the reply runs DFlash2", file=sys.stderr)
     warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings = replace(settings, enable_thinking=default_thinking(tpath, dpath))
