@@ -112,6 +112,11 @@ def test_models_json_probe_carries_the_verdicts(unfit_dirs, tmp_path, monkeypatc
     text = capsys.readouterr().out
     assert (f"probe with {unfit_dirs[1].name}: does not fit this target: 0% accepted on a "
             "probe (tau 1.0, 3 cycles") in text
+    # a name that matches no target is an error, not a silent listing
+    assert main(["models", "--json", "--probe", unfit_dirs[0].name, "nosuch"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "--probe: no target named 'nosuch'" in out.err
+    assert "probing" not in out.err
 
 
 def test_the_window_names_an_unfit_drafter_once_its_pair_loads(qtbot, qs, unfit_dirs,

@@ -86,6 +86,13 @@ def _run_models(args: argparse.Namespace) -> int:
     # the measured costs of --block-size auto (app.engine.costs), per pair and device
     report["cost_models"] = stored_models(default_data_dir())
     if args.probe is not None:
+        known = {v for item in report["targets"]
+                 for v in (item["name"], item.get("repo_id"), item["path"]) if v}
+        unknown = [n for n in args.probe if n not in known]
+        if unknown:
+            print(f"error: --probe: no target named {', '.join(map(repr, unknown))} (give a "
+                  "name, repo id or path as `python -m app models` lists them)", file=sys.stderr)
+            return 2
         _probe_pairs(catalog, report, args.probe)
     if catalog.folders_error:
         print(f"warning: {catalog.folders_error}", file=sys.stderr)
