@@ -352,3 +352,16 @@ def test_the_other_commands_work_without_the_servers_packages():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--mode" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["chat", "compare", "bench"])
+@pytest.mark.parametrize("option", [["--layer-split", "1,2"], ["--network-timeout", "-1"]])
+def test_distributed_options_without_distributed_are_refused(capsys, tmp_path, monkeypatch,
+                                                             command, option):
+    """They were taken and ignored (a run went on with rc 0); now one line, exit 2, before
+    a model loads."""
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    code, err = _exit_code(capsys, [command, *option, "--max-tokens", "4"])
+    assert code == 2
+    assert f"{option[0]} is used only with --distributed HOSTFILE" in err
+    assert "Traceback" not in err

@@ -42,9 +42,24 @@ def add_distributed_arguments(p) -> None:
                    "backend; see docs/distributed.md)")
     p.add_argument("--layer-split", metavar="N,N,...",
                    help="with --distributed: layers per process, in rank order (default even)")
-    p.add_argument("--network-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--network-timeout", type=float, default=None, metavar="S",
                    help="with --distributed: seconds without an answer from a host before the "
                    f"reply stops with an error (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def check_distributed_only(args) -> None:
+    """Refuse ``--layer-split`` or ``--network-timeout`` without ``--distributed`` (they were
+    taken and ignored).
+
+    Raises:
+        CommandError: naming the option.
+    """
+    if getattr(args, "distributed", None):
+        return
+    for option, value in (("--layer-split", getattr(args, "layer_split", None)),
+                          ("--network-timeout", getattr(args, "network_timeout", None))):
+        if value is not None:
+            raise CommandError(f"{option} is used only with --distributed HOSTFILE")
 
 
 def read_hosts(path: str | Path) -> list[dict]:
@@ -125,9 +140,10 @@ def join(args):
         CommandError: a bad hostfile or timeout.
         GenerationError: the group cannot be formed.
     """
-    from app.engine.distributed import join_group
+    from app.engine.distributed import DEFAULT_TIMEOUT_S, join_group
 
-    if not args.network_timeout > 0:
+    timeout = DEFAULT_TIMEOUT_S if args.network_timeout is None else args.network_timeout
+    if not timeout > 0:
         raise CommandError("--network-timeout must be a number of seconds above 0")
     if "MLX_RANK" not in os.environ:
         hosts = read_hosts(args.distributed)
@@ -135,7 +151,7 @@ def join(args):
             _spawn_local(len(hosts))
         else:
             _relaunch(args.distributed)
-    return join_group(args.network_timeout)
+    return join_group(timeout)
 
 
 def load_sharded_target(args, tpath: str, keep_quantized: bool | None):

@@ -358,8 +358,10 @@ def load_target_arg(args, tpath: str):
     """The target for the arguments: in this process, or with ``--distributed`` sharded over
     a group (:func:`app.commands.distributed.load_sharded_target`; on a rank other than 0
     that call serves its layers and ends the process)."""
+    from app.commands.distributed import check_distributed_only
     from app.models.loader import load_target
 
+    check_distributed_only(args)
     if getattr(args, "distributed", None):
         from app.commands.distributed import load_sharded_target
 
