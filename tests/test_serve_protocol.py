@@ -163,6 +163,23 @@ def test_tool_choice_shows_all_none_or_one_tool():
     assert one.tools == tools[1:]
 
 
+@pytest.mark.parametrize("name", ["bad name!", "", "x" * 65, "caf\u00e9", "a.b"])
+def test_a_tool_name_outside_openais_rule_is_a_400_naming_it(name):
+    """The server took `"bad name!"` (the CLI's tool files refuse it): OpenAI's rule,
+    letters, digits, '_' and '-', 1 to 64."""
+    tools = [{"type": "function", "function": {"name": "ok_1", "parameters": {}}},
+             {"type": "function", "function": {"name": name, "parameters": {}}}]
+    err = _error({"messages": [USER], "tools": tools})
+    assert err.status == 400
+    assert err.param == ("tools[1]" if name == "" else "tools[1].function.name")
+
+
+def test_tool_names_inside_openais_rule_are_taken():
+    tools = [{"type": "function", "function": {"name": n, "parameters": {}}}
+             for n in ("get-weather", "_x", "9lives", "a" * 64)]
+    assert parse_chat_request({"messages": [USER], "tools": tools}).tools == tools
+
+
 def _result(**kw) -> CompletionResult:
     summary = Summary(mode="dflash", prompt_tokens=100, reused_tokens=90, generated_tokens=12,
                       ttft_s=0.05, tok_per_s=200.0, cycles=2, drafted=15, accepted=10,
