@@ -159,3 +159,14 @@ def qs(tmp_path):
     s.setValue("system_prompt", "")
     s.endGroup()
     return s
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory):
+    """(target, drafter) folders of a tiny random ``qwen3_5`` pair, block 8, as strings (the
+    server tests')."""
+    from app.models.tiny import build_tiny_pair
+
+    t, d = build_tiny_pair(tmp_path_factory.mktemp("serve_tiny"), "qwen3_5", seed=0,
+                           block_size=8)
+    return str(t), str(d)

@@ -29,16 +29,6 @@ SURROGATE_BODIES = [
 
 
 @pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory):
-    """(target, drafter) folders of a tiny random ``qwen3_5`` pair."""
-    from app.models.tiny import build_tiny_pair
-
-    t, d = build_tiny_pair(tmp_path_factory.mktemp("serve_errors"), "qwen3_5", seed=0,
-                           block_size=8)
-    return str(t), str(d)
-
-
-@pytest.fixture(scope="module")
 def server(tiny_paths):
     """The tiny pair served on a free loopback port."""
     srv = RunningServer(PairSpec(*tiny_paths), model_id="tiny")

@@ -14,16 +14,6 @@ from app.chat.session import ChatSession
 pytest.importorskip("pytestqt")
 
 
-@pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory):
-    """(target, drafter) folders of a tiny random ``qwen3_5`` pair."""
-    from app.models.tiny import build_tiny_pair
-
-    t, d = build_tiny_pair(tmp_path_factory.mktemp("serve_window"), "qwen3_5", seed=0,
-                           block_size=8)
-    return str(t), str(d)
-
-
 def _window(qtbot, qs):
     from app.ui.window import MainWindow
 
