@@ -151,6 +151,35 @@ def test_a_page_damaged_after_the_check_is_a_typed_error(tmp_path, monkeypatch):
             store._q("SELECT * FROM messages")  # what every read goes through
 
 
+def test_a_window_whose_chats_cannot_be_read_starts_and_says_so(qtbot, qs, tmp_path,
+                                                                monkeypatch):
+    """Damage found by a read, not at open: the window crashed at start (the traceback
+    ended in "database disk image is malformed"); it starts, lists what it can, and says so
+    in the storage banner."""
+    from app.chat.storage import Store
+    from app.chat.turns import ViewStore
+
+    db = tmp_path / "conversations.db"
+    _damage(db, "a damaged page")
+    monkeypatch.setattr(Store, "_check_intact", lambda self: None)  # as if damaged later
+    store = ViewStore(db)
+    qs.setValue("last_conversation", 1)
+    real = Store.list_conversations
+
+    def damaged(self, *a, **k):  # the conversations' own table damaged too
+        self._q("SELECT * FROM messages")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Store, "list_conversations", damaged)
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
+    try:
+        assert any("Some saved chats could not be read" in t for t in shown_messages(win))
+        assert store.search("chat") == []  # a read that fails answers "nothing", says so
+        assert win.isVisible()
+    finally:
+        win.shutdown()
+
+
 # ------------------------------------------------------------------ a drafter that fails
 class DrafterFault(RuntimeError):
     """What the failing drafter raises."""

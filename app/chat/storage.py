@@ -61,6 +61,11 @@ class StorageError(Exception):
     """A conversation database cannot be used (unreadable file, unknown row, bad value)."""
 
 
+class StoreReadError(StorageError):
+    """A read met a damaged database (``sqlite3.DatabaseError`` once the file was open:
+    damage the open-time check did not find, or that came later)."""
+
+
 class StoreWriteError(StorageError):
     """A write to the conversation database failed: nothing of that write was stored, and
     what was stored before stays as it was (SQLite rolls the transaction back).
@@ -439,7 +444,7 @@ class Store:
             try:
                 return self._db.execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:  # a page damaged since the file was opened
-                raise StorageError(f"could not read {self.path}: {exc}") from exc
+                raise StoreReadError(f"could not read {self.path}: {exc}") from exc
 
     def _check_intact(self) -> None:
         """Raise :class:`StorageError` when SQLite's ``PRAGMA quick_check`` finds the file

@@ -51,6 +51,7 @@ from app.chat.storage import (
     ConversationNotFoundError,
     StorageError,
     Store,
+    StoreReadError,
 )
 from app.engine.events import Done, Summary, TokenEvent
 
@@ -512,13 +513,28 @@ class ViewStore:
 
     def __init__(self, path: Path | str = ":memory:") -> None:
         self.db = Store(path)
+        self.on_read_error: Callable[[str], None] | None = None
+        """Called with the message when a read meets a damaged database (:meth:`list`,
+        :meth:`get` and :meth:`search` then answer as if nothing were stored); the window
+        shows it in its storage banner."""
+
+    def _read_failed(self, exc: StoreReadError) -> None:
+        log.error("reading the conversation database: %s", exc)
+        if self.on_read_error is not None:
+            self.on_read_error(str(exc))
 
     # ---- conversations
     def list(self) -> list[ConversationView]:
-        """Every conversation (titles only; turns load with :meth:`get`), newest first."""
+        """Every conversation (titles only; turns load with :meth:`get`), newest first;
+        empty when the database cannot be read (:attr:`on_read_error` is told)."""
+        try:
+            rows = self.db.list_conversations()
+        except StoreReadError as exc:
+            self._read_failed(exc)
+            return []
         return [ConversationView(id=c.id, title=c.title or "New chat",
                                  settings=dict(c.settings), updated=c.updated_at)
-                for c in self.db.list_conversations()]
+                for c in rows]
 
     def new(self) -> ConversationView:
         """A new, empty conversation (titled by its first prompt, ``auto_title``)."""
@@ -530,10 +546,20 @@ class ViewStore:
         ``last`` turns (user messages and replies; None: all of them), the number before them
         in :attr:`ConversationView.earlier`. Only the rows of those turns are read (with
         :meth:`Store.path_outline` for the path), so the time it takes does not grow with
-        the conversation's length beyond reading its ids."""
+        the conversation's length beyond reading its ids. None too when the database cannot
+        be read (:attr:`on_read_error` is told)."""
+        try:
+            return self._get(conv_id, last)
+        except StoreReadError as exc:
+            self._read_failed(exc)
+            return None
+
+    def _get(self, conv_id: int, last: int | None) -> ConversationView | None:
         try:
             c = self.db.get_conversation(conv_id)
             path, children = self.db.path_outline(conv_id)
+        except StoreReadError:
+            raise
         except StorageError:
             return None
         conv = ConversationView(id=c.id, title=c.title or "New chat",
@@ -667,9 +693,15 @@ class ViewStore:
         return self.get(c.id)
 
     def search(self, text: str) -> list[int]:
-        """Ids of conversations whose messages or title contain ``text`` (first hit first)."""
+        """Ids of conversations whose messages or title contain ``text`` (first hit first);
+        empty when the database cannot be read (:attr:`on_read_error` is told)."""
         ids: list[int] = []
-        for hit in self.db.search(text):
+        try:
+            hits = self.db.search(text)
+        except StoreReadError as exc:
+            self._read_failed(exc)
+            return []
+        for hit in hits:
             if hit.conversation_id not in ids:
                 ids.append(hit.conversation_id)
         return ids

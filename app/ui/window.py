@@ -215,6 +215,7 @@ class MainWindow(QMainWindow):
         self.timer.timeout.connect(self.replies.render_pending)
         self.timer.start()
         self.models.set_intro()
+        self.store.on_read_error = self._store_unreadable
         self._restore()
         # the program may end without closing the window (sys.exit in a slot, a script):
         # shut down then too, before Qt's objects go (runs before the worker's own hook)
@@ -582,6 +583,17 @@ class MainWindow(QMainWindow):
             self.store_label.setToolTip("Chats are kept in memory only this time and are "
                                         f"lost at quit: {self.store.problem}")
             self.store_label.show()
+
+    def _store_unreadable(self, error: str) -> None:
+        """A read of the conversation database met damage (``ViewStore.on_read_error``): say
+        so in the storage banner, once a run (the chats that could be read stay)."""
+        if getattr(self, "_said_unreadable", False):
+            return
+        self._said_unreadable = True
+        self.messages.show_store_problem(
+            f"Some saved chats could not be read: {error}. The file was left as it is; "
+            "quit and rescue it with SQLite's command-line tool: sqlite3 conversations.db "
+            ".recover > rescued.sql")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states, the switch and Colour drafts to QSettings."""
