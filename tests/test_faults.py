@@ -483,6 +483,40 @@ def test_a_database_locked_beyond_the_timeout_is_a_typed_error(tmp_path):
     store.close()
 
 
+def test_a_write_that_fails_inside_a_transaction_stays_a_write_error(tmp_path):
+    """add_message's own UPDATE of the chat's time runs through the read helper inside the
+    write transaction: a full disk there is a StoreWriteError (the window keeps the write to
+    retry), not a "could not read" error."""
+    from app.chat.storage import Store, StoreReadError, StoreWriteError
+
+    class FullOnTouch:  # the connection, failing the UPDATE as a full disk would
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql.startswith("UPDATE conversations SET updated_at"):
+                exc = sqlite3.OperationalError("database or disk is full")
+                exc.sqlite_errorcode, exc.sqlite_errorname = 13, "SQLITE_FULL"
+                raise exc
+            return self.db.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    store = Store(tmp_path / "conversations.db")
+    conv = store.new_conversation("A chat")
+    real = store._db
+    store._db = FullOnTouch(real)
+    try:
+        with pytest.raises(StoreWriteError) as caught:
+            store.add_message(conv.id, "user", "hello")
+        assert not isinstance(caught.value, StoreReadError) and caught.value.cause == "full"
+    finally:
+        store._db = real
+    assert store.messages(conv.id) == []  # rolled back whole
+    store.close()
+
+
 @pytest.mark.parametrize("name, cause", [("SQLITE_FULL", "full"), ("SQLITE_IOERR_WRITE", "io"),
                                          ("SQLITE_BUSY", "locked"),
                                          ("SQLITE_READONLY", "readonly"),

@@ -66,6 +66,16 @@ class StoreReadError(StorageError):
     damage the open-time check did not find, or that came later)."""
 
 
+def _damaged(exc: sqlite3.Error) -> bool:
+    """True for SQLite's "the file is damaged" errors: result codes ``SQLITE_CORRUPT`` (11)
+    and ``SQLITE_NOTADB`` (26), extended codes included (their low byte; sqlite.org's
+    "Result and Error Codes"); not a lock, a full disk or an error in the statement."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python before 3.11: the message SQLite gives for both
+        return "malformed" in str(exc) or "not a database" in str(exc)
+    return code & 0xFF in (11, 26)
+
+
 class StoreWriteError(StorageError):
     """A write to the conversation database failed: nothing of that write was stored, and
     what was stored before stays as it was (SQLite rolls the transaction back).
@@ -443,14 +453,20 @@ class Store:
                 raise StorageError("the conversation store is closed")
             try:
                 return self._db.execute(sql, params).fetchall()
-            except sqlite3.DatabaseError as exc:  # a page damaged since the file was opened
-                raise StoreReadError(f"could not read {self.path}: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                # a page damaged since the file was opened; inside a write transaction the
+                # transaction's own handler names the failure (StoreWriteError)
+                if self._depth == 0 and _damaged(exc):
+                    raise StoreReadError(f"could not read {self.path}: {exc}") from exc
+                raise
 
     def _check_intact(self) -> None:
         """Raise :class:`StorageError` when SQLite's ``PRAGMA quick_check`` finds the file
         damaged (pages overwritten, rows out of order: the header can be intact, so it opens
         and only some reads fail). It reads the whole file: ~120 ms for an 84 MB database on
-        this project's CPU, a few ms for a usual one. Nothing is written."""
+        this project's CPU, a few ms for a usual one. Nothing is written. A file that is no
+        SQLite database at all raises ``sqlite3.DatabaseError`` as before (the caller's
+        "cannot use" message)."""
         if str(self.path) == ":memory:":
             return
         try:

@@ -519,7 +519,9 @@ class ViewStore:
         shows it in its storage banner."""
 
     def _read_failed(self, exc: StoreReadError) -> None:
-        log.error("reading the conversation database: %s", exc)
+        if not getattr(self, "_read_failures", 0):  # logged once: a refresh repeats it
+            log.error("reading the conversation database: %s", exc)
+        self._read_failures = getattr(self, "_read_failures", 0) + 1
         if self.on_read_error is not None:
             self.on_read_error(str(exc))
 
@@ -683,8 +685,9 @@ class ViewStore:
         finally:
             copy.close()
 
-    def import_file(self, path: Path) -> ConversationView:
-        """Import a JSON export as a new conversation and return it.
+    def import_file(self, path: Path) -> ConversationView | None:
+        """Import a JSON export as a new conversation and return it (None when it cannot be
+        read back: a damaged database, :attr:`on_read_error` told).
 
         Raises ``app.chat.export.ImportFormatError`` or OSError."""
         from app.chat.export import import_json

@@ -591,9 +591,9 @@ class MainWindow(QMainWindow):
             return
         self._said_unreadable = True
         self.messages.show_store_problem(
-            f"Some saved chats could not be read: {error}. The file was left as it is; "
-            "quit and rescue it with SQLite's command-line tool: sqlite3 conversations.db "
-            ".recover > rescued.sql")
+            f"Some saved chats could not be read: {error}. The database is damaged: quit, "
+            "copy it aside, and rescue its rows with SQLite's command-line tool (sqlite3 "
+            "conversations.db .recover > rescued.sql)")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states, the switch and Colour drafts to QSettings."""
