@@ -196,6 +196,25 @@ def test_with_a_core_for_every_recipe_no_kernel_is_left_to_the_background(kernel
     assert len(report.drafted_s) == 1  # still one drafter's reply
 
 
+def test_with_the_first_drafters_kernels_built_the_others_stay_in_the_background(
+        kernel_cache, monkeypatch):
+    """No child would run for the first drafter: starting some only for the later drafters
+    would make the start wait for them, so they stay in the background."""
+    from app.engine.kernels import kernel_prebuild
+    from app.models.loader import load_drafter, load_target
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
+
+    monkeypatch.setattr(kernel_prebuild, "default_workers", lambda: 12)
+    t, d = demo_pair_dirs()
+    target, drafter, dflash2 = load_target(t), load_drafter(d), load_drafter(demo_dflash2_dir())
+    first = set(kernel_prebuild.recipes_for(target, [drafter]))
+    monkeypatch.setattr(kernel_prebuild, "built_before", lambda *a: first)
+    report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
+    walk = [r for r in kernel_prebuild.recipes_for(target, [drafter, dflash2])
+            if r not in first]
+    assert report.prebuild.processes == 0 and report.prebuild.background == walk
+
+
 def test_session_warm_up_only_where_needed(tiny_hybrid, monkeypatch):
     from app.chat.session import ChatSession
 

@@ -134,9 +134,11 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
         todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
         rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
                 if r not in done and r not in todo]
-        if rest and len(todo) + len(rest) <= kernel_prebuild.default_workers():
-            # one child a recipe either way: building the later drafters' kernels now costs
-            # the start no more time, and spares their first reply a build of its own
+        if todo and rest and len(todo) + len(rest) <= kernel_prebuild.default_workers() \
+                and not kernel_prebuild.background_running():
+            # children are started for the first drafter anyway, one a recipe, on idle cores:
+            # building the later drafters' kernels beside them costs the start about nothing
+            # more, and spares their first reply a build of its own
             todo, rest = todo + rest, []
         job = kernel_prebuild.start(todo) if todo else None
         build_gdn_kernel(target)  # in this process, while the children compile

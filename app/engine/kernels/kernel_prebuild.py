@@ -382,6 +382,12 @@ def start_background(recipes: list[Recipe], workers: int | None = None) -> Prebu
     return job
 
 
+def background_running() -> bool:
+    """True while children of :func:`start_background` still run (their cores are busy)."""
+    reap_background()
+    return bool(_BACKGROUND)
+
+
 def reap_background() -> None:
     """Forget the background jobs whose children have all exited (``poll`` reaps them)."""
     _BACKGROUND[:] = [job for job in _BACKGROUND if any(p.poll() is None for p in job.procs)]
