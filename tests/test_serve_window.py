@@ -68,3 +68,18 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
     finally:
         win.shutdown()
     assert win.serve.serving is None
+
+
+def test_a_serve_port_past_65535_is_said_not_raised(qtbot, qs, tiny_paths):
+    """A ``serve/port`` of 70000 in the settings file raised OverflowError out of the
+    switch's slot; it is refused with a banner, the switch left off."""
+    win = _window(qtbot, qs)
+    try:
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            win.load_model(*tiny_paths)
+        qs.setValue("serve/port", 70000)
+        win.serve_action.setChecked(True)
+        assert win.serve.serving is None and not win.serve_action.isChecked()
+        assert "a TCP port is 0 to 65535" in win.banner.text()
+    finally:
+        win.shutdown()

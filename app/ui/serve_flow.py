@@ -152,6 +152,10 @@ class ServeController:
                 port = int(self.state.qs.value("serve/port", DEFAULT_PORT))
             except (TypeError, ValueError):
                 port = DEFAULT_PORT
+        if not 0 <= port <= 65535:  # bind would raise OverflowError, past the handler below
+            self._serve_failed(f"Cannot serve on port {port}: a TCP port is 0 to 65535 (set "
+                               "serve/port in the settings file).")
+            return None
         jobs = WindowJobs(info, lambda: self.worker.serveRequested.emit(jobs))
         try:
             self.serving = WindowServer(jobs, info.target_name, port)
