@@ -163,10 +163,10 @@ def test_tool_choice_shows_all_none_or_one_tool():
     assert one.tools == tools[1:]
 
 
-@pytest.mark.parametrize("name", ["bad name!", "", "x" * 65, "caf\u00e9", "a.b"])
+@pytest.mark.parametrize("name", ["bad name!", "", "x" * 65, "caf\u00e9", "a/b", "f()"])
 def test_a_tool_name_outside_openais_rule_is_a_400_naming_it(name):
     """The server took `"bad name!"` (the CLI's tool files refuse it): OpenAI's rule,
-    letters, digits, '_' and '-', 1 to 64."""
+    letters, digits, '_' and '-', 1 to 64, with '.' and ':' as tool bridges use them."""
     tools = [{"type": "function", "function": {"name": "ok_1", "parameters": {}}},
              {"type": "function", "function": {"name": name, "parameters": {}}}]
     err = _error({"messages": [USER], "tools": tools})
@@ -176,7 +176,7 @@ def test_a_tool_name_outside_openais_rule_is_a_400_naming_it(name):
 
 def test_tool_names_inside_openais_rule_are_taken():
     tools = [{"type": "function", "function": {"name": n, "parameters": {}}}
-             for n in ("get-weather", "_x", "9lives", "a" * 64)]
+             for n in ("get-weather", "_x", "9lives", "a" * 64, "github.search", "mcp:fetch")]
     assert parse_chat_request({"messages": [USER], "tools": tools}).tools == tools
 
 

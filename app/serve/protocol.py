@@ -26,10 +26,11 @@ from app.chat.events import Summary
 from app.chat.settings import DECODING_MODES, Sampling, SettingError, coerce
 from app.chat.templates import invalid_text
 
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 """What a function's name may be: OpenAI's rule for ``tools[].function.name`` (its API
-reference: a-z, A-Z, 0-9, underscores and dashes, at most 64); parsers find a call's name
-in the model's text by it."""
+reference: a-z, A-Z, 0-9, underscores and dashes, at most 64), with dots and colons too,
+which tool bridges use (``github.search``); no spaces or other characters, which the
+model would have to write back inside a tool call."""
 
 MAX_STOP_STRINGS = 16
 """Stop strings one request may give (OpenAI allows 4; more costs nothing here)."""
@@ -285,8 +286,8 @@ def parse_tools(body: dict) -> list[dict] | None:
             raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
                               "{\"name\": ..., \"parameters\": {...}}}", f"tools[{i}]")
         if not TOOL_NAME.match(fn["name"]):
-            raise bad_request(f"tools[{i}].function.name must be letters, digits, '_' or '-' "
-                              f"(1 to 64 of them), got {fn['name']!r:.70}",
+            raise bad_request(f"tools[{i}].function.name must be letters, digits, '_', '-', "
+                              f"'.' or ':' (1 to 64 of them), got {fn['name']!r:.70}",
                               f"tools[{i}].function.name")
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
