@@ -465,7 +465,7 @@ def test_compare_warms_up_everywhere_and_chat_on_a_gpu_only(capsys, pair_paths, 
     assert code == 0 and calls == [([True, False], True)]  # the CPU too
     assert "note: warmed up both paths in 0.8 s before timing" in err
     assert run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")[0] == 0
-    assert len(calls) == 1 + warmup.needs_warm_up()  # chat on the CPU: nothing to build
+    assert len(calls) == 1 + warmup.needs_warm_up()  # chat warms up on a GPU only
     monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
     code, _, err = run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")
     assert code == 0 and calls[-1] == ([False], True)  # plain mode loads no drafter

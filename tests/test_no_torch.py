@@ -21,17 +21,24 @@ def test_leaves_torch_alone_when_allowed_or_already_imported():
     assert loaded["torch"] is not None
 
 
-def test_marked_torch_is_absent_to_imports_and_find_spec():
+def test_marked_torch_is_absent_to_imports_and_find_spec(tmp_path):
     """What transformers looks at (importlib.util.find_spec) answers None, and an import
-    fails with ImportError, in a fresh interpreter."""
+    fails with ImportError, in a fresh interpreter where a ``torch`` package is importable
+    (a stand-in on PYTHONPATH, so the test means something without PyTorch installed)."""
+    import os
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("IMPORTED = True\n")
     code = ("import importlib.util, sys\n"
+            "assert importlib.util.find_spec('torch') is not None\n"  # the stand-in is there
             "from app.models.no_torch import keep_torch_out\n"
             "keep_torch_out()\n"
             "assert importlib.util.find_spec('torch') is None\n"
             "try:\n    import torch\nexcept ImportError:\n    print('blocked')\n")
+    env = {k: v for k, v in os.environ.items() if k != ALLOW_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.getcwd(), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env={k: v for k, v in __import__("os").environ.items()
-                                           if k != ALLOW_ENV})
+                         timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "blocked"
 
