@@ -27,13 +27,12 @@ from app.commands.generation import (
     utf8_text,
 )
 
-MAX_PORT = 65535
-"""The largest TCP port number."""
-
 
 def port_number(text: str) -> int:
-    """An argparse ``type`` for ``--port``: a TCP port, 0 (a free one) to :data:`MAX_PORT`
-    (a larger number would wrap around to another port: 70000 listened on 4464)."""
+    """An argparse ``type`` for ``--port``: a TCP port, 0 (a free one) to
+    :data:`app.serve.MAX_PORT`."""
+    from app.serve import MAX_PORT
+
     try:
         return int_between(0, MAX_PORT)(text)
     except argparse.ArgumentTypeError as exc:

@@ -19,5 +19,7 @@ llama.cpp's servers.
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+MAX_PORT = 65535
+"""The largest TCP port number (a larger one would wrap around: 70000 is port 4464)."""
 DEFAULT_GRACE_S = 10.0
 """Seconds a running reply may go on after SIGTERM before it is cancelled."""

@@ -23,7 +23,12 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
-from app.serve import DEFAULT_GRACE_S, DEFAULT_HOST, DEFAULT_PORT  # noqa: F401 (re-exported)
+from app.serve import (  # noqa: F401 (re-exported)
+    DEFAULT_GRACE_S,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    MAX_PORT,
+)
 from app.serve.api import ServeOptions, create_app
 from app.serve.worker import JobQueue
 
@@ -65,11 +70,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
     Raises:
         ServeConfigError: the address cannot be bound (in use, or not this machine's), or
-            ``port`` is not a TCP port (0 to 65535: getaddrinfo would wrap a larger one
-            around, 70000 to 4464).
+            ``port`` is not a TCP port (0 to :data:`MAX_PORT`).
     """
-    if not 0 <= port <= 65535:
-        raise ServeConfigError(f"cannot listen on {host}:{port}: a TCP port is 0 to 65535")
+    if not 0 <= port <= MAX_PORT:
+        raise ServeConfigError(f"cannot listen on {host}:{port}: a TCP port is 0 to {MAX_PORT}")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

@@ -24,7 +24,7 @@ from PySide6.QtGui import QAction
 
 from app.chat.session import ModelInfo
 from app.serve.api import ServeOptions
-from app.serve.server import DEFAULT_PORT, DrainingServer, make_server
+from app.serve.server import DEFAULT_PORT, MAX_PORT, DrainingServer, make_server
 from app.serve.worker import JobQueue
 from app.ui.messages import MessageBar
 from app.ui.state import WindowState
@@ -152,8 +152,8 @@ class ServeController:
                 port = int(self.state.qs.value("serve/port", DEFAULT_PORT))
             except (TypeError, ValueError):
                 port = DEFAULT_PORT
-        if not 0 <= port <= 65535:  # bind would raise OverflowError, past the handler below
-            self._serve_failed(f"Cannot serve on port {port}: a TCP port is 0 to 65535 (set "
+        if not 0 <= port <= MAX_PORT:  # bind would raise OverflowError, past the handler below
+            self._serve_failed(f"Cannot serve on port {port}: a TCP port is 0 to {MAX_PORT} (set "
                                "serve/port in the settings file).")
             return None
         jobs = WindowJobs(info, lambda: self.worker.serveRequested.emit(jobs))
