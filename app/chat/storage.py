@@ -66,14 +66,14 @@ class StoreReadError(StorageError):
     damage the open-time check did not find, or that came later)."""
 
 
+_CORRUPT, _NOTADB = 11, 26  # SQLite's primary result codes (sqlite.org, "Result Codes")
+
+
 def _damaged(exc: sqlite3.Error) -> bool:
     """True for SQLite's "the file is damaged" errors: result codes ``SQLITE_CORRUPT`` (11)
     and ``SQLITE_NOTADB`` (26), extended codes included (their low byte; sqlite.org's
     "Result and Error Codes"); not a lock, a full disk or an error in the statement."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:  # Python before 3.11: the message SQLite gives for both
-        return "malformed" in str(exc) or "not a database" in str(exc)
-    return code & 0xFF in (11, 26)
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (_CORRUPT, _NOTADB)
 
 
 class StoreWriteError(StorageError):
@@ -472,8 +472,8 @@ class Store:
         try:
             found = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
         except sqlite3.DatabaseError as exc:
-            if "malformed" not in str(exc):  # not an SQLite file at all: the caller says so
-                raise
+            if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) != _CORRUPT:
+                raise  # not an SQLite file at all, or a lock: the caller says so
             found = [str(exc)]
         if found != ["ok"]:
             first = " ".join(str(found[0]).split())[:200] if found else "no answer"

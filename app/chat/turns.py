@@ -514,14 +514,17 @@ class ViewStore:
     def __init__(self, path: Path | str = ":memory:") -> None:
         self.db = Store(path)
         self.on_read_error: Callable[[str], None] | None = None
-        """Called with the message when a read meets a damaged database (:meth:`list`,
-        :meth:`get` and :meth:`search` then answer as if nothing were stored); the window
-        shows it in its storage banner."""
+        """Called with the message the first time a read meets a damaged database
+        (:meth:`list`, :meth:`get` and :meth:`search` then answer as if nothing were
+        stored); the window shows it in its storage banner."""
+        self.read_failed = False
+        """Whether a read has met a damaged database since the store opened."""
 
     def _read_failed(self, exc: StoreReadError) -> None:
-        if not getattr(self, "_read_failures", 0):  # logged once: a refresh repeats it
-            log.error("reading the conversation database: %s", exc)
-        self._read_failures = getattr(self, "_read_failures", 0) + 1
+        if self.read_failed:  # said once: every refresh of the list would repeat it
+            return
+        self.read_failed = True
+        log.error("reading the conversation database: %s", exc)
         if self.on_read_error is not None:
             self.on_read_error(str(exc))
 

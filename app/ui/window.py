@@ -585,11 +585,8 @@ class MainWindow(QMainWindow):
             self.store_label.show()
 
     def _store_unreadable(self, error: str) -> None:
-        """A read of the conversation database met damage (``ViewStore.on_read_error``): say
-        so in the storage banner, once a run (the chats that could be read stay)."""
-        if getattr(self, "_said_unreadable", False):
-            return
-        self._said_unreadable = True
+        """A read of the conversation database met damage (``ViewStore.on_read_error``, told
+        once a run): say so in the storage banner (the chats that could be read stay)."""
         self.messages.show_store_problem(
             f"Some saved chats could not be read: {error}. The database is damaged: quit, "
             "copy it aside, and rescue its rows with SQLite's command-line tool (sqlite3 "
