@@ -234,3 +234,42 @@ def test_accepted_end_token_leaves_no_later_draft_in_the_cache(tiny_hybrid, monk
     for a, b in zip(session.target_cache, plain_cache):
         if hasattr(a, "cache"):
             np.testing.assert_allclose(np.array(a.cache[1]), np.array(b.cache[1]), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["plain", "dflash", "lookup"])
+def test_cancel_stops_a_long_prefill_between_chunks(tiny_hybrid, monkeypatch, mode):
+    """A cancel asked while a long prompt is prefilled stops it after the chunk in hand: the
+    server freed its worker only once a 4,000-token prefill had run to its end (~10 s on the
+    demo pair), and a shutdown's cancel could not reach such a request at all. The kept
+    caches are dropped (they hold part of the prompt), and the next run on the same session
+    gives a fresh run's tokens."""
+    import app.engine.generate as gen_mod
+    from app.engine.prefix import PromptCache
+
+    target, drafter = tiny_hybrid
+    ids = (prompt_ids(target) * 12)[:160]
+    fresh = run(target, ids, mode=mode, max_tokens=12, drafter=drafter).tokens
+    session = PromptCache()
+    chunks = []
+    real = gen_mod._prefill
+
+    def counting(forward, *args, **kwargs):
+        def counted(chunk, last):
+            chunks.append(chunk.shape[1])
+            if len(chunks) == 2:
+                gen.cancel()  # asked while the second of five chunks runs
+            return forward(chunk, last)
+        return real(counted, *args, **kwargs)
+
+    config = GenerationConfig(mode=mode, max_tokens=12, prefill_step=32)
+    gen = generate(target, ids, config, drafter, session=session)
+    with monkeypatch.context() as patch:
+        patch.setattr(gen_mod, "_prefill", counting)
+        events = list(gen)
+    assert not [e for e in events if hasattr(e, "token_id")]
+    assert gen.summary.stop_cause == "cancelled" and gen.summary.error is None
+    assert chunks == [32, 32]
+    assert session.ids == [] and session.target_cache is None
+    again = collect(generate(target, ids, GenerationConfig(mode=mode, max_tokens=12), drafter,
+                             session=session))
+    assert again.tokens == fresh

@@ -155,8 +155,9 @@ class Generation:
     """An iterator of :class:`TokenEvent`, :class:`CycleEvent` and a final :class:`Done`.
 
     Iterate it on the thread that owns MLX. :meth:`cancel` may be called from any thread; it
-    takes effect before the next DFlash cycle or plain-path token, and the run then ends with
-    ``Done`` whose ``stop_cause`` is ``cancelled``. An unexpected exception ends the run with
+    takes effect before the next DFlash cycle or plain-path token, or during the prefill after
+    the chunk in hand (``GenerationConfig.prefill_step`` positions; the kept caches are then
+    dropped), and the run then ends with ``Done`` whose ``stop_cause`` is ``cancelled``. An unexpected exception ends the run with
     ``stop_cause == "error"`` and the message in ``summary.error``; that summary is the run's
     own (``partial``: its mode and what it counted before the failure).
     """
@@ -183,6 +184,10 @@ class Generation:
                 if isinstance(ev, Done):
                     summary = ev.summary
                 yield ev
+        except PrefillCancelled:  # the caches were dropped (_clear_on_error)
+            summary = self._partial if self._partial is not None else Summary()
+            summary.stop_cause = "cancelled"
+            yield Done(summary)
         except Exception as exc:  # surfaced as a Done(error), never a crash of the caller
             summary = self._partial if self._partial is not None else Summary()
             summary.stop_cause = "error"
@@ -310,10 +315,20 @@ def _chunks(start: int, end: int, step: int, cuts: list[int]) -> list[tuple[int,
     return out
 
 
+class PrefillCancelled(Exception):
+    """A cancel was asked while the prompt was being prefilled: raised between two chunks by
+    :func:`_prefill`; the kept caches, which hold part of the prompt, are dropped
+    (:func:`_clear_on_error`) and the run ends with ``stop_cause == "cancelled"``."""
+
+
 def _prefill(forward, ids: list[int], start: int, step: int, want_taps: bool, snap=None,
-             cuts: list[int] = ()):
+             cuts: list[int] = (), cancel: threading.Event | None = None):
     """Run ``ids[start:]`` in chunks (breaking at ``cuts``); ``snap(pos)`` after each cut and
-    at the end. Returns (last logits (V,), taps of the prefilled positions or None)."""
+    at the end. Returns (last logits (V,), taps of the prefilled positions or None).
+
+    Raises:
+        PrefillCancelled: ``cancel`` was set when a chunk before the last one ended.
+    """
     taps_parts = []
     logits = None
     chunks = _chunks(start, len(ids), step, list(cuts))
@@ -326,6 +341,8 @@ def _prefill(forward, ids: list[int], start: int, step: int, want_taps: bool, sn
         mx.eval(logits)
         if snap is not None and (b in cuts or b == len(ids)):
             snap(b)
+        if cancel is not None and cancel.is_set() and b < len(ids):
+            raise PrefillCancelled(f"cancelled after prefilling {b} of {len(ids)} positions")
     taps_all = None
     if want_taps:
         taps_all = taps_parts[0] if len(taps_parts) == 1 else mx.concatenate(taps_parts, 1)
@@ -591,7 +608,8 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
             mx.eval(kept[-1])
         return logits, None
 
-    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries)
+    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries,
+                         cancel)
     history = list(prompt)
     cache_ids = list(prompt)
     t_first = None
@@ -674,7 +692,8 @@ def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: i
     def fwd(chunk, last):
         return runner.forward(chunk, cache, taps=taps, all_logits=False)
 
-    logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries)
+    logits, ctx_taps = _prefill(fwd, prompt, start, config.prefill_step, True, snap, boundaries,
+                               cancel)
     # tap states of every position this turn adds, for the other drafters' kept contexts
     # (PromptCache.update_kept); held only when there are such contexts
     turn_taps = [ctx_taps] if session is not None and session.kept_contexts else None
@@ -858,7 +877,8 @@ def _lookup_body(target, runner: TargetRunner, prompt, config, block: int, cance
     def fwd(chunk, last):
         return runner.forward(chunk, cache, all_logits=False)
 
-    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries)
+    logits, _ = _prefill(fwd, prompt, start, config.prefill_step, False, snap, boundaries,
+                         cancel)
     history = list(prompt)
     cache_ids = list(prompt)
     pending = int(mx.argmax(logits).item()) if choose is None else choose(logits, history)
