@@ -156,7 +156,9 @@ class PipelineWarning:
     ``code``: ``"malformed_tool_call"`` (with ``text`` the raw call text, kept as content),
     ``"unclosed_tool_call"`` (a complete body without its end marker, read as a call) or
     ``"stopped_in_tool_call"`` (the user stopped the reply inside a call: dropped, not run)
-    or ``"cut_in_tool_call"`` (the token limit ended the reply inside a call: dropped, not run).
+    or ``"cut_in_tool_call"`` (the token limit ended the reply inside a call: dropped, not run)
+    or ``"tool_not_offered"`` (a call to a tool the request did not offer, kept as content;
+    only with ``ReplySettings.offered_tools_only``, which the server sets).
     ``message``: one line for the user.
     """
 

@@ -122,6 +122,10 @@ class TextPipeline:
         eos_token_ids: end tokens (default ``tokenizer.eos_token_ids``).
         first_call_index: number of the first call id (``call_<n>``), so ids stay unique across
             the tool rounds of one reply.
+        offered_only: a call naming a tool that is not in ``tools`` (any tool, when ``tools``
+            is None) stays text: kept as content with a ``tool_not_offered`` warning, as an
+            OpenAI-compatible server answers (its client can only run the functions it
+            sent). False: every parsed call is a call.
 
     Raises:
         ValueError: an unknown ``tool_parser`` name.
@@ -137,8 +141,11 @@ class TextPipeline:
         tool_parser: str | None = None,
         eos_token_ids: Iterable[int] | None = None,
         first_call_index: int = 0,
+        offered_only: bool = False,
     ):
         self._tools = tools or None
+        self._offered = None if not offered_only else {
+            (t.get("function") or {}).get("name") for t in (tools or ()) if isinstance(t, dict)}
         self._detok = tokenizer.detokenizer
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._eos = {int(t) for t in (eos or ())}
@@ -385,6 +392,8 @@ class TextPipeline:
         why = (f"the reply reached Max tokens just before the tool call's end marker "
                f"({self._tool_end})" if cut else
                f"the tool call was not closed ({self._tool_end} missing)")
+        if self._not_offered(calls, raw, out):
+            return
         self.warnings.append(PipelineWarning(
             "unclosed_tool_call", f"{why}; its complete body was read as a call", raw))
         out.append(self.warnings[-1])
@@ -404,7 +413,25 @@ class TextPipeline:
         except ValueError as exc:
             self._malformed(raw, str(exc), out)
             return
-        self._add_calls(calls, out)
+        if not self._not_offered(calls, raw, out):
+            self._add_calls(calls, out)
+
+    def _not_offered(self, calls: list[tuple[str, dict]], raw: str, out: list[Delta]) -> bool:
+        """With ``offered_only``: when a call in ``calls`` names a tool that was not offered,
+        keep the call's ``raw`` text as content with a ``tool_not_offered`` warning and return
+        True (none of its calls is made)."""
+        if self._offered is None:
+            return False
+        names = [name for name, _ in calls if name not in self._offered]
+        if not names:
+            return False
+        offered = ", ".join(sorted(n for n in self._offered if n)) or "none"
+        self.warnings.append(PipelineWarning(
+            "tool_not_offered", f"the model called {names[0]!r}, a tool that was not offered "
+            f"(offered: {offered}); its call was kept as text", raw))
+        out.append(self.warnings[-1])
+        self._emit(_CONTENT, raw, out)
+        return True
 
     def _add_calls(self, calls: list[tuple[str, dict]], out: list[Delta]) -> None:
         for name, arguments in calls:

@@ -300,6 +300,7 @@ def run_reply(
             tool_parser=settings.tool_parser,
             eos_token_ids=target.eos_token_ids or None,
             first_call_index=next_call,
+            offered_only=settings.offered_tools_only,
         )
         from_draft: list[bool] = []
         if resuming is not None:
@@ -362,6 +363,8 @@ def run_reply(
         if pipe.ended and not cancelled:
             stop_cause = "end_token"
         yield from pipe.finish(stop_cause)
+        if pipe.stop_hit is not None and not cancelled and summary.stop_cause == "cancelled":
+            summary = replace(summary, stop_cause="stop_string")  # cancelled for the stop string
         kept = list(pipe.tokens)
         if max(0, len(kept) - resumed) != summary.generated_tokens:
             summary = replace(summary, generated_tokens=max(0, len(kept) - resumed))

@@ -433,7 +433,8 @@ class ChatSession:
 
     # ------------------------------------------------------------------ replies
     def reply(self, messages: list[dict], settings: ReplySettings | dict,
-              cancel: threading.Event | None = None, resume: Any = None) -> Iterator:
+              cancel: threading.Event | None = None, resume: Any = None, *,
+              fit: bool = True) -> Iterator:
         """Events of one reply to ``messages`` (chat-template dicts).
 
         ``settings``: the reply's :class:`~app.chat.settings.ReplySettings` (the window
@@ -443,6 +444,10 @@ class ChatSession:
         the one the window, the server and the CLI pass. The messages are fitted to the context first
         (oldest turns left out; a :class:`Notice` is yielded first then). Yields
         ``app.chat.reply`` events, ending with ``ReplyDone``.
+
+        ``fit``: False sends the messages as given, nothing left out (the server: a client's
+        messages are its own, and it checks them against the context before); a prompt over
+        the context then fails in the engine.
 
         ``resume``: an ``app.chat.events.ResumeRound`` to continue a round Max tokens cut
         (``app.chat.reply.run_reply``): its prompt is the cut round's token ids, so no
@@ -474,8 +479,10 @@ class ChatSession:
             except PromptTooLongError:
                 pass  # the continued round's own prompt is its ids; later rounds may overflow
             notice = None
-        else:
+        elif fit:
             messages, notice = self._fit(messages, rs)
+        else:
+            notice = None
         self._use_drafter(drafter)
         events = reply_mod.run_reply(self.target, drafter, messages, rs, cancel,
                                      session=self.cache, resume=resume)
@@ -532,15 +539,16 @@ class ChatSession:
         system = rs.system_prompt if system_prompt is None else system_prompt
         return self.prefill_after(prompt_for_next(store, conversation_id, system), rs)
 
-    def prefill_after(self, messages: list[dict],
-                      settings: ReplySettings | dict) -> PrefillResult | None:
+    def prefill_after(self, messages: list[dict], settings: ReplySettings | dict, *,
+                      fit: bool = True) -> PrefillResult | None:
         """Prefill what the next turn after ``messages`` (chat-template dicts ending with a
         reply) will start with, as :meth:`prefill_next_turn` does for a stored conversation;
         the local server calls it after a final answer, since its clients send the whole
         history again with the next message. None when there is nothing to do (no model, no
         reply at the end, or a prefix the cache already holds). When the next turn leaves
         earlier turns out to fit, what it most likely starts with is prefilled: the fit of
-        ``messages`` and a one-letter message.
+        ``messages`` and a one-letter message. ``fit``: as :meth:`reply`'s (False: the next
+        turn is expected to send ``messages`` whole).
 
         Raises:
             EngineError: from the engine (the kept cache is dropped then).
@@ -551,8 +559,9 @@ class ChatSession:
         if not messages or messages[-1].get("role") not in ("assistant", "tool"):
             return None
         rs = as_reply_settings(settings)
+        fitted = [*messages, {"role": "user", "content": "a"}]
         try:  # as send() fits them: earlier turns' reasoning may be left out
-            fitted, _ = self._fit([*messages, {"role": "user", "content": "a"}], rs)
+            fitted = self._fit(fitted, rs)[0] if fit else fitted
         except PromptTooLongError:
             return None
         # with earlier turns left out (in steps: app.chat.history.LEAVE_OUT_STEP) the next

@@ -273,6 +273,12 @@ class ReplySettings:
         run_tools: run parsed calls and continue the reply with their results.
         max_tool_rounds: at most this many rounds of tool execution per reply (>= 0).
         tool_parser: ``mlx_lm.tool_parsers`` module name overriding the inferred one.
+        offered_tools_only: a call naming a tool not in ``tools`` (any, when ``tools`` is
+            None) stays text, with a ``tool_not_offered`` warning
+            (``app.chat.pipeline.TextPipeline``'s ``offered_only``); the server sets it, so an
+            OpenAI client only gets calls to the functions it sent. Off: every parsed call is
+            a call (the window and ``chat`` show a call the model makes to an unknown tool
+            and answer it with the tool runner's error).
         runnable_tools: ``app.chat.tools`` ``Tool`` objects allowed to run (None: built-ins).
         tool_timeout_s: seconds one tool call may run (> 0).
         sampling: :class:`Sampling` (default greedy).
@@ -293,6 +299,7 @@ class ReplySettings:
     run_tools: bool = False
     max_tool_rounds: int = 8
     tool_parser: str | None = None
+    offered_tools_only: bool = False
     runnable_tools: list | None = None
     tool_timeout_s: float = 10.0
     sampling: Sampling = field(default_factory=Sampling)
@@ -313,7 +320,7 @@ class ReplySettings:
         if self.rollback not in SPECS["rollback"].choices:
             raise SettingError(f"rollback must be one of {', '.join(SPECS['rollback'].choices)}"
                                f", got {self.rollback!r}")
-        for name in ("fast_verify", "run_tools", "auto_block"):
+        for name in ("fast_verify", "run_tools", "auto_block", "offered_tools_only"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(f"{name} must be true or false, got "
                                    f"{getattr(self, name)!r}")

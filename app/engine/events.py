@@ -30,7 +30,9 @@ from typing import Literal
 
 from app.engine.modes import DRAFTING_MODES, Mode, ModeName
 
-StopCause = Literal["end_token", "length", "cancelled", "error"]
+StopCause = Literal["end_token", "length", "cancelled", "error", "stop_string"]
+"""Why a run ended: an end token, the token limit, a cancel, an error, or (set by
+``app.chat.reply.run_reply``, which cancels the engine for it) a stop string."""
 
 
 @dataclass(frozen=True)
