@@ -365,3 +365,60 @@ def test_distributed_options_without_distributed_are_refused(capsys, tmp_path, m
     assert code == 2
     assert f"{option[0]} is used only with --distributed HOSTFILE" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-1"])
+def test_serve_grace_is_a_finite_number_of_seconds(capsys, grace):
+    """``--grace nan`` and ``--grace inf`` were taken ("the nan s grace is over")."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "--grace", grace])
+    assert exc.value.code == 2
+    assert f"argument --grace: must be a number of seconds, 0 or more, got {grace}" in \
+        capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--grace", "2.5"]).grace == 2.5
+
+
+def test_serve_with_an_empty_host_says_so(capsys):
+    """``--host ""`` said "--host  would accept requests from other machines"."""
+    code, err = _exit_code(capsys, ["serve", "--host", "", "--port", "0", "--model",
+                                    "/nowhere"])
+    assert code == 2
+    assert err.strip() == "error: --host is empty: give the address to listen on (default " \
+        "127.0.0.1)"
+
+
+def test_serve_api_key_is_stripped_and_never_blank(capsys, monkeypatch):
+    """``DFLASH_API_KEY='abc '`` started a server that refused every request (the client's
+    token is stripped, the key was not); ``--api-key " "`` started one no client could use."""
+    from app.commands.serve import API_KEY_ENV, api_key_of
+
+    monkeypatch.setenv(API_KEY_ENV, "abc \n")
+    assert api_key_of(None) == "abc"
+    assert api_key_of(" sesame ") == "sesame"
+    monkeypatch.delenv(API_KEY_ENV)
+    assert api_key_of(None) is None
+    code, err = _exit_code(capsys, ["serve", "--api-key", "  ", "--port", "0", "--model",
+                                    "/nowhere"])
+    assert code == 2 and err.strip() == "error: --api-key is blank: give a key, or leave the " \
+        "option out for none"
+    code, err = _exit_code(capsys, ["serve", "--api-key", "two words", "--port", "0",
+                                    "--model", "/nowhere"])
+    assert code == 2 and "--api-key holds a space" in err
+
+
+def test_serve_names_the_bundled_target_with_its_drafters():
+    """``serve --model resources/models/demo-target`` served plain and lookup only, while the
+    help says the bundled target gets its drafter by default."""
+    from app.commands.serve import serve_pair
+    from app.paths import bundled_pair
+
+    pair = bundled_pair()
+    if pair is None or pair[2] is None:
+        pytest.skip("the bundled demo pair is not in this checkout")
+    target, drafter, drafter2 = (str(p) for p in pair)
+    args = build_parser().parse_args(["serve", "--model", target])
+    assert serve_pair(args) == (target, drafter, drafter2)
+    args = build_parser().parse_args(["serve", "--model", target, "--dflash2-model", "none"])
+    assert serve_pair(args) == (target, drafter, None)
+    args = build_parser().parse_args(["serve"])
+    assert serve_pair(args) == (target, drafter, drafter2)

@@ -287,7 +287,7 @@ BAD_REQUESTS = [
      "messages", "maximum context length is 4,096 tokens"),
     ("POST", URL, _bad(model="gpt-4o"), 404, "model", "'demo'"),
     ("POST", URL, b"{" + b" " * (300 * 1024) + b"}", 413, None, "262,144 bytes"),
-    ("GET", URL, None, 405, None, "no route GET"),
+    ("GET", URL, None, 405, None, "method GET is not allowed on /v1/chat/completions"),
     ("GET", "/v1/nothing", None, 404, None, "no route"),
     ("GET", "/v1/models/gpt-4o", None, 404, "model", "does not exist"),
 ]

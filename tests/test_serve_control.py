@@ -98,6 +98,8 @@ def test_a_full_queue_answers_429_and_the_worker_goes_on(server):
                 client.chat.completions.create(model="tiny", max_tokens=3, messages=[
                     {"role": "user", "content": "hi"}])
             assert exc.value.status_code == 429 and exc.value.code == "queue_full"
+            assert exc.value.response.headers["retry-after"] == "1"
+            assert "busy: 1 request is already waiting; retry later" in exc.value.message
             assert server.worker.busy and not answers  # both still there
         # the running stream was left: the waiting request is answered next
         t.join(20)

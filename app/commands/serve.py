@@ -11,6 +11,7 @@ cannot listen on.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -39,9 +40,65 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{exc} (a TCP port; 0 picks a free one)") from None
 
 
+def grace_seconds(text: str) -> float:
+    """An argparse ``type`` for ``--grace``: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
 API_KEY_ENV = "DFLASH_API_KEY"
 """An API key from the environment, used when ``--api-key`` is not given (keeps it out of
 the process list)."""
+
+
+def api_key_of(given: str | None) -> str | None:
+    """The key clients must send: ``given`` (``--api-key``), else ``$DFLASH_API_KEY``, else
+    None; spaces around it are dropped (a client's token is read the same way).
+
+    Raises:
+        CommandError: the key is blank, holds a space (a Bearer token cannot), or the
+            environment's is not UTF-8 text.
+    """
+    source = "--api-key" if given is not None else f"${API_KEY_ENV}"
+    key = given if given is not None else os.environ.get(API_KEY_ENV)
+    if key is None or (given is None and not key):
+        return None
+    if given is None:
+        try:
+            utf8_text(key)
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"{source} is {exc}") from None
+    key = key.strip()
+    if not key:
+        raise CommandError(f"{source} is blank: give a key, or leave the option out for none")
+    if any(c.isspace() for c in key):
+        raise CommandError(f"{source} holds a space: a Bearer token cannot")
+    return key
+
+
+def serve_pair(args) -> tuple[str, str | None, str | None]:
+    """(target, DFlash or DFlash2 drafter, DFlash2 drafter beside it) the server loads: the
+    bundled demo pair with both its drafters by default, and when ``--model`` names the
+    bundled target without ``--draft-model`` (``--dflash2-model none`` leaves the DFlash2 one
+    out); another ``--model`` alone serves plain decoding and Lookup."""
+    from app.paths import bundled_pair, is_bundled_target
+
+    target, drafter = resolve_pair(args, need_drafter=False)
+    drafter2 = default_dflash2(args)
+    pair = bundled_pair()
+    if drafter is None and not args.draft_model and pair is not None \
+            and is_bundled_target(target):
+        drafter = str(pair[1])
+        if args.dflash2_model is None and pair[2] is not None:
+            drafter2 = str(pair[2])
+    if drafter2 is not None and drafter is not None and Path(drafter2) == Path(drafter):
+        drafter2 = None
+    return target, drafter, drafter2
 
 
 def register(subparsers) -> None:
@@ -64,7 +121,7 @@ def register(subparsers) -> None:
                    "(default: the bundled demo pair)")
     p.add_argument("--draft-model", help="DFlash or DFlash2 drafter folder or cached repo id "
                    "(default with the bundled demo target: its drafter; none with another "
-                   "--model: plain decoding only)")
+                   "--model: plain decoding and Lookup only)")
     p.add_argument("--dflash2-model", help="a DFlash2 drafter beside the DFlash one (default "
                    "on the bundled demo pair: its DFlash2 drafter; 'none' leaves it out)")
     p.add_argument("--api-key", type=utf8_text,
@@ -80,7 +137,7 @@ def register(subparsers) -> None:
                    "get 429)")
     p.add_argument("--max-body-kb", type=int_at_least(1), default=4096,
                    help="largest request body in KiB (default 4096; larger get 413)")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+    p.add_argument("--grace", type=grace_seconds, default=DEFAULT_GRACE_S,
                    help=f"seconds a running reply may finish after SIGTERM before it is "
                    f"cancelled (default {DEFAULT_GRACE_S:g})")
     p.add_argument("--log-level", default="warning",
@@ -109,30 +166,24 @@ def _serve(args) -> int:
 
     refuse_distributed(args, "serve")
     from app.chat.session import PairSpec
+    from app.serve import DEFAULT_HOST
     from app.serve.api import ServeOptions
     from app.serve.server import ServeConfigError, bind_socket, check_host, make_server
     from app.serve.worker import ServeWorker, WorkerConfig
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    if api_key and not args.api_key:  # the environment's, not checked by the parser
-        try:
-            utf8_text(api_key)
-        except argparse.ArgumentTypeError as exc:
-            raise CommandError(f"${API_KEY_ENV} is {exc}") from None
+    api_key = api_key_of(args.api_key)
+    if not args.host.strip():
+        raise CommandError(f"--host is empty: give the address to listen on (default "
+                           f"{DEFAULT_HOST})")
     try:
         check_host(args.host, api_key)
     except ServeConfigError as exc:
         raise CommandError(str(exc)) from None
-    if args.grace < 0:
-        raise CommandError("--grace must be at least 0 seconds")
     try:
         sock = bind_socket(args.host, args.port)  # a busy port is an error before the load
     except ServeConfigError as exc:
         raise CommandError(str(exc)) from None
-    target, drafter = resolve_pair(args, need_drafter=False)
-    drafter2 = default_dflash2(args)
-    if drafter2 is not None and drafter is not None and Path(drafter2) == Path(drafter):
-        drafter2 = None
+    target, drafter, drafter2 = serve_pair(args)
     thinking = args.think if args.think is not None else default_thinking(target, drafter)
     spec = PairSpec(target=target, drafter=drafter, drafter2=drafter2)
     from app.engine.costs import set_store

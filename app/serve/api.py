@@ -82,9 +82,11 @@ class ServeOptions:
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    """``error`` as its status and OpenAI-style body (``WWW-Authenticate`` on a 401)."""
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    """``error`` as its status and OpenAI-style body, with its headers (and
+    ``WWW-Authenticate`` on a 401)."""
+    headers = {**error.headers, **({"WWW-Authenticate": "Bearer"} if error.status == 401
+                                   else {})}
+    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
 
 class BearerAuth:
@@ -118,7 +120,7 @@ async def read_json(request: Request, limit: int) -> object:
 
     Raises:
         ApiError: 413 when the body (or its Content-Length) is over ``limit``; 400 when it is
-            empty, not UTF-8 or not JSON.
+            empty, not UTF-8, not JSON or nested more than :data:`MAX_JSON_DEPTH` levels.
     """
     length = request.headers.get("content-length", "")
     too_big = ApiError(413, f"the request body is over the server's limit of {limit:,} bytes",
@@ -134,13 +136,41 @@ async def read_json(request: Request, limit: int) -> object:
     raw = b"".join(parts)
     if not raw.strip():
         raise bad_request("the request body is empty: send a JSON object")
+    too_deep = bad_request(f"the request body is nested too deeply (more than "
+                           f"{MAX_JSON_DEPTH} levels of arrays and objects)", code="invalid_json")
     try:
-        return json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno}"
                           f" column {exc.colno}", code="invalid_json") from None
+    except RecursionError:
+        raise too_deep from None
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise too_deep
+    return body
+
+
+MAX_JSON_DEPTH = 100
+"""Levels of nested arrays and objects a request body may have: far more than any chat
+request or tool schema needs, and few enough that checking and rendering it never meets
+Python's recursion limit."""
+
+
+def json_depth(value: object) -> int:
+    """Levels of nested arrays and objects in decoded JSON ``value`` (a scalar: 0), counted
+    without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        todo.extend((child, level + 1) for child in children)
+    return deepest
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
@@ -210,7 +240,7 @@ def create_app(worker: JobQueue, options: ServeOptions,
             worker.submit(job)
         except QueueFullError as exc:
             raise ApiError(429, f"{exc}; retry later", type="rate_limit_error",
-                           code="queue_full") from None
+                           code="queue_full", headers={"Retry-After": "1"}) from None
         except ShuttingDownError as exc:
             raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
         watch = asyncio.ensure_future(_watch_disconnect(request, job))
@@ -246,9 +276,13 @@ def create_app(worker: JobQueue, options: ServeOptions,
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message = (f"no route {request.method} {request.url.path}" if exc.status_code in
-                   (404, 405) else str(exc.detail))
-        return error_response(ApiError(exc.status_code, message, type=kind))
+        message = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
+                   else str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and headers.get("Allow"):
+            message = (f"method {request.method} is not allowed on {request.url.path}; use "
+                       f"{' or '.join(m for m in headers['Allow'].split(', ') if m != 'HEAD')}")
+        return error_response(ApiError(exc.status_code, message, type=kind, headers=headers))
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)

@@ -53,16 +53,20 @@ class ApiError(Exception):
             ``not_found_error``, ``rate_limit_error``, ``server_error``).
         param: the request field at fault (e.g. ``messages[2].content``), or None.
         code: a machine-readable code (e.g. ``context_length_exceeded``), or None.
+        headers: HTTP headers the answer carries (``Retry-After`` on a 429, ``Allow`` on a
+            405).
     """
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         """``{"error": {"message", "type", "param", "code"}}``."""
@@ -214,8 +218,9 @@ def _tool_calls(calls: Any, param: str) -> list[dict]:
 def parse_messages(raw: Any) -> list[dict]:
     """OpenAI ``messages`` as chat-template messages (see :class:`ChatRequest`).
 
-    ``developer`` messages count as ``system`` ones; a tool message gets the ``name`` of the
-    call it answers (looked up by ``tool_call_id`` in the assistant messages before it).
+    ``developer`` messages count as ``system`` ones, and the leading ones are joined into one
+    (:func:`_one_system_message`); a tool message gets the ``name`` of the call it answers
+    (looked up by ``tool_call_id`` in the assistant messages before it).
 
     Raises:
         ApiError: 400 naming the message and field at fault.
@@ -260,7 +265,27 @@ def parse_messages(raw: Any) -> list[dict]:
             if name:
                 msg["name"] = name
         out.append(msg)
-    return out
+    return _one_system_message(out)
+
+
+def _one_system_message(messages: list[dict]) -> list[dict]:
+    """Join the leading system messages into one (their texts, a blank line between), as
+    chat templates show one system message, first.
+
+    Raises:
+        ApiError: 400 for a system message after the first other message (the template
+            would drop it or fail).
+    """
+    lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    for i in range(lead, len(messages)):
+        if messages[i]["role"] == "system":
+            raise bad_request(f"messages[{i}] is a system (or developer) message: system "
+                              "messages must come before the conversation (the chat template "
+                              "shows one system message, first)", f"messages[{i}].role")
+    if lead < 2:
+        return messages
+    joined = "\n\n".join(m["content"] for m in messages[:lead])
+    return [{"role": "system", "content": joined}, *messages[lead:]]
 
 
 def parse_tools(body: dict) -> list[dict] | None:
@@ -274,6 +299,9 @@ def parse_tools(body: dict) -> list[dict] | None:
     """
     tools = body.get("tools")
     if tools is None:
+        if body.get("tool_choice") is not None:
+            raise bad_request("tool_choice needs tools: the request offers none",
+                              "tool_choice")
         return None
     if not isinstance(tools, list):
         raise bad_request("tools must be a list of function definitions", "tools")
@@ -342,6 +370,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
+    if options and not stream:
+        raise bad_request("stream_options is only allowed with \"stream\": true",
+                          "stream_options")
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise bad_request("stream_options.include_usage must be true or false",

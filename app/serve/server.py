@@ -154,7 +154,9 @@ class DrainingServer(uvicorn.Server):
         while self.worker.busy and loop.time() < deadline and not self.force_exit:
             await asyncio.sleep(0.05)
         if self.worker.busy:
-            log.warning("cancelling the running reply: the %.0f s grace is over", self.grace_s)
+            why = ("a second Ctrl+C" if self.force_exit else
+                   f"the {self.grace_s:g} s grace is over")
+            log.warning("cancelling the running reply: %s", why)
             self.worker.cancel_running()
         await super().shutdown(sockets=sockets)
 

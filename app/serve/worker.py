@@ -268,9 +268,10 @@ class JobQueue:
             try:
                 self._queue.put_nowait(job)
             except queue.Full:
+                n = self._queue.maxsize
                 raise QueueFullError(
-                    f"the server is busy: {self._queue.maxsize} requests are already waiting"
-                ) from None
+                    f"the server is busy: {n} request{'s are' if n > 1 else ' is'} already "
+                    "waiting") from None
 
     def take(self, block: bool = True) -> Job | None:
         """The next job (waiting for one when ``block``); None when the queue is empty (not
@@ -334,7 +335,8 @@ class JobQueue:
         reply = None
         calls = 0
         try:
-            for ev in session.reply(job.request.messages, settings, cancel=job.cancel):
+            for ev in session.reply(job.request.messages, settings, cancel=job.cancel,
+                                    fit=False):  # checked against the context in _prepare
                 if isinstance(ev, ContentDelta) and ev.text:
                     self._send(job, JobTextDelta("content", ev.text))
                 elif isinstance(ev, ReasoningDelta) and ev.text:
@@ -353,6 +355,11 @@ class JobQueue:
             self._record("failed", None, 0, t0, job)
             self._send(job, JobFailed("the reply ended without a result"))
             return
+        if reply.summary.stop_cause == "error":  # the engine failed midway (run_reply)
+            self._record("failed", None, len(reply.tokens), t0, job)
+            self._send(job, JobFailed(f"the reply failed while generating: "
+                                      f"{reply.summary.error or 'an engine error'}"))
+            return
         result = CompletionResult(
             content=reply.content, reasoning=reply.reasoning,
             tool_calls=[(c.id, c.name, dict(c.arguments)) for c in reply.tool_calls],
@@ -370,7 +377,7 @@ class JobQueue:
         (``ChatSession.prefill_after``), so that it prefills only the new message. A failure
         only costs that request a longer prefill."""
         try:
-            done = session.prefill_after(messages, settings)
+            done = session.prefill_after(messages, settings, fit=False)
         except Exception:
             log.exception("prefilling the next turn")
             return
@@ -406,6 +413,10 @@ class JobQueue:
                 raise bad_request(f"block_size must be between 1 and the drafter's {own}, got "
                                   f"{req.block_size}", "block_size")
             block = req.block_size or own
+        vocab = int(session.target.vocab_size)
+        if req.sampling.top_k >= vocab:  # the sampler would fail once the reply began
+            raise bad_request(f"top_k must be 0 (off) or below the vocabulary size {vocab:,}, "
+                              f"got {req.sampling.top_k}", "top_k")
         thinking = req.enable_thinking if req.enable_thinking is not None \
             else self.enable_thinking
         try:
@@ -431,6 +442,7 @@ class JobQueue:
                 mode=mode, max_tokens=max_tokens, block_size=req.block_size,
                 auto_block=req.auto_block,
                 stop=list(req.stop), tools=req.tools, run_tools=False,
+                offered_tools_only=True,
                 enable_thinking=thinking, sampling=req.sampling)
         except SettingError as exc:  # e.g. max_tokens above the app's range
             raise bad_request(str(exc), "max_tokens" if "max_tokens" in str(exc)
