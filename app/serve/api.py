@@ -328,27 +328,31 @@ async def _stream(req: ChatRequest, job: Job, events: asyncio.Queue, completion_
                   model: str) -> AsyncIterator[bytes]:
     """The reply as server-sent events: a role chunk, one chunk per text delta
     (``content`` or ``reasoning_content``) or tool call, the finish chunk, with
-    ``include_usage`` a last chunk with no choices, then ``data: [DONE]``. The last chunk
+    ``include_usage`` a last chunk with no choices (the chunks before it then carry
+    ``"usage": null``), then ``data: [DONE]``. The last chunk
     carries ``usage`` and ``dflash``. Leaving early (the client went away) cancels the job."""
     created = int(time.time())
+    usage = {"usage": None} if req.include_usage else {}  # as OpenAI: null until the last
     try:
         yield sse(chunk_object(completion_id, model, created, {"role": "assistant",
-                                                               "content": ""}))
+                                                               "content": ""}, **usage))
         while True:
             event = await events.get()
             if isinstance(event, JobTextDelta):
                 key = "content" if event.kind == "content" else "reasoning_content"
-                yield sse(chunk_object(completion_id, model, created, {key: event.text}))
+                yield sse(chunk_object(completion_id, model, created, {key: event.text},
+                                       **usage))
             elif isinstance(event, JobToolCall):
                 call = tool_call_object(completion_id, event.index, event.name,
                                         event.arguments, with_index=True)
-                yield sse(chunk_object(completion_id, model, created, {"tool_calls": [call]}))
+                yield sse(chunk_object(completion_id, model, created, {"tool_calls": [call]},
+                                       **usage))
             elif isinstance(event, JobFinished):
                 result = event.result
                 figures = {"usage": usage_object(result), "dflash": dflash_object(result)}
                 reason = openai_finish_reason(result.finish_reason)
                 if req.include_usage:
-                    yield sse(chunk_object(completion_id, model, created, {}, reason))
+                    yield sse(chunk_object(completion_id, model, created, {}, reason, **usage))
                     yield sse(chunk_object(completion_id, model, created, None, **figures))
                 else:
                     yield sse(chunk_object(completion_id, model, created, {}, reason,
