@@ -132,10 +132,11 @@ class ScriptedSession:
         return [self.piece(t) for t in tokens]
 
     def reply(self, messages: list[dict], settings: ReplySettings | dict,
-              cancel: threading.Event | None = None) -> Iterator:
+              cancel: threading.Event | None = None, *, fit: bool = True) -> Iterator:
         """The next scripted turn's events (engine and reply event types), in ``settings``'
         mode (a :class:`~app.chat.settings.ReplySettings`; a values dict is converted as
-        ``ChatSession.reply`` converts it).
+        ``ChatSession.reply`` converts it). ``fit`` is taken as ``ChatSession.reply`` takes
+        it; scripted turns fit nothing either way.
 
         Raises:
             SettingError: a settings dict with an unknown key or a bad value.
