@@ -72,10 +72,12 @@ def test_a_dflash2_drafter_adds_its_candidate_walk(float16_pair):
     dflash2 = load_drafter(demo_dflash2_dir(), keep_dtype=True)
     extra = [r for r in kp.recipes_for(target, [drafter, dflash2])
              if r not in kp.recipes_for(target, [drafter])]
-    # the codebooks are float16 here, as the embedding: their gathers are listed already
+    # the codebooks are float16 here, as the embedding: their gathers are listed already.
+    # ("int32", "int32"): the composed walk's table, which a fresh H100 compiled in the first
+    # DFlash2 reply (7.8 s) while the others had been built
     assert extra == [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
-                     ("gather_axis", ("float32", "int32")), ("gather", ("float32", "uint32")),
-                     ("gather2", ("int32", "uint32"))]
+                     ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
+                     ("gather", ("float32", "uint32")), ("gather2", ("int32", "uint32"))]
     for kind, dtypes in extra:
         kp.run_recipe(kind, dtypes)  # each runs
 
@@ -169,3 +171,34 @@ def test_prebuild_switch(monkeypatch):
     assert kp.enabled() is True
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     assert kp.enabled() is False
+
+
+def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkeypatch):
+    """A DFlash2 reply sent right after a fresh host's warm-up compiled its walk's kernels
+    itself, one after another (12.7-13.4 s on an H100), while children were building the
+    same ones side by side in the background. It now waits for the children that hold one of
+    its recipes (a reply that needs none of them does not wait)."""
+    class Proc:
+        def __init__(self):
+            self.done = False
+            self.waited = 0
+
+        def poll(self):
+            return 0 if self.done else None
+
+        def communicate(self, timeout=None):
+            self.waited += 1
+            self.done = True
+            return b"", b""
+
+        returncode = 0
+
+    walk, other = ("gather_axis", ("int32", "int32")), ("silu", ("float16",))
+    procs = [Proc(), Proc()]
+    job = kp.Prebuild(0.0, [[walk], [other]], procs)
+    monkeypatch.setattr(kp, "_BACKGROUND", [job])
+    assert kp.wait_background_for([("gather", ("float16", "int32"))]) == 0.0
+    assert [p.waited for p in procs] == [0, 0] and kp.background_running()
+    kp.wait_background_for([walk, ("gather", ("float16", "int32"))])
+    assert [p.waited for p in procs] == [1, 1]  # the job is waited for whole
+    assert not kp.background_running()

@@ -58,7 +58,7 @@ from app.engine import dflash2 as _d2
 from app.engine.block_control import BlockController
 from app.engine.errors import GenerationError
 from app.engine.events import CycleEvent, Done, Summary, TokenEvent
-from app.engine.kernels import gdn_kernel
+from app.engine.kernels import gdn_kernel, kernel_prebuild
 from app.engine.lookup import DEFAULT_BLOCK, DraftLength, NgramIndex
 from app.engine.modes import DRAFTING_MODES, MODES, ROLLBACKS, Mode, ModeName, drafter_mode
 from app.engine.prefix import PromptCache
@@ -662,6 +662,8 @@ def _plain_body(target, prompt, config, cancel, session, boundaries, drafter=Non
 
 def _dflash_body(target, runner: TargetRunner, drafter, prompt, config, block: int, cancel,
                  session, boundaries, summary: Summary | None = None) -> Iterator:
+    if kernel_prebuild.background_running():  # MLX's CUDA backend, right after a warm-up
+        kernel_prebuild.wait_background_for(kernel_prebuild.recipes_for(target, [drafter]))
     dmodel, dcfg = drafter.model, drafter.config
     eos = target.eos_token_ids
     taps = dcfg.target_layer_ids

@@ -17,7 +17,8 @@ gather after its source and index dtypes). :func:`start` runs them in child proc
 (``python -m app.engine.kernels.kernel_prebuild RECIPES_JSON``) and :meth:`Prebuild.wait`
 waits for them. A recipe that fails or builds a module the pair does not use costs only its process:
 whatever the recipes miss, the warm-up builds itself, and no computed value depends on
-which process compiled a kernel. Each child compiles into a private folder and then
+which process compiled a kernel. A drafted run whose kernels children are still building in
+the background waits for them (:func:`wait_background_for`). Each child compiles into a private folder and then
 publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
 there (:data:`MARKER`), so that a later start skips them (:func:`built_before`), also those
 of children left running in the background (:func:`start_background`).
@@ -187,9 +188,10 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
     uint32 indices. Fused: ``silu`` and ``swiglu`` in each model's dtype; for a Gated DeltaNet
     target also ``precise_swiglu`` (its gated norm) and ``compute_g`` in its layers' dtypes.
     A DFlash2 drafter's candidate walk (``app.engine.dflash2.CandidateSelector.walk``):
-    ``take_along_axis`` on float32 logits and uint32 top-k ids (uint32 and int32 indices),
-    a float32 gather by uint32 ids, ``cand[i, j]`` (int32, two indices), and its codebooks
-    indexed by uint32 and int32 ids: the modules a fresh H200 compiled for it.
+    ``take_along_axis`` on float32 logits and uint32 top-k ids (uint32 and int32 indices)
+    and on its int32 table of choices (int32 indices: the composed walk), a float32 gather by
+    uint32 ids, ``cand[i, j]`` (int32, two indices), and its codebooks indexed by uint32 and
+    int32 ids: the modules fresh H200 and H100 hosts compiled for it.
     """
     embed = _embedding(target.model)
     act = _dtype_name(activation_dtype(target.model))
@@ -210,7 +212,8 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
         if selector is not None:
             book = _dtype_name(selector.predecessor_codebook.dtype)
             out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
-                    ("gather_axis", ("float32", "int32")), ("gather", ("float32", "uint32")),
+                    ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
+                    ("gather", ("float32", "uint32")),
                     ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
                     ("gather", (book, "int32"))]
     gdn = first_gdn_layer(target.model)
@@ -386,6 +389,22 @@ def background_running() -> bool:
     """True while children of :func:`start_background` still run (their cores are busy)."""
     reap_background()
     return bool(_BACKGROUND)
+
+
+def wait_background_for(recipes: list[Recipe]) -> float:
+    """Wait for every background job (:func:`start_background`) with a child building one of
+    ``recipes``: a run that needs those kernels would otherwise compile them itself, one after
+    another, while the children compile them side by side (on a fresh H100 the first DFlash2
+    reply after the warm-up took 12.7-13.4 s that way). Returns the seconds waited (0.0 when
+    no such job runs). Never raises: a failed child only leaves its kernels to the run."""
+    reap_background()
+    wanted = set(recipes)
+    jobs = [job for job in _BACKGROUND if wanted & {r for g in job.groups for r in g}]
+    t0 = time.perf_counter()
+    for job in jobs:
+        job.wait()
+    reap_background()
+    return time.perf_counter() - t0 if jobs else 0.0
 
 
 def reap_background() -> None:
