@@ -170,30 +170,28 @@ def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kerne
     assert not list(kernel_cache.glob(".prebuild-*"))
 
 
-def test_with_a_core_for_every_recipe_no_kernel_is_left_to_the_background(kernel_cache,
-                                                                           monkeypatch):
-    """On a fresh H100 host (16 cores) the DFlash2 drafter's 5 kernels were left to background
-    children, and a DFlash2 reply sent right after the warm-up took 12.4 s, building them
-    itself: where each recipe has a core, all are built before the warm-up returns."""
+def test_with_a_core_for_every_recipe_later_kernels_still_build_in_the_background(
+        kernel_cache, monkeypatch):
+    """Building every drafter's kernels at once where each recipe had a core made a fresh
+    H100 host's start slower (12 children: prebuild 9.8 s against 7.5-8.0 s for the first
+    drafter's 7; start to ready 11.0 s against 8.5-9.3 s): the later drafters' kernels are
+    left to the background whatever the core count, and their first run waits for them."""
     from app.engine.kernels import kernel_prebuild
     from app.models.loader import load_drafter, load_target
     from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     monkeypatch.setattr(kernel_prebuild, "default_workers", lambda: 12)
-    started = []
-    real_start = kernel_prebuild.start
-    monkeypatch.setattr(kernel_prebuild, "start",
-                        lambda recipes, *a, **k: started.append(list(recipes))
-                        or real_start(recipes, *a, **k))
     t, d = demo_pair_dirs()
     target, drafter, dflash2 = load_target(t), load_drafter(d), load_drafter(demo_dflash2_dir())
     report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
-    every = kernel_prebuild.recipes_for(target, [drafter, dflash2])
-    assert len(every) <= 12 and len(started) == 1  # one job, in the foreground
-    assert sorted(report.prebuild.recipes) == sorted(every) == sorted(started[0])
-    assert report.prebuild.background == [] and kernel_prebuild._BACKGROUND == []
-    assert set(every) <= kernel_prebuild.built_before(kernel_cache)
-    assert len(report.drafted_s) == 1  # still one drafter's reply
+    first = kernel_prebuild.recipes_for(target, [drafter])
+    walk = [r for r in kernel_prebuild.recipes_for(target, [drafter, dflash2]) if r not in first]
+    assert len(first) + len(walk) <= 12  # a core for each
+    assert sorted(report.prebuild.recipes) == sorted(first)
+    assert report.prebuild.background == walk
+    assert kernel_prebuild.wait_background_for(walk) >= 0.0
+    assert not kernel_prebuild.background_running()
+    assert set(walk) <= kernel_prebuild.built_before(kernel_cache)
 
 
 def test_with_the_first_drafters_kernels_built_the_others_stay_in_the_background(

@@ -119,10 +119,12 @@ def warm_layers(target, lengths: tuple[int, ...] = (32, 16, 1)) -> None:
 def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildReport:
     """The CUDA part of :func:`warm_up`: children build the kernels of ``target`` and
     ``drafters`` not recorded as built, while this process builds the GDN kernel and runs
-    :func:`warm_layers`; then children are left building ``later``'s in the background,
-    unless every recipe has a core of its own
-    (:func:`~app.engine.kernels.kernel_prebuild.default_workers`): then ``later``'s are
-    built with the others, before the warm-up's replies.
+    :func:`warm_layers`; then children are left building ``later``'s in the background
+    (a drafted run that needs them waits for those children:
+    :func:`~app.engine.kernels.kernel_prebuild.wait_background_for`). Not all at once, even
+    with a core for each recipe: on a fresh H100 host (16 cores) 12 children side by side
+    took 9.8 s against 7.5-8.0 s for the first drafter's 7, and the start to ready 11.0 s
+    against 8.5-9.3 s (docs/performance.md).
     Never raises: whatever fails is listed in the report's ``failed`` and left to the
     replies, and the children started are always waited for."""
     kernel_prebuild.reap_background()
@@ -134,12 +136,6 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
         todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
         rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
                 if r not in done and r not in todo]
-        if todo and rest and len(todo) + len(rest) <= kernel_prebuild.default_workers() \
-                and not kernel_prebuild.background_running():
-            # children are started for the first drafter anyway, one a recipe, on idle cores:
-            # building the later drafters' kernels beside them costs the start about nothing
-            # more, and spares their first reply a build of its own
-            todo, rest = todo + rest, []
         job = kernel_prebuild.start(todo) if todo else None
         build_gdn_kernel(target)  # in this process, while the children compile
         if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
@@ -185,8 +181,7 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
             :func:`app.engine.kernels.kernel_prebuild.enabled` says no. Then only the first drafter
             gets a warm-up reply: the kernels that only the other drafters need (a DFlash2
             drafter's candidate walk) are built by child processes left running in the
-            background (``WarmUpReport.prebuild.background``), or with the others when the
-            CPU has a core for each recipe (:func:`_prebuild`). While the children compile,
+            background (``WarmUpReport.prebuild.background``; :func:`_prebuild`). While the children compile,
             this process builds the GDN kernel (:func:`build_gdn_kernel`) and runs
             :func:`warm_layers` (``DFLASH_WARM_LAYERS=0`` skips it, for measurements). A
             failed child is only reported (``WarmUpReport.prebuild.failed``): the replies
@@ -209,9 +204,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         prebuild = backend() == "CUDA" and kernel_prebuild.enabled()
     built = None
     if prebuild:
-        # The first drafter's kernels before its reply; the others' with them where the cores
-        # allow, else in the background (their first reply reads them from disk, or builds
-        # what is not there yet).
+        # The first drafter's kernels before its reply, the others' in the background (their
+        # first reply waits for those children, then reads the kernels from disk).
         later = [] if every_drafter else drafters[1:]
         drafters = drafters if every_drafter else drafters[:1]
         built = _prebuild(target, drafters, later)
