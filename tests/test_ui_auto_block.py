@@ -143,7 +143,7 @@ def test_the_check_box_reaches_every_reply_and_the_warm_up(qtbot, qs):
         assert dlg.auto_block.isChecked()
         dlg.auto_block.setChecked(False)
         dlg.for_chat.click()
-        assert win.conv.settings == {"auto_block": False}
+        assert win.conv.settings["auto_block"] is False
         send_and_wait(qtbot, win, "fixed again", mode="dflash")
         assert backend.asked[-1].auto_block is False
         # the next load warms up with the automatic block size (a new chat: the default's)

@@ -562,7 +562,8 @@ def test_conversation_settings_override_app_defaults(qtbot, qs):
         dlg.max_tokens.setValue(5)
         dlg.block.setValue(3)
         dlg.for_chat.click()
-        assert win.conv.settings == {"max_tokens": 5, "block_size": 3}
+        assert win.conv.settings["max_tokens"] == 5 and win.conv.settings["block_size"] == 3
+        assert win.conv.settings["stop_strings"] == ["END", "###"]  # every value is kept
         send_and_wait(qtbot, win, "second", mode="dflash")
         assert backend.last_settings.max_tokens == 5
         assert backend.last_settings.block_size == 3
@@ -573,6 +574,58 @@ def test_conversation_settings_override_app_defaults(qtbot, qs):
         send_and_wait(qtbot, win, "third", mode="dflash")
         assert backend.last_settings.max_tokens == 77
         assert settings_mod.load_defaults(qs)["max_tokens"] == 77
+    finally:
+        close_window(win)
+
+
+def test_chat_settings_stay_as_saved_when_the_defaults_change(qtbot, qs):
+    """"Save for this chat" keeps the chat's settings as they were saved: a later "Save as
+    defaults" from another chat changes neither its stored row nor what its next reply uses.
+    A chat stored with only the values that differed from the defaults still reads them
+    over the defaults."""
+    from app.ui import settings as settings_mod
+
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=2))
+    try:
+        win.new_chat()
+        chat_a = win.conv
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
+        dlg.block.setValue(4)
+        dlg.thinking.setChecked(False)
+        dlg.for_chat.click()
+        saved_a = dict(win.state.current_settings())
+        assert saved_a["block_size"] == 4 and saved_a["thinking"] is False
+        assert saved_a["stop_strings"] == [] and saved_a["auto_block"] is False
+        win.transcript.select_conversation(win.state.store.new())  # chat B
+        assert win.conv.id != chat_a.id
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
+        dlg.stops.setText("Paris")
+        dlg.system.setPlainText("Answer in one word.")
+        dlg.auto_block.setChecked(True)
+        dlg.as_defaults.click()
+        assert settings_mod.load_defaults(qs)["stop_strings"] == ["Paris"]
+        win.transcript.select_conversation(win.state.store.get(chat_a.id))
+        assert win.state.current_settings() == saved_a
+        assert win.state.store.get(chat_a.id).settings == saved_a
+        assert win.composer.note.text().startswith("Next reply: ") \
+            and "auto" not in win.composer.note.text()
+        # a row saved before (only what differed from the defaults) still follows them
+        win.conv.settings = {"block_size": 4, "thinking": False}
+        now = win.state.current_settings()
+        assert now["stop_strings"] == ["Paris"] and now["block_size"] == 4
+        assert now["system_prompt"] == "Answer in one word." and now["thinking"] is False
+        # "Save as defaults" in a chat of its own settings: that chat follows the defaults
+        win.conv.settings = dict(saved_a)
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
+        dlg.max_tokens.setValue(99)
+        dlg.as_defaults.click()
+        assert win.conv.settings == {} and win.state.store.get(chat_a.id).settings == {}
+        assert win.state.current_settings()["max_tokens"] == 99
+        assert win.state.current_settings()["block_size"] == 4  # the dialog's, now default
+        assert win.banner.text().startswith("Saved as the defaults: this chat and every chat")
     finally:
         close_window(win)
 

@@ -237,18 +237,22 @@ class TranscriptController(QObject):
         self.settings_dialog = dlg
 
     def on_settings_saved(self, values: dict, where: str) -> None:
-        """The settings dialog saved ``values``: as the defaults (``where`` "defaults") or
-        as the shown chat's own settings (the values that differ from the defaults)."""
+        """The settings dialog saved ``values``: as the defaults (``where`` "defaults"; the
+        shown chat then follows them too, its own settings dropped) or as the shown chat's
+        own settings (every value, so later defaults do not change them)."""
         if where == "defaults":
             self.state.defaults = values
             settings_mod.save_defaults(self.state.qs, values)
-            self.messages.show_note("Saved as the defaults: every chat without its own "
-                                    "settings uses them from the next reply.")
+            if self.state.conv is not None and self.state.conv.settings:
+                self.state.conv.settings = {}
+                self.save(self.state.conv)
+            self.messages.show_note("Saved as the defaults: this chat and every chat without "
+                                    "its own settings use them from the next reply.")
         else:
             if self.state.conv is None and self.new_chat() is None:
                 return  # the store could not make one (its banner says why)
             self.state.conv.settings = {k: v for k, v in values.items()
-                                        if v != self.state.defaults.get(k)}
+                                        if k in settings_mod.DEFAULTS}
             self.save(self.state.conv)
             self.messages.show_note(f"Saved for “{self.state.conv.title or 'this chat'}”: its "
                                     "next reply uses them.")
