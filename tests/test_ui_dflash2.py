@@ -247,3 +247,38 @@ def test_compare_runs_plain_dflash_and_dflash2_with_the_same_tokens(qtbot, qs, t
         assert "block default" not in text and "block 8" in text
     finally:
         close_window(win)
+
+
+def test_compare_with_only_a_dflash2_drafter_runs_and_names_dflash2(qtbot, qs, tiny3):
+    """A pair whose one drafter is a DFlash2 one compares plain with DFlash2: the side runs,
+    is stored and is named as DFlash2 (never "DFlash"), live and reopened."""
+    t, _d, d2 = tiny3
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000) as blocker:
+            win.load_model(PairSpec(str(t), str(d2)))
+        assert blocker.args[0].modes == ("plain", "dflash2", "lookup")
+        assert win.compare_action.text() == "Compare plain and DFlash2"
+        assert "then with DFlash2, side by side" in win.composer.compare_btn.toolTip()
+        msg = send_and_wait(qtbot, win, PROMPT, compare=True)
+        assert msg.is_compare and msg.chosen == "dflash2"
+        assert set(msg.versions) == {"plain", "dflash2"}
+        rows = {k: win.store.db.get_message(i) for k, i in msg.ids.items()}
+        assert {k: r.mode for k, r in rows.items()} == {"plain": "plain", "dflash2": "dflash2"}
+        assert rows["dflash2"].summary["mode"] == "dflash2"
+        assert msg.versions["dflash2"].result.tokens == msg.versions["plain"].result.tokens
+        view = win.compare_view
+        assert view.sides == ("plain", "dflash2") and list(view.results) == ["plain", "dflash2"]
+        assert view.header.text().startswith("identical, ")
+        assert "· DFlash2 " in view.header.text() and "DFlash " not in view.header.text()
+        assert view.buttons["dflash2"].text() == "Continue from DFlash2"
+        assert view.buttons["dflash2"].isVisible() and not view.buttons["dflash"].isVisible()
+        text = win.chat.toPlainText()
+        assert "DFlash2 ·" in text and "DFlash ·" not in text
+        assert "continue from Plain instead" in text
+        win.select_conversation(win.store.get(win.conv.id))  # reopened from storage
+        assert win.compare_view.sides == ("plain", "dflash2")
+        assert "· DFlash2 " in win.compare_view.header.text()
+        assert win.compare_view.missing == ()
+    finally:
+        close_window(win)

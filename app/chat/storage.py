@@ -956,15 +956,18 @@ class Store:
         generation: dict | None = None,
         continue_with: str = "dflash",
         parent_id: int | None | object = _LEAF,
+        mode: str = "dflash",
     ) -> tuple[Message, Message]:
         """Start a Compare turn: two ``generating`` replies to the same prompt, ``plain`` and
-        ``dflash``, sharing one ``compare_group``. The one named by ``continue_with`` is on the
-        active path (switch with :meth:`set_active`).
+        one in the drafting ``mode`` (``dflash``, or ``dflash2`` for a pair whose one
+        drafter is DFlash2), sharing one ``compare_group``. The one named by
+        ``continue_with`` is on the active path (switch with :meth:`set_active`).
 
         Returns:
-            (plain reply, dflash reply).
+            (plain reply, drafting reply).
         """
         _check(continue_with, MODES, "continue_with")
+        _check(mode, MODES, "mode")
         group = uuid.uuid4().hex
         with self._tx():
             if parent_id is _LEAF:
@@ -975,9 +978,9 @@ class Store:
                 compare_group=group, activate=continue_with == Mode.PLAIN,
             )
             dflash = self.begin_reply(
-                conversation_id, mode="dflash", parent_id=parent_id, block_size=block_size,
+                conversation_id, mode=mode, parent_id=parent_id, block_size=block_size,
                 rollback=rollback, generation=generation, compare_group=group,
-                activate=continue_with == Mode.DFLASH,
+                activate=continue_with == mode,
             )
         return self.get_message(plain.id), self.get_message(dflash.id)
 

@@ -118,7 +118,8 @@ class TurnRequest:
             record is the way). A Compare side runs ``dataclasses.replace(settings,
             mode=tag)``; the record itself is never changed.
         tags: ``("",)`` for one reply; for a Compare turn the modes of its sides, plain and
-            DFlash, and DFlash2 too with a DFlash2 drafter (``app.engine.modes.MODES``).
+            DFlash, and DFlash2 too with a DFlash2 drafter (plain and DFlash2 when that is
+            the pair's one drafter; ``app.engine.modes.MODES``).
         key: the version key of one reply ("" -> its mode; ``app.chat.turns.version_key``).
         system_prompt: put first in the prompt when the conversation has none of its own.
         regenerate_of: a stored reply row: the new reply is a sibling version of it.
@@ -286,11 +287,13 @@ def begin_turn(store: Store, request: TurnRequest,
         elif request.regenerate_of is None:
             user_id = store.add_message(request.conversation_id, "user", request.text).id
         if request.compare:
-            plain, dflash = store.begin_compare(request.conversation_id,
-                                                block_size=block or blocks.get("dflash"),
-                                                rollback=rollback, generation=generation)
-            ids = {"plain": plain.id, "dflash": dflash.id}
-            if "dflash2" in request.tags:  # a three-sided Compare: the DFlash2 sibling
+            side = request.tags[1]  # "dflash", or "dflash2" for a pair with only that drafter
+            plain, drafting = store.begin_compare(request.conversation_id, mode=side,
+                                                  block_size=block or blocks.get(side),
+                                                  rollback=rollback, generation=generation,
+                                                  continue_with=side)
+            ids = {"plain": plain.id, side: drafting.id}
+            if "dflash2" in request.tags[2:]:  # a three-sided Compare: the DFlash2 sibling
                 third = store.begin_reply(
                     request.conversation_id, mode="dflash2", parent_id=plain.parent_id,
                     block_size=block or blocks.get("dflash2"), rollback=rollback,
@@ -679,12 +682,14 @@ class _TurnRun:
                          generation))
         if req.compare:
             ran = [t for t in req.tags if t in self.ran]
-            # continue from DFlash's side when it finished, else from a side that finished
-            # (a side Stop cut is partial), else from the first that ran
+            # continue from the first drafter's side (DFlash's, or DFlash2's when it is the
+            # only one) when it finished, else from a side that finished (a side Stop cut
+            # is partial), else from the first that ran
+            first = req.tags[1]
             whole = [t for t in ran if t not in self.errors
                      and self.results[t].finish_reason != "cancelled"]
-            chosen = ("dflash" if "dflash" in whole else whole[0] if whole
-                      else ran[0] if ran else "dflash")
+            chosen = (first if first in whole else whole[0] if whole
+                      else ran[0] if ran else first)
         else:
             chosen = req.keys[0]
         active = (begun.reply_ids[chosen]

@@ -49,11 +49,14 @@ from app.ui.render import (
 )
 from app.ui.text import mode_label, plural
 
-COMPARE_TIPS = {
-    False: "Run the prompt plain, then with DFlash, side by side (Ctrl+Shift+C)",
-    True: "Run the prompt plain, then with DFlash, then with DFlash2, side by side "
-          "(Ctrl+Shift+C)"}
-"""The Compare button's tooltip: two sides, or three with a DFlash2 drafter beside DFlash."""
+
+def compare_tip(drafters: tuple[str, ...] = ("dflash",)) -> str:
+    """The Compare button's tooltip: plain, then each of the pair's ``drafters`` (modes:
+    DFlash, DFlash2 or both)."""
+    then = "".join(f", then with {mode_label(m)}" for m in drafters)
+    return f"Run the prompt plain{then}, side by side (Ctrl+Shift+C)"
+
+
 NO_BASELINE_TIP = ("No plain speed to compare with yet. A speed-up is shown against the median "
                    "of at least 3 plain measurements (plain replies, Compare plain sides, the "
                    "short benchmark) made since the pair was loaded, on the same pair, dtype "
@@ -76,9 +79,11 @@ NO_CONTINUE_COMPARE_TIP = ("Max tokens ended this side. A Compare turn is not co
 """Where a Compare turn's chosen side was cut by Max tokens: said instead of a Continue link."""
 
 
-def compare_label(three: bool) -> str:
-    """The Compare action's name: the sides it runs (``three``: DFlash2 too)."""
-    return "Compare plain, DFlash and DFlash2" if three else "Compare plain and DFlash"
+def compare_label(drafters: tuple[str, ...] = ("dflash",)) -> str:
+    """The Compare action's name: the sides it runs, plain and the pair's ``drafters``
+    (modes): "Compare plain and DFlash2", "Compare plain, DFlash and DFlash2"."""
+    names = ["plain", *(mode_label(m) for m in drafters)]
+    return f"Compare {', '.join(names[:-1])} and {names[-1]}"
 
 SIDE_NOTE_PX = 200
 """The mode note sits beside the settings line when this many pixels are left for it, else
@@ -452,7 +457,8 @@ class ChatView(QTextBrowser):
             foot += (f' · <span title="{html.escape(r.context_note.message)}">'
                      f"{html.escape(r.context_note.label())}</span>")
         if m.is_compare:
-            others = ["plain" if m.chosen == Mode.DFLASH else "dflash"]
+            drafting = next((k for k in DRAFTER_MODES if k in m.versions), Mode.DFLASH)
+            others = ["plain" if m.chosen != Mode.PLAIN else drafting]
             if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
                 others = [k for k in MODES
                           if k in m.versions and k != m.chosen
@@ -621,8 +627,8 @@ class Composer(QWidget):
         self.action_stack.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self._busy_clock = QElapsedTimer()
         self.compare_btn = QPushButton("Compare")
-        self.compare_btn.setToolTip(COMPARE_TIPS[False])
-        self.compare_btn.setAccessibleName(compare_label(False))
+        self.compare_btn.setToolTip(compare_tip())
+        self.compare_btn.setAccessibleName(compare_label())
         self.note = WrapLabel("")
         self.note.setObjectName("figureName")
         self.note.setAccessibleName("Settings for the next reply")
@@ -693,8 +699,9 @@ class Composer(QWidget):
         self._offer_dflash2(v2, enabled=v2)
         lost = self.mode() not in modes
         self.set_dflash_available("dflash" in modes or v2, reason)
-        self.compare_btn.setToolTip(COMPARE_TIPS["dflash" in modes and v2])
-        self.compare_btn.setAccessibleName(compare_label("dflash" in modes and v2))
+        drafters = tuple(m for m in DRAFTER_MODES if m in modes) or ("dflash",)
+        self.compare_btn.setToolTip(compare_tip(drafters))
+        self.compare_btn.setAccessibleName(compare_label(drafters))
         self.dflash_btn.setEnabled("dflash" in modes)
         self.lookup_btn.setEnabled("lookup" in modes)
         if lost or not self.mode_group.checkedButton().isEnabled():

@@ -364,8 +364,8 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     """A Compare :class:`~app.chat.turns.Turn` (read back from storage, or kept from this
     run) as :meth:`CompareView.set_results` shows it.
 
-    Returns ``(results, missing, notes)``: ``results`` maps each side ("plain", "dflash",
-    "dflash2" when the turn has one) to its :class:`~app.chat.turns.ReplyResult` or None (not
+    Returns ``(results, missing, notes)``: ``results`` maps each side ("plain", "dflash"
+    unless the turn's one drafting side is "dflash2", "dflash2" when the turn has one) to its :class:`~app.chat.turns.ReplyResult` or None (not
     run, or not stored); ``missing`` the sides with no stored row; ``notes`` what storage
     could not give back, for the header (the gap of a row stored without it, the mark on the
     first divergence while the token texts are not there)."""
@@ -374,7 +374,7 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     for key in SIDES:
         v = turn.versions.get(key)
         if v is None:
-            if key != Mode.DFLASH2:
+            if key == Mode.PLAIN or key == Mode.DFLASH and "dflash2" not in turn.versions:
                 results[key] = None
                 missing.append(key)
             continue
@@ -413,7 +413,7 @@ class CompareView(QFrame):
     """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain", "dflash" or
     "dflash2".
 
-    Two sides (plain, DFlash) as columns; with a DFlash2 side (:meth:`set_sides`) three
+    Two sides (plain and the pair's one drafter, DFlash or DFlash2) as columns; with a DFlash2 side (:meth:`set_sides`) three
     columns, or three tabs while the view is narrower than :data:`NARROW_PX`; any sides as
     tabs while the view is narrower than its columns need (:meth:`columns_width`)."""
 
@@ -501,7 +501,8 @@ class CompareView(QFrame):
         """The sides shown without a stored row (:meth:`set_results`)."""
 
     def set_sides(self, sides: tuple[str, ...]) -> None:
-        """Show these sides (``("plain", "dflash")`` or all of :data:`SIDES`)."""
+        """Show these sides (``("plain", "dflash")``, ``("plain", "dflash2")`` or all of
+        :data:`SIDES`)."""
         self.sides = tuple(k for k in SIDES if k in sides)
         self._arrange(force=True)
 
@@ -592,15 +593,18 @@ class CompareView(QFrame):
 
     def set_results(self, plain, dflash, chosen: str = "dflash", dflash2=None,
                     three: bool | None = None, missing: tuple[str, ...] = (),
-                    note: str = "") -> None:
+                    note: str = "", sides: tuple[str, ...] | None = None) -> None:
         """Show finished :class:`~app.chat.turns.ReplyResult`; any may be None (stopped
-        before it ran, or in ``missing``: not stored). ``three`` (default: ``dflash2`` is
-        given) shows the DFlash2 side. ``note`` goes under the verdict."""
-        three = dflash2 is not None if three is None else three
-        self.set_sides(SIDES if three else ("plain", "dflash"))
-        self.results = {"plain": plain, "dflash": dflash}
-        if three:
-            self.results["dflash2"] = dflash2
+        before it ran, or in ``missing``: not stored). ``sides`` names the sides shown
+        (e.g. ``("plain", "dflash2")`` for a pair whose one drafter is DFlash2); without
+        it, plain and DFlash, and DFlash2 too when ``three`` (default: ``dflash2`` is
+        given). ``note`` goes under the verdict."""
+        if sides is None:
+            three = dflash2 is not None if three is None else three
+            sides = SIDES if three else ("plain", "dflash")
+        self.set_sides(sides)
+        given = {"plain": plain, "dflash": dflash, "dflash2": dflash2}
+        self.results = {k: given[k] for k in self.sides}
         self.missing = tuple(missing)
         # each drafting side judged once: its mark and both wordings of the header
         verdicts = {k: judge(plain, r, mode_label(k), named=len(self.results) == 2)
@@ -645,8 +649,9 @@ class CompareView(QFrame):
         (:func:`stored_sides`)."""
         results, missing, notes = stored_sides(turn)
         note = ("Reopened from storage: " + "; ".join(notes) + ".") if notes else ""
-        self.set_results(results["plain"], results["dflash"], turn.chosen or "dflash",
-                         results.get("dflash2"), "dflash2" in results, missing, note)
+        self.set_results(results["plain"], results.get("dflash"), turn.chosen or "dflash",
+                         results.get("dflash2"), missing=missing, note=note,
+                         sides=tuple(results))
         self.show()
 
     def _header(self, verdicts: dict[str, Verdict]) -> tuple[str, str]:
@@ -659,11 +664,12 @@ class CompareView(QFrame):
         if "plain" in missing:
             return ("the plain side of this comparison is not stored",) * 2
         if len(res) == 2:
-            if "dflash" in missing:
-                return ("the DFlash side of this comparison is not stored",) * 2
-            if plain is None or res["dflash"] is None:
+            key = self.sides[1]
+            if key in missing:
+                return (f"the {mode_label(key)} side of this comparison is not stored",) * 2
+            if plain is None or res[key] is None:
                 return ("comparison stopped before both sides ran",) * 2
-            v = verdicts["dflash"]
+            v = verdicts[key]
             return v.full, v.short
         if plain is None:
             return ("comparison stopped before the plain side ran",) * 2

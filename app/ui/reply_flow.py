@@ -173,11 +173,11 @@ class ReplyController(QObject):
         return self._start(text, [""])
 
     def compare(self, text: str) -> bool:
-        """Run ``text`` plain then with DFlash (then DFlash2 when the pair has a DFlash2
-        drafter too), each from the same prompt; show them side by side."""
+        """Run ``text`` plain then with each drafter the pair has (DFlash, then DFlash2; the
+        one it has when it has one), each from the same prompt; show them side by side."""
         modes = set(self.state.model.modes) if self.state.model is not None else set()
-        sides = ((Mode.PLAIN, *DRAFTER_MODES) if set(DRAFTER_MODES) <= modes
-                 else (Mode.PLAIN, Mode.DFLASH))
+        drafters = tuple(m for m in DRAFTER_MODES if m in modes) or (Mode.DFLASH,)
+        sides = (Mode.PLAIN, *drafters)
         return self._start(text, [str(m) for m in sides])
 
     def regenerate(self) -> bool:
@@ -346,7 +346,7 @@ class ReplyController(QObject):
             self.compare_view.show()
             total = sum(self.centre_split.sizes()) or 600
             self.centre_split.setSizes([int(total * 0.45), int(total * 0.55)])
-            self.compare_view.set_results(None, None, three=len(tags) > 2)
+            self.compare_view.set_results(None, None, sides=tuple(tags))
             self.compare_view.show_running(tags[0])
         else:  # the view shows the last turn's comparison, and the last turn is not one now
             self.compare_view.hide()
@@ -631,10 +631,9 @@ class ReplyController(QObject):
             log.exception("reading the stored turn back")
             self.messages.show_banner(f"Could not read the conversation back: {exc}")
         if run.compare and run.conv is self.state.conv:
-            third = run.sides.get("dflash2")
-            self.compare_view.set_results(run.sides["plain"].result,
-                                          run.sides["dflash"].result, msg.chosen,
-                                          third.result if third else None, third is not None)
+            result = {k: side.result for k, side in run.sides.items()}
+            self.compare_view.set_results(result["plain"], result.get("dflash"), msg.chosen,
+                                          result.get("dflash2"), sides=tuple(run.sides))
         self._measure_speed(run)
         self.transcript.refresh_list()
         if not run.compare and not run.interrupted and not run.stored.error:

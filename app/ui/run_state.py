@@ -1,7 +1,8 @@
 """The state of the reply being generated, typed (no dicts read through string keys).
 
 A :class:`ReplyRun` is one request to the worker: an ordinary reply (one side, tag ""; a
-reply continued after Max tokens is one too) or a Compare turn (sides "plain" and "dflash", and "dflash2" with a DFlash2 drafter too, run one
+reply continued after Max tokens is one too) or a Compare turn (sides "plain" and "dflash", and
+"dflash2" with a DFlash2 drafter too, or "plain" and "dflash2" with only that drafter, run one
 after the other). Each :class:`SideRun` collects what its events brought: live figures, text,
 reasoning, tool calls, tokens, and at the end its :class:`~app.chat.turns.ReplyResult` or
 error. Qt-free; the window owns one at a time (the worker stores the turn; the run only
