@@ -438,3 +438,21 @@ def test_markdown_of_a_tool_reply_follows_the_order_things_happened(tmp_path):
     assert md.count("**Tool call**") == 1 and md.count("**Result**") == 1
     assert md.count("It is 06:39:34 in Anchorage.") == 1
     assert md.count("ROUND-1-REASONING") == md.count("ROUND-2-REASONING") == 1
+
+
+def test_markdown_names_a_lookup_reply_lookup_and_its_drafts_prompt_lookup(tmp_path):
+    """A Lookup reply (no drafter: its drafts are prompt lookup's) is headed with the mode
+    table's label and its draft tokens are not said to come from a drafter."""
+    with Store(tmp_path / "a.db") as s:
+        conv = s.new_conversation("lookup")
+        s.add_message(conv.id, "user", "Repeat the list.")
+        r = s.begin_reply(conv.id, mode="lookup", block_size=4, rollback="tape")
+        s.finish_reply(r.id, content="a, b, c", token_ids=list(range(8)),
+                       from_draft=[False, True, True] + [False] * 5,
+                       summary=Summary(mode="lookup", generated_tokens=8, cycles=6, drafted=5,
+                                       accepted=2, acceptance_rate=0.4, tau=1.33).to_dict(),
+                       finish_reason="stop")
+        md = export_markdown(s, conv.id)
+    assert "## Assistant · Lookup (block 4, tape rollback)\n" in md
+    assert "2 of 8 tokens from prompt lookup" in md
+    assert "DFlash" not in md and "drafter" not in md

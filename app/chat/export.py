@@ -54,7 +54,7 @@ from app.chat.events import ToolCall
 from app.chat.settings import SPECS, ReplySettings, Sampling, SettingError, coerce
 from app.chat.storage import Store
 from app.engine.events import Summary
-from app.engine.modes import DRAFTING_MODES, Mode
+from app.engine.modes import DRAFTING_MODES, Mode, label
 
 FORMAT = "dflash-chat.conversation"
 FORMAT_VERSION = 1
@@ -478,7 +478,7 @@ def _fence(text: str, lang: str = "") -> str:
 def _reply_heading(m: Message, store: Store) -> str:
     parts = ["Assistant"]
     if m.mode in DRAFTING_MODES:
-        name = "DFlash2" if m.mode == Mode.DFLASH2 else "DFlash"
+        name = label(m.mode)
         detail = ", ".join(
             x
             for x in (
@@ -515,7 +515,8 @@ def _figures(m: Message) -> str:
     if m.token_ids and any(m.from_draft):
         # a tool reply stores the last round's tokens only, under figures over every round
         where = "last round: " if m.rounds and len(m.token_ids) != n else ""
-        bits.append(f"{where}{sum(m.from_draft)} of {len(m.token_ids)} tokens from the drafter")
+        source = "prompt lookup" if m.mode == Mode.LOOKUP else "the drafter"
+        bits.append(f"{where}{sum(m.from_draft)} of {len(m.token_ids)} tokens from {source}")
     if m.status != "complete":
         bits.append(m.status + (f": {m.error}" if m.error else ""))
     return " \u00b7 ".join(bits)
