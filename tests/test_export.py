@@ -456,3 +456,26 @@ def test_markdown_names_a_lookup_reply_lookup_and_its_drafts_prompt_lookup(tmp_p
     assert "## Assistant · Lookup (block 4, tape rollback)\n" in md
     assert "2 of 8 tokens from prompt lookup" in md
     assert "DFlash" not in md and "drafter" not in md
+
+
+def test_markdown_says_a_reply_was_cut_at_max_tokens(tmp_path):
+    """A complete reply that Max tokens ended (finish reason length) says so in the export,
+    as the window's footer does; one that ended by itself says nothing of it."""
+    with Store(tmp_path / "a.db") as s:
+        conv = s.new_conversation("cut")
+        s.add_message(conv.id, "user", "Count to a hundred.")
+        r = s.begin_reply(conv.id, mode="plain")
+        s.finish_reply(r.id, content="1, 2, 3", token_ids=[1, 2, 3],
+                       summary=Summary(mode="plain", generated_tokens=3, tok_per_s=20.0,
+                                       stop_cause="length").to_dict(),
+                       finish_reason="length")
+        s.add_message(conv.id, "user", "Thanks.")
+        r = s.begin_reply(conv.id, mode="plain")
+        s.finish_reply(r.id, content="You're welcome.", token_ids=[4, 5],
+                       summary=Summary(mode="plain", generated_tokens=2, tok_per_s=20.0,
+                                       stop_cause="end_token").to_dict(),
+                       finish_reason="stop")
+        md = export_markdown(s, conv.id)
+    assert "*3 tokens · 20.0 tok/s · cut at max tokens*" in md
+    assert "*2 tokens · 20.0 tok/s*" in md
+    assert md.count("cut at max tokens") == 1

@@ -179,6 +179,13 @@ def continued_text(continued: list[dict]) -> str:
     return f"continued after {joined} tokens"
 
 
+def finish_text(finish_reason: str | None) -> str:
+    """How a reply that was not stopped ended, in the words its footer and the export use:
+    ``"cut at max tokens"`` when Max tokens ended it (finish reason ``length``); "" when it
+    ended by itself."""
+    return "cut at max tokens" if finish_reason == "length" else ""
+
+
 def _arguments_dict(arguments) -> dict:
     """Tool-call arguments as a dict, as chat templates expect them."""
     import json

@@ -49,6 +49,7 @@ from app.chat.conversation import (
     Conversation,
     Message,
     continued_text,
+    finish_text,
 )
 from app.chat.events import ToolCall
 from app.chat.settings import SPECS, ReplySettings, Sampling, SettingError, coerce
@@ -519,6 +520,8 @@ def _figures(m: Message) -> str:
         bits.append(f"{where}{sum(m.from_draft)} of {len(m.token_ids)} tokens from {source}")
     if m.status != "complete":
         bits.append(m.status + (f": {m.error}" if m.error else ""))
+    elif finish_text(m.finish_reason):
+        bits.append(finish_text(m.finish_reason))
     return " \u00b7 ".join(bits)
 
 

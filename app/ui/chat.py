@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.baseline import NO_BASELINE
-from app.chat.conversation import continued_text
+from app.chat.conversation import continued_text, finish_text
 from app.chat.turns import ConversationView, Turn
 from app.engine.modes import DRAFTER_MODES, DRAFTING_MODES, MODES, Mode
 from app.ui.fit import FlowLayout, WrapLabel
@@ -137,8 +137,8 @@ def figures_line(msg: Turn) -> str:
         parts.append("interrupted (the app closed while it was written)")
     elif v.stopped:
         parts.append("stopped")
-    elif r.finish_reason == "length":
-        parts.append("cut at max tokens")
+    elif finish_text(r.finish_reason):
+        parts.append(finish_text(r.finish_reason))
     if v.error:
         parts.append("error")
     return " · ".join(parts)
