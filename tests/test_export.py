@@ -479,3 +479,16 @@ def test_markdown_says_a_reply_was_cut_at_max_tokens(tmp_path):
     assert "*3 tokens · 20.0 tok/s · cut at max tokens*" in md
     assert "*2 tokens · 20.0 tok/s*" in md
     assert md.count("cut at max tokens") == 1
+
+
+def test_markdown_says_a_stop_string_ended_the_reply(tmp_path):
+    with Store(tmp_path / "a.db") as s:
+        conv = s.new_conversation("stop")
+        s.add_message(conv.id, "user", "Capital of France?")
+        r = s.begin_reply(conv.id, mode="plain")
+        s.finish_reply(r.id, content="It is", token_ids=[1, 2],
+                       summary=Summary(mode="plain", generated_tokens=2, tok_per_s=20.0,
+                                       stop_cause="stop_string").to_dict(),
+                       finish_reason="stop")
+        md = export_markdown(s, conv.id)
+    assert "*2 tokens · 20.0 tok/s · ended at a stop string*" in md

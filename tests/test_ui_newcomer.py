@@ -677,6 +677,27 @@ def test_counts_read_as_english():
     assert "1 tokens" not in line and "1 cycles" not in line
 
 
+def test_footer_says_a_stop_string_ended_the_reply():
+    """A reply a stop string ended (the engine summary's stop cause "stop_string") says so
+    in its footer, as "cut at max tokens" says Max tokens did; one that ended with an end
+    token says neither."""
+    from app.chat.turns import ReplyResult, Turn, Version
+    from app.engine.events import Summary
+
+    def footer(stop_cause: str, finish_reason: str) -> str:
+        s = Summary(mode="plain", generated_tokens=75, tok_per_s=40.1, stop_cause=stop_cause)
+        t = Turn("assistant")
+        t.versions["plain"] = Version(ReplyResult(mode="plain", tokens=list(range(75)),
+                                                  summary=s, finish_reason=finish_reason))
+        t.chosen = "plain"
+        return figures_line(t)
+
+    assert footer("stop_string", "stop") == \
+        "Plain · 40.1 tok/s · 75 tokens · ended at a stop string"
+    assert footer("end_token", "stop") == "Plain · 40.1 tok/s · 75 tokens"
+    assert footer("length", "length") == "Plain · 40.1 tok/s · 75 tokens · cut at max tokens"
+
+
 def replacing(delta_type, first_word, text):
     """A :class:`BenchBackend` whose ``delta_type`` deltas (reasoning or content) are
     replaced by one ``text``, sent where the delta starting with ``first_word`` was."""

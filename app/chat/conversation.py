@@ -179,11 +179,16 @@ def continued_text(continued: list[dict]) -> str:
     return f"continued after {joined} tokens"
 
 
-def finish_text(finish_reason: str | None) -> str:
+def finish_text(finish_reason: str | None, stop_cause: str | None = None) -> str:
     """How a reply that was not stopped ended, in the words its footer and the export use:
-    ``"cut at max tokens"`` when Max tokens ended it (finish reason ``length``); "" when it
-    ended by itself."""
-    return "cut at max tokens" if finish_reason == "length" else ""
+    ``"cut at max tokens"`` when Max tokens ended it (finish reason ``length``), ``"ended at
+    a stop string"`` when one of the stop strings did (``stop_cause``, its engine summary's,
+    is ``"stop_string"``; the string itself is not stored); "" when it ended by itself."""
+    if finish_reason == "length":
+        return "cut at max tokens"
+    if finish_reason == "stop" and stop_cause == "stop_string":
+        return "ended at a stop string"
+    return ""
 
 
 def _arguments_dict(arguments) -> dict:

@@ -520,8 +520,8 @@ def _figures(m: Message) -> str:
         bits.append(f"{where}{sum(m.from_draft)} of {len(m.token_ids)} tokens from {source}")
     if m.status != "complete":
         bits.append(m.status + (f": {m.error}" if m.error else ""))
-    elif finish_text(m.finish_reason):
-        bits.append(finish_text(m.finish_reason))
+    elif ended := finish_text(m.finish_reason, s.get("stop_cause")):
+        bits.append(ended)
     return " \u00b7 ".join(bits)
 
 

@@ -103,7 +103,8 @@ drawn); each "Show earlier messages" adds as much again."""
 
 def figures_line(msg: Turn) -> str:
     """The per-reply figures line: mode, tok/s, tau, replays, block size (``block auto``
-    when the automatic block size chose it), rollback, state."""
+    when the automatic block size chose it), rollback, state (stopped, or how it ended:
+    ``app.chat.conversation.finish_text``)."""
     v = msg.version
     if v is None:
         return ""
@@ -137,8 +138,8 @@ def figures_line(msg: Turn) -> str:
         parts.append("interrupted (the app closed while it was written)")
     elif v.stopped:
         parts.append("stopped")
-    elif finish_text(r.finish_reason):
-        parts.append(finish_text(r.finish_reason))
+    elif ended := finish_text(r.finish_reason, s.stop_cause if s is not None else None):
+        parts.append(ended)
     if v.error:
         parts.append("error")
     return " · ".join(parts)
