@@ -162,6 +162,35 @@ def test_failed_load_keeps_the_working_model(qtbot, qs):
         win.shutdown()
 
 
+def test_a_drafter_opened_as_the_target_says_what_to_do_in_the_window(qtbot, qs):
+    """File › Open model folder… on a drafter's folder: the banner says what to do in the
+    window (File › Models…), not the command line's flags, which the CLI keeps."""
+    from app.chat.session import ChatSession
+    from app.engine.errors import ModelLoadError
+    from app.models.loader import load_target
+    from app.paths import demo_pair_dirs
+
+    drafter = demo_pair_dirs()[1]
+    with pytest.raises(ModelLoadError) as info:  # the CLI's message: its flags
+        load_target(drafter)
+    assert str(info.value) == (f"{drafter.name} is a DFlash drafter, not a target model: give "
+                               "it as the drafter (--draft-model) and a target model as "
+                               "--model")
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        with qtbot.waitSignal(win.loadFailed, timeout=30_000) as blocker:
+            win.load_model(str(drafter), "")
+        assert blocker.args[0] == (f"{drafter.name} is a DFlash drafter, not a target model: "
+                                   "in File › Models…, choose it as the drafter of a target "
+                                   "model")
+        assert win.banner.text() == ("Could not load the model: Demo-dflash is a DFlash "
+                                     "drafter, not a target model: in File › Models…, choose "
+                                     "it as the drafter of a target model.")
+        assert "--" not in win.banner.text()
+    finally:
+        win.shutdown()
+
+
 def test_send_without_any_model_does_not_say_wait(qtbot, qs):
     win = make_window(qtbot, qs, BenchBackend())
     try:

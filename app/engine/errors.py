@@ -38,6 +38,16 @@ class IntegerWeightsError(ModelLoadError):
             "weights (float16, bfloat16 or float32) or download it again")
 
 
+class DrafterAsTargetError(ModelLoadError):
+    """A drafter's folder was given where the target model belongs. ``folder`` is that
+    folder; the message says what to do on the command line (the window says it in its own
+    words, ``app.ui.worker.load_error_text``)."""
+
+    def __init__(self, folder, message: str):
+        self.folder = folder
+        super().__init__(message)
+
+
 class UnsupportedArchitectureError(EngineError):
     """The checkpoint's architecture is not one this engine can run for the requested
     purpose (e.g. ``DFlash2DraftModel`` as a drafter, or DFlash on a target family

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.errors import (
+    DrafterAsTargetError,
     EngineError,
     IntegerWeightsError,
     ModelLoadError,
@@ -448,9 +449,10 @@ def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
     folder = resolve_model_path(path_or_repo)
     cfg = read_config(folder)
     if {"DFlashDraftModel", "DFlash2DraftModel"} & set(cfg.get("architectures") or []):
-        raise ModelLoadError(
+        raise DrafterAsTargetError(
+            folder,
             f"{folder.name} is a DFlash drafter, not a target model: give it as the drafter "
-            "(--draft-model) and a target model as --model"
+            "(--draft-model) and a target model as --model",
         )
     if "model_type" not in cfg:
         raise ModelLoadError(f"{folder / 'config.json'} has no model_type")

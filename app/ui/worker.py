@@ -44,7 +44,7 @@ from app.chat.session import ChatSession, ModelInfo, PairSpec
 from app.chat.settings import ReplySettings
 from app.chat.storage import Store
 from app.chat.stored_turn import TurnRequest, run_turn
-from app.engine.errors import EngineError, WrongThreadError
+from app.engine.errors import DrafterAsTargetError, EngineError, WrongThreadError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,16 @@ def at_exit(obj: object, method: str) -> Callable[[], None]:
 
 
 # --------------------------------------------------------------------------- thread checks
+def load_error_text(exc: EngineError) -> str:
+    """What the window says of a failed load: the error's message, except where that names
+    command-line flags (a drafter given as the target), which the window says in its own
+    terms."""
+    if isinstance(exc, DrafterAsTargetError):
+        return (f"{Path(exc.folder).name} is a DFlash drafter, not a target model: in File › "
+                "Models…, choose it as the drafter of a target model")
+    return str(exc)
+
+
 def assert_not_gui_thread(what: str) -> None:
     """Raise :class:`WrongThreadError` when ``what`` (an engine entry point) runs on the GUI
     thread, which the window marks with ``app.engine.threads.forbid_engine_on_current_thread``
@@ -247,7 +257,7 @@ class Worker(QObject):
         try:
             info = self.backend.load(spec)
         except EngineError as exc:
-            self.loadFailed.emit(str(exc), self._still_loaded())
+            self.loadFailed.emit(load_error_text(exc), self._still_loaded())
             return
         except Exception as exc:  # a bug or an unexpected file problem: still a message
             log.exception("load failed")
