@@ -386,3 +386,27 @@ def test_a_settings_dict_is_converted_and_a_bad_one_refused(store):
         TurnRequest(1, "hi", dict(SETTINGS, max_tokens=0))
     with pytest.raises(SettingError, match="unknown setting: blocksize"):
         TurnRequest(1, "hi", {"blocksize": 4})
+
+
+def test_the_context_overflow_warning_is_said_once_per_reply_with_separators():
+    """A tool reply whose every round overflows the context gets one such warning in its
+    note (the first round's), its numbers with thousands separators; other warnings stay."""
+    from app.chat.events import Reply, ReplyRound
+    from app.chat.settings import ReplySettings
+    from app.chat.turns import ReplyResult
+    from app.engine.events import Summary
+
+    def overflow(prompt: int) -> dict:  # as app.chat.reply words it
+        return {"code": "context_overflow",
+                "message": f"the prompt has {prompt} tokens and up to 100000 more may be "
+                           f"generated, beyond the model's context of 4096: the reply may "
+                           f"degrade"}
+
+    rounds = [ReplyRound(i, "plain", "", "", [], "stop", [1, 2], [False] * 2, "",
+                         Summary(mode="plain", generated_tokens=2), [1]) for i in range(2)]
+    malformed = {"code": "malformed_tool_call", "message": "a tool call could not be read"}
+    reply = Reply("plain", rounds, [], [overflow(590), malformed, overflow(726)])
+    result = ReplyResult.from_reply(reply, ReplySettings(max_tokens=100000), lambda ids: [])
+    assert result.note == ("the prompt has 590 tokens and up to 100,000 more may be "
+                           "generated, beyond the model's context of 4,096: the reply may "
+                           "degrade; a tool call could not be read")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -110,6 +111,24 @@ def finish_fields(reply: Any) -> dict:
         "finish_reason": reply.finish_reason,
         "rounds": [dict(m) for m in reply.messages] if len(reply.rounds) > 1 else [],
     }
+
+
+def _warning_texts(warnings: list) -> list[str]:
+    """A reply's warnings (``Reply.warnings``: ``{"code", "message"}`` dicts) as the parts
+    of its note, in order; the context overflow, which every round of a tool reply warns
+    of, only once (the first round's), its numbers with thousands separators."""
+    out: list[str] = []
+    overflow = False
+    for w in warnings:
+        text = str(w.get("message", w)) if isinstance(w, dict) else str(w)
+        if isinstance(w, dict) and w.get("code") == "context_overflow":
+            if overflow:
+                continue
+            overflow = True
+            # app.chat.reply writes its numbers bare ("4096"): as the window writes them
+            text = re.sub(r"\d{4,}", lambda m: f"{int(m[0]):,}", text)
+        out.append(text)
+    return out
 
 
 def _number(value: Any) -> float | None:
@@ -218,8 +237,7 @@ class ReplyResult:
         tokens = fields["token_ids"]
         round_summaries = [r.summary for r in reply.rounds if r.summary is not None]
         flags = fields["from_draft"]
-        note = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w)
-                         for w in reply.warnings)
+        note = "; ".join(_warning_texts(reply.warnings))
         return cls(
             content=fields["content"],
             reasoning=fields["reasoning"],
