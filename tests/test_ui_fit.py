@@ -835,3 +835,28 @@ def test_composer_is_whole_at_the_minimum_height(qtbot, qs, width, compare):
                 assert not rect_in(win, parts[a]).intersects(rect_in(win, parts[b])), (a, b)
     finally:
         win.close()
+
+
+def test_the_benchmark_histogram_fills_its_width_with_one_slot_per_bin(qtbot):
+    """16 bins (0..15 accepted) were drawn in 24 slots, leaving the right third empty: each
+    bin now has a slot, the last bar ends at the plot's right edge; the cycles chart keeps
+    its 24 slots for a few cycles (thin bars, not three wide blocks)."""
+    from app.ui.bench_dialog import BenchDialog
+
+    dlg = BenchDialog(None, {"modes": {"plain": {}}, "accepted": [0, 3, 15, 15, 7],
+                             "prompts": 1, "block_size": 16})
+    qtbot.addWidget(dlg)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    chart = dlg.histogram_chart
+    plot = chart.plot_rect()
+    bars = chart.bar_rects()
+    assert len(bars) == 16 and chart.caption == "0..15 accepted"
+    slot = plot.width() / 16
+    assert bars[0].left() == pytest.approx(plot.left() + 0.5)
+    assert bars[-1].right() == pytest.approx(plot.right() - 1.0)
+    assert bars[-1].height() == pytest.approx(plot.height() * 2 / chart.max_value)
+    assert bars[1].left() - bars[0].left() == pytest.approx(slot)
+    cycles = dlg.cycles_chart.bar_rects()  # five cycles: five thin bars at the left
+    assert len(cycles) == 5
+    assert cycles[-1].right() < plot.left() + plot.width() * 6 / 24

@@ -151,6 +151,7 @@ class BenchDialog(QDialog):
         layout.addWidget(QLabel("Histogram: cycles by accepted drafts (0 on the left)"))
         self.histogram_chart = AcceptChart()
         self.histogram_chart.caption = f"0..{result['block_size'] - 1} accepted"
+        self.histogram_chart.min_slots = 0  # one slot per bin
         self.histogram_chart.setToolTip("Number of cycles that accepted k drafts, k from 0.")
         self.histogram_chart.set_values(histogram(result["accepted"], result["block_size"]))
         layout.addWidget(self.histogram_chart)

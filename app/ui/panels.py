@@ -332,13 +332,16 @@ class FigureValue(QLabel):
 
 class AcceptChart(QWidget):
     """Bar chart of accepted draft tokens per cycle, drawn with QPainter; bars at the maximum
-    (every draft accepted) use a second colour. Shows the last ``max_bars`` cycles."""
+    (every draft accepted) use a second colour. Shows the last ``max_bars`` cycles, each in
+    one of at least ``min_slots`` equal slots (so a few cycles are thin bars at the left; a
+    histogram sets it to 0: one slot per bin, across the whole width)."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.values: list[int] = []
         self.max_value = 1
         self.max_bars = 120
+        self.min_slots = 24
         self.caption: str | None = None  # footer text; None: "N cycles"
         self.colours = {"bar": "#2a9d8f", "bar_full": "#1d6f8a", "muted": "#667085",
                         "border": "#d9dee5"}
@@ -356,10 +359,26 @@ class AcceptChart(QWidget):
         self.max_value = max(1, max_value or 0, top)
         self.update()
 
+    def plot_rect(self) -> QRectF:
+        """Where the bars are drawn (inside the scale's labels and the caption)."""
+        return QRectF(self.rect()).adjusted(24, 6, -4, -14)
+
+    def bar_rects(self) -> list[QRectF]:
+        """The bars of the shown values (the last ``max_bars``), left to right."""
+        r = self.plot_rect()
+        vals = self.values[-self.max_bars:]
+        n = max(len(vals), self.min_slots, 1)
+        w = r.width() / n
+        out = []
+        for i, v in enumerate(vals):
+            h = r.height() * v / self.max_value
+            out.append(QRectF(r.left() + i * w + 0.5, r.bottom() - h, max(1.0, w - 1.5), h))
+        return out
+
     def paintEvent(self, _event) -> None:  # noqa: N802 (Qt override)
         p = QPainter(self)
         p.setRenderHint(QPainter.Antialiasing)
-        r = QRectF(self.rect()).adjusted(24, 6, -4, -14)
+        r = self.plot_rect()
         p.setPen(QPen(QColor(self.colours["border"]), 1))
         p.drawLine(r.bottomLeft(), r.bottomRight())
         p.setPen(QColor(self.colours["muted"]))
@@ -373,13 +392,9 @@ class AcceptChart(QWidget):
             p.drawText(r, Qt.AlignCenter, "no cycles yet")
             p.end()
             return
-        n = max(len(vals), 24)
-        w = r.width() / n
-        for i, v in enumerate(vals):
-            h = r.height() * v / self.max_value
+        for v, bar in zip(vals, self.bar_rects(), strict=True):
             colour = self.colours["bar_full"] if v >= self.max_value else self.colours["bar"]
-            p.fillRect(QRectF(r.left() + i * w + 0.5, r.bottom() - h, max(1.0, w - 1.5), h),
-                       QColor(colour))
+            p.fillRect(bar, QColor(colour))
         p.setPen(QColor(self.colours["muted"]))
         p.drawText(QRectF(r.left(), r.bottom() + 1, r.width(), 13), Qt.AlignRight,
                    self.caption or f"{len(self.values)} cycles")
