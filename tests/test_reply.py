@@ -298,3 +298,19 @@ def test_real_tiny_pair_plain_equals_dflash(tiny_hybrid, think, with_tools):
     assert sum(isinstance(e, RoundFinished) for e in events) == 1
     text = "".join(e.text for e in events if isinstance(e, ContentDelta))
     assert text == dflash.content
+
+
+def test_a_context_overflow_is_warned_once_a_reply_with_separators(monkeypatch, fake_target):
+    """A tool reply whose every round overflowed the context warned once per round, and the
+    window's note repeated the sentence ("...; the prompt has 726 tokens and up to 100000
+    more..."), its numbers bare."""
+    target = SimpleNamespace(**vars(fake_target), context_length=1024)
+    settings = ReplySettings(mode="plain", max_tokens=100_000, run_tools=True)
+    _, reply, _ = run_fake(monkeypatch, target, [CALL_17x23, ANSWER], settings)
+    assert len(reply.rounds) == 2
+    overflow = [w for w in reply.warnings if w["code"] == "context_overflow"]
+    assert len(overflow) == 1
+    prompt = len(reply.rounds[0].prompt_ids)
+    assert overflow[0]["message"] == (
+        f"the prompt has {prompt:,} tokens and up to 100,000 more may be generated, beyond "
+        "the model's context of 1,024: the reply may degrade")

@@ -388,15 +388,15 @@ def test_a_settings_dict_is_converted_and_a_bad_one_refused(store):
         TurnRequest(1, "hi", {"blocksize": 4})
 
 
-def test_the_context_overflow_warning_is_said_once_per_reply_with_separators():
-    """A tool reply whose every round overflows the context gets one such warning in its
-    note (the first round's), its numbers with thousands separators; other warnings stay."""
+def test_a_stored_reply_with_an_overflow_warning_per_round_says_it_once():
+    """Replies stored before ``app.chat.reply`` warned once a reply hold a context overflow
+    warning for each tool round: the note says the first one only; other warnings stay."""
     from app.chat.events import Reply, ReplyRound
     from app.chat.settings import ReplySettings
     from app.chat.turns import ReplyResult
     from app.engine.events import Summary
 
-    def overflow(prompt: int) -> dict:  # as app.chat.reply words it
+    def overflow(prompt: int) -> dict:  # as app.chat.reply worded it then
         return {"code": "context_overflow",
                 "message": f"the prompt has {prompt} tokens and up to 100000 more may be "
                            f"generated, beyond the model's context of 4096: the reply may "
@@ -407,6 +407,6 @@ def test_the_context_overflow_warning_is_said_once_per_reply_with_separators():
     malformed = {"code": "malformed_tool_call", "message": "a tool call could not be read"}
     reply = Reply("plain", rounds, [], [overflow(590), malformed, overflow(726)])
     result = ReplyResult.from_reply(reply, ReplySettings(max_tokens=100000), lambda ids: [])
-    assert result.note == ("the prompt has 590 tokens and up to 100,000 more may be "
-                           "generated, beyond the model's context of 4,096: the reply may "
+    assert result.note == ("the prompt has 590 tokens and up to 100000 more may be "
+                           "generated, beyond the model's context of 4096: the reply may "
                            "degrade; a tool call could not be read")

@@ -284,12 +284,13 @@ def run_reply(
             prompt_ids, starts_in_reasoning = list(rendered.ids), rendered.starts_in_reasoning
             gen_ids = prompt_ids
         limit = getattr(target, "context_length", None)
-        if isinstance(limit, int) and limit and len(gen_ids) + settings.max_tokens > limit:
-            reply_warnings.append({
+        if isinstance(limit, int) and limit and len(gen_ids) + settings.max_tokens > limit \
+                and not any(w["code"] == "context_overflow" for w in reply_warnings):
+            reply_warnings.append({  # once a reply: the first round that overflows
                 "code": "context_overflow",
-                "message": f"the prompt has {len(gen_ids)} tokens and up to "
-                           f"{settings.max_tokens} more may be generated, beyond the model's "
-                           f"context of {limit}: the reply may degrade",
+                "message": f"the prompt has {len(gen_ids):,} tokens and up to "
+                           f"{settings.max_tokens:,} more may be generated, beyond the model's "
+                           f"context of {limit:,}: the reply may degrade",
             })
         yield RoundStarted(index=index, prompt_tokens=len(gen_ids), mode=mode)
         pipe = TextPipeline(

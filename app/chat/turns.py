@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -115,8 +114,8 @@ def finish_fields(reply: Any) -> dict:
 
 def _warning_texts(warnings: list) -> list[str]:
     """A reply's warnings (``Reply.warnings``: ``{"code", "message"}`` dicts) as the parts
-    of its note, in order; the context overflow, which every round of a tool reply warns
-    of, only once (the first round's), its numbers with thousands separators."""
+    of its note, in order; a context overflow only once (replies stored before
+    ``app.chat.reply`` gave it once a reply hold one for each tool round)."""
     out: list[str] = []
     overflow = False
     for w in warnings:
@@ -125,8 +124,6 @@ def _warning_texts(warnings: list) -> list[str]:
             if overflow:
                 continue
             overflow = True
-            # app.chat.reply writes its numbers bare ("4096"): as the window writes them
-            text = re.sub(r"\d{4,}", lambda m: f"{int(m[0]):,}", text)
         out.append(text)
     return out
 
