@@ -2094,3 +2094,56 @@ def test_new_chat_clears_the_search_filter(qtbot, qs):
         assert conv.id in ids
     finally:
         close_window(win)
+
+
+def test_quit_asks_only_while_a_reply_is_being_written(qtbot, qs, tmp_path, monkeypatch):
+    """Ctrl+Q about a second after a short reply ended asked "A reply is still being written.
+    Quit anyway?": the window counted the reply as running until the worker had stored it
+    (and measured it), after its last token was on screen. It asks while a side has no
+    result yet, not after; and the reply quit after its end is stored whole."""
+    import time as _time
+
+    from app.chat.storage import Store
+    from app.chat.turns import ViewStore
+    from app.ui.window import MainWindow
+
+    backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
+    db = tmp_path / "conversations.db"
+    win = MainWindow(backend=backend, store=ViewStore(db), qsettings=qs, auto_load=False)
+    qtbot.addWidget(win)
+    win.show()
+    win.load_model("scripted-target", "scripted-drafter")
+    qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+    asked = []
+    monkeypatch.setattr(win, "confirm_quit_while_busy", lambda: asked.append(1) or False)
+    # while a reply is written, the question comes (answered No: the window stays)
+    assert win.send("Tell me a long story.")
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].stats.cycles >= 2, timeout=10_000)
+    win.close()
+    assert asked == [1] and win.isVisible()
+    win.stop()
+    qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+    # a short reply whose last write is slow: it has ended when the window is closed
+    backend.cycles, backend.delay_s = 3, 0.0
+    real_finish = Store.finish_reply
+
+    def slow_finish(*args, **kwargs):  # the worker's last write, after the reply's end
+        _time.sleep(1.5)
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(Store, "finish_reply", slow_finish)
+    assert win.send(PROMPT)
+    qtbot.waitUntil(lambda: win.replies.run is not None
+                    and win.replies.run.sides[""].result is not None, timeout=10_000)
+    assert win.busy  # the worker is still storing it
+    win.close()
+    assert asked == [1]  # nothing left to write: no question
+    monkeypatch.undo()
+    reopened = ViewStore(db)
+    try:
+        conv = reopened.db.list_conversations()[0]
+        last = reopened.db.messages(conv.id)[-1]
+        assert last.role == "assistant" and last.status == "complete"
+    finally:
+        reopened.close()

@@ -432,6 +432,14 @@ class ReplyController(QObject):
                     break
         self._show_progress(run)
 
+    @property
+    def writing(self) -> bool:
+        """True while a side of the running request has not finished its reply (no
+        ``ReplyFinished`` yet). After that the worker only stores and measures it, which
+        quitting waits for, so nothing written is lost then."""
+        run = self.run
+        return run is not None and any(side.result is None for side in run.sides.values())
+
     def _shown(self, run: ReplyRun | None) -> bool:
         """Whether ``run`` fills the conversation on screen (True without a run: nothing
         else to show it for). A reply keeps running (or finishing, after Stop) while the user

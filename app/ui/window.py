@@ -644,8 +644,8 @@ class MainWindow(QMainWindow):
             self.composer.edit.setFocus(Qt.OtherFocusReason)  # typing goes to the message
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
-        if self.state.busy and not getattr(self, "_shut", False) and \
-                not self.confirm_quit_while_busy():
+        if self.state.busy and self.replies.writing and not getattr(self, "_shut", False) \
+                and not self.confirm_quit_while_busy():
             event.ignore()
             return
         self.shutdown()
