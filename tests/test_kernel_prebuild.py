@@ -182,12 +182,14 @@ def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkey
         def __init__(self):
             self.done = False
             self.waited = 0
+            self.timeouts = []
 
         def poll(self):
             return 0 if self.done else None
 
         def communicate(self, timeout=None):
             self.waited += 1
+            self.timeouts.append(timeout)
             self.done = True
             return b"", b""
 
@@ -195,10 +197,13 @@ def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkey
 
     walk, other = ("gather_axis", ("int32", "int32")), ("silu", ("float16",))
     procs = [Proc(), Proc()]
-    job = kp.Prebuild(0.0, [[walk], [other]], procs)
+    import time
+
+    job = kp.Prebuild(time.perf_counter(), [[walk], [other]], procs)
     monkeypatch.setattr(kp, "_BACKGROUND", [job])
     assert kp.wait_background_for([("gather", ("float16", "int32"))]) == 0.0
     assert [p.waited for p in procs] == [0, 0] and kp.background_running()
-    kp.wait_background_for([walk, ("gather", ("float16", "int32"))])
+    kp.wait_background_for([walk, ("gather", ("float16", "int32"))], most_s=5.0)
     assert [p.waited for p in procs] == [1, 1]  # the job is waited for whole
+    assert all(0 < t <= 5.0 for p in procs for t in p.timeouts)  # at most most_s
     assert not kp.background_running()
