@@ -36,6 +36,8 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
         assert win.serve.serving is not None and win.serve_action.isChecked()
         url = win.serve.serving.url
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        # a lasting sign in the status bar while it serves (the flash goes after 10 s)
+        assert win.serve_label.isVisibleTo(win) and win.serve_label.text() == f"Serving {url}"
         models = httpx.get(url + "/models", timeout=30).json()
         assert models["data"][0]["dflash"]["modes"] == ["plain", "dflash", "lookup"]
         replies = {}
@@ -54,7 +56,7 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
         assert not [t for t in threading.enumerate() if t.name == "serve-mlx-worker"]
         # the switch stops it: the port no longer answers
         win.serve_action.setChecked(False)
-        assert win.serve.serving is None
+        assert win.serve.serving is None and not win.serve_label.isVisibleTo(win)
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/models", timeout=5)
         # unloading stops it too
@@ -63,6 +65,7 @@ def test_the_window_serves_its_loaded_pair_on_its_worker(qtbot, qs, tiny_paths):
         url = win.serve.serving.url
         win.models.unload()
         assert win.serve.serving is None and not win.serve_action.isChecked()
+        assert not win.serve_label.isVisibleTo(win)
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/models", timeout=5)
     finally:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QLabel
 
 from app.chat.session import ModelInfo
 from app.serve.api import ServeOptions
@@ -114,17 +115,20 @@ class ServeController:
         worker: the window's :class:`app.ui.worker.Worker`, which runs the server's jobs.
         messages: where failures and the serving URL are said.
         action: the checkable File › Serve on localhost action (kept in step with serving).
+        label: a status-bar label that says "Serving <url>" while it serves (hidden
+            otherwise), or None.
 
     Attributes:
         serving: the running server, None when not serving.
     """
 
     def __init__(self, state: WindowState, worker: Worker, messages: MessageBar,
-                 action: QAction) -> None:
+                 action: QAction, label: QLabel | None = None) -> None:
         self.state = state
         self.worker = worker
         self.messages = messages
         self.action = action
+        self.label = label  # the status bar's lasting "Serving <url>" while it serves
         self.serving: WindowServer | None = None
         action.toggled.connect(self.toggle_serving)
 
@@ -167,6 +171,11 @@ class ServeController:
         url = self.serving.url
         self.messages.flash(f"Serving {info.target_name} on {url} (OpenAI-compatible)", 10000)
         self.action.setToolTip(f"Serving on {url}; click to stop.")
+        if self.label is not None:
+            self.label.setText(f"Serving {url}")
+            self.label.setToolTip(f"The loaded pair is served on {url} (OpenAI-compatible); "
+                                  "File › Serve on localhost stops it.")
+            self.label.show()
         log.info("serving %s on %s", info.target_name, url)
         return url
 
@@ -174,6 +183,8 @@ class ServeController:
         """Stop serving (no-op when not serving); ``why`` is flashed in the status bar."""
         server, self.serving = self.serving, None
         self._set_checked(False)
+        if self.label is not None:
+            self.label.hide()
         if server is None:
             return
         server.stop()

@@ -231,7 +231,8 @@ class MainWindow(QMainWindow):
                                    self)
         self.banner_close.clicked.connect(self.messages.dismiss_banner)
         self.store_banner_close.clicked.connect(self.messages.clear_store_problem)
-        self.serve = ServeController(st, self.worker, self.messages, self.serve_action)
+        self.serve = ServeController(st, self.worker, self.messages, self.serve_action,
+                                     self.serve_label)
         self.transcript = TranscriptController(st, self.worker, self.messages, self.conv_side,
                                                self.chat, self.composer, self.compare_view,
                                                self.details, self.legend, self)
@@ -423,9 +424,15 @@ class MainWindow(QMainWindow):
         self.store_label = QLabel("")
         self.store_label.setAccessibleName("Storage")
         self.store_label.hide()
+        # lasting while File › Serve on localhost serves (its address)
+        self.serve_label = QLabel("")
+        self.serve_label.setAccessibleName("Local server")
+        self.serve_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.serve_label.hide()
         sb = self.statusBar()
         sb.addWidget(self.model_label)
         sb.addWidget(self.flash_label, 1)
+        sb.addPermanentWidget(self.serve_label)
         sb.addPermanentWidget(self.store_label)
         sb.addPermanentWidget(self.progress)
         sb.addPermanentWidget(self.memory_label)
