@@ -2147,3 +2147,60 @@ def test_quit_asks_only_while_a_reply_is_being_written(qtbot, qs, tmp_path, monk
         assert last.role == "assistant" and last.status == "complete"
     finally:
         reopened.close()
+
+
+def test_unload_asks_first_while_a_reply_is_being_written(qtbot, qs, monkeypatch):
+    """File › Unload model during a reply stopped it without a word (Quit and Delete ask
+    first). It asks now, No by default: No leaves the reply and the model as they were."""
+    from PySide6.QtWidgets import QMessageBox
+
+    backend = ScriptedBackend(cycles=100_000, block=4, delay_s=0.002)
+    win = make_window(qtbot, qs, backend)
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        asked = []
+
+        def answer(reply):
+            def question(parent, title, text, buttons=None, default=None):
+                asked.append((title, text, default))
+                return reply
+            return question
+
+        monkeypatch.setattr(QMessageBox, "question", answer(QMessageBox.No))
+        assert win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win.replies.run is not None
+                        and win.replies.run.sides[""].stats.cycles >= 2, timeout=10_000)
+        win.models.unload_asking()
+        assert asked and asked[0][0] == "Unload model" and asked[0][2] == QMessageBox.No
+        assert "A reply is still being written" in asked[0][1]
+        assert win.model is not None and win.busy  # nothing changed
+        monkeypatch.setattr(QMessageBox, "question", answer(QMessageBox.Yes))
+        win.models.unload_asking()
+        qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
+        assert win.model is None
+        # with no reply running, no question
+        asked.clear()
+        win.models.unload_asking()
+        assert asked == []
+    finally:
+        close_window(win)
+
+
+def test_delete_chat_defaults_to_no(qtbot, qs, monkeypatch):
+    """The Delete chat question had Yes as its default button: Enter deleted the chat."""
+    from PySide6.QtWidgets import QMessageBox
+
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=2, block=4))
+    try:
+        win.load_model("scripted-target", "scripted-drafter")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT)
+        asked = []
+        monkeypatch.setattr(QMessageBox, "question",
+                            lambda parent, title, text, buttons=None, default=None:
+                            asked.append(default) or QMessageBox.No)
+        win.conversations.delete_chat()
+        assert asked == [QMessageBox.No] and win.conv is not None
+    finally:
+        close_window(win)

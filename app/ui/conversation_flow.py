@@ -71,11 +71,12 @@ class ConversationController:
             ok = QMessageBox.question(
                 self.host, "Delete chat",
                 f"A reply is still being written in “{conv.title}”. Stop it and delete the "
-                "chat?")
+                "chat?", QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
             if ok != QMessageBox.Yes or not self.replies.wait_until_idle():
                 return
         else:
-            ok = QMessageBox.question(self.host, "Delete chat", f"Delete “{conv.title}”?")
+            ok = QMessageBox.question(self.host, "Delete chat", f"Delete “{conv.title}”?",
+                                      QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
         if ok == QMessageBox.Yes:
             store.delete(conv.id)
             convs = store.list()

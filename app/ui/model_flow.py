@@ -11,7 +11,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QFileDialog, QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QStatusBar,
+    QWidget,
+)
 
 from app.chat.session import TINY_PAIR, ModelInfo, PairSpec
 from app.chat.settings import SettingError
@@ -145,6 +152,19 @@ class ModelController(QObject):
             auto = False
         self.worker.warm_auto_block = auto
         self.worker.loadRequested.emit(spec)
+
+    def unload_asking(self) -> None:
+        """File › Unload model: while a reply is being written, ask first (No by default;
+        Yes stops the reply), as Quit and Delete chat do; then :meth:`unload`."""
+        if self.state.busy and self.replies.writing:
+            answer = QMessageBox.question(
+                self.host, "Unload model",
+                "A reply is still being written. Stop it and unload the model? What it has "
+                "written so far is kept and marked “stopped”.",
+                QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+            if answer != QMessageBox.Yes:
+                return
+        self.unload()
 
     def unload(self) -> None:
         """Drop the loaded models (and stop serving them)."""

@@ -470,7 +470,7 @@ class MainWindow(QMainWindow):
         act(f, "Models…", models.open_models, "Ctrl+M", QStyle.SP_DriveHDIcon)
         act(f, "Open model folder…", models.open_model_dialog, "Ctrl+O", QStyle.SP_DirOpenIcon)
         act(f, "Use default model", models.load_default)
-        act(f, "Unload model", models.unload)
+        act(f, "Unload model", models.unload_asking)
         f.addAction(self.serve_action)
         f.addSeparator()
         act(f, "Export chat…", chats.export_chat, "Ctrl+E")
