@@ -860,3 +860,26 @@ def test_the_benchmark_histogram_fills_its_width_with_one_slot_per_bin(qtbot):
     cycles = dlg.cycles_chart.bar_rects()  # five cycles: five thin bars at the left
     assert len(cycles) == 5
     assert cycles[-1].right() < plot.left() + plot.width() * 6 / 24
+
+
+def test_a_compare_side_stopped_before_its_first_token_is_not_offered(qtbot, qs, tmp_path):
+    """After quitting during a Compare, the side that had begun (a summary) but written no
+    token was still offered, "continue from DFlash instead", and choosing it made the chat go
+    on from an empty reply."""
+    path = tmp_path / "chats.db"
+    conv_id = _stored_compare(path, {
+        "plain": ([1, 2, 3], "abc", "complete", {}),
+        "dflash": ([], "", "interrupted", {"top2_gap": None}),
+    }, chosen="plain")
+    qs.setValue("last_conversation", conv_id)
+    win = _restarted(qtbot, qs, path)
+    try:
+        assert win.conv.id == conv_id
+        side = win.conv.messages[-1].versions["dflash"]
+        assert not side.never_ran and side.empty  # it began, and wrote nothing
+        text = win.chat.toPlainText()
+        assert "compare turn" in text and "continue from DFlash instead" not in text
+        win._on_chat_link("choose:dflash")
+        assert win.conv.messages[-1].chosen == "plain"
+    finally:
+        win.shutdown()

@@ -449,9 +449,16 @@ class Version:
     def never_ran(self) -> bool:
         """True for a Compare side that was stopped before it ran (stored as an empty row):
         nothing to show and nothing to continue from."""
+        return self.empty and self.result.summary is None
+
+    @property
+    def empty(self) -> bool:
+        """True for a reply stopped (or interrupted) before it wrote anything: no token,
+        text or call, whether or not it began (:attr:`never_ran`): nothing to continue
+        from."""
         r = self.result
         return (self.stopped and not r.tokens and not r.content and not r.reasoning
-                and not r.tool_calls and r.summary is None)
+                and not r.tool_calls)
 
 
 @dataclass

@@ -302,7 +302,7 @@ class TranscriptController(QObject):
         for m in reversed(self.state.conv.messages if self.state.conv else []):
             if m.role == "assistant" and m.compare:
                 side = m.versions.get(key)
-                if side is None or side.never_ran:  # nothing to continue from
+                if side is None or side.empty:  # nothing to continue from
                     return
                 m.chosen = key
                 self.save(self.state.conv)
