@@ -458,23 +458,25 @@ def test_markdown_names_a_lookup_reply_lookup_and_its_drafts_prompt_lookup(tmp_p
     assert "DFlash" not in md and "drafter" not in md
 
 
+def _ended_reply(s, conv, content: str, tokens: list[int], stop_cause: str,
+                 finish: str) -> None:
+    """A plain reply of ``tokens`` stored as complete, ended by ``stop_cause``."""
+    r = s.begin_reply(conv.id, mode="plain")
+    s.finish_reply(r.id, content=content, token_ids=tokens,
+                   summary=Summary(mode="plain", generated_tokens=len(tokens), tok_per_s=20.0,
+                                   stop_cause=stop_cause).to_dict(),
+                   finish_reason=finish)
+
+
 def test_markdown_says_a_reply_was_cut_at_max_tokens(tmp_path):
     """A complete reply that Max tokens ended (finish reason length) says so in the export,
     as the window's footer does; one that ended by itself says nothing of it."""
     with Store(tmp_path / "a.db") as s:
         conv = s.new_conversation("cut")
         s.add_message(conv.id, "user", "Count to a hundred.")
-        r = s.begin_reply(conv.id, mode="plain")
-        s.finish_reply(r.id, content="1, 2, 3", token_ids=[1, 2, 3],
-                       summary=Summary(mode="plain", generated_tokens=3, tok_per_s=20.0,
-                                       stop_cause="length").to_dict(),
-                       finish_reason="length")
+        _ended_reply(s, conv, "1, 2, 3", [1, 2, 3], "length", "length")
         s.add_message(conv.id, "user", "Thanks.")
-        r = s.begin_reply(conv.id, mode="plain")
-        s.finish_reply(r.id, content="You're welcome.", token_ids=[4, 5],
-                       summary=Summary(mode="plain", generated_tokens=2, tok_per_s=20.0,
-                                       stop_cause="end_token").to_dict(),
-                       finish_reason="stop")
+        _ended_reply(s, conv, "You're welcome.", [4, 5], "end_token", "stop")
         md = export_markdown(s, conv.id)
     assert "*3 tokens · 20.0 tok/s · cut at max tokens*" in md
     assert "*2 tokens · 20.0 tok/s*" in md
@@ -485,10 +487,6 @@ def test_markdown_says_a_stop_string_ended_the_reply(tmp_path):
     with Store(tmp_path / "a.db") as s:
         conv = s.new_conversation("stop")
         s.add_message(conv.id, "user", "Capital of France?")
-        r = s.begin_reply(conv.id, mode="plain")
-        s.finish_reply(r.id, content="It is", token_ids=[1, 2],
-                       summary=Summary(mode="plain", generated_tokens=2, tok_per_s=20.0,
-                                       stop_cause="stop_string").to_dict(),
-                       finish_reason="stop")
+        _ended_reply(s, conv, "It is", [1, 2], "stop_string", "stop")
         md = export_markdown(s, conv.id)
     assert "*2 tokens · 20.0 tok/s · ended at a stop string*" in md

@@ -2101,9 +2101,7 @@ def test_quit_asks_only_while_a_reply_is_being_written(qtbot, qs, tmp_path, monk
     Quit anyway?": the window counted the reply as running until the worker had stored it
     (and measured it), after its last token was on screen. It asks while a side has no
     result yet, not after; and the reply quit after its end is stored whole."""
-    import time as _time
-
-    from app.chat.storage import Store
+    from app.chat.stored_turn import _TurnRun
     from app.chat.turns import ViewStore
     from app.ui.window import MainWindow
 
@@ -2124,19 +2122,21 @@ def test_quit_asks_only_while_a_reply_is_being_written(qtbot, qs, tmp_path, monk
     assert asked == [1] and win.isVisible()
     win.stop()
     qtbot.waitUntil(lambda: not win.busy, timeout=10_000)
-    # a short reply whose last write is slow: it has ended when the window is closed
+    # a short reply whose final write waits: it has ended when the window is closed
     backend.cycles, backend.delay_s = 3, 0.0
-    real_finish = Store.finish_reply
+    real_final = _TurnRun._store_final
+    gate = threading.Event()
 
-    def slow_finish(*args, **kwargs):  # the worker's last write, after the reply's end
-        _time.sleep(1.5)
-        return real_finish(*args, **kwargs)
+    def held_final(self, begun):  # after ReplyFinished, before the store's lock is taken
+        gate.wait(30)
+        return real_final(self, begun)
 
-    monkeypatch.setattr(Store, "finish_reply", slow_finish)
+    monkeypatch.setattr(_TurnRun, "_store_final", held_final)
     assert win.send(PROMPT)
     qtbot.waitUntil(lambda: win.replies.run is not None
-                    and win.replies.run.sides[""].result is not None, timeout=10_000)
-    assert win.busy  # the worker is still storing it
+                    and win.replies.run.sides[""].result is not None, timeout=30_000)
+    assert win.busy  # the worker has not stored it yet
+    gate.set()  # no event is handled before closeEvent: the window still counts it busy
     win.close()
     assert asked == [1]  # nothing left to write: no question
     monkeypatch.undo()
