@@ -157,9 +157,10 @@ class Generation:
     Iterate it on the thread that owns MLX. :meth:`cancel` may be called from any thread; it
     takes effect before the next DFlash cycle or plain-path token, or during the prefill after
     the chunk in hand (``GenerationConfig.prefill_step`` positions; the kept caches are then
-    dropped), and the run then ends with ``Done`` whose ``stop_cause`` is ``cancelled``. An unexpected exception ends the run with
-    ``stop_cause == "error"`` and the message in ``summary.error``; that summary is the run's
-    own (``partial``: its mode and what it counted before the failure).
+    dropped), and the run then ends with ``Done`` whose ``stop_cause`` is ``cancelled``. An
+    unexpected exception ends the run with ``stop_cause == "error"`` and the message in
+    ``summary.error``; that summary is the run's own (``partial``: its mode and what it
+    counted before the failure).
     """
 
     def __init__(self, body, partial: Summary | None = None):

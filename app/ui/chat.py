@@ -458,12 +458,10 @@ class ChatView(QTextBrowser):
             foot += (f' · <span title="{html.escape(r.context_note.message)}">'
                      f"{html.escape(r.context_note.label())}</span>")
         if m.is_compare:
-            drafting = next((k for k in DRAFTER_MODES if k in m.versions), Mode.DFLASH)
-            others = ["plain" if m.chosen != Mode.PLAIN else drafting]
-            if "dflash2" in m.versions:  # a three-sided Compare: a link to each other side
-                others = [k for k in MODES if k in m.versions and k != m.chosen]
-            # a side that wrote nothing (stopped before it ran or before its first token)
-            others = [k for k in others if k not in m.versions or not m.versions[k].empty]
+            # a link to each other side that wrote something (not one stopped before it ran
+            # or before its first token)
+            others = [k for k in MODES
+                      if k in m.versions and k != m.chosen and not m.versions[k].empty]
             foot += " · compare turn"
             for other in others:
                 label = "Plain" if other == Mode.PLAIN else mode_label(other)

@@ -364,9 +364,9 @@ def stored_sides(turn) -> tuple[dict, tuple[str, ...], list[str]]:
     """A Compare :class:`~app.chat.turns.Turn` (read back from storage, or kept from this
     run) as :meth:`CompareView.set_results` shows it.
 
-    Returns ``(results, missing, notes)``: ``results`` maps each side ("plain", "dflash"
-    unless the turn's one drafting side is "dflash2", "dflash2" when the turn has one) to its :class:`~app.chat.turns.ReplyResult` or None (not
-    run, or not stored); ``missing`` the sides with no stored row; ``notes`` what storage
+    Returns ``(results, missing, notes)``: ``results`` maps each side (plain, DFlash unless
+    the turn's one drafting side is DFlash2, DFlash2 when the turn has one) to its
+    :class:`~app.chat.turns.ReplyResult` or None (not run, or not stored); ``missing`` the sides with no stored row; ``notes`` what storage
     could not give back, for the header (the gap of a row stored without it, the mark on the
     first divergence while the token texts are not there)."""
     results: dict = {}
@@ -413,9 +413,10 @@ class CompareView(QFrame):
     """Side-by-side view of a Compare turn. ``chosen(str)`` emits "plain", "dflash" or
     "dflash2".
 
-    Two sides (plain and the pair's one drafter, DFlash or DFlash2) as columns; with a DFlash2 side (:meth:`set_sides`) three
-    columns, or three tabs while the view is narrower than :data:`NARROW_PX`; any sides as
-    tabs while the view is narrower than its columns need (:meth:`columns_width`)."""
+    Two sides (plain and the pair's one drafter, DFlash or DFlash2) as columns; with a
+    DFlash2 side beside DFlash (:meth:`set_sides`) three columns, or three tabs while the
+    view is narrower than :data:`NARROW_PX`; any sides as tabs while the view is narrower
+    than its columns need (:meth:`columns_width`)."""
 
     chosen = Signal(str)
 

@@ -76,7 +76,6 @@ def at_exit(obj: object, method: str) -> Callable[[], None]:
     return hook
 
 
-# --------------------------------------------------------------------------- thread checks
 def load_error_text(exc: EngineError) -> str:
     """What the window says of a failed load: the error's message, except where that names
     command-line flags (a drafter given as the target), which the window says in its own
@@ -87,6 +86,7 @@ def load_error_text(exc: EngineError) -> str:
     return str(exc)
 
 
+# --------------------------------------------------------------------------- thread checks
 def assert_not_gui_thread(what: str) -> None:
     """Raise :class:`WrongThreadError` when ``what`` (an engine entry point) runs on the GUI
     thread, which the window marks with ``app.engine.threads.forbid_engine_on_current_thread``

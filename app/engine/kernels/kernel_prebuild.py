@@ -18,8 +18,8 @@ gather after its source and index dtypes). :func:`start` runs them in child proc
 waits for them. A recipe that fails or builds a module the pair does not use costs only its process:
 whatever the recipes miss, the warm-up builds itself, and no computed value depends on
 which process compiled a kernel. A drafted run whose kernels children are still building in
-the background waits for them (:func:`wait_background_for`). Each child compiles into a private folder and then
-publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
+the background waits for them (:func:`wait_background_for`). Each child compiles into a
+private folder and then publishes its modules whole into the cache folder (:func:`publish`) and records its recipes
 there (:data:`MARKER`), so that a later start skips them (:func:`built_before`), also those
 of children left running in the background (:func:`start_background`).
 Modules that MLX does not cache on disk (``mx.fast``'s custom kernels, such as
