@@ -154,6 +154,10 @@ def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kerne
     from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     monkeypatch.setattr(kernel_prebuild, "default_workers", lambda: 2)
+    jobs = []  # the job itself: a run may reap it from _BACKGROUND once its children end
+    real_background = kernel_prebuild.start_background
+    monkeypatch.setattr(kernel_prebuild, "start_background",
+                        lambda *a, **k: jobs.append(real_background(*a, **k)) or jobs[-1])
     t, d = demo_pair_dirs()
     target, drafter, dflash2 = load_target(t), load_drafter(d), load_drafter(demo_dflash2_dir())
     report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
@@ -161,7 +165,7 @@ def test_with_a_prebuild_a_second_drafters_kernels_build_in_the_background(kerne
     walk = [r for r in kernel_prebuild.recipes_for(target, [drafter, dflash2])
             if r not in kernel_prebuild.recipes_for(target, [drafter])]
     assert walk and report.prebuild.background == walk
-    job = kernel_prebuild._BACKGROUND[-1]
+    (job,) = jobs
     assert sorted(r for g in job.groups for r in g) == sorted(walk)
     for proc in job.procs:  # as in the app: nobody calls job.wait()
         proc.wait(timeout=300)
