@@ -822,3 +822,48 @@ def test_bench_reports_dflash2_beside_dflash(capsys, cli_paths, tmp_path):
     only = json.loads(out)
     assert set(only["modes"]) == {"plain", "dflash2+tape@4", "dflash2+tape@4+nosel"}
     assert only["identical_tokens"] is True
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_compiled_drafter_layers_give_the_same_drafts(tiny_hybrid, pair2, monkeypatch, kind):
+    """``DFLASH_COMPILE_LAYERS`` also runs the drafter's layers (the parts before and after
+    each attention) and its context projection as ``mx.compile`` programs: two draft passes
+    (new context rows, then none) give the same hidden states, tokens and context cache, bit
+    for bit, as the layers op by op (float32, this CPU), and the programs are used."""
+    from app.engine import drafter as drafter_mod
+    from app.engine import target as target_mod
+
+    target, drafter = (tiny_hybrid if kind == "dflash" else pair2)
+    model = drafter.model
+    runner = target_mod.TargetRunner(target.model, target.model_type)
+    hidden = model.config.hidden_size * len(model.config.target_layer_ids)
+    taps = mx.random.normal((1, 5, hidden), key=mx.random.key(3))
+    made = []
+    real = target_mod.compiled_program
+
+    def counted(owner, name, build):
+        made.append(name)
+        return real(owner, name, build)
+
+    for mod in (drafter_mod, dflash2):
+        monkeypatch.setattr(mod, "compiled_program", counted)
+
+    def passes(on: bool) -> list:
+        for mod in (drafter_mod, dflash2):
+            monkeypatch.setattr(mod, "compiled_layers_on", lambda: on)
+        cache = model.make_cache()
+        ids = mx.array([[7] + [model.config.mask_token_id] * 7], dtype=mx.int32)
+        out = [model(runner.embed_tokens(ids), taps, cache),
+               model.draft(runner, 9, 8, None, cache)]
+        out += [a for c in cache for a in c.fetch(0)]
+        mx.eval(out)
+        return out
+
+    walked = passes(False)
+    assert not made
+    compiled = passes(True)
+    layers = len(model.layers)
+    assert made.count("before_attention") == made.count("after_attention") == 2 * layers
+    assert made.count("context_rows") == 1
+    for a, b in zip(walked, compiled, strict=True):
+        assert a.shape == b.shape and mx.array_equal(a, b).item()

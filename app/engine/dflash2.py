@@ -61,6 +61,7 @@ from app.engine.drafter import (
     common_fields,
 )
 from app.engine.errors import ModelLoadError, UnsupportedArchitectureError
+from app.engine.target import compiled_layers_on, compiled_program
 
 ARCHITECTURE = "DFlash2DraftModel"
 
@@ -281,10 +282,39 @@ class DFlash2Layer(DraftLayer):
         self.mlp_conv = GroupedDynamicCausalConv(H, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def __call__(self, x: mx.array, ctx: mx.array | None, cache) -> mx.array:
+        if compiled_layers_on():
+            q, k, v, d = compiled_program(self, "before_attention", _before_attention)(x)
+            o = self.self_attn.attend(q, k, v, ctx, cache)
+            return compiled_program(self, "after_attention", _after_attention)(x, o, d)
         a, d = self.attention_conv.prepare(self.input_layernorm(x))
         h = x + self.attention_conv.finish(self.self_attn(a, ctx, cache), d)
+        return self._mlp_side(h)
+
+    def _mlp_side(self, h: mx.array) -> mx.array:
         m, e = self.mlp_conv.prepare(self.post_attention_layernorm(h))
         return h + self.mlp_conv.finish(self.mlp(m), e)
+
+
+def _before_attention(ref):
+    """:class:`DFlash2Layer`'s part before its attention, as a function of arrays for
+    :func:`~app.engine.target.compiled_program`: ``x`` -> the attention's ``(q, k, v)``
+    (:meth:`~app.engine.drafter.DraftAttention.project` of the convolved input) and the
+    output side's delta."""
+    def before(x):
+        layer = ref()
+        a, d = layer.attention_conv.prepare(layer.input_layernorm(x))
+        return (*layer.self_attn.project(a), d)
+    return before
+
+
+def _after_attention(ref):
+    """:class:`DFlash2Layer`'s part after its attention: ``(x, o, d)`` -> the layer's output
+    (``o`` from :meth:`~app.engine.drafter.DraftAttention.attend`, ``d`` from
+    :func:`_before_attention`)."""
+    def after(x, o, d):
+        layer = ref()
+        return layer._mlp_side(x + layer.attention_conv.finish(layer.self_attn.o_proj(o), d))
+    return after
 
 
 @functools.lru_cache(maxsize=64)

@@ -36,6 +36,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from app.engine.errors import ModelLoadError, UnsupportedArchitectureError
 from app.engine.modes import DEFAULT_BLOCK_SIZE
+from app.engine.target import compiled_layers_on, compiled_program
 
 SUPPORTED_ARCHITECTURE = "DFlashDraftModel"
 
@@ -442,6 +443,11 @@ class DraftAttention(nn.Module):
         B, L, _ = h.shape
         k = self.k_norm(self.k_proj(h).reshape(B, L, self.n_kv_heads, self.head_dim))
         v = self.v_proj(h).reshape(B, L, self.n_kv_heads, self.head_dim)
+        return self._place(k, v, offset)
+
+    def _place(self, k: mx.array, v: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        """Normed ``k`` and ``v`` ``(B, L, kv_heads, head_dim)`` -> head-major
+        ``(B, kv_heads, L, head_dim)`` each, ``k`` rotated to positions ``offset ..``."""
         k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
         return k, v.transpose(0, 2, 1, 3)
 
@@ -455,26 +461,40 @@ class DraftAttention(nn.Module):
         k, v = self._kv(ctx[:, skip:] if skip else ctx, cache.offset + skip)
         cache.append(k, v, skipped=skip)
 
-    def __call__(self, x: mx.array, ctx: mx.array | None, cache: DraftContextCache) -> mx.array:
-        """x: normed block ``(B, L, D)``; ctx: new context rows ``(B, C, D)`` or None.
-
-        Returns ``(B, L, D)``. The block's queries sit at positions ``cache.offset ..
-        cache.offset + L - 1`` (after ``ctx`` is appended).
-        """
+    def project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The block's normed queries and keys and its values, before rotation: ``x``
+        ``(B, L, D)`` -> ``(B, L, heads, head_dim)``, ``(B, L, kv_heads, head_dim)`` twice.
+        Position-free, so it can run inside a compiled program (:meth:`DraftLayer.__call__`)."""
         B, L, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim))
+        return q, k, self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, ctx: mx.array | None,
+               cache: DraftContextCache) -> mx.array:
+        """Attention of the block's :meth:`project` output over ``[context; block]``, before
+        ``o_proj``: ``(B, L, heads * head_dim)``. ``ctx`` ``(B, C, D)`` (new context rows) is
+        appended to ``cache`` first; the block's queries sit at positions ``cache.offset ..
+        cache.offset + L - 1`` after that."""
+        B, L = q.shape[:2]
         if ctx is not None and ctx.shape[1] > 0:
             self.extend(ctx, cache)
         start = cache.offset
-        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=start)
-        k_blk, v_blk = self._kv(x, start)
+        k_blk, v_blk = self._place(k, v, start)
         # [context rows this block sees; block], without copying the context rows
         keys, values = cache.with_block(cache.visible_start(start), k_blk, v_blk)
         mask = attention_visibility(
             start, L, start + L - keys.shape[2], keys.shape[2], self.window, self.causal
         )
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+
+    def __call__(self, x: mx.array, ctx: mx.array | None, cache: DraftContextCache) -> mx.array:
+        """x: normed block ``(B, L, D)``; ctx: new context rows ``(B, C, D)`` or None.
+
+        Returns ``(B, L, D)`` (:meth:`attend`, then ``o_proj``)."""
+        return self.o_proj(self.attend(*self.project(x), ctx, cache))
 
 
 class DraftMLP(nn.Module):
@@ -501,8 +521,28 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, ctx: mx.array | None, cache: DraftContextCache) -> mx.array:
+        if compiled_layers_on():
+            q, k, v = compiled_program(self, "before_attention", _before_attention)(x)
+            o = self.self_attn.attend(q, k, v, ctx, cache)
+            return compiled_program(self, "after_attention", _after_attention)(x, o)
         h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _before_attention(ref):
+    """:class:`DraftLayer`'s position-free part before its attention, as a function of
+    arrays for :func:`~app.engine.target.compiled_program`: ``x`` -> ``(q, k, v)``."""
+    return lambda x: ref().self_attn.project(ref().input_layernorm(x))
+
+
+def _after_attention(ref):
+    """:class:`DraftLayer`'s part after its attention: ``(x, o)`` -> the layer's output, ``o``
+    being :meth:`DraftAttention.attend`'s."""
+    def after(x, o):
+        layer = ref()
+        h = x + layer.self_attn.o_proj(o)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+    return after
 
 
 class DFlashDrafter(nn.Module):
@@ -544,15 +584,23 @@ class DFlashDrafter(nn.Module):
         """
         ctx = None
         if taps is not None and taps.shape[1] > 0:
-            ctx = self.hidden_norm(self.fc(taps))
+            ctx = self.context_rows(taps)
         h = block_embeddings
         for layer, c in zip(self.layers, cache):
             h = layer(h, ctx, c)
         return self.norm(h)
 
+    def context_rows(self, taps: mx.array) -> mx.array:
+        """Tap states ``(B, C, n_taps * hidden)`` -> context rows ``(B, C, hidden)`` (``fc``,
+        then ``hidden_norm``; a compiled program where :func:`compiled_layers_on`)."""
+        if compiled_layers_on():
+            return compiled_program(
+                self, "context_rows", lambda ref: lambda t: ref().hidden_norm(ref().fc(t)))(taps)
+        return self.hidden_norm(self.fc(taps))
+
     def extend_context(self, taps: mx.array, cache: list[DraftContextCache]) -> None:
         """Append context rows for ``taps`` ``(B, C, n_taps * hidden)`` without drafting."""
-        ctx = self.hidden_norm(self.fc(taps))
+        ctx = self.context_rows(taps)
         for layer, c in zip(self.layers, cache):
             layer.self_attn.extend(ctx, c)
 

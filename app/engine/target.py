@@ -229,31 +229,39 @@ def _gdn_block(layer: nn.Module, h: mx.array, conv_before: mx.array, state_befor
     return (h + layer.mlp(layer.post_attention_layernorm(h)), *rest)
 
 
-_PROGRAMS: dict[int, Any] = {}
-"""``id(layer)`` -> its ``mx.compile`` program (:func:`_layer_programs`); an entry goes when
-its layer is freed (MLX modules are dicts, so not weak-dictionary keys)."""
+_PROGRAMS: dict[tuple[int, str], Any] = {}
+"""``(id(owner), name)`` -> an ``mx.compile`` program (:func:`compiled_program`); an entry
+goes when its owner is freed (MLX modules are dicts, so not weak-dictionary keys)."""
+
+
+def compiled_program(owner: nn.Module, name: str, build):
+    """The ``mx.compile`` program ``name`` of module ``owner``, made on first use as
+    ``mx.compile(build(ref))`` where ``ref`` is a weak reference to ``owner`` (``build``
+    returns a pure function of arrays that reaches the module through ``ref()``). A program
+    is traced once per input shape and then replays its graph, with MLX's elementwise fusion,
+    instead of running Python per operation. The weights are captured as constants at
+    tracing: a module whose weights change needs a new program (a model switch builds new
+    modules). The program holds ``owner`` weakly, so the module (and its entry) go when the
+    model is unloaded."""
+    key = (id(owner), name)
+    program = _PROGRAMS.get(key)
+    if program is None:
+        program = _PROGRAMS[key] = mx.compile(build(weakref.ref(owner)))
+        weakref.finalize(owner, _PROGRAMS.pop, key, None)
+    return program
 
 
 def _layer_programs(layer: nn.Module):
-    """The ``mx.compile`` program of ``layer``, made on first use: a GDN layer's whole block
-    (:func:`_gdn_block`) or an attention layer's MLP block. A program is traced once per input
-    shape (the block lengths 1-16 and the prefill chunks: shapes that do not depend on the
-    context length) and then replays its graph, with MLX's elementwise fusion, instead of
-    running Python per operation. The weights are captured as constants at tracing: a layer
-    whose weights change needs a new program (a model switch builds new layers). The program
-    holds the layer weakly, so the layer (and its entry) go when the model is unloaded."""
-    key = id(layer)
-    program = _PROGRAMS.get(key)
-    if program is None:
-        ref = weakref.ref(layer)
-        if getattr(layer, "is_linear", False):
-            program = mx.compile(lambda h, c, s: _gdn_block(ref(), h, c, s))
-        else:
-            program = mx.compile(
-                lambda h: h + ref().mlp(ref().post_attention_layernorm(h)))
-        _PROGRAMS[key] = program
-        weakref.finalize(layer, _PROGRAMS.pop, key, None)
-    return program
+    """The ``mx.compile`` program (:func:`compiled_program`) of a target ``layer``: a GDN
+    layer's whole block (:func:`_gdn_block`) or an attention layer's MLP block, traced once
+    per input shape (the block lengths 1-16 and the prefill chunks: shapes that do not depend
+    on the context length)."""
+    if getattr(layer, "is_linear", False):
+        return compiled_program(layer, "gdn_block",
+                                lambda ref: lambda h, c, s: _gdn_block(ref(), h, c, s))
+    return compiled_program(
+        layer, "mlp_block",
+        lambda ref: lambda h: h + ref().mlp(ref().post_attention_layernorm(h)))
 
 
 class TargetRunner:
