@@ -311,6 +311,58 @@ def test_run_tools_human_output_streams_call_result_and_answer(capsys, pair_path
     assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish stop")
 
 
+class _Cancellable(_Scripted):
+    """:class:`_Scripted`, stopping as the engine does when cancelled (a stop string): no
+    token after the cancel, and ``Done`` says ``cancelled``."""
+
+    def __call__(self, target, prompt_ids, config, drafter=None):
+        ids = self.scripts[min(self.calls, len(self.scripts) - 1)]
+        self.calls += 1
+        cancel = threading.Event()
+
+        class Gen:
+            def cancel(self):
+                cancel.set()
+
+            def __iter__(self):
+                n = 0
+                for i, t in enumerate(ids):
+                    if cancel.is_set():
+                        break
+                    yield TokenEvent(t, i)
+                    n += 1
+                yield Done(Summary(mode=config.mode, generated_tokens=n,
+                                   stop_cause="cancelled" if cancel.is_set() else "end_token"))
+
+        return Gen()
+
+
+def test_the_figures_line_says_a_stop_string_ended_the_reply(capsys, pair_paths, monkeypatch):
+    """`finish stop` alone read as if the model ended its answer itself; when a stop string
+    ended it the line says so (`--json` is unchanged: ``finish_reason`` ``stop``, the
+    summary's ``stop_cause`` ``stop_string``)."""
+    text = "Paris is the capital. END here, then more."
+    args = ["chat", *pair_args(pair_paths), "--mode", "plain", "--prompt", "Capital?",
+            "--no-think", "--tools", "none", "--stop", "END"]
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Cancellable(_rounds(pair_paths, text)))
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "Paris is the capital." in lines
+    assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish stop (stop string)")
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Cancellable(_rounds(pair_paths, text)))
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["finish_reason"] == "stop" and obj["summary"]["stop_cause"] == "stop_string"
+    assert obj["content"] == "Paris is the capital."
+    # a reply that ended by itself still says only `finish stop`
+    monkeypatch.setattr(reply_mod, "_engine_generate", _Cancellable(_rounds(pair_paths, text)))
+    code, out, err = run_cli(capsys, *args[:-2])
+    assert code == 0, err
+    assert out.splitlines()[-1].endswith("· finish stop")
+
+
 def test_compare_prints_every_round_and_the_whole_replys_figures(capsys, pair_paths,
                                                                   monkeypatch):
     """A new user's pass: `compare --run-tools` left out what the first round wrote before

@@ -483,3 +483,51 @@ def test_without_a_tool_parser_calls_stay_plain_content(qwen_tokenizer_dir, tmp_
     assert res.reasoning == "hm"
     assert res.content == "A <tool_call>\n{\"name\": \"f\"}\n</tool_call>"
     assert res.tool_calls == [] and res.warnings == [] and res.finish_reason == "stop"
+
+
+# ------------------------------------------------------------------ reasoning tokens
+def _count_fed(tok, ids, chunks=None, **kwargs) -> tuple[int, TextPipeline]:
+    """Feed ``ids`` (in ``chunks`` when given) and finish; (reasoning tokens, pipeline)."""
+    pipe = TextPipeline(tok, **kwargs)
+    for chunk in chunks or [ids]:
+        pipe.feed(chunk)
+        if pipe.stopped:
+            break
+    pipe.finish("cancelled" if pipe.stop_hit else "end_token")
+    return pipe.reasoning_tokens, pipe
+
+
+def test_reasoning_tokens_count_the_ids_inside_the_thinking_block(qwen_tokenizer):
+    """``reasoning_tokens`` counts token ids, not characters: the ids read inside the
+    thinking block (a pre-opened one from the first id), the markers' own single tokens
+    left out, the answer and the end token too; the same at every chunking."""
+    tok = qwen_tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    thought = "Let me think: 2+2.\nIt is 4.\n"
+    ids = natural_ids(tok, thought + "</think>\n\nThe answer is 4.") + [eos]
+    inside = natural_ids(tok, thought)
+    assert ids[:len(inside)] == inside and len(inside) < len(thought)  # tokens, not chars
+    for chunks in chunkings(ids, seed=3):
+        count, pipe = _count_fed(tok, ids, chunks, starts_in_reasoning=True)
+        assert count == len(inside)
+        assert pipe.reasoning == thought.strip() and pipe.content == "The answer is 4."
+    # the block opened in the reply: <think> is not counted either
+    opened = natural_ids(tok, "<think>\n" + thought + "</think>\n\nDone.") + [eos]
+    assert _count_fed(tok, opened)[0] == len(natural_ids(tok, "\n" + thought))
+    # no thinking block: none; a reply cut while thinking: every id it kept
+    assert _count_fed(tok, natural_ids(tok, "Just the answer.") + [eos])[0] == 0
+    assert _count_fed(tok, inside, starts_in_reasoning=True)[0] == len(inside)
+
+
+def test_reasoning_tokens_stop_at_a_stop_string_and_count_split_markers(qwen_tokenizer):
+    tok = qwen_tokenizer
+    # a stop string met while thinking: only the ids kept before it count
+    count, pipe = _count_fed(tok, natural_ids(tok, "Paris, I think. More\n</think>\n\nParis."),
+                             starts_in_reasoning=True, stop=["I think"])
+    assert pipe.stop_hit == "I think" and 0 < count < len(pipe.tokens)
+    assert count == len(pipe.tokens) - 1  # the id that completed the stop string is not
+    # a closing marker spelled over several ids: the ids before its last one were read
+    # inside the block (the text could still have been reasoning)
+    text = "Hm.\n</think>\n\nOK."
+    count = _count_fed(tok, byte_ids(tok, text), starts_in_reasoning=True)[0]
+    assert count == len("Hm.\n</think") == len(byte_ids(tok, "Hm.\n</think"))

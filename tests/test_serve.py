@@ -139,6 +139,37 @@ def test_stop_seed_and_thinking_fields_reach_the_reply(client):
     assert off.choices[0].message.content
 
 
+def test_usage_counts_the_reasoning_tokens(server, client):
+    """``usage.completion_tokens_details.reasoning_tokens``: the completion's token ids inside
+    the thinking block (counted by the text pipeline, not from the text's length), the same
+    in every mode, in the non-streamed reply and the ``include_usage`` chunk; 0 with
+    thinking off; a stop string met while thinking leaves only reasoning ids (and the one
+    that completed it)."""
+    tok = server.worker.session.target.tokenizer
+    counts = {}
+    for mode in ("plain", "dflash"):
+        r = _complete(client, QUESTION, mode=mode)
+        details = r.usage.completion_tokens_details
+        counts[mode] = details.reasoning_tokens
+        reasoning = r.choices[0].message.model_extra["reasoning_content"]
+        assert 0 < details.reasoning_tokens < r.usage.completion_tokens
+        assert details.reasoning_tokens < len(reasoning)  # tokens, not characters
+        # the trimmed text's own tokens, give or take the newlines around it
+        assert abs(details.reasoning_tokens - len(tok.encode(reasoning,
+                                                             add_special_tokens=False))) <= 2
+    assert counts["plain"] == counts["dflash"]
+    body = {"model": "demo", "messages": QUESTION, "max_tokens": 96, "stream": True,
+            "stream_options": {"include_usage": True}}
+    *chunks, _ = _stream_raw(server, body)
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {
+        "reasoning_tokens": counts["dflash"]}
+    off = _complete(client, QUESTION, chat_template_kwargs={"enable_thinking": False})
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    cut = _complete(client, QUESTION, mode="plain", stop=["Paris"])
+    assert cut.usage.completion_tokens_details.reasoning_tokens == \
+        cut.usage.completion_tokens - 1
+
+
 def _stream_raw(server, body: dict) -> list[dict | str]:
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                       timeout=120) as r:

@@ -16,6 +16,7 @@ from app.serve.protocol import (
     parse_chat_request,
     parse_messages,
     sse,
+    usage_object,
 )
 
 USER = {"role": "user", "content": "hi"}
@@ -186,7 +187,7 @@ def _result(**kw) -> CompletionResult:
                       acceptance_rate=10 / 15, tau=5.5, replays=1, stop_cause="end_token")
     base = dict(content="", reasoning="Thinking.", tool_calls=[
         ("call_0", "calculator", {"expression": "2+2"})], finish_reason="tool_calls",
-        summary=summary, block_size=16, completion_tokens=12)
+        summary=summary, block_size=16, completion_tokens=12, reasoning_tokens=4)
     return CompletionResult(**{**base, **kw})
 
 
@@ -200,13 +201,30 @@ def test_a_completion_carries_tool_calls_usage_and_the_dflash_figures():
     assert json.loads(call["function"]["arguments"]) == {"expression": "2+2"}
     assert obj["choices"][0]["finish_reason"] == "tool_calls"
     assert obj["usage"] == {"prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112,
-                            "prompt_tokens_details": {"cached_tokens": 90}}
+                            "prompt_tokens_details": {"cached_tokens": 90},
+                            "completion_tokens_details": {"reasoning_tokens": 4}}
     figures = obj["dflash"]
     for key in ("mode", "block_size", "tau", "acceptance_rate", "drafted", "accepted",
                 "replays", "tok_per_s", "ttft_s", "prompt_tokens", "reused_tokens"):
         assert key in figures
     assert (figures["mode"], figures["block_size"], figures["tau"], figures["drafted"],
             figures["accepted"], figures["reused_tokens"]) == ("dflash", 16, 5.5, 15, 10, 90)
+
+
+def test_usage_says_how_many_completion_tokens_were_reasoning():
+    """``usage.completion_tokens_details.reasoning_tokens``, as OpenAI, vLLM and llama.cpp
+    give it: the reply's tokens inside its thinking block (0 without one), in the
+    non-streamed object and the ``include_usage`` chunk alike."""
+    thought = _result(reasoning_tokens=9, completion_tokens=12)
+    assert usage_object(thought)["completion_tokens_details"] == {"reasoning_tokens": 9}
+    plain = _result(reasoning="", reasoning_tokens=0)
+    assert usage_object(plain)["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert completion_object(thought, "chatcmpl-x", "m")["usage"] == usage_object(thought)
+    # the fields that were there keep their names and values
+    assert {k: v for k, v in usage_object(thought).items()
+            if k != "completion_tokens_details"} == {
+        "prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112,
+        "prompt_tokens_details": {"cached_tokens": 90}}
 
 
 def test_a_cancelled_reply_finishes_as_stop_with_its_cause_kept():

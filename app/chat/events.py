@@ -215,7 +215,9 @@ class ReplyRound:
     ``generated_tokens`` cut to the kept tokens. ``tool_runs``: calls executed after this
     round (empty when tools did not run). ``prompt_ids``: the rendered prompt of this round.
     ``starts_in_reasoning``: that prompt pre-opened the thinking block
-    (``RenderedPrompt.starts_in_reasoning``). A round that continued one Max tokens cut
+    (``RenderedPrompt.starts_in_reasoning``). ``reasoning_tokens``: how many of ``tokens``
+    were generated inside the thinking block (``TextPipeline.reasoning_tokens``). A round that
+    continued one Max tokens cut
     (:class:`ResumeRound`) holds the whole round: ``tokens``, ``from_draft``, ``text`` and the
     texts include the cut part, ``prompt_ids`` is the cut round's prompt, while ``summary``
     counts only what the continuation generated.
@@ -235,6 +237,7 @@ class ReplyRound:
     warnings: list[PipelineWarning] = field(default_factory=list)
     tool_runs: list[ToolRun] = field(default_factory=list)
     starts_in_reasoning: bool = False
+    reasoning_tokens: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready: ``index, content, reasoning, tool_calls, results, finish_reason,
@@ -289,6 +292,11 @@ class Reply:
     @property
     def tokens(self) -> list[int]:
         return self.rounds[-1].tokens
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Of :attr:`tokens` (the last round's), those generated inside the thinking block."""
+        return self.rounds[-1].reasoning_tokens
 
     @property
     def from_draft(self) -> list[bool]:

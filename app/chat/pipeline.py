@@ -176,6 +176,7 @@ class TextPipeline:
 
         self.tokens: list[int] = []
         """Kept token ids (end token included when generated; none after a stop string)."""
+        self._in_reasoning: list[bool] = []  # per kept id: read inside the thinking block
         self._text_ends: list[int] = []
         self._raw = ""
         self._tool_buf = ""
@@ -211,6 +212,15 @@ class TextPipeline:
         return "".join(self._parts[_REASONING])
 
     @property
+    def reasoning_tokens(self) -> int:
+        """How many of the kept :attr:`tokens` were generated inside the thinking block:
+        those during whose text the pipeline was in reasoning from start to end. A
+        pre-opened block counts from the first id; the markers' own ids (``<think>``,
+        ``</think>`` as single tokens; the last id of one spelled over several) and the end
+        token are not counted, nor is the id that completed a stop string."""
+        return sum(self._in_reasoning[: len(self.tokens)])
+
+    @property
     def text(self) -> str:
         """The raw decoded text of the kept tokens: markers included, end tokens excluded, cut
         before the stop string when one was hit."""
@@ -236,13 +246,17 @@ class TextPipeline:
             if tid in self._eos:
                 self.ended = True
                 self._text_ends.append(len(self._raw))
+                self._in_reasoning.append(False)
                 break
+            was_reasoning = self._sm_state[0] == _REASONING
             self._detok.add_token(tid)
             segment = self._detok.last_segment
             self._raw += segment
             self._text_ends.append(len(self._raw))
             if segment:
                 self._split(segment, out)
+            self._in_reasoning.append(was_reasoning and self._sm_state[0] == _REASONING)
+            del self._in_reasoning[len(self.tokens):]  # a stop string cut the ids after it
         return out
 
     def finish(self, stop_cause: str | None = None) -> list[Delta]:

@@ -385,6 +385,7 @@ def run_reply(
             prompt_ids=prompt_ids,
             warnings=list(pipe.warnings),
             starts_in_reasoning=starts_in_reasoning,
+            reasoning_tokens=pipe.reasoning_tokens,
         )
         next_call += len(rnd.tool_calls)
         rounds.append(rnd)

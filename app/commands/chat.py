@@ -90,7 +90,7 @@ def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = 
     gives them): mode (and block; under the automatic block size its range and the mean
     block used), tokens, rounds, time to answer (tools' share), decode tok/s, TTFT,
     acceptance, tau, replays, for a sharded target the seconds waited on the network and the
-    bytes sent, finish (``wall_s`` as :func:`chat_object`'s)."""
+    bytes sent, finish (with :func:`finish_note`; ``wall_s`` as :func:`chat_object`'s)."""
     from app.chat.measure import ReplyFigures
 
     s = reply.reply_summary
@@ -112,8 +112,17 @@ def figures_line(reply: Reply, block: int | None = None, wall_s: float | None = 
         parts += [f"acceptance {acc}", f"tau {tau}", f"replays {s.replays}"]
     if s.network_bytes:  # a target sharded over a group (docs/distributed.md)
         parts.append(f"network {s.network_wait_s:.2f} s waited, {s.network_bytes / 1e6:.2f} MB")
-    parts.append(f"finish {reply.finish_reason}")
+    parts.append(f"finish {reply.finish_reason}{finish_note(reply)}")
     return " · ".join(parts)
+
+
+def finish_note(reply: Reply) -> str:
+    """What the figures line adds after ``finish <reason>``: ``" (stop string)"`` when one of
+    the stop strings ended the reply (its finish reason is ``stop`` and its last round's
+    ``stop_cause`` ``stop_string``, as ``--json`` gives them), else ""."""
+    if reply.finish_reason == "stop" and reply.summary.stop_cause == "stop_string":
+        return " (stop string)"
+    return ""
 
 
 def _print_reply(reply: Reply, block: int | None, wall_s: float | None = None) -> None:

@@ -1,8 +1,8 @@
 """``python -m app serve``: a local OpenAI-compatible server for the loaded pair.
 
 ``python -m app serve [--host 127.0.0.1] [--port 8080] [--model M --draft-model D]
-[--dflash2-model D2] [--api-key KEY]`` loads the pair (the bundled demo pair and its DFlash and
-DFlash2 drafters when no model is named) on the server's worker thread, prints one line naming
+[--dflash2-model D2] [--api-key KEY] [--cors [ORIGINS]]`` loads the pair (the bundled demo
+pair and its DFlash and DFlash2 drafters when no model is named) on the server's worker thread, prints one line naming
 the address, and answers ``/v1/chat/completions`` until SIGINT / SIGTERM (docs/serve.md).
 Exit codes: 0 after a clean stop, 2 bad arguments, unusable model files or an address it
 cannot listen on.
@@ -49,6 +49,18 @@ def grace_seconds(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
     return value
+
+
+def cors_argument(text: str) -> tuple[str, ...]:
+    """An argparse ``type`` for ``--cors``: ``*`` or origins separated by commas
+    (:func:`app.serve.server.cors_origins`), refused with its message."""
+    from app.serve.server import ServeConfigError, cors_origins
+
+    try:
+        return cors_origins(text)
+    except ServeConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--cors").lstrip(" :")) \
+            from None
 
 
 API_KEY_ENV = "DFLASH_API_KEY"
@@ -127,6 +139,14 @@ def register(subparsers) -> None:
     p.add_argument("--api-key", type=utf8_text,
                    help="require 'Authorization: Bearer KEY' on /v1/ requests "
                    f"(default: ${API_KEY_ENV} when set, else no key)")
+    p.add_argument("--cors", nargs="?", const=("*",), type=cors_argument,
+                   metavar="ORIGINS",
+                   help="let web pages call the API from a browser (off by default): "
+                   "responses carry Access-Control-Allow-Origin, and OPTIONS preflights to "
+                   "/v1/* get 204 with the allowed methods (GET, POST, OPTIONS) and headers "
+                   "(Authorization, Content-Type). ORIGINS: origins separated by commas, "
+                   "e.g. http://localhost:3000; without it, or '*': any origin, which lets "
+                   "every web page you open use the server unless --api-key is set")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None,
                        help="thinking on in the chat template unless a request says")
@@ -202,14 +222,20 @@ def _serve(args) -> int:
     model_id = _model_id(args.model, info.target_path, info.target_name)
     options = ServeOptions(model_id=model_id, api_key=api_key,
                            max_body_bytes=args.max_body_kb * 1024,
-                           aliases=tuple({a for a in (args.model, info.target_path) if a}))
+                           aliases=tuple({a for a in (args.model, info.target_path) if a}),
+                           cors_origins=args.cors)
+    cors = f"; CORS allows {', '.join(args.cors)}" if args.cors else ""
+    if args.cors == ("*",) and not api_key:
+        _warn("note: --cors without origins lets any web page you open in a browser use this "
+              "server and read its replies; name the origins (--cors http://localhost:3000) "
+              "or set --api-key")
 
     def started(address: tuple[str, int]) -> None:
         host, port = address
         shown = f"[{host}]" if ":" in host else host
         modes = ", ".join(info.modes)
         print(f"Serving {model_id} ({modes}) on http://{shown}:{port}/v1"
-              f"{' with an API key' if api_key else ''}; Ctrl+C or SIGTERM stops it.",
+              f"{' with an API key' if api_key else ''}{cors}; Ctrl+C or SIGTERM stops it.",
               flush=True)
 
     server = make_server(worker, options, args.host, args.port, args.grace, started,

@@ -9,8 +9,12 @@ the worker takes the next job.
 
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): 400 malformed
 JSON or fields and prompts over the context, 401 a missing or wrong Bearer key (when the
-server has one), 404 an unknown model or route, 413 a body over the limit, 429 the queue is
-full, 503 shutting down, 500 a failure while generating.
+server has one), 403 a CORS preflight from an origin not allowed, 404 an unknown model or
+route, 413 a body over the limit, 429 the queue is full, 503 shutting down, 500 a failure while
+generating.
+
+CORS is off unless :attr:`ServeOptions.cors_origins` is set (``serve --cors``); then
+:class:`CorsHeaders` grants the allowed origins and answers preflights.
 """
 
 from __future__ import annotations
@@ -73,12 +77,17 @@ class ServeOptions:
             (401 otherwise); ``/health`` stays open.
         max_body_bytes: larger request bodies get 413.
         aliases: other names accepted for the model (e.g. the path it was loaded from).
+        cors_origins: None (default): no CORS, responses carry no ``Access-Control-*``
+            headers and OPTIONS is answered as any method the routes do not take (405);
+            ``("*",)``: any origin; else the origins (``scheme://host[:port]``, as browsers
+            send them) allowed (:class:`CorsHeaders`; ``serve --cors``).
     """
 
     model_id: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     aliases: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] | None = None
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -113,6 +122,75 @@ class BearerAuth:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+CORS_ALLOW_METHODS = "GET, POST, OPTIONS"
+"""``Access-Control-Allow-Methods`` of a preflight answer: the API's methods."""
+CORS_ALLOW_HEADERS = "Authorization, Content-Type"
+"""``Access-Control-Allow-Headers`` of a preflight answer: what an OpenAI client sends."""
+CORS_MAX_AGE_S = 600
+"""``Access-Control-Max-Age``: seconds a browser may reuse a preflight answer."""
+
+
+class CorsHeaders:
+    """ASGI middleware for browser clients (``serve --cors``): cross-origin access to the
+    API for ``origins`` (``("*",)``: any).
+
+    * Every HTTP response gets ``Access-Control-Allow-Origin``: ``*``, or the request's
+      ``Origin`` when it is listed (with ``Vary: Origin``, as the answer then depends on it;
+      an origin not listed gets no grant, only the ``Vary``).
+    * ``OPTIONS`` to ``/v1/*`` is a preflight: answered here with 204, the allowed origin,
+      :data:`CORS_ALLOW_METHODS`, :data:`CORS_ALLOW_HEADERS` and :data:`CORS_MAX_AGE_S`,
+      before the API key is checked (browsers send none on a preflight); a preflight from an
+      origin not listed gets 403 ``origin_not_allowed``. ``OPTIONS`` elsewhere goes to the
+      application as before.
+
+    Add it outside :class:`BearerAuth`, so that preflights and 401s pass through it.
+    """
+
+    def __init__(self, app, origins: tuple[str, ...]) -> None:
+        self.app = app
+        self._any = "*" in origins
+        self._origins = frozenset(origins)
+
+    def _grant(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+        """The headers every response to a request from ``origin`` carries."""
+        if self._any:
+            return [(b"access-control-allow-origin", b"*")]
+        if origin is not None and origin in self._origins:
+            return [(b"access-control-allow-origin", origin.encode("latin-1")),
+                    (b"vary", b"Origin")]
+        return [(b"vary", b"Origin")]
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = next((value.decode("latin-1") for name, value in scope.get("headers", ())
+                       if name == b"origin"), None)
+        grant = self._grant(origin)
+        if scope.get("method") == "OPTIONS" and scope.get("path", "").startswith("/v1"):
+            if origin is not None and not self._any and origin not in self._origins:
+                listed = ", ".join(sorted(self._origins))
+                response: Response = error_response(ApiError(
+                    403, f"cross-origin requests from {origin} are not allowed: this server "
+                    f"allows {listed} (--cors)", type="permission_error",
+                    code="origin_not_allowed"))
+            else:
+                response = Response(status_code=204, headers={
+                    "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
+                    "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+                    "Access-Control-Max-Age": str(CORS_MAX_AGE_S)})
+            response.raw_headers.extend(grant)
+            await response(scope, receive, send)
+            return
+
+        async def send_granted(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *grant]}
+            await send(message)
+
+        await self.app(scope, receive, send_granted)
 
 
 async def read_json(request: Request, limit: int) -> object:
@@ -190,7 +268,7 @@ def create_app(worker: JobQueue, options: ServeOptions,
     Args:
         worker: the :class:`~app.serve.worker.JobQueue` whose thread runs the jobs (a started
             :class:`~app.serve.worker.ServeWorker`, or the window's queue).
-        options: :class:`ServeOptions` (model id, API key, body limit).
+        options: :class:`ServeOptions` (model id, API key, body limit, CORS).
         on_shutdown: called once when the application shuts down (lifespan), e.g.
             ``worker.stop``.
     """
@@ -306,6 +384,8 @@ def create_app(worker: JobQueue, options: ServeOptions,
     )
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
+    if options.cors_origins is not None:  # added last: outside the key check
+        app.add_middleware(CorsHeaders, origins=tuple(options.cors_origins))
     return app
 
 

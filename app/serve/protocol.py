@@ -477,6 +477,8 @@ class CompletionResult:
         block_size: the DFlash block size that ran (None for plain).
         completion_tokens: generated tokens the reply kept (the end token included when
             generated).
+        reasoning_tokens: of those, the ones generated inside the thinking block
+            (``app.chat.pipeline.TextPipeline.reasoning_tokens``); 0 without one.
     """
 
     content: str
@@ -486,6 +488,7 @@ class CompletionResult:
     summary: Summary
     block_size: int | None
     completion_tokens: int
+    reasoning_tokens: int = 0
 
 
 def new_completion_id() -> str:
@@ -519,13 +522,15 @@ def tool_call_object(completion_id: str, index: int, name: str, arguments: dict,
 
 
 def usage_object(result: CompletionResult) -> dict:
-    """OpenAI ``usage``: prompt, completion and total tokens, and
+    """OpenAI ``usage``: prompt, completion and total tokens,
     ``prompt_tokens_details.cached_tokens`` = the prompt tokens reused from the prefix cache
-    (not prefilled again)."""
+    (not prefilled again) and ``completion_tokens_details.reasoning_tokens`` = the completion
+    tokens generated inside the thinking block (0 without one)."""
     s = result.summary
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": result.completion_tokens,
             "total_tokens": s.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.reused_tokens}}
+            "prompt_tokens_details": {"cached_tokens": s.reused_tokens},
+            "completion_tokens_details": {"reasoning_tokens": result.reasoning_tokens}}
 
 
 def dflash_object(result: CompletionResult) -> dict:

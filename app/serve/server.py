@@ -1,6 +1,7 @@
 """Running the API on uvicorn: loopback by default, a clean stop on SIGTERM / SIGINT.
 
-:func:`check_host` refuses a host other than loopback unless an API key is set.
+:func:`check_host` refuses a host other than loopback unless an API key is set;
+:func:`cors_origins` reads ``--cors``'s origins.
 :class:`DrainingServer` is uvicorn's server with the stop this app wants: on the first SIGTERM
 or SIGINT it stops taking requests, refuses the queued ones (503), gives the reply being
 generated ``grace_s`` seconds to finish, then cancels it (the engine stops before its next
@@ -16,6 +17,7 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import re
 import signal
 import socket
 import threading
@@ -62,6 +64,44 @@ def check_host(host: str, api_key: str | None) -> None:
             f"--host {host} would accept requests from other machines: give --api-key KEY "
             "too (clients then send 'Authorization: Bearer KEY'), or keep the default "
             f"--host {DEFAULT_HOST}")
+
+
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[^\s/:?#\[\]@]+)(:[0-9]{1,5})?\Z")
+"""One web origin as browsers send it in ``Origin``: ``scheme://host[:port]``, no path."""
+
+
+def cors_origins(text: str) -> tuple[str, ...]:
+    """``serve --cors``'s value: ``*`` (any origin) or origins separated by commas, as
+    ``("*",)`` or the origins lower-cased (browsers send scheme and host in lower case),
+    each once.
+
+    Raises:
+        ServeConfigError: no origin, ``*`` among others, or an entry that is not
+            ``scheme://host[:port]`` (a path or a trailing ``/`` included: the ``Origin``
+            header never has one, so it would never match).
+    """
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise ServeConfigError("--cors names no origin: give '*' or origins such as "
+                               "http://localhost:3000, separated by commas")
+    if "*" in entries:
+        if len(entries) > 1:
+            raise ServeConfigError("--cors: '*' allows every origin, give it alone")
+        return ("*",)
+    out: list[str] = []
+    for entry in entries:
+        origin = entry.lower()
+        if not ORIGIN.match(origin):
+            scheme, sep, rest = origin.partition("://")
+            base = f"{scheme}://{rest.split('/', 1)[0]}"
+            if sep and ORIGIN.match(base):
+                raise ServeConfigError(f"--cors: {entry!r} has a path: an origin has no path, "
+                                       f"not even a trailing '/' (give {base})")
+            raise ServeConfigError(f"--cors: {entry!r} is not an origin: give "
+                                   "scheme://host[:port], e.g. http://localhost:3000")
+        if origin not in out:
+            out.append(origin)
+    return tuple(out)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -364,7 +364,8 @@ class JobQueue:
             content=reply.content, reasoning=reply.reasoning,
             tool_calls=[(c.id, c.name, dict(c.arguments)) for c in reply.tool_calls],
             finish_reason=reply.finish_reason, summary=reply.summary,
-            block_size=started.block_size, completion_tokens=len(reply.tokens))
+            block_size=started.block_size, completion_tokens=len(reply.tokens),
+            reasoning_tokens=reply.reasoning_tokens)
         self._record("finished", reply.finish_reason, len(reply.tokens), t0, job)
         self._send(job, JobFinished(result))
         if not reply.tool_calls and not job.cancel.is_set() and self._queue.empty():

@@ -1,0 +1,221 @@
+"""CORS for browser clients, opt-in (``serve --cors [ORIGINS]``): off by default, OPTIONS and
+every response as before; on, responses carry ``Access-Control-Allow-Origin`` (``*`` or the
+listed origin the request came from) and preflights to ``/v1/*`` get 204 with the allowed
+methods and headers, before the API key is asked for. The application is driven in process
+(Starlette's test client) on a job queue that answers at once: no model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from serve_helpers import sse_events
+from starlette.testclient import TestClient
+
+from app.chat.session import ModelInfo
+from app.engine.events import Summary
+from app.serve.api import ServeOptions, create_app
+from app.serve.protocol import CompletionResult
+from app.serve.worker import JobFinished, JobQueue, JobStarted, JobTextDelta
+
+URL = "/v1/chat/completions"
+BODY = {"messages": [{"role": "user", "content": "hi"}]}
+PAGE = "http://localhost:5173"
+PREFLIGHT = {"Origin": PAGE, "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+CORS_KEYS = {"access-control-allow-origin", "access-control-allow-methods",
+             "access-control-allow-headers", "access-control-max-age"}
+
+
+class InstantJobs(JobQueue):
+    """A job queue that answers every job at once on the submitting thread: ``Hello``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = ModelInfo(target_name="m", target_path="/m")  # loaded, to the API
+
+    def submit(self, job) -> None:
+        """Deliver the whole reply's events to ``job`` now."""
+        result = CompletionResult(content="Hello", reasoning="", tool_calls=[],
+                                  finish_reason="stop", block_size=None, completion_tokens=2,
+                                  summary=Summary(mode="plain", prompt_tokens=3,
+                                                  generated_tokens=2, stop_cause="end_token"))
+        for event in (JobStarted(3, "plain", None, 16), JobTextDelta("content", "Hello"),
+                      JobFinished(result)):
+            job.deliver(event)
+
+
+def client(**options) -> TestClient:
+    """The API for ``ServeOptions("m", **options)`` on :class:`InstantJobs`."""
+    return TestClient(create_app(InstantJobs(), ServeOptions("m", **options)))
+
+
+# ------------------------------------------------------------------------------ off
+@pytest.mark.parametrize("key", [None, "sesame"])
+def test_off_by_default_options_and_responses_are_as_before(key):
+    """Without --cors nothing changes: OPTIONS is a method the routes do not allow (405 with
+    ``Allow``; 401 first on /v1 when a key is set), and no response names an origin."""
+    c = client(api_key=key)
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    r = c.options(URL, headers=PREFLIGHT)
+    if key:
+        assert r.status_code == 401
+    else:
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["message"] == \
+            f"method OPTIONS is not allowed on {URL}; use POST"
+    r = c.options(URL, headers={**PREFLIGHT, **auth})
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert c.options("/health").status_code == 405
+    for r in (c.get("/v1/models", headers={"Origin": PAGE, **auth}),
+              c.post(URL, json=BODY, headers={"Origin": PAGE, **auth}),
+              c.get("/health", headers={"Origin": PAGE})):
+        assert r.status_code == 200
+        assert not CORS_KEYS & set(r.headers) and "vary" not in r.headers
+
+
+# ------------------------------------------------------------------------------ on
+@pytest.mark.parametrize("key", [None, "sesame"])
+def test_any_origin_preflight_gets_204_before_the_key_and_responses_allow_it(key):
+    c = client(api_key=key, cors_origins=("*",))
+    for path in (URL, "/v1/models", "/v1/models/m"):
+        r = c.options(path, headers=PREFLIGHT)  # browsers send no Authorization here
+        assert r.status_code == 204 and r.content == b""
+        assert r.headers["access-control-allow-origin"] == "*"
+        assert r.headers["access-control-allow-methods"] == "GET, POST, OPTIONS"
+        assert r.headers["access-control-allow-headers"] == "Authorization, Content-Type"
+        assert int(r.headers["access-control-max-age"]) > 0
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    r = c.post(URL, json=BODY, headers={"Origin": PAGE, **auth})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hello"
+    assert r.headers["access-control-allow-origin"] == "*"
+    with c.stream("POST", URL, json={**BODY, "stream": True},
+                  headers={"Origin": PAGE, **auth}) as r:
+        assert r.headers["access-control-allow-origin"] == "*"
+        events = sse_events(list(r.iter_lines()))
+    assert events[-1] == "[DONE]"
+    # errors too, so that a page can read why (401, 404, 400), and /health
+    if key:
+        r = c.post(URL, json=BODY, headers={"Origin": PAGE})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "*"
+    r = c.post(URL, json={**BODY, "model": "other"}, headers={"Origin": PAGE, **auth})
+    assert r.status_code == 404 and r.headers["access-control-allow-origin"] == "*"
+    r = c.post(URL, content=b"{", headers={"Origin": PAGE, **auth})
+    assert r.status_code == 400 and r.headers["access-control-allow-origin"] == "*"
+    assert c.get("/health").headers["access-control-allow-origin"] == "*"
+    # OPTIONS outside /v1 is not a preflight the API answers: as before
+    assert c.options("/health", headers=PREFLIGHT).status_code == 405
+
+
+def test_listed_origins_are_echoed_and_others_get_no_grant():
+    c = client(cors_origins=(PAGE, "https://chat.example"))
+    r = c.options(URL, headers=PREFLIGHT)
+    assert r.status_code == 204 and r.headers["access-control-allow-origin"] == PAGE
+    assert r.headers["vary"] == "Origin"
+    r = c.get("/v1/models", headers={"Origin": "https://chat.example"})
+    assert r.headers["access-control-allow-origin"] == "https://chat.example"
+    assert r.headers["vary"] == "Origin"
+    # another origin: its preflight is refused with a message, its requests carry no grant
+    r = c.options(URL, headers={**PREFLIGHT, "Origin": "https://evil.example"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    error = r.json()["error"]
+    assert error["code"] == "origin_not_allowed" and "https://evil.example" in error["message"]
+    assert "--cors" in error["message"]
+    r = c.get("/v1/models", headers={"Origin": "https://evil.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert r.headers["vary"] == "Origin"
+    # no Origin (not a browser): served, nothing granted
+    r = c.get("/v1/models")
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+# ------------------------------------------------------------------------------ the CLI
+def parse(*argv: str) -> argparse.Namespace:
+    from app.cli import build_parser
+
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_the_cors_option_reads_any_or_a_list_of_origins():
+    assert parse().cors is None
+    assert parse("--cors").cors == ("*",)
+    assert parse("--cors", "--port", "0").cors == ("*",)
+    assert parse("--cors", "*").cors == ("*",)
+    assert parse("--cors", f"{PAGE}, HTTPS://Chat.Example:8443").cors == (
+        PAGE, "https://chat.example:8443")
+    assert parse("--cors", "http://[::1]:3000").cors == ("http://[::1]:3000",)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("http://localhost:3000/", "no path"),
+    ("http://localhost:3000/app", "no path"),
+    ("localhost:3000", "scheme://host[:port]"),
+    ("", "no origin"),
+    (" , ", "no origin"),
+    ("*,http://a.example", "alone"),
+    ("http://a.example:port", "scheme://host[:port]"),
+])
+def test_a_bad_origin_is_refused_naming_it(capsys, value, message):
+    with pytest.raises(SystemExit) as exc:
+        parse("--cors", value)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cors" in err and message in err
+
+
+def test_help_describes_cors(capsys):
+    with pytest.raises(SystemExit):
+        parse("--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--cors [ORIGINS]" in text
+    assert "Access-Control-Allow-Origin" in text and "off by default" in text
+
+
+def test_serve_hands_the_origins_to_the_api_and_says_so(capsys, monkeypatch, tmp_path):
+    """``serve --cors URL`` reaches :class:`ServeOptions` and the start line (the worker and
+    uvicorn replaced: nothing is loaded or served)."""
+    import app.serve.server as server_mod
+    import app.serve.worker as worker_mod
+    from app.cli import main
+
+    seen = {}
+
+    class Worker:
+        def __init__(self, config):
+            pass
+
+        def start(self):
+            return ModelInfo(target_name="m", target_path="/m")
+
+        def stop(self):
+            pass
+
+    class Server:
+        started = True
+
+        def __init__(self, worker, options, host, port, grace, started, log_level):
+            seen["options"], self.on_started = options, started
+
+        def run(self, sockets):
+            self.on_started(("127.0.0.1", 8080))
+
+    import app.engine.costs as costs_mod
+
+    monkeypatch.setattr(costs_mod, "set_store", lambda folder: None)
+    monkeypatch.setattr(worker_mod, "ServeWorker", Worker)
+    monkeypatch.setattr(server_mod, "make_server", Server)
+    monkeypatch.delenv("DFLASH_API_KEY", raising=False)
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "serve", "--port", "0", "--cors", PAGE]) == 0
+    assert seen["options"].cors_origins == (PAGE,)
+    out = capsys.readouterr().out
+    assert f"; CORS allows {PAGE};" in out
+    assert main([*data, "serve", "--port", "0"]) == 0
+    assert seen["options"].cors_origins is None
+    assert "CORS" not in capsys.readouterr().out
+    # any origin and no key: the server says what that opens
+    assert main([*data, "serve", "--port", "0", "--cors"]) == 0
+    captured = capsys.readouterr()
+    assert seen["options"].cors_origins == ("*",) and "CORS allows *" in captured.out
+    assert "any web page" in captured.err
+
