@@ -217,10 +217,9 @@ class ReplyRound:
     ``starts_in_reasoning``: that prompt pre-opened the thinking block
     (``RenderedPrompt.starts_in_reasoning``). ``reasoning_tokens``: how many of ``tokens``
     were generated inside the thinking block (``TextPipeline.reasoning_tokens``). A round that
-    continued one Max tokens cut
-    (:class:`ResumeRound`) holds the whole round: ``tokens``, ``from_draft``, ``text`` and the
-    texts include the cut part, ``prompt_ids`` is the cut round's prompt, while ``summary``
-    counts only what the continuation generated.
+    continued one Max tokens cut (:class:`ResumeRound`) holds the whole round: ``tokens``,
+    ``from_draft``, ``text`` and the texts include the cut part, ``prompt_ids`` is the cut
+    round's prompt, while ``summary`` counts only what the continuation generated.
     """
 
     index: int
