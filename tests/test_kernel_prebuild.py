@@ -207,3 +207,50 @@ def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkey
     assert [p.waited for p in procs] == [1, 1]  # the job is waited for whole
     assert all(0 < t <= 5.0 for p in procs for t in p.timeouts)  # at most most_s
     assert not kp.background_running()
+
+
+def _from_files_and_loaded(target_dir, drafter_dirs) -> tuple[list, list]:
+    target = load_target(target_dir, keep_dtype=True, keep_quantized=True)  # as on a GPU
+    drafters = [load_drafter(d, keep_dtype=True) for d in drafter_dirs]
+    return (sorted(kp.recipes_from_files(target_dir, drafter_dirs)),
+            sorted(kp.recipes_for(target, drafters)))
+
+
+def test_recipes_read_from_the_files_equal_the_loaded_bundled_pairs():
+    """The recipes started before a load (from the safetensors headers) are those the loaded
+    pair needs: float16 target, DFlash drafter, DFlash2 drafter with its backbone folder."""
+    from app.paths import demo_dflash2_dir
+
+    t, d = demo_pair_dirs()
+    for drafters in ([d], [d, demo_dflash2_dir()], [demo_dflash2_dir()], []):
+        from_files, loaded = _from_files_and_loaded(t, drafters)
+        assert from_files == loaded, drafters
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3", "llama"])
+def test_recipes_read_from_the_files_equal_the_loaded_tiny_pairs(tmp_path, family):
+    """float32 tiny pairs of each family (hybrid and dense), and the hybrid one converted to
+    bfloat16 and to 4-bit with bfloat16 scales (mlx-lm's convert, as mlx-community's)."""
+    from app.models.tiny import build_tiny_pair
+
+    t_dir, d_dir = build_tiny_pair(tmp_path / "f32", family, seed=2, block_size=8,
+                                   hidden_size=128)
+    assert _from_files_and_loaded(t_dir, [d_dir])[0] == _from_files_and_loaded(t_dir, [d_dir])[1]
+    if family != "qwen3_5":
+        return
+    from mlx_lm.convert import convert
+
+    for name, kw in (("bf16", {}), ("q4", {"quantize": True, "q_bits": 4,
+                                         "q_group_size": 64})):
+        convert(str(t_dir), str(tmp_path / name), dtype="bfloat16", **kw)
+        from_files, loaded = _from_files_and_loaded(tmp_path / name, [d_dir])
+        assert from_files == loaded, name
+        assert ("gather", ("bfloat16", "int32")) in loaded  # the embedding (or its scales)
+
+
+def test_unreadable_files_give_fewer_recipes_not_an_error(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    (tmp_path / "config.json").write_text("{not json")
+    assert kp.tensor_dtypes(tmp_path) == {}
+    assert kp.recipes_from_files(tmp_path, [tmp_path / "missing"]) == [
+        ("gather", ("uint32", "uint32")), ("silu", ("float32",)), ("swiglu", ("float32",))]

@@ -360,3 +360,20 @@ def test_a_trained_chat_length_leaves_turns_out_and_the_reply_keeps_the_note(
     row = session.store.get_message(session.last_reply_id)
     assert row.generation[CONTEXT_KEY] == notices[0].to_dict()
     assert ReplyResult.from_row(row).context_note == notices[0]
+
+
+def test_load_starts_the_kernel_build_before_the_target_loads(monkeypatch, tiny_paths):
+    """``ChatSession.load`` hands the target and its first drafter to
+    ``loader.start_kernel_build`` (which builds only on CUDA) before ``load_target``, so
+    that a GPU's kernel build overlaps the load."""
+    from app.models import loader
+
+    calls = []
+    real_load = loader.load_target
+    monkeypatch.setattr(loader, "start_kernel_build",
+                        lambda target, drafter=None: calls.append(("build", target, drafter)))
+    monkeypatch.setattr(loader, "load_target",
+                        lambda path, *a, **k: calls.append(("load", path)) or real_load(path))
+    t, d = tiny_paths
+    ChatSession().load(PairSpec(str(t), str(d)))
+    assert calls == [("build", str(t), str(d)), ("load", str(t))]

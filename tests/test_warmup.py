@@ -421,3 +421,52 @@ def test_the_worker_warms_up_with_auto_block_when_the_window_asks(qtbot):
     worker._on_load(PairSpec(tiny=True))
     assert backend.calls[-1] == ("warm_up", True)
     assert any(s.startswith("Warming up") and "measuring its block costs" in s for s in said)
+
+
+def test_children_started_at_load_are_waited_for_not_started_again(kernel_cache, monkeypatch):
+    """On CUDA the kernel build starts before the target loads (``start_kernel_build``, from
+    the files' headers), so the load overlaps it; the warm-up then waits for those children
+    (still running here: stand-ins that end when waited for) and starts none for the same
+    recipes."""
+    from app.engine import device
+    from app.engine.kernels import kernel_prebuild
+    from app.models import loader
+    from app.paths import demo_pair_dirs
+
+    class Child:  # a child process that runs until someone waits for it
+        returncode = 0
+
+        def __init__(self):
+            self.done = False
+
+        def poll(self):
+            return 0 if self.done else None
+
+        def communicate(self, timeout=None):
+            self.done = True
+            return b"", b""
+
+    started = []
+
+    def start(recipes, workers=None, stderr=None):
+        started.append(list(recipes))
+        groups = kernel_prebuild.split(list(recipes), 3)
+        return kernel_prebuild.Prebuild(0.0, groups, [Child() for _ in groups])
+
+    monkeypatch.setattr(device, "backend", lambda mx=None: "CUDA")
+    monkeypatch.setattr(kernel_prebuild, "start", start)
+    t, d = demo_pair_dirs()
+    assert loader.start_kernel_build(t, d) is True
+    assert kernel_prebuild.background_running()
+    assert loader.start_kernel_build(t, d) is False  # those recipes are being built already
+    target = loader.load_target(t, keep_dtype=True)  # the dtypes a GPU load keeps
+    drafter = loader.load_drafter(d, keep_dtype=True)
+    (early,) = started
+    assert sorted(early) == sorted(kernel_prebuild.recipes_for(target, [drafter]))
+    report = warmup.warm_up(target, [drafter], max_tokens=4, prebuild=True)
+    assert len(started) == 1  # nothing started twice
+    assert sorted(report.prebuild.recipes) == sorted(early) and report.prebuild.failed == []
+    assert report.prebuild.processes == 3  # the load's children, counted
+    assert not kernel_prebuild.background_running()  # waited for
+    assert loader.start_kernel_build(kernel_cache / "no-such-model") is False  # the load says
+    assert len(started) == 1

@@ -124,27 +124,36 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
     :func:`~app.engine.kernels.kernel_prebuild.wait_background_for`). Not all at once, even
     with a core for each recipe: on a fresh H100 host (16 cores) 12 children side by side
     took 9.8 s against 7.5-8.0 s for the first drafter's 7, and the start to ready 11.0 s
-    against 8.5-9.3 s (docs/performance.md).
+    against 8.5-9.3 s (docs/performance.md). Recipes that children started at load
+    (:func:`~app.engine.kernels.kernel_prebuild.start_early`) are still building are not
+    started again: this waits for those children.
     Never raises: whatever fails is listed in the report's ``failed`` and left to the
     replies, and the children started are always waited for."""
-    kernel_prebuild.reap_background()
     started = time.perf_counter()
     job, errors = None, []
-    todo, rest = [], []
+    todo, rest, early = [], [], []
     try:
         done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
-        todo = [r for r in kernel_prebuild.recipes_for(target, drafters) if r not in done]
+        running = kernel_prebuild.building()  # children started at load (start_early)
+        needed = kernel_prebuild.recipes_for(target, drafters)
+        early = [r for r in needed if r in running and r not in done]
+        todo = [r for r in needed if r not in done and r not in running]
         rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
-                if r not in done and r not in todo]
+                if r not in done and r not in needed and r not in running]
         job = kernel_prebuild.start(todo) if todo else None
         build_gdn_kernel(target)  # in this process, while the children compile
-        if job is not None and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
+        if (job is not None or early) and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
             warm_layers(target)
     except Exception as exc:  # a warm-up aid only: the replies build what it missed
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
         built = (job.wait() if job is not None  # its seconds count from the children's start
                  else kernel_prebuild.PrebuildReport(time.perf_counter() - started, 0, []))
+        if early:  # the load's children (start_early): waited for here, as our own
+            built.processes += sum(len(j.procs) for j in kernel_prebuild.jobs_building(early))
+            kernel_prebuild.wait_background_for(early)
+            built.seconds = max(built.seconds, time.perf_counter() - started)
+            built.recipes = early + built.recipes
     built.failed += errors
     if rest and not errors:
         try:

@@ -418,6 +418,22 @@ def lift_tokenizer_length_limit(tokenizer) -> None:
             pass
 
 
+def start_kernel_build(target: str | Path, drafter: str | Path | None = None) -> bool:
+    """On MLX's CUDA backend, start compiling the kernels a pair will need in background
+    processes before it is loaded (:func:`app.engine.kernels.kernel_prebuild.start_early`,
+    from the checkpoints' file headers), so that loading the target (and the ``transformers``
+    import inside it) overlaps the build the warm-up would otherwise wait for. ``drafter``:
+    the drafter the warm-up runs first. Returns whether children were started; never raises
+    (a folder that cannot be found is the load's to report)."""
+    from app.engine.kernels import kernel_prebuild
+
+    try:
+        folders = [resolve_model_path(p) for p in (target, drafter) if p]
+    except EngineError:
+        return False
+    return kernel_prebuild.start_early(folders[0], folders[1:]) is not None
+
+
 def load_target(path_or_repo: str | Path, keep_dtype: bool | None = None,
                 keep_quantized: bool | None = None, layers: tuple[int, int] | None = None,
                 ends: bool = True) -> LoadedTarget:

@@ -224,6 +224,102 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
     return list(dict.fromkeys(out))
 
 
+_SAFETENSORS_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32",
+                       "F64": "float64", "U8": "uint8", "U16": "uint16", "U32": "uint32",
+                       "U64": "uint64", "I8": "int8", "I16": "int16", "I32": "int32",
+                       "I64": "int64", "BOOL": "bool_"}
+"""Safetensors header dtype codes -> ``mlx.core`` dtype names."""
+
+
+def tensor_dtypes(folder: str | Path, _backbone: bool = False) -> dict[str, str]:
+    """Tensor name -> ``mlx.core`` dtype name of every ``*.safetensors`` file in ``folder``,
+    read from the files' JSON headers only (the first 8 bytes give the header's length, a
+    little-endian u64; format: huggingface/safetensors). Also the weights of a DFlash2
+    adapter's backbone (``config.json``'s ``dflash_backbone``), the folder's own first.
+    Unreadable files and unknown codes are skipped: never raises."""
+    folder = Path(folder)
+    out: dict[str, str] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(size)) if 0 < size < 1 << 27 else {}
+        except (OSError, ValueError):
+            continue
+        for name, meta in header.items():
+            code = meta.get("dtype") if isinstance(meta, dict) else None
+            if code in _SAFETENSORS_DTYPES:
+                out.setdefault(name, _SAFETENSORS_DTYPES[code])
+    try:
+        backbone = json.loads((folder / "config.json").read_text()).get("dflash_backbone")
+    except (OSError, ValueError, AttributeError):
+        backbone = None
+    if isinstance(backbone, str) and backbone and not _backbone:  # one level, as the loader
+        for name, dtype in tensor_dtypes(folder / backbone, _backbone=True).items():
+            out.setdefault(name, dtype)
+    return out
+
+
+def _files_activation_dtype(dtypes: dict[str, str]) -> str:
+    """:func:`activation_dtype` read from a checkpoint's tensor dtypes: the final norm's
+    (``norm.weight`` outside the layers), else an unquantized embedding's, else the first
+    floating tensor's (by name), else float32."""
+    norms = sorted((n for n in dtypes if (n == "norm.weight" or n.endswith(".norm.weight"))
+                    and ".layers." not in n and not n.startswith("layers.")), key=len)
+    if norms:
+        return dtypes[norms[0]]
+    embeds = sorted((n for n in dtypes if n.endswith("embed_tokens.weight")), key=len)
+    if embeds and not any(n.endswith("embed_tokens.scales") for n in dtypes):
+        return dtypes[embeds[0]]
+    floats = [dtypes[n] for n in sorted(dtypes) if dtypes[n].startswith(("float", "bfloat"))]
+    return floats[0] if floats else "float32"
+
+
+def recipes_from_files(target_folder: str | Path, drafter_folders: list | tuple = ()
+                       ) -> list[Recipe]:
+    """:func:`recipes_for` predicted from the checkpoints' files, before anything is loaded
+    (their ``safetensors`` headers: :func:`tensor_dtypes`), for a GPU load that keeps the
+    checkpoint dtypes. Used to start the kernel build while the target loads
+    (:func:`start_early`); a wrong prediction only costs a child's time, since the warm-up
+    builds whatever the recipes missed. Never raises (unreadable folders give fewer
+    recipes)."""
+    dtypes = tensor_dtypes(target_folder)
+    out: list[Recipe] = []
+    embeds = sorted((n for n in dtypes if n.endswith("embed_tokens.weight")), key=len)
+    if embeds:
+        sources = [dtypes[embeds[0]]]
+        scales = embeds[0][: -len("weight")] + "scales"
+        if scales in dtypes:
+            sources.append(dtypes[scales])
+        for src in sources:
+            out += [("gather", (src, "int32")), ("gather", (src, "uint32"))]
+    out.append(("gather", ("uint32", "uint32")))
+    drafters = [tensor_dtypes(f) for f in drafter_folders if f]
+    for model in [dtypes, *drafters]:
+        dt = _files_activation_dtype(model)
+        out += [("silu", (dt,)), ("swiglu", (dt,))]
+    for d in drafters:
+        book = d.get("candidate_selector.predecessor_codebook")
+        if book is not None:
+            out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
+                    ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
+                    ("gather", ("float32", "uint32")),
+                    ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
+                    ("gather", (book, "int32"))]
+
+    def layer_of(name: str) -> int:
+        digits = name.split(".layers.", 1)[-1].split(".", 1)[0]
+        return int(digits) if digits.isdigit() else 1 << 30
+
+    logs = sorted((n for n in dtypes if n.endswith("linear_attn.A_log")), key=layer_of)
+    if logs:
+        bias = logs[0][: -len("A_log")] + "dt_bias"
+        out.append(("precise_swiglu", (_files_activation_dtype(dtypes),)))
+        out.append(("compute_g", (dtypes[logs[0]], _files_activation_dtype(dtypes),
+                                  dtypes.get(bias, dtypes[logs[0]]))))
+    return list(dict.fromkeys(out))
+
+
 def _mlx_lm_file(name: str) -> ModuleType:
     """``mlx_lm/models/<name>.py`` loaded by path: the two files used here import only
     ``mlx``, and importing them as ``mlx_lm.models.<name>`` would first run ``mlx_lm``'s
@@ -403,15 +499,51 @@ def wait_background_for(recipes: list[Recipe], most_s: float = BACKGROUND_WAIT_S
     reply after the warm-up took 12.7-13.4 s that way, 8.4-9.4 s waiting). Children still
     running after ``most_s`` seconds are stopped (what they had not published, the run
     builds). Returns the seconds waited (0.0 when no such job runs). Never raises."""
-    reap_background()
-    wanted = set(recipes)
-    jobs = [job for job in _BACKGROUND if wanted & {r for g in job.groups for r in g}]
+    jobs = jobs_building(recipes)
     t0 = time.perf_counter()
     for job in jobs:
         left = max(0.0, most_s - (time.perf_counter() - t0))
         job.wait(timeout_s=time.perf_counter() - job.started + left)
     reap_background()
     return time.perf_counter() - t0 if jobs else 0.0
+
+
+def jobs_building(recipes: list[Recipe]) -> list[Prebuild]:
+    """The background jobs (:func:`start_background`) still running with a child that
+    builds one of ``recipes``."""
+    reap_background()
+    wanted = set(recipes)
+    return [job for job in _BACKGROUND if wanted & {r for g in job.groups for r in g}]
+
+
+def building() -> set[Recipe]:
+    """The recipes of background jobs (:func:`start_background`) whose children still run."""
+    reap_background()
+    return {r for job in _BACKGROUND for g in job.groups for r in g}
+
+
+def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
+                ) -> Prebuild | None:
+    """Start building, in background children, the kernels the checkpoints in these folders
+    will need (:func:`recipes_from_files`) and that no earlier start recorded, before the
+    target is loaded: the load (and the ``transformers`` import inside it, ~3 s on a fresh
+    H100 host) then runs while they compile, and the warm-up (``app.engine.warmup``) waits
+    for them instead of starting its own. Only on MLX's CUDA backend with the prebuild
+    :func:`enabled`; sets the kernel cache folder first
+    (:func:`app.engine.device.configure_cuda_kernel_cache`). Returns the job, or None where
+    nothing was started. Never raises."""
+    try:
+        from app.engine.device import backend, configure_cuda_kernel_cache
+
+        if backend() != "CUDA" or not enabled():
+            return None
+        configure_cuda_kernel_cache()
+        done = built_before() | building()
+        todo = [r for r in recipes_from_files(target_folder, drafter_folders)
+                if r not in done]
+        return start_background(todo) if todo else None
+    except Exception:  # an aid only: the warm-up builds what this did not start
+        return None
 
 
 def reap_background() -> None:
