@@ -1505,6 +1505,48 @@ def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
         close_window(win)
 
 
+def _menu_action(win, text: str):
+    """The window's menu item named ``text``."""
+    for top in win.menuBar().actions():
+        for action in top.menu().actions():
+            if action.text() == text:
+                return action
+    raise AssertionError(f"no menu item {text!r}")
+
+
+def test_rename_and_delete_chat_are_off_without_a_chat(qtbot, qs, monkeypatch):
+    """A new user's pass: on a fresh start with an empty chat list, Chat › Rename chat… (F2)
+    and Delete chat were enabled with nothing to rename or delete. They are off while no chat
+    is shown and on while one is (off again once the last chat is deleted), and F2 or either
+    item with no chat asks nothing."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+    asked = []
+    monkeypatch.setattr(QInputDialog, "exec", lambda self: asked.append("rename") or 0)
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *a, **k: asked.append("delete") or QMessageBox.Yes)
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        rename, delete = _menu_action(win, "Rename chat…"), _menu_action(win, "Delete chat")
+        assert win.conv is None and win.store.list() == []
+        assert not rename.isEnabled() and not delete.isEnabled()
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        qtbot.keyClick(win.composer.edit, Qt.Key_F2)
+        rename.trigger()
+        delete.trigger()
+        assert asked == [] and win.conv is None
+        win.new_chat()
+        assert rename.isEnabled() and delete.isEnabled()
+        delete.trigger()
+        assert asked == ["delete"]
+        assert win.conv is None and win.store.list() == []
+        assert not rename.isEnabled() and not delete.isEnabled()
+    finally:
+        close_window(win)
+
+
 def _split_across_lines(doc, text: str) -> list[int]:
     """Widths of ``doc`` (a clone is laid out at each) at which ``text`` starts on one line
     and ends on another."""

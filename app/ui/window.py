@@ -358,7 +358,7 @@ class MainWindow(QMainWindow):
         sr.addWidget(self.store_banner_close)
         self.store_banner_row.hide()
         self.chat = ChatView()
-        self.chat.rendered.connect(lambda conv, _streaming: self._update_regen_action(conv))
+        self.chat.rendered.connect(lambda conv, _streaming: self._update_chat_actions(conv))
         self.legend = QLabel("")
         self.legend.setObjectName("legend")
         self.legend.setAccessibleName("Colour drafts legend")
@@ -487,10 +487,10 @@ class MainWindow(QMainWindow):
         self.stop_action = act(c, "Stop", self.replies.stop, "Esc")
         c.addAction(self.compare_action)
         self.regen_action = act(c, "Regenerate last reply", self.replies.regenerate, "Ctrl+R")
-        self._update_regen_action(None)
         self.bench_action = act(c, "Run short benchmark", lambda: models.run_benchmark())
-        act(c, "Rename chat…", chats.rename_chat, "F2")
-        act(c, "Delete chat", chats.delete_chat)
+        self.rename_action = act(c, "Rename chat…", chats.rename_chat, "F2")
+        self.delete_action = act(c, "Delete chat", chats.delete_chat)
+        self._update_chat_actions(None)
         h = mb.addMenu("&Help")
         act(h, "About DFlash Chat", self.show_about)
         act(h, "Copy debug info", self.copy_debug_info)
@@ -500,6 +500,14 @@ class MainWindow(QMainWindow):
                          "Pick one with “continue from … instead” under the reply, or send "
                          "the prompt again.")
     REGEN_NONE_TIP = "There is no reply to regenerate yet."
+
+    def _update_chat_actions(self, conv) -> None:
+        """Keep the Chat menu's items on the shown conversation ``conv`` (None: no chat is
+        shown): Rename chat and Delete chat only while there is one, Regenerate as
+        :meth:`_update_regen_action` says."""
+        self.rename_action.setEnabled(conv is not None)
+        self.delete_action.setEnabled(conv is not None)
+        self._update_regen_action(conv)
 
     def _update_regen_action(self, conv) -> None:
         """Chat › Regenerate only where it can run: the last turn is a reply that is not a
