@@ -1547,6 +1547,37 @@ def test_rename_and_delete_chat_are_off_without_a_chat(qtbot, qs, monkeypatch):
         close_window(win)
 
 
+def test_ctrl_r_on_a_compare_turn_says_why_it_does_nothing(qtbot, qs):
+    """A new user's pass: Ctrl+R on a chat whose last turn is a Compare did nothing at all
+    (the menu item is off there, and the shortcut of an item that is off is silent). The item
+    stays off with its reason as tooltip, and Ctrl+R now says that reason in a note; on an
+    ordinary last reply it regenerates as before."""
+    from PySide6.QtCore import Qt
+
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=3, block=4))
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        turns = len(win.conv.messages)
+        assert not win.regen_action.isEnabled()
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        win.composer.edit.setFocus()
+        qtbot.keyClick(win.composer.edit, Qt.Key_R, Qt.ControlModifier)
+        assert win.banner_row.isVisibleTo(win) and win.messages.banner_kind == "note"
+        assert win.banner.text() == win.regen_action.toolTip()
+        assert "Compare turn" in win.banner.text()
+        assert not win.busy and len(win.conv.messages) == turns
+        send_and_wait(qtbot, win, "And once more.", mode="dflash")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            qtbot.keyClick(win.composer.edit, Qt.Key_R, Qt.ControlModifier)
+        assert len(win.conv.messages[-1].versions) == 2
+    finally:
+        close_window(win)
+
+
 def _split_across_lines(doc, text: str) -> list[int]:
     """Widths of ``doc`` (a clone is laid out at each) at which ``text`` starts on one line
     and ends on another."""

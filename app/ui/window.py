@@ -26,6 +26,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QShortcut,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -487,6 +488,10 @@ class MainWindow(QMainWindow):
         self.stop_action = act(c, "Stop", self.replies.stop, "Esc")
         c.addAction(self.compare_action)
         self.regen_action = act(c, "Regenerate last reply", self.replies.regenerate, "Ctrl+R")
+        # the shortcut of a menu item that is off does nothing at all: while Regenerate is
+        # off, Ctrl+R says why instead (one of the two is on at a time)
+        self.regen_why = QShortcut(QKeySequence("Ctrl+R"), self)
+        self.regen_why.activated.connect(self._say_why_no_regen)
         self.bench_action = act(c, "Run short benchmark", lambda: models.run_benchmark())
         self.rename_action = act(c, "Rename chat…", chats.rename_chat, "F2")
         self.delete_action = act(c, "Delete chat", chats.delete_chat)
@@ -523,6 +528,11 @@ class MainWindow(QMainWindow):
         self.regen_action.setEnabled(ok)
         self.regen_action.setToolTip(tip)
         self.regen_action.setStatusTip(tip)
+        self.regen_why.setEnabled(not ok)
+
+    def _say_why_no_regen(self) -> None:
+        """Ctrl+R while Chat › Regenerate is off: say why (its tooltip) in a note."""
+        self.messages.show_note(self.regen_action.toolTip())
 
     def apply_theme(self) -> None:
         """Palette and stylesheet for the system's light/dark scheme."""
