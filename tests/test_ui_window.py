@@ -2118,6 +2118,94 @@ def test_keyboard_focus_shows_on_the_buttons(qtbot, qs):
         close_window(win)
 
 
+FOCUS_STYLED = ("QPushButton", "QToolButton", "QComboBox", "QLineEdit", "QPlainTextEdit",
+                "QTextEdit", "QListView", "QTreeView", "QCheckBox", "QSpinBox")
+"""The widget kinds Tab can reach in the window and its dialogs."""
+
+
+@pytest.mark.parametrize("dark", [False, True])
+def test_the_stylesheet_has_a_focus_rule_for_every_kind_of_control(dark):
+    """A new user moving with Tab met controls that showed no focus at all: a stylesheet that
+    sets borders hides Qt's focus frame. Every kind of control Tab reaches has a ``:focus``
+    rule for all its widgets (not only those of one object name) that sets a border (combo
+    and spin boxes: a background, as a border of their own would drop their arrows)."""
+    import re
+
+    from app.ui import theme
+
+    styled = set()
+    for rule in theme.stylesheet(theme.colours(dark)).split("}"):
+        selectors, _, body = rule.partition("{")
+        if "border" not in body and "background" not in body:
+            continue
+        for selector in selectors.split(","):
+            m = re.fullmatch(r"(Q\w+)(?::\w+)*:focus(?::\w+)*", selector.strip())
+            if m:
+                styled.add(m.group(1))
+    assert set(FOCUS_STYLED) <= styled, sorted(set(FOCUS_STYLED) - styled)
+
+
+def _edge(image, width: int = 3) -> list[int]:
+    """The pixels of ``image`` within ``width`` of its edge (where a focus border is drawn)."""
+    w, h = image.width(), image.height()
+    rows = [y for y in range(h) if y < width or y >= h - width]
+    cols = [x for x in range(w) if x < width or x >= w - width]
+    return ([image.pixel(x, y) for y in rows for x in range(w)]
+            + [image.pixel(x, y) for y in range(h) for x in cols])
+
+
+def _tab_stops_without_a_mark(qtbot, win) -> tuple[list, list[str]]:
+    """Walk the window's Tab chain from the focused widget back to it (the chat keeps the focus
+    while Tab goes through its links); returns the widgets it reaches and the names of those
+    whose edge looks the same with the focus as without."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    start = QApplication.focusWidget()
+    chain = [start]
+    for _ in range(200):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+        widget = QApplication.focusWidget()
+        if widget is start:
+            break
+        if widget not in chain:
+            chain.append(widget)
+    unmarked = []
+    for widget in chain:
+        win.centralWidget().setFocus()
+        qtbot.waitUntil(lambda w=widget: not w.hasFocus())
+        before = _edge(widget.grab().toImage())
+        widget.setFocus(Qt.TabFocusReason)
+        qtbot.waitUntil(widget.hasFocus)
+        if _edge(widget.grab().toImage()) == before:
+            unmarked.append(widget.accessibleName() or type(widget).__name__)
+    return chain, unmarked
+
+
+def test_every_tab_stop_of_the_window_shows_the_focus(qtbot, qs):
+    """A new user's pass: Tab reached the Colour drafts box, the side panel, its section
+    headers and panes, the chat list and the chat, and none of them looked any different with
+    the focus. Each widget Tab reaches now draws its edge differently while it has it, on the
+    first screen and with a Compare shown (the scroll areas that hold the side panel and the
+    Compare view are no Tab stops: Tab goes to what they hold)."""
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=3, block=4))
+    try:
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        chain, unmarked = _tab_stops_without_a_mark(qtbot, win)
+        assert win.composer.edit in chain and win.conv_list in chain and len(chain) > 10
+        assert unmarked == [], unmarked
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        assert win.compare_view.isVisible()
+        win.composer.edit.setFocus()
+        chain, unmarked = _tab_stops_without_a_mark(qtbot, win)
+        assert any(win.compare_view.isAncestorOf(w) for w in chain)
+        assert unmarked == [], unmarked
+    finally:
+        close_window(win)
+
 def test_an_edited_message_keeps_its_earlier_version_within_reach(qtbot, qs):
     """A new user edited "What is 17 * 23?" into "What is 12 * 12?": the old question and its
     reply stayed stored but nothing in the window led back to them (replies had "version 2

@@ -390,6 +390,9 @@ class MainWindow(QMainWindow):
         right.setWidgetResizable(True)
         right.setFrameShape(QFrame.NoFrame)
         right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        # no Tab stop of its own (it showed nothing): Tab goes to the panes and buttons in
+        # it, and the scroll area brings the focused one into view
+        right.setFocusPolicy(Qt.NoFocus)
         right.setWidget(self.details)
         right.setMinimumWidth(SIDE_MIN_WIDTH)
         self.details_scroll = right
