@@ -1659,6 +1659,28 @@ def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
         close_window(win)
 
 
+def test_tab_leaves_the_settings_system_prompt(qtbot):
+    """Found on a keyboard pass through File › Settings under Xvfb: Tab in the System prompt
+    box (the dialog's first field) typed tab characters into the prompt, so Tab never
+    reached the other settings. It moves the focus on, as in the message box."""
+    from PySide6.QtCore import Qt
+
+    from app.ui import settings as settings_mod
+
+    dlg = settings_mod.SettingsDialog(settings_mod.defaults())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    dlg.activateWindow()
+    qtbot.waitUntil(dlg.isActiveWindow)
+    dlg.system.setFocus()
+    qtbot.waitUntil(dlg.system.hasFocus)
+    before = dlg.system.toPlainText()
+    qtbot.keyClick(dlg.system, Qt.Key_Tab)
+    assert dlg.system.toPlainText() == before
+    assert dlg.max_tokens.hasFocus()
+
+
 def test_a_message_too_long_for_the_context_stays_in_the_composer(qtbot, engine_window):
     """A refused send (too long for the context) keeps the text in the composer, the chat and
     the figures as they were, and stores nothing."""
