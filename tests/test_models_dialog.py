@@ -108,6 +108,39 @@ def test_added_folder_with_mismatched_drafter_disables_dflash_with_reason(dialog
     assert dialog.targets.topLevelItemCount() == 1
 
 
+def test_a_folder_whose_models_are_listed_from_another_source_can_be_removed(
+        dialog, env, tmp_path):
+    """A new user's pass: a folder added with Add folder… whose model was already listed from
+    another source (here the bundled pair, which comes first and keeps its "bundled" row)
+    could not be removed again: Remove folder stayed off on that row. It is on for a row that
+    an added folder holds, whatever source the row names, also through a link."""
+    catalog, demo_t, demo_d, _ = env
+    assert dialog.add_folder(demo_t.parent)  # the folder that holds the bundled pair
+    assert catalog.folders() == [demo_t.parent.resolve()]
+    assert dialog.targets.topLevelItemCount() == 1
+    assert dialog.select_target("demo-target")
+    assert dialog.targets.currentItem().text(1) == "bundled"
+    assert dialog.remove_folder_button.isEnabled()
+    dialog.remove_folder_button.click()
+    assert catalog.folders() == []
+    assert "Removed" in dialog.status_label.text()
+    assert dialog.targets.topLevelItemCount() == 1  # still listed, as bundled
+    assert not dialog.remove_folder_button.isEnabled()
+    # a folder whose model is a link to the bundled one
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "my-drafter").symlink_to(demo_d, target_is_directory=True)
+    assert dialog.add_folder(links)
+    assert dialog.drafters.topLevelItemCount() == 1
+    row = dialog.drafters.topLevelItem(0)
+    dialog.drafters.setCurrentItem(row)
+    dialog.drafters.itemClicked.emit(row, 0)  # a click on the row
+    assert dialog.drafters.currentItem().text(1) == "bundled"
+    assert dialog.remove_folder_button.isEnabled()
+    dialog.remove_folder_button.click()
+    assert catalog.folders() == []
+
+
 def test_add_folder_error_is_shown_not_raised(dialog, tmp_path, monkeypatch):
     shown = []
     monkeypatch.setattr(QMessageBox, "warning", lambda *a: shown.append(a[2]))

@@ -1505,6 +1505,79 @@ def test_regenerate_is_disabled_on_a_compare_turn_and_says_why(qtbot, qs):
         close_window(win)
 
 
+def _menu_action(win, text: str):
+    """The window's menu item named ``text``."""
+    for top in win.menuBar().actions():
+        for action in top.menu().actions():
+            if action.text() == text:
+                return action
+    raise AssertionError(f"no menu item {text!r}")
+
+
+def test_rename_and_delete_chat_are_off_without_a_chat(qtbot, qs, monkeypatch):
+    """A new user's pass: on a fresh start with an empty chat list, Chat › Rename chat… (F2)
+    and Delete chat were enabled with nothing to rename or delete. They are off while no chat
+    is shown and on while one is (off again once the last chat is deleted), and F2 or either
+    item with no chat asks nothing."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+    asked = []
+    monkeypatch.setattr(QInputDialog, "exec", lambda self: asked.append("rename") or 0)
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *a, **k: asked.append("delete") or QMessageBox.Yes)
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        rename, delete = _menu_action(win, "Rename chat…"), _menu_action(win, "Delete chat")
+        assert win.conv is None and win.store.list() == []
+        assert not rename.isEnabled() and not delete.isEnabled()
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        qtbot.keyClick(win.composer.edit, Qt.Key_F2)
+        rename.trigger()
+        delete.trigger()
+        assert asked == [] and win.conv is None
+        win.new_chat()
+        assert rename.isEnabled() and delete.isEnabled()
+        delete.trigger()
+        assert asked == ["delete"]
+        assert win.conv is None and win.store.list() == []
+        assert not rename.isEnabled() and not delete.isEnabled()
+    finally:
+        close_window(win)
+
+
+def test_ctrl_r_on_a_compare_turn_says_why_it_does_nothing(qtbot, qs):
+    """A new user's pass: Ctrl+R on a chat whose last turn is a Compare did nothing at all
+    (the menu item is off there, and the shortcut of an item that is off is silent). The item
+    stays off with its reason as tooltip, and Ctrl+R now says that reason in a note; on an
+    ordinary last reply it regenerates as before."""
+    from PySide6.QtCore import Qt
+
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=3, block=4))
+    try:
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="dflash")
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        turns = len(win.conv.messages)
+        assert not win.regen_action.isEnabled()
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        win.composer.edit.setFocus()
+        qtbot.keyClick(win.composer.edit, Qt.Key_R, Qt.ControlModifier)
+        assert win.banner_row.isVisibleTo(win) and win.messages.banner_kind == "note"
+        assert win.banner.text() == win.regen_action.toolTip()
+        assert "Compare turn" in win.banner.text()
+        assert not win.busy and len(win.conv.messages) == turns
+        send_and_wait(qtbot, win, "And once more.", mode="dflash")
+        with qtbot.waitSignal(win.replyFinished, timeout=30_000):
+            qtbot.keyClick(win.composer.edit, Qt.Key_R, Qt.ControlModifier)
+        assert len(win.conv.messages[-1].versions) == 2
+    finally:
+        close_window(win)
+
+
 def _split_across_lines(doc, text: str) -> list[int]:
     """Widths of ``doc`` (a clone is laid out at each) at which ``text`` starts on one line
     and ends on another."""
@@ -1584,6 +1657,28 @@ def test_edit_message_dialog_tab_moves_focus_and_lines_wrap(qtbot, qs):
                         "focus_left": True}, seen
     finally:
         close_window(win)
+
+
+def test_tab_leaves_the_settings_system_prompt(qtbot):
+    """Found on a keyboard pass through File › Settings under Xvfb: Tab in the System prompt
+    box (the dialog's first field) typed tab characters into the prompt, so Tab never
+    reached the other settings. It moves the focus on, as in the message box."""
+    from PySide6.QtCore import Qt
+
+    from app.ui import settings as settings_mod
+
+    dlg = settings_mod.SettingsDialog(settings_mod.defaults())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    dlg.activateWindow()
+    qtbot.waitUntil(dlg.isActiveWindow)
+    dlg.system.setFocus()
+    qtbot.waitUntil(dlg.system.hasFocus)
+    before = dlg.system.toPlainText()
+    qtbot.keyClick(dlg.system, Qt.Key_Tab)
+    assert dlg.system.toPlainText() == before
+    assert dlg.max_tokens.hasFocus()
 
 
 def test_a_message_too_long_for_the_context_stays_in_the_composer(qtbot, engine_window):
@@ -2044,6 +2139,94 @@ def test_keyboard_focus_shows_on_the_buttons(qtbot, qs):
     finally:
         close_window(win)
 
+
+FOCUS_STYLED = ("QPushButton", "QToolButton", "QComboBox", "QLineEdit", "QPlainTextEdit",
+                "QTextEdit", "QListView", "QTreeView", "QCheckBox", "QSpinBox")
+"""The widget kinds Tab can reach in the window and its dialogs."""
+
+
+@pytest.mark.parametrize("dark", [False, True])
+def test_the_stylesheet_has_a_focus_rule_for_every_kind_of_control(dark):
+    """A new user moving with Tab met controls that showed no focus at all: a stylesheet that
+    sets borders hides Qt's focus frame. Every kind of control Tab reaches has a ``:focus``
+    rule for all its widgets (not only those of one object name) that sets a border (combo
+    and spin boxes: a background, as a border of their own would drop their arrows)."""
+    import re
+
+    from app.ui import theme
+
+    styled = set()
+    for rule in theme.stylesheet(theme.colours(dark)).split("}"):
+        selectors, _, body = rule.partition("{")
+        if "border" not in body and "background" not in body:
+            continue
+        for selector in selectors.split(","):
+            m = re.fullmatch(r"(Q\w+)(?::\w+)*:focus(?::\w+)*", selector.strip())
+            if m:
+                styled.add(m.group(1))
+    assert set(FOCUS_STYLED) <= styled, sorted(set(FOCUS_STYLED) - styled)
+
+
+def _edge(image, width: int = 3) -> list[int]:
+    """The pixels of ``image`` within ``width`` of its edge (where a focus border is drawn)."""
+    w, h = image.width(), image.height()
+    rows = [y for y in range(h) if y < width or y >= h - width]
+    cols = [x for x in range(w) if x < width or x >= w - width]
+    return ([image.pixel(x, y) for y in rows for x in range(w)]
+            + [image.pixel(x, y) for y in range(h) for x in cols])
+
+
+def _tab_stops_without_a_mark(qtbot, win) -> tuple[list, list[str]]:
+    """Walk the window's Tab chain from the focused widget back to it (the chat keeps the focus
+    while Tab goes through its links); returns the widgets it reaches and the names of those
+    whose edge looks the same with the focus as without."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    start = QApplication.focusWidget()
+    chain = [start]
+    for _ in range(200):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+        widget = QApplication.focusWidget()
+        if widget is start:
+            break
+        if widget not in chain:
+            chain.append(widget)
+    unmarked = []
+    for widget in chain:
+        win.centralWidget().setFocus()
+        qtbot.waitUntil(lambda w=widget: not w.hasFocus())
+        before = _edge(widget.grab().toImage())
+        widget.setFocus(Qt.TabFocusReason)
+        qtbot.waitUntil(widget.hasFocus)
+        if _edge(widget.grab().toImage()) == before:
+            unmarked.append(widget.accessibleName() or type(widget).__name__)
+    return chain, unmarked
+
+
+def test_every_tab_stop_of_the_window_shows_the_focus(qtbot, qs):
+    """A new user's pass: Tab reached the Colour drafts box, the side panel, its section
+    headers and panes, the chat list and the chat, and none of them looked any different with
+    the focus. Each widget Tab reaches now draws its edge differently while it has it, on the
+    first screen and with a Compare shown (the scroll areas that hold the side panel and the
+    Compare view are no Tab stops: Tab goes to what they hold)."""
+    win = make_window(qtbot, qs, ScriptedBackend(cycles=3, block=4))
+    try:
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        chain, unmarked = _tab_stops_without_a_mark(qtbot, win)
+        assert win.composer.edit in chain and win.conv_list in chain and len(chain) > 10
+        assert unmarked == [], unmarked
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, "Compare this.", compare=True)
+        assert win.compare_view.isVisible()
+        win.composer.edit.setFocus()
+        chain, unmarked = _tab_stops_without_a_mark(qtbot, win)
+        assert any(win.compare_view.isAncestorOf(w) for w in chain)
+        assert unmarked == [], unmarked
+    finally:
+        close_window(win)
 
 def test_an_edited_message_keeps_its_earlier_version_within_reach(qtbot, qs):
     """A new user edited "What is 17 * 23?" into "What is 12 * 12?": the old question and its

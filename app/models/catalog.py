@@ -586,6 +586,14 @@ class Catalog:
         self._save_folders([p for p in current if p != folder])
         return True
 
+    def folders_holding(self, entry: ModelEntry) -> list[Path]:
+        """The user's folders (in the order added) that hold ``entry``'s model, compared by
+        real path: also when the scan lists that model from another source (the bundled
+        pair, another folder: a path found twice is listed once) or through a link."""
+        real = entry.path.resolve()
+        return [folder for folder in self.folders() if folder.is_dir()
+                and any(d.resolve() == real for d in _model_dirs(folder))]
+
     # ---- scanning ------------------------------------------------------------------------
 
     @property

@@ -492,6 +492,7 @@ class CompareView(QFrame):
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.NoFrame)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.NoFocus)  # Tab goes to the sides (brought into view)
         self.scroll.setWidget(self.body)
         self.scroll.viewport().installEventFilter(self)
         lay = QVBoxLayout(self)

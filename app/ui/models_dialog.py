@@ -514,13 +514,14 @@ class ModelsDialog(QDialog):
         return entry if entry is not None and entry.source == "cache" else None
 
     def _folder_of_selection(self) -> Path | None:
+        """The added folder that holds the selected model, whatever source its row names
+        (the scan lists a model found twice once, from its first source); None when no
+        added folder holds it."""
         entry = self._selected_entry()
-        if entry is None or entry.source != "folder":
+        if entry is None:
             return None
-        for folder in self.catalog.folders():
-            if entry.path == folder or folder in entry.path.parents:
-                return folder
-        return None
+        folders = self.catalog.folders_holding(entry)
+        return folders[0] if folders else None
 
     def remove_selected_folder(self) -> None:
         """Forget the folder of the selected entry (its files stay on disk)."""

@@ -132,6 +132,7 @@ class SettingsDialog(QDialog):
         self.setAccessibleName("Settings")
         self.system = QPlainTextEdit(values["system_prompt"])
         self.system.setFixedHeight(80)
+        self.system.setTabChangesFocus(True)  # Tab reaches the other settings
         self.system.setAccessibleName("System prompt")
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(*RANGES["max_tokens"])

@@ -91,22 +91,30 @@ def make_palette(c: dict) -> QPalette:
 
 
 def stylesheet(c: dict) -> str:
-    """The app stylesheet for colour dict ``c``."""
+    """The app stylesheet for colour dict ``c``.
+
+    Every control Tab reaches shows that it has the focus (a stylesheet that sets borders
+    hides Qt's own focus frame): fields, lists and views draw their border in the accent,
+    buttons and check boxes in the text colour; combo and spin boxes keep the platform's
+    frame and arrows (a border of their own would drop the arrows) and are tinted instead,
+    the combo box's text in the accent. The chat list and the chat have a transparent
+    border, so that the focused one's does not move their contents."""
     return f"""
     QWidget {{ font-size: 13px; }}
     QSplitter::handle {{ background: {c['border']}; }}
     QSplitter::handle:horizontal {{ width: 1px; }}
     QSplitter::handle:vertical {{ height: 1px; }}
-    QListWidget#conversations {{ background: {c['alt']}; border: none; padding: 6px; }}
+    QListWidget#conversations {{ background: {c['alt']}; border: 1px solid transparent;
+        padding: 5px; }}
     QListWidget#conversations::item {{ padding: 7px 8px; border-radius: 6px; }}
     QListWidget#conversations::item:selected {{ background: {c['accent']};
         color: {c['accent_text']}; }}
-    QTextBrowser#chat {{ background: {c['base']}; border: none; padding: 8px 16px; }}
+    QTextBrowser#chat {{ background: {c['base']}; border: 1px solid transparent;
+        padding: 7px 15px; }}
     QPlainTextEdit#composer {{ background: {c['base']}; border: 1px solid {c['border']};
         border-radius: 8px; padding: 6px; }}
     QLineEdit {{ background: {c['base']}; border: 1px solid {c['border']}; border-radius: 6px;
         padding: 4px 6px; }}
-    QLineEdit:focus {{ border: 1px solid {c['accent']}; }}
     QPlainTextEdit#composer:focus {{ border: 1px solid {c['accent']}; }}
     QPushButton {{ padding: 5px 12px; border-radius: 6px; border: 1px solid {c['border']};
         background: {c['base']}; }}
@@ -140,4 +148,11 @@ def stylesheet(c: dict) -> str:
         border-radius: 6px; }}
     QToolButton#collapse {{ border: none; font-weight: 600; }}
     QStatusBar {{ color: {c['muted']}; }}
+    QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus, QListView:focus, QTreeView:focus,
+    QTableView:focus, QListWidget#conversations:focus, QTextBrowser#chat:focus {{
+        border: 1px solid {c['accent']}; }}
+    QToolButton:focus, QToolButton#collapse:focus, QCheckBox:focus, QTabBar::tab:focus {{
+        border: 1px solid {c['text']}; border-radius: 4px; }}
+    QComboBox:focus {{ background: {c['user_bg']}; color: {c['accent']}; }}
+    QSpinBox:focus, QDoubleSpinBox:focus {{ background: {c['user_bg']}; }}
     """

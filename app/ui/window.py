@@ -26,6 +26,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QShortcut,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -358,7 +359,7 @@ class MainWindow(QMainWindow):
         sr.addWidget(self.store_banner_close)
         self.store_banner_row.hide()
         self.chat = ChatView()
-        self.chat.rendered.connect(lambda conv, _streaming: self._update_regen_action(conv))
+        self.chat.rendered.connect(lambda conv, _streaming: self._update_chat_actions(conv))
         self.legend = QLabel("")
         self.legend.setObjectName("legend")
         self.legend.setAccessibleName("Colour drafts legend")
@@ -389,6 +390,9 @@ class MainWindow(QMainWindow):
         right.setWidgetResizable(True)
         right.setFrameShape(QFrame.NoFrame)
         right.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        # no Tab stop of its own (it showed nothing): Tab goes to the panes and buttons in
+        # it, and the scroll area brings the focused one into view
+        right.setFocusPolicy(Qt.NoFocus)
         right.setWidget(self.details)
         right.setMinimumWidth(SIDE_MIN_WIDTH)
         self.details_scroll = right
@@ -487,10 +491,14 @@ class MainWindow(QMainWindow):
         self.stop_action = act(c, "Stop", self.replies.stop, "Esc")
         c.addAction(self.compare_action)
         self.regen_action = act(c, "Regenerate last reply", self.replies.regenerate, "Ctrl+R")
-        self._update_regen_action(None)
+        # the shortcut of a menu item that is off does nothing at all: while Regenerate is
+        # off, Ctrl+R says why instead (one of the two is on at a time)
+        self.regen_why = QShortcut(QKeySequence("Ctrl+R"), self)
+        self.regen_why.activated.connect(self._say_why_no_regen)
         self.bench_action = act(c, "Run short benchmark", lambda: models.run_benchmark())
-        act(c, "Rename chat…", chats.rename_chat, "F2")
-        act(c, "Delete chat", chats.delete_chat)
+        self.rename_action = act(c, "Rename chat…", chats.rename_chat, "F2")
+        self.delete_action = act(c, "Delete chat", chats.delete_chat)
+        self._update_chat_actions(None)
         h = mb.addMenu("&Help")
         act(h, "About DFlash Chat", self.show_about)
         act(h, "Copy debug info", self.copy_debug_info)
@@ -500,6 +508,14 @@ class MainWindow(QMainWindow):
                          "Pick one with “continue from … instead” under the reply, or send "
                          "the prompt again.")
     REGEN_NONE_TIP = "There is no reply to regenerate yet."
+
+    def _update_chat_actions(self, conv) -> None:
+        """Keep the Chat menu's items on the shown conversation ``conv`` (None: no chat is
+        shown): Rename chat and Delete chat only while there is one, Regenerate as
+        :meth:`_update_regen_action` says."""
+        self.rename_action.setEnabled(conv is not None)
+        self.delete_action.setEnabled(conv is not None)
+        self._update_regen_action(conv)
 
     def _update_regen_action(self, conv) -> None:
         """Chat › Regenerate only where it can run: the last turn is a reply that is not a
@@ -515,6 +531,11 @@ class MainWindow(QMainWindow):
         self.regen_action.setEnabled(ok)
         self.regen_action.setToolTip(tip)
         self.regen_action.setStatusTip(tip)
+        self.regen_why.setEnabled(not ok)
+
+    def _say_why_no_regen(self) -> None:
+        """Ctrl+R while Chat › Regenerate is off: say why (its tooltip) in a note."""
+        self.messages.show_note(self.regen_action.toolTip())
 
     def apply_theme(self) -> None:
         """Palette and stylesheet for the system's light/dark scheme."""
