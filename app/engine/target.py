@@ -206,7 +206,8 @@ COMPILE_LAYERS_ENV = "DFLASH_COMPILE_LAYERS"
 
 def compiled_layers_on() -> bool:
     """Whether :meth:`TargetRunner.run_layers` runs GDN layers and MLP blocks through
-    ``mx.compile`` programs (:func:`_layer_programs`): only where the project's CUDA GDN
+    ``mx.compile`` programs (:func:`_layer_programs`), and the drafters their layers' parts
+    around each attention (``app.engine.drafter.DraftLayer``): only where the project's CUDA GDN
     kernel is active (:func:`app.engine.kernels.gdn_kernel.kernel_active`, so plain decoding
     runs through the runner too and steps and verify passes take the same programs) and
     :data:`COMPILE_LAYERS_ENV` is ``"1"``. Read at each pass.
