@@ -1,5 +1,5 @@
-"""CORS for browser clients, opt-in (``serve --cors [ORIGINS]``): off by default, OPTIONS and
-every response as before; on, responses carry ``Access-Control-Allow-Origin`` (``*`` or the
+"""CORS for browser clients, opt-in (``serve --cors [ORIGINS]``): off by default, requests from
+web pages refused and, for programs, OPTIONS and every response as before; on, responses carry ``Access-Control-Allow-Origin`` (``*`` or the
 listed origin the request came from) and preflights to ``/v1/*`` get 204 with the allowed
 methods and headers, before the API key is asked for. The application is driven in process
 (Starlette's test client) on a job queue that answers at once: no model is loaded."""
@@ -53,25 +53,50 @@ def client(**options) -> TestClient:
 # ------------------------------------------------------------------------------ off
 @pytest.mark.parametrize("key", [None, "sesame"])
 def test_off_by_default_options_and_responses_are_as_before(key):
-    """Without --cors nothing changes: OPTIONS is a method the routes do not allow (405 with
-    ``Allow``; 401 first on /v1 when a key is set), and no response names an origin."""
+    """Without --cors, for programs (no ``Origin``) nothing changes: OPTIONS is a method the
+    routes do not allow (405 with ``Allow``; 401 first on /v1 when a key is set), and no
+    response names an origin."""
     c = client(api_key=key)
     auth = {"Authorization": f"Bearer {key}"} if key else {}
-    r = c.options(URL, headers=PREFLIGHT)
+    r = c.options(URL)
     if key:
         assert r.status_code == 401
     else:
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert r.json()["error"]["message"] == \
             f"method OPTIONS is not allowed on {URL}; use POST"
-    r = c.options(URL, headers={**PREFLIGHT, **auth})
+    r = c.options(URL, headers=auth)
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert c.options("/health").status_code == 405
-    for r in (c.get("/v1/models", headers={"Origin": PAGE, **auth}),
-              c.post(URL, json=BODY, headers={"Origin": PAGE, **auth}),
-              c.get("/health", headers={"Origin": PAGE})):
+    for r in (c.get("/v1/models", headers=auth), c.post(URL, json=BODY, headers=auth),
+              c.get("/health")):
         assert r.status_code == 200
         assert not CORS_KEYS & set(r.headers) and "vary" not in r.headers
+
+
+@pytest.mark.parametrize("key", [None, "sesame"])
+def test_without_cors_web_pages_are_refused_before_the_key(key):
+    """A page on another origin could otherwise make the model run with a ``text/plain``
+    POST, which browsers send without a preflight: every request with an ``Origin`` the
+    server does not allow gets 403 naming it and the option that allows it (before the key
+    is asked for). A page on the server's own host and port is served."""
+    c = client(api_key=key)
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    for r in (c.post(URL, content=b'{"messages": [{"role": "user", "content": "hi"}]}',
+                     headers={"Origin": PAGE, "Content-Type": "text/plain", **auth}),
+              c.post(URL, json=BODY, headers={"Origin": "null"}),
+              c.get("/v1/models", headers={"Origin": PAGE, **auth}),
+              c.get("/health", headers={"Origin": PAGE}),
+              c.options(URL, headers=PREFLIGHT)):
+        assert r.status_code == 403, r.request
+        error = r.json()["error"]
+        assert error["code"] == "origin_not_allowed" and f"--cors {r.request.headers['origin']}" \
+            in error["message"]
+        assert not CORS_KEYS & set(r.headers)
+    own = {"Origin": "http://testserver", **auth}  # the test client's Host
+    assert c.post(URL, json=BODY, headers=own).status_code == 200
+    assert c.post(URL, json=BODY, headers={**own, "Origin": "http://testserver:81"}
+                  ).status_code == 403
 
 
 # ------------------------------------------------------------------------------ on
@@ -122,7 +147,7 @@ def test_listed_origins_are_echoed_and_others_get_no_grant():
     assert error["code"] == "origin_not_allowed" and "https://evil.example" in error["message"]
     assert "--cors" in error["message"]
     r = c.get("/v1/models", headers={"Origin": "https://evil.example"})
-    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     assert r.headers["vary"] == "Origin"
     # no Origin (not a browser): served, nothing granted
     r = c.get("/v1/models")

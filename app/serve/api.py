@@ -9,7 +9,8 @@ the worker takes the next job.
 
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): 400 malformed
 JSON or fields and prompts over the context, 401 a missing or wrong Bearer key (when the
-server has one), 403 a CORS preflight from an origin not allowed, 404 an unknown model or
+server has one), 403 a request from a web page whose origin is not allowed
+(:class:`OriginGuard`), 404 an unknown model or
 route, 413 a body over the limit, 429 the queue is full, 503 shutting down, 500 a failure while
 generating.
 
@@ -166,8 +167,7 @@ class CorsHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        origin = next((value.decode("latin-1") for name, value in scope.get("headers", ())
-                       if name == b"origin"), None)
+        origin = _header(scope, b"origin")
         grant = self._grant(origin)
         if scope.get("method") == "OPTIONS" and scope.get("path", "").startswith("/v1"):
             if origin is not None and not self._any and origin not in self._origins:
@@ -191,6 +191,56 @@ class CorsHeaders:
             await send(message)
 
         await self.app(scope, receive, send_granted)
+
+
+def _header(scope, name: bytes) -> str | None:
+    """The first ``name`` header (lower-case bytes) of an ASGI ``scope``, decoded; None when
+    absent."""
+    return next((value.decode("latin-1") for key, value in scope.get("headers", ())
+                 if key == name), None)
+
+
+class OriginGuard:
+    """ASGI middleware: a request from a web page (one with an ``Origin`` header, which
+    browsers send on every cross-origin request and every POST) is refused with 403
+    ``origin_not_allowed`` unless the page is on the server's own host and port, or
+    ``origins`` allows it (``"*"``: any; ``serve --cors``). Programs (the OpenAI clients,
+    curl) send no ``Origin`` and pass.
+
+    Why: a browser sends a ``text/plain`` POST to any address without asking first, so
+    without this guard any page a user visits could make a server on ``localhost`` generate
+    (it could not read the reply without CORS, but the model would run). Ollama refuses such
+    requests the same way (``OLLAMA_ORIGINS``).
+
+    Add it inside :class:`CorsHeaders` (which answers allowed preflights) and outside
+    :class:`BearerAuth` (a page is told why, not asked for a key).
+    """
+
+    def __init__(self, app, origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self._any = "*" in origins
+        self._origins = frozenset(origins)
+
+    def allowed(self, origin: str, host: str | None) -> bool:
+        """Whether a request from ``origin`` (its ``Origin`` header) to ``host`` (its
+        ``Host`` header) is served."""
+        if self._any or origin in self._origins:
+            return True
+        scheme, sep, rest = origin.partition("://")
+        return bool(sep and host) and scheme in ("http", "https") \
+            and rest.lower() == host.lower()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            origin = _header(scope, b"origin")
+            if origin is not None and not self.allowed(origin, _header(scope, b"host")):
+                response = error_response(ApiError(
+                    403, f"requests from web pages at {origin} are not allowed: start the "
+                    f"server with --cors {origin} to allow them", type="permission_error",
+                    code="origin_not_allowed"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def read_json(request: Request, limit: int) -> object:
@@ -384,6 +434,7 @@ def create_app(worker: JobQueue, options: ServeOptions,
     )
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
+    app.add_middleware(OriginGuard, origins=tuple(options.cors_origins or ()))
     if options.cors_origins is not None:  # added last: outside the key check
         app.add_middleware(CorsHeaders, origins=tuple(options.cors_origins))
     return app
