@@ -693,3 +693,61 @@ def test_tool_setup_is_built_before_the_first_timed_reply(capsys, pair_paths, mo
                              "--prompt", "17*23?", "--no-think", "--tools", "none")
     assert code == 0, err
     assert "started" not in events
+
+
+class _InterruptedAfter(_Cancellable):
+    """:class:`_Cancellable` that sends this process SIGINT (Ctrl+C) after its ``after``-th
+    token, as a user pressing Ctrl+C while chat writes."""
+
+    def __init__(self, scripts, after: int):
+        super().__init__(scripts)
+        self.after = after
+
+    def __call__(self, *args, **kwargs):
+        import os
+        import signal
+
+        gen, after = super().__call__(*args, **kwargs), self.after
+
+        class Gen:
+            def cancel(self):
+                gen.cancel()
+
+            def __iter__(self):
+                for n, ev in enumerate(gen, 1):
+                    yield ev
+                    if n == after:
+                        os.kill(os.getpid(), signal.SIGINT)
+
+        return Gen()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_ctrl_c_mid_reply_prints_it_as_far_as_it_got(capsys, pair_paths, monkeypatch, as_json):
+    """Ctrl+C while `chat` wrote lost the reply: `--json` printed nothing at all (no object,
+    so no ``finish_reason`` ``cancelled``), the text output stopped mid-word with
+    "interrupted" glued to it and no figures. The first Ctrl+C now stops the reply within a
+    cycle; it is printed as far as it got (``finish_reason`` ``cancelled``) and the exit
+    code is 130, as for any interrupt."""
+    import signal
+
+    text = " ".join(["Paris is the capital of France."] * 8)
+    monkeypatch.setattr(reply_mod, "_engine_generate",
+                        _InterruptedAfter(_rounds(pair_paths, text), after=5))
+    json_arg = ["--json"] if as_json else []
+    code, out, err = run_cli(capsys, "chat", *pair_args(pair_paths), "--mode", "plain",
+                             "--prompt", "Capital?", "--no-think", "--tools", "none",
+                             *json_arg)
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    if as_json:
+        obj = json.loads(out)
+        assert obj["finish_reason"] == "cancelled"
+        assert obj["summary"]["stop_cause"] == "cancelled"
+        assert 5 <= len(obj["tokens"]) < len(text.split())
+        assert obj["content"] and text.startswith(obj["content"])
+    else:
+        lines = out.splitlines()
+        assert lines[0] == "[answer]" and text.startswith(lines[1])
+        assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish cancelled")

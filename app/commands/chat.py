@@ -5,14 +5,18 @@ README).
 prints the reply (or, with ``--json``, one object: ``mode, block_size, rollback, tokens, text,
 summary, content, reasoning, tool_calls, finish_reason`` and ``rounds`` with ``--run-tools``).
 It goes through :func:`app.chat.reply.run_reply`, the same code the window uses. Exit codes:
-0 ok, 2 bad arguments or unusable model files.
+0 ok, 2 bad arguments or unusable model files, 130 interrupted (Ctrl+C; the first one during
+the reply stops it and prints it as far as it got, ``finish_reason`` ``cancelled``).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -162,6 +166,34 @@ def tool_hint(reply: Reply, run_tools: bool) -> str | None:
     return TOOL_HINT if reply.finish_reason == "tool_calls" and not run_tools else None
 
 
+INTERRUPTED = 130
+"""The exit code of a reply stopped by Ctrl+C (128 + SIGINT, as the shell gives it)."""
+
+
+@contextmanager
+def cancel_on_interrupt():
+    """Within the block, the first Ctrl+C (SIGINT) sets the yielded event instead of raising
+    :class:`KeyboardInterrupt`: :func:`app.chat.reply.run_reply` then cancels the engine before
+    its next cycle and ends the reply ``cancelled``, so that it is printed as far as it got. A
+    second Ctrl+C interrupts at once. Outside the main thread (where Python cannot set a
+    signal handler) the event is never set. The previous handler is put back on leaving."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+
+    def handler(signum, frame):
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_chat(args) -> int:
     """``chat``: one reply; returns the exit code."""
     return _guard(_chat, args)
@@ -183,12 +215,14 @@ def _chat(args) -> int:
         settings = replace(settings, enable_thinking=default_thinking(tpath, dpath))
     t0 = time.perf_counter()
     if args.json:
-        reply = collect_reply(target, drafter, _messages(args), settings)
+        with cancel_on_interrupt() as interrupted:
+            reply = collect_reply(target, drafter, _messages(args), settings, interrupted)
         wall = time.perf_counter() - t0
         print(json.dumps(chat_object(reply, settings, drafter, args.run_tools, wall),
                          ensure_ascii=False))
-        return 0
-    reply = _stream_reply(target, drafter, _messages(args), settings)
+        return INTERRUPTED if reply.finish_reason == "cancelled" else 0
+    with cancel_on_interrupt() as interrupted:
+        reply = _stream_reply(target, drafter, _messages(args), settings, interrupted)
     wall = time.perf_counter() - t0
     block = chat_object(reply, settings, drafter, False)["block_size"]
     for w in reply.warnings:
@@ -196,11 +230,13 @@ def _chat(args) -> int:
     print(figures_line(reply, block, wall))
     if hint := tool_hint(reply, args.run_tools):
         print(hint)
-    return 0
+    return INTERRUPTED if reply.finish_reason == "cancelled" else 0
 
 
-def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings) -> Reply:
-    """Run the reply, printing reasoning, answer, tool calls and results as they arrive."""
+def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings,
+                  cancel_event: threading.Event | None = None) -> Reply:
+    """Run the reply, printing reasoning, answer, tool calls and results as they arrive
+    (``cancel_event``: :func:`run_reply`'s, set to stop the reply where it is)."""
     from app.chat.events import (
         ContentDelta,
         ReasoningDelta,
@@ -223,7 +259,7 @@ def _stream_reply(target, drafter, messages: list[dict], settings: ReplySettings
             print(f"[{name}]")
         section = name
 
-    for ev in run_reply(target, drafter, messages, settings):
+    for ev in run_reply(target, drafter, messages, settings, cancel_event):
         if isinstance(ev, ReasoningDelta):
             enter("reasoning")
             print(ev.text, end="", flush=True)
