@@ -175,6 +175,19 @@ def test_a_bad_value_is_said_under_a_short_usage_line(capsys, command):
     assert err.startswith("usage: python -m app tools run [-h] [--args JSON]") and " name" in err
 
 
+@pytest.mark.parametrize("command", ["compare", "bench", "serve"])
+def test_mode_on_a_command_without_it_is_not_taken_for_model(capsys, command):
+    """`compare --mode plain` (chat's option, on a command that runs every mode or takes it
+    per request) was read as an abbreviation of ``--model``: "error: DFlash needs
+    --draft-model with --model", about a model named "plain". It is now refused as itself,
+    under the command's usage, before anything is loaded."""
+    code, err = _exit_code(capsys, [command, "--mode", "plain"])
+    assert code == 2 and "Traceback" not in err
+    prog = f"python -m app {command}"
+    assert f"{prog}: error: argument --mode: {command} has no --mode" in err
+    assert "--draft-model" not in err and "no model folder" not in err
+
+
 @pytest.mark.parametrize("value, said", [("0", "block sizes must be at least 1, got 0"),
                                          ("8,-2", "block sizes must be at least 1, got -2"),
                                          (",", "give at least one block size")])

@@ -41,6 +41,7 @@ from app.commands.generation import (
     default_dflash2,
     int_at_least,
     load_target_arg,
+    refuse_mode,
     resolve_pair,
 )
 from app.engine.bench import (
@@ -140,6 +141,9 @@ def register(subparsers) -> None:
     from app.commands.distributed import add_distributed_arguments
 
     add_distributed_arguments(p)
+    refuse_mode(p, "bench", "it runs plain and DFlash (tape and replay) at each of "
+                "--block-sizes, and DFlash2 with a DFlash2 drafter; for one mode, use chat "
+                "--mode")
     p.set_defaults(func=run_bench)
 
 

@@ -43,6 +43,7 @@ from app.commands.generation import (
     default_thinking,
     load_tools,
     prepare_tools,
+    refuse_mode,
     settings_from_args,
     warm_up_both,
 )
@@ -73,6 +74,9 @@ def register(subparsers) -> None:
     compare.add_argument("--lookup", action="store_true",
                          help="compare Lookup decoding (prompt-lookup drafts, no drafter) "
                          "with plain too")
+    refuse_mode(compare, "compare", "it runs plain, DFlash and, with a DFlash2 drafter, "
+                "DFlash2 side by side (--lookup adds Lookup; --dflash2-model none leaves "
+                "DFlash2 out); for one mode, use chat --mode")
     compare.set_defaults(func=run_compare)
 
 

@@ -128,6 +128,17 @@ def prompt_text(text: str) -> str:
     return utf8_text(text)
 
 
+def refuse_mode(p: argparse.ArgumentParser, command: str, why: str) -> None:
+    """Give ``p`` (a command without a ``--mode``: ``compare``, ``bench``, ``serve``) a
+    hidden ``--mode`` that is refused with ``why``: without it argparse took ``--mode plain``
+    for an abbreviation of ``--model`` and the error spoke of a model named "plain"."""
+
+    def parse(text: str) -> str:
+        raise argparse.ArgumentTypeError(f"{command} has no --mode: {why}")
+
+    p.add_argument("--mode", type=parse, help=argparse.SUPPRESS)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="target: a folder or a cached Hugging Face repo id "
                    "(default: the bundled demo pair)")

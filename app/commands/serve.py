@@ -24,6 +24,7 @@ from app.commands.generation import (
     default_thinking,
     int_at_least,
     int_between,
+    refuse_mode,
     resolve_pair,
     utf8_text,
 )
@@ -166,6 +167,8 @@ def register(subparsers) -> None:
     p.add_argument("--distributed", metavar="HOSTFILE",
                    help="not supported yet: a target sharded over several hosts runs with chat, "
                    "compare and bench (docs/distributed.md)")
+    refuse_mode(p, "serve", 'each request chooses its mode ("mode": "plain", "dflash" or '
+                '"dflash2"; default DFlash)')
     p.set_defaults(func=run_serve)
 
 
