@@ -220,6 +220,18 @@ def test_tool_timeout_must_be_above_zero(capsys, timeout):
     assert "argument --timeout" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("timeout", ["1e20", "1e300"])
+def test_a_tool_timeout_too_large_to_wait_for_is_refused(capsys, timeout):
+    """`--timeout 1e20` was accepted, and the tool then "failed" with the thread library's
+    "OverflowError: timestamp out of range for platform time_t"."""
+    with pytest.raises(SystemExit) as exc:
+        main(["tools", "run", "calculator", "--timeout", timeout, "--args",
+              '{"expression": "1+1"}'])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --timeout: must be a number of seconds above 0 and at most" in err
+
+
 def test_tool_timeout_above_zero_runs(capsys):
     assert main(["tools", "run", "calculator", "--timeout", "2.5", "--args",
                  '{"expression": "17*23"}']) == 0

@@ -16,15 +16,23 @@ import sys
 from app.chat.tools import BUILTIN_TOOLS, find_tool, run_tool, tool_schemas
 from app.commands.generation import utf8_text
 
+MAX_TIMEOUT_S = 86400.0
+"""The largest ``--timeout`` (a day): far larger ones overflow the thread library's wait
+("timestamp out of range for platform time_t")."""
+
 
 def positive_seconds(text: str) -> float:
-    """An argparse ``type`` for a timeout: a finite number of seconds above 0."""
+    """An argparse ``type`` for a timeout: a finite number of seconds above 0, at most
+    :data:`MAX_TIMEOUT_S`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 and at most "
+                                         f"{MAX_TIMEOUT_S:g} (a day), got {text}")
     return value
 
 
@@ -51,7 +59,7 @@ def register(subparsers) -> None:
     )
     r.add_argument(
         "--timeout", type=positive_seconds, default=10.0,
-        help="seconds the tool may run, above 0 (default 10)"
+        help=f"seconds the tool may run, above 0, at most {MAX_TIMEOUT_S:g} (default 10)"
     )
     r.set_defaults(func=_run)
 
