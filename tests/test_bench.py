@@ -179,6 +179,45 @@ def test_bad_prompt_file_exits_2_with_a_message(pair_paths, tmp_path, capsys):
     assert "prompt 0 has no 'messages'" in capsys.readouterr().err
 
 
+def test_an_out_folder_that_cannot_be_written_is_said_before_the_bench_runs(
+        pair_paths, tmp_path, capsys, monkeypatch):
+    """`bench --out /proc/nope` ran the whole benchmark, then said "cannot write the results"
+    and printed nothing of them. The folder is now made and checked before anything runs."""
+    import app.commands.bench as bench_cmd
+
+    ran = []
+    monkeypatch.setattr(bench_cmd, "run_matrix", lambda *a, **k: ran.append(1) or [])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = blocker / "out"  # under a file: the folder can never be made
+    code = main(["bench", "--model", pair_paths[0], "--draft-model", pair_paths[1],
+                 "--out", str(bad), "--repeats", "1", "--max-tokens", "4"])
+    assert code == 2 and not ran
+    err = capsys.readouterr().err
+    assert f"error: cannot write the results to {bad}" in err and "Traceback" not in err
+
+
+def test_results_are_still_printed_when_writing_them_fails(pair_paths, tmp_path, capsys,
+                                                           monkeypatch):
+    """A write that fails after the run (disk full, folder removed meanwhile) still prints
+    the report, then exits 2 saying what could not be written."""
+    import app.commands.bench as bench_cmd
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench_cmd, "write_outputs", fail)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello\n")
+    code = main(["bench", "--model", pair_paths[0], "--draft-model", pair_paths[1],
+                 "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--repeats", "1",
+                 "--block-sizes", "4", "--max-tokens", "4", "--dflash2-model", "none"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "identical tokens in every mode" in out
+    assert "error: cannot write the results to" in err and "No space left" in err
+
+
 @pytest.mark.slow
 def test_multi_turn_reuses_the_history(pair_paths, capsys):
     code = main(["bench", "--multi-turn", "--model", pair_paths[0], "--draft-model",

@@ -427,6 +427,21 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def check_out_folder(out: Path) -> None:
+    """Make ``--out`` (parents included) and check that a file can be written in it, before
+    the bench runs: a folder that cannot be written was found only after the whole run.
+    Raises :class:`CommandError` saying why."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise CommandError(f"cannot write the results to {out}: "
+                           f"{exc.strerror or exc}") from None
+
+
 def run_bench(args) -> int:
     """The ``bench`` command; returns the exit code (0 ok, 2 bad input or model files)."""
     if args.multi_turn:
@@ -436,6 +451,8 @@ def run_bench(args) -> int:
     from app.models.loader import check_pair, load_drafter
 
     try:
+        if args.out is not None:
+            check_out_folder(args.out)
         tpath, dpath = resolve_pair(args, need_drafter=True)
         target = load_target_arg(args, tpath)
         drafter = load_drafter(dpath)
@@ -511,17 +528,20 @@ def run_bench(args) -> int:
 
         out = default_data_dir() / "benchmarks" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     written: list[Path] = []
+    write_error = None
     if out is not None:
         try:
             written = write_outputs(result, records, out)
-        except OSError as exc:
-            _err(f"error: cannot write the results to {out}: {exc}")
-            return 2
+        except OSError as exc:  # the results are still printed below
+            write_error = f"error: cannot write the results to {out}: {exc}"
     if args.json:
         print(json.dumps(result))
     else:
         print(text_report(result))
         if written:
             print("wrote " + ", ".join(str(p) for p in written))
+    if write_error:
+        _err(write_error)
+        return 2
     return 0
 
