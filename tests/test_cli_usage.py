@@ -290,6 +290,21 @@ def test_temperature_has_the_windows_range(capsys):
     assert build_parser().parse_args(["chat", "--temp", "2"]).temp == 2.0
 
 
+@pytest.mark.parametrize("command", ["chat", "compare"])
+@pytest.mark.parametrize("seed, said", [("-1", "must be at least 0, got -1"),
+                                        ("99999999999999999999", "must be between 0 and "
+                                         "2147483647, got 99999999999999999999"),
+                                        ("abc", "expected a whole number, got 'abc'")])
+def test_seed_range_is_said_once_and_the_same_way(capsys, command, seed, said):
+    """`--seed -1` said "seed must be at least 0 (None: not seeded)" while `--seed 1e20`-like
+    values said "it must be between -1 and 2147483647" (the window's table, where -1 means
+    unseeded): two ranges for one option. It is now checked where it is parsed, as
+    --max-tokens and --temp are."""
+    code, err = _exit_code(capsys, [command, "--seed", seed])
+    assert code == 2
+    assert f"python -m app {command}: error: argument --seed: {said}" in err
+
+
 # ------------------------------------------------------------------------------ serve
 def test_serve_with_a_missing_model_is_one_line_and_exit_2(capsys, tmp_path):
     code, err = _exit_code(capsys, ["serve", "--port", "0", "--model",

@@ -171,7 +171,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                        help="thinking off in the chat template")
     p.add_argument("--temp", type=_temperature, default=0.0,
                    help="sampling temperature (default 0: greedy)")
-    p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--seed", type=int_between(0, RANGES["seed"][1]),
+                   help="random seed for sampling (0 to 2147483647)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
     p.add_argument("--top-k", type=_non_negative_int, default=0,
                    help="sample among the k most likely tokens (default 0: all)")
