@@ -363,7 +363,7 @@ def test_a_trained_chat_length_leaves_turns_out_and_the_reply_keeps_the_note(
 
 
 def test_load_starts_the_kernel_build_before_the_target_loads(monkeypatch, tiny_paths):
-    """``ChatSession.load`` hands the target and its first drafter to
+    """``ChatSession.load`` hands the target and its drafters to
     ``loader.start_kernel_build`` (which builds only on CUDA) before ``load_target``, so
     that a GPU's kernel build overlaps the load."""
     from app.models import loader
@@ -371,9 +371,9 @@ def test_load_starts_the_kernel_build_before_the_target_loads(monkeypatch, tiny_
     calls = []
     real_load = loader.load_target
     monkeypatch.setattr(loader, "start_kernel_build",
-                        lambda target, drafter=None: calls.append(("build", target, drafter)))
+                        lambda target, *drafters: calls.append(("build", target, *drafters)))
     monkeypatch.setattr(loader, "load_target",
                         lambda path, *a, **k: calls.append(("load", path)) or real_load(path))
     t, d = tiny_paths
     ChatSession().load(PairSpec(str(t), str(d)))
-    assert calls == [("build", str(t), str(d)), ("load", str(t))]
+    assert calls == [("build", str(t), str(d), None), ("load", str(t))]

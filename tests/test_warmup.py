@@ -431,7 +431,7 @@ def test_children_started_at_load_are_waited_for_not_started_again(kernel_cache,
     from app.engine import device
     from app.engine.kernels import kernel_prebuild
     from app.models import loader
-    from app.paths import demo_pair_dirs
+    from app.paths import demo_dflash2_dir, demo_pair_dirs
 
     class Child:  # a child process that runs until someone waits for it
         returncode = 0
@@ -456,17 +456,21 @@ def test_children_started_at_load_are_waited_for_not_started_again(kernel_cache,
     monkeypatch.setattr(device, "backend", lambda mx=None: "CUDA")
     monkeypatch.setattr(kernel_prebuild, "start", start)
     t, d = demo_pair_dirs()
-    assert loader.start_kernel_build(t, d) is True
+    d2 = demo_dflash2_dir()
+    assert loader.start_kernel_build(t, d, None, d2) is True
     assert kernel_prebuild.background_running()
     assert loader.start_kernel_build(t, d) is False  # those recipes are being built already
     target = loader.load_target(t, keep_dtype=True)  # the dtypes a GPU load keeps
     drafter = loader.load_drafter(d, keep_dtype=True)
-    (early,) = started
-    assert sorted(early) == sorted(kernel_prebuild.recipes_for(target, [drafter]))
-    report = warmup.warm_up(target, [drafter], max_tokens=4, prebuild=True)
-    assert len(started) == 1  # nothing started twice
-    assert sorted(report.prebuild.recipes) == sorted(early) and report.prebuild.failed == []
+    dflash2 = loader.load_drafter(d2, keep_dtype=True)
+    (early,) = started  # every drafter's, the DFlash2 walk's too
+    assert sorted(early) == sorted(kernel_prebuild.recipes_for(target, [drafter, dflash2]))
+    report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
+    assert len(started) == 1  # nothing started twice, nothing left to the background
+    first = kernel_prebuild.recipes_for(target, [drafter])
+    assert sorted(report.prebuild.recipes) == sorted(first) and report.prebuild.failed == []
+    assert report.prebuild.background == []
     assert report.prebuild.processes == 3  # the load's children, counted
-    assert not kernel_prebuild.background_running()  # waited for
+    assert not kernel_prebuild.background_running()  # waited for (the whole job)
     assert loader.start_kernel_build(kernel_cache / "no-such-model") is False  # the load says
     assert len(started) == 1

@@ -344,7 +344,7 @@ class ChatSession:
             target, drafter_path = str(t_dir), str(d_dir)
             note = ("The bundled demo pair is missing: a tiny random-weight pair is loaded "
                     "instead (its replies are gibberish).")
-        loader.start_kernel_build(target, drafter_path)  # CUDA: compiles while this loads
+        loader.start_kernel_build(target, drafter_path, spec.drafter2)  # CUDA: while loading
         new_target = loader.load_target(target)
         new_drafter = None
         if drafter_path:

@@ -125,8 +125,9 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
     with a core for each recipe: on a fresh H100 host (16 cores) 12 children side by side
     took 9.8 s against 7.5-8.0 s for the first drafter's 7, and the start to ready 11.0 s
     against 8.5-9.3 s (docs/performance.md). Recipes that children started at load
-    (:func:`~app.engine.kernels.kernel_prebuild.start_early`) are still building are not
-    started again: this waits for those children.
+    (:func:`~app.engine.kernels.kernel_prebuild.start_early`, every drafter's: they run
+    while the target loads, so they do not hold up this process's own work) are not started
+    again: this waits for those children.
     Never raises: whatever fails is listed in the report's ``failed`` and left to the
     replies, and the children started are always waited for."""
     started = time.perf_counter()

@@ -418,17 +418,19 @@ def lift_tokenizer_length_limit(tokenizer) -> None:
             pass
 
 
-def start_kernel_build(target: str | Path, drafter: str | Path | None = None) -> bool:
+def start_kernel_build(target: str | Path, *drafters: str | Path | None) -> bool:
     """On MLX's CUDA backend, start compiling the kernels a pair will need in background
     processes before it is loaded (:func:`app.engine.kernels.kernel_prebuild.start_early`,
     from the checkpoints' file headers), so that loading the target (and the ``transformers``
-    import inside it) overlaps the build the warm-up would otherwise wait for. ``drafter``:
-    the drafter the warm-up runs first. Returns whether children were started; never raises
-    (a folder that cannot be found is the load's to report)."""
+    import inside it) overlaps the build, and every drafter's kernels (a DFlash2 drafter's
+    candidate walk too) are built by the time the warm-up's own in-process work ends.
+    ``drafters``: the pair's drafter folders (None entries skipped). Returns whether
+    children were started; never raises (a folder that cannot be found is the load's to
+    report)."""
     from app.engine.kernels import kernel_prebuild
 
     try:
-        folders = [resolve_model_path(p) for p in (target, drafter) if p]
+        folders = [resolve_model_path(p) for p in (target, *drafters) if p]
     except EngineError:
         return False
     return kernel_prebuild.start_early(folders[0], folders[1:]) is not None
