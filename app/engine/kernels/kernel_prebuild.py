@@ -194,33 +194,44 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
     int32 ids: the modules fresh H200 and H100 hosts compiled for it.
     """
     embed = _embedding(target.model)
-    act = _dtype_name(activation_dtype(target.model))
-    out: list[Recipe] = []
     sources = []
     if embed is not None:
         sources.append(_dtype_name(embed.weight.dtype))
         if getattr(embed, "scales", None) is not None:
             sources.append(_dtype_name(embed.scales.dtype))
+    models = [target.model] + [d.model for d in drafters if d is not None]
+    selectors = [getattr(getattr(d, "model", None), "candidate_selector", None)
+                 for d in drafters]
+    gdn = first_gdn_layer(target.model)
+    return _recipes(
+        sources, [_dtype_name(activation_dtype(m)) for m in models],
+        [_dtype_name(s.predecessor_codebook.dtype) for s in selectors if s is not None],
+        None if gdn is None else (_dtype_name(gdn.A_log.dtype),
+                                  _dtype_name(activation_dtype(target.model)),
+                                  _dtype_name(gdn.dt_bias.dtype)))
+
+
+def _recipes(sources: list[str], activations: list[str], books: list[str],
+             gdn: tuple[str, str, str] | None) -> list[Recipe]:
+    """The recipes (:func:`recipes_for`) from a pair's dtype names: ``sources`` the target
+    embedding's arrays (weight, then scales), ``activations`` each model's activation dtype
+    (the target's first), ``books`` each DFlash2 drafter's codebook dtype, ``gdn`` the
+    target's first Gated DeltaNet layer's ``(A_log, activation, dt_bias)`` dtypes or None."""
+    out: list[Recipe] = []
     for src in sources:
         out += [("gather", (src, "int32")), ("gather", (src, "uint32"))]
     out.append(("gather", ("uint32", "uint32")))
-    for model in [target.model] + [d.model for d in drafters if d is not None]:
-        dt = _dtype_name(activation_dtype(model))
+    for dt in activations:
         out += [("silu", (dt,)), ("swiglu", (dt,))]
-    for d in drafters:
-        selector = getattr(getattr(d, "model", None), "candidate_selector", None)
-        if selector is not None:
-            book = _dtype_name(selector.predecessor_codebook.dtype)
-            out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
-                    ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
-                    ("gather", ("float32", "uint32")),
-                    ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
-                    ("gather", (book, "int32"))]
-    gdn = first_gdn_layer(target.model)
+    for book in books:
+        out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
+                ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
+                ("gather", ("float32", "uint32")),
+                ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
+                ("gather", (book, "int32"))]
     if gdn is not None:
-        out.append(("precise_swiglu", (act,)))
-        out.append(("compute_g", (_dtype_name(gdn.A_log.dtype), act,
-                                  _dtype_name(gdn.dt_bias.dtype))))
+        out.append(("precise_swiglu", (gdn[1],)))
+        out.append(("compute_g", gdn))
     return list(dict.fromkeys(out))
 
 
@@ -284,40 +295,27 @@ def recipes_from_files(target_folder: str | Path, drafter_folders: list | tuple 
     builds whatever the recipes missed. Never raises (unreadable folders give fewer
     recipes)."""
     dtypes = tensor_dtypes(target_folder)
-    out: list[Recipe] = []
     embeds = sorted((n for n in dtypes if n.endswith("embed_tokens.weight")), key=len)
+    sources = []
     if embeds:
-        sources = [dtypes[embeds[0]]]
         scales = embeds[0][: -len("weight")] + "scales"
-        if scales in dtypes:
-            sources.append(dtypes[scales])
-        for src in sources:
-            out += [("gather", (src, "int32")), ("gather", (src, "uint32"))]
-    out.append(("gather", ("uint32", "uint32")))
+        sources = [dtypes[n] for n in (embeds[0], scales) if n in dtypes]
     drafters = [tensor_dtypes(f) for f in drafter_folders if f]
-    for model in [dtypes, *drafters]:
-        dt = _files_activation_dtype(model)
-        out += [("silu", (dt,)), ("swiglu", (dt,))]
-    for d in drafters:
-        book = d.get("candidate_selector.predecessor_codebook")
-        if book is not None:
-            out += [("gather_axis", ("float32", "uint32")), ("gather_axis", ("uint32", "uint32")),
-                    ("gather_axis", ("float32", "int32")), ("gather_axis", ("int32", "int32")),
-                    ("gather", ("float32", "uint32")),
-                    ("gather2", ("int32", "uint32")), ("gather", (book, "uint32")),
-                    ("gather", (book, "int32"))]
+    books = [d["candidate_selector.predecessor_codebook"] for d in drafters
+             if "candidate_selector.predecessor_codebook" in d]
 
     def layer_of(name: str) -> int:
         digits = name.split(".layers.", 1)[-1].split(".", 1)[0]
         return int(digits) if digits.isdigit() else 1 << 30
 
     logs = sorted((n for n in dtypes if n.endswith("linear_attn.A_log")), key=layer_of)
+    act = _files_activation_dtype(dtypes)
+    gdn = None
     if logs:
         bias = logs[0][: -len("A_log")] + "dt_bias"
-        out.append(("precise_swiglu", (_files_activation_dtype(dtypes),)))
-        out.append(("compute_g", (dtypes[logs[0]], _files_activation_dtype(dtypes),
-                                  dtypes.get(bias, dtypes[logs[0]]))))
-    return list(dict.fromkeys(out))
+        gdn = (dtypes[logs[0]], act, dtypes.get(bias, dtypes[logs[0]]))
+    return _recipes(sources, [act] + [_files_activation_dtype(d) for d in drafters], books,
+                    gdn)
 
 
 def _mlx_lm_file(name: str) -> ModuleType:
