@@ -440,10 +440,14 @@ class DraftAttention(nn.Module):
         return DraftContextCache(self.window)
 
     def _kv(self, h: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        return self._place(*self._project_kv(h), offset)
+
+    def _project_kv(self, h: mx.array) -> tuple[mx.array, mx.array]:
+        """Normed keys and values of rows ``h`` ``(B, L, D)``: ``(B, L, kv_heads, head_dim)``
+        each."""
         B, L, _ = h.shape
         k = self.k_norm(self.k_proj(h).reshape(B, L, self.n_kv_heads, self.head_dim))
-        v = self.v_proj(h).reshape(B, L, self.n_kv_heads, self.head_dim)
-        return self._place(k, v, offset)
+        return k, self.v_proj(h).reshape(B, L, self.n_kv_heads, self.head_dim)
 
     def _place(self, k: mx.array, v: mx.array, offset: int) -> tuple[mx.array, mx.array]:
         """Normed ``k`` and ``v`` ``(B, L, kv_heads, head_dim)`` -> head-major
@@ -467,8 +471,7 @@ class DraftAttention(nn.Module):
         Position-free, so it can run inside a compiled program (:meth:`DraftLayer.__call__`)."""
         B, L, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim))
-        return q, k, self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+        return (q, *self._project_kv(x))
 
     def attend(self, q: mx.array, k: mx.array, v: mx.array, ctx: mx.array | None,
                cache: DraftContextCache) -> mx.array:
