@@ -474,3 +474,16 @@ def test_children_started_at_load_are_waited_for_not_started_again(kernel_cache,
     assert not kernel_prebuild.background_running()  # waited for (the whole job)
     assert loader.start_kernel_build(kernel_cache / "no-such-model") is False  # the load says
     assert len(started) == 1
+
+
+def test_kernel_build_off_cuda_looks_at_no_folder(monkeypatch):
+    """Off CUDA ``start_kernel_build`` returns False before resolving any model folder (the
+    build is for MLX's CUDA backend only; the load reports a missing folder)."""
+    from app.engine import device
+    from app.models import loader
+
+    looked = []
+    monkeypatch.setattr(device, "backend", lambda mx=None: "CPU")
+    monkeypatch.setattr(loader, "resolve_model_path", lambda p: looked.append(p) or p)
+    assert loader.start_kernel_build("some/target", "some/drafter") is False
+    assert looked == []

@@ -427,8 +427,11 @@ def start_kernel_build(target: str | Path, *drafters: str | Path | None) -> bool
     ``drafters``: the pair's drafter folders (None entries skipped). Returns whether
     children were started; never raises (a folder that cannot be found is the load's to
     report)."""
+    from app.engine.device import backend
     from app.engine.kernels import kernel_prebuild
 
+    if backend() != "CUDA" or not kernel_prebuild.enabled():
+        return False
     try:
         folders = [resolve_model_path(p) for p in (target, *drafters) if p]
     except EngineError:
