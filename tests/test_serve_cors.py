@@ -1,8 +1,10 @@
 """CORS for browser clients, opt-in (``serve --cors [ORIGINS]``): off by default, requests from
-web pages refused and, for programs, OPTIONS and every response as before; on, responses carry ``Access-Control-Allow-Origin`` (``*`` or the
-listed origin the request came from) and preflights to ``/v1/*`` get 204 with the allowed
-methods and headers, before the API key is asked for. The application is driven in process
-(Starlette's test client) on a job queue that answers at once: no model is loaded."""
+web pages refused and, for programs, OPTIONS and every response as before; on, every answer
+(errors and the 500 of an unexpected fault included) carries ``Access-Control-Allow-Origin``
+(``*`` or the listed origin the request came from) and ``Access-Control-Expose-Headers``,
+and preflights to ``/v1/*`` get 204 with the allowed methods and headers, before the API key
+is asked for. The application is driven in process (Starlette's test client) on a job queue
+that answers at once, or refuses: no model is loaded."""
 
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ from app.chat.session import ModelInfo
 from app.engine.events import Summary
 from app.serve.api import ServeOptions, create_app
 from app.serve.protocol import CompletionResult
-from app.serve.worker import JobFinished, JobQueue, JobStarted, JobTextDelta
+from app.serve.worker import (
+    JobFinished,
+    JobQueue,
+    JobStarted,
+    JobTextDelta,
+    QueueFullError,
+    ShuttingDownError,
+)
 
 URL = "/v1/chat/completions"
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
@@ -24,7 +33,14 @@ PAGE = "http://localhost:5173"
 PREFLIGHT = {"Origin": PAGE, "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization, content-type"}
 CORS_KEYS = {"access-control-allow-origin", "access-control-allow-methods",
-             "access-control-allow-headers", "access-control-max-age"}
+             "access-control-allow-headers", "access-control-max-age",
+             "access-control-expose-headers"}
+SAFELISTED = {"cache-control", "content-language", "content-length", "content-type", "expires",
+              "last-modified", "pragma"}
+"""Response headers a page reads without ``Access-Control-Expose-Headers`` (Fetch's
+CORS-safelisted response-header names)."""
+NOT_FOR_PAGES = {"vary", "x-accel-buffering"}
+"""Headers the server sends for caches and proxies, not for the page's script."""
 
 
 class InstantJobs(JobQueue):
@@ -45,9 +61,33 @@ class InstantJobs(JobQueue):
             job.deliver(event)
 
 
-def client(**options) -> TestClient:
-    """The API for ``ServeOptions("m", **options)`` on :class:`InstantJobs`."""
-    return TestClient(create_app(InstantJobs(), ServeOptions("m", **options)))
+class RefusingJobs(InstantJobs):
+    """A job queue whose :meth:`submit` raises ``error``: the queue's refusals
+    (:class:`QueueFullError`, :class:`ShuttingDownError`) or a fault the API does not expect
+    (a server bug, answered 500 by Starlette's last-resort handler)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def submit(self, job) -> None:
+        """Raise ``error``."""
+        raise self.error
+
+
+def client(jobs: JobQueue | None = None, **options) -> TestClient:
+    """The API for ``ServeOptions("m", **options)`` on ``jobs`` (default
+    :class:`InstantJobs`); a handler's unexpected exception is answered (500), not raised
+    into the test."""
+    return TestClient(create_app(jobs or InstantJobs(), ServeOptions("m", **options)),
+                      raise_server_exceptions=False)
+
+
+def exposed(response) -> set[str]:
+    """The header names (lower case) ``response``'s ``Access-Control-Expose-Headers`` lets a
+    page read."""
+    value = response.headers.get("access-control-expose-headers", "")
+    return {name.strip().lower() for name in value.split(",") if name.strip()}
 
 
 # ------------------------------------------------------------------------------ off
@@ -152,6 +192,78 @@ def test_listed_origins_are_echoed_and_others_get_no_grant():
     # no Origin (not a browser): served, nothing granted
     r = c.get("/v1/models")
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+# ------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("origins, granted", [(("*",), "*"), ((PAGE,), PAGE)])
+def test_an_unexpected_error_is_a_500_the_allowed_page_can_read(caplog, origins, granted):
+    """A handler's unexpected exception is answered 500 by Starlette's outermost error
+    handler: with --cors that answer carries the grant like any other, else the page sees
+    only a CORS failure; without an ``Origin`` nothing changes (no grant unless ``*``, as
+    for every response)."""
+    c = client(RefusingJobs(RuntimeError("a bug")), cors_origins=origins)
+    r = c.post(URL, json=BODY, headers={"Origin": PAGE})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert r.headers["access-control-allow-origin"] == granted
+    assert "retry-after" in exposed(r)
+    if granted != "*":
+        assert r.headers["vary"] == "Origin"
+    r = c.post(URL, json=BODY)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert ("access-control-allow-origin" in r.headers) == (granted == "*")
+    assert "unhandled error" in caplog.text
+
+
+def test_an_unexpected_error_without_cors_is_as_before():
+    r = client(RefusingJobs(RuntimeError("a bug"))).post(URL, json=BODY)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert not CORS_KEYS & set(r.headers) and "vary" not in r.headers
+
+
+@pytest.mark.parametrize("origins", [("*",), (PAGE,)])
+def test_every_answer_to_an_allowed_page_is_granted_and_exposes_what_it_sends(origins):
+    """429 (with ``Retry-After``), 503, 401, 405, 404, 400, a reply and a stream: each
+    carries ``Access-Control-Allow-Origin``, and ``Access-Control-Expose-Headers`` names
+    every header it sends that is not CORS-safelisted, so a page's script can read
+    ``Retry-After`` (fetch hides the others)."""
+    page = {"Origin": PAGE}
+    auth = {**page, "Authorization": "Bearer sesame"}
+    full = client(RefusingJobs(QueueFullError("the queue is full")), cors_origins=origins)
+    stopping = client(RefusingJobs(ShuttingDownError("the server is shutting down")),
+                      cors_origins=origins)
+    c = client(api_key="sesame", cors_origins=origins)
+    answers = {429: full.post(URL, json=BODY, headers=page),
+               503: stopping.post(URL, json=BODY, headers=page),
+               401: c.post(URL, json=BODY, headers=page),
+               405: c.get(URL, headers=auth),
+               404: c.post(URL, json={**BODY, "model": "other"}, headers=auth),
+               400: c.post(URL, content=b"{", headers=auth),
+               200: c.post(URL, json=BODY, headers=auth)}
+    assert answers[429].headers["retry-after"] == "1"
+    assert answers[401].headers["www-authenticate"] == "Bearer"
+    assert answers[405].headers["allow"] == "POST"
+    with c.stream("POST", URL, json={**BODY, "stream": True}, headers=auth) as r:
+        assert sse_events(list(r.iter_lines()))[-1] == "[DONE]"
+        answers[0] = r
+    for status, r in answers.items():
+        assert r.status_code == (status or 200), status
+        assert r.headers["access-control-allow-origin"] == origins[0], status
+        sent = {name for name in r.headers if not name.startswith("access-control-")}
+        assert sent - SAFELISTED - NOT_FOR_PAGES <= exposed(r), status
+    assert {"retry-after", "www-authenticate", "allow"} <= exposed(answers[0])
+
+
+def test_pages_not_allowed_and_preflights_are_not_told_what_to_expose():
+    """Expose-Headers goes with a grant on an actual answer: an origin not listed gets none
+    (its 403 included), and a preflight's 204 has no use for it (fetch reads it from the
+    answer itself)."""
+    c = client(cors_origins=(PAGE,))
+    r = c.get("/v1/models", headers={"Origin": "https://evil.example"})
+    assert r.status_code == 403 and "access-control-expose-headers" not in r.headers
+    r = c.options(URL, headers=PREFLIGHT)
+    assert r.status_code == 204 and "access-control-expose-headers" not in r.headers
+    r = c.get("/v1/models")
+    assert r.status_code == 200 and "access-control-expose-headers" not in r.headers
 
 
 # ------------------------------------------------------------------------------ the CLI

@@ -15,7 +15,9 @@ route, 413 a body over the limit, 429 the queue is full, 503 shutting down, 500 
 generating.
 
 CORS is off unless :attr:`ServeOptions.cors_origins` is set (``serve --cors``); then
-:class:`CorsHeaders` grants the allowed origins and answers preflights.
+:class:`CorsHeaders` grants the allowed origins and answers preflights. It wraps the whole
+application (:class:`ServeApp`), so every answer to an allowed origin carries the grant,
+the 500 Starlette writes for an unexpected exception included.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from app.serve.protocol import (
     ApiError,
@@ -131,6 +134,12 @@ CORS_ALLOW_HEADERS = "Authorization, Content-Type"
 """``Access-Control-Allow-Headers`` of a preflight answer: what an OpenAI client sends."""
 CORS_MAX_AGE_S = 600
 """``Access-Control-Max-Age``: seconds a browser may reuse a preflight answer."""
+CORS_EXPOSE_HEADERS = "Retry-After, WWW-Authenticate, Allow"
+"""``Access-Control-Expose-Headers`` of an answer to an allowed origin: the headers this
+server sends that a browser otherwise hides from the page's script (``Retry-After`` on a 429,
+``WWW-Authenticate`` on a 401, ``Allow`` on a 405). The others it sends are CORS-safelisted
+(``Content-Type``, ``Cache-Control``...) or meant for caches and proxies (``Vary``,
+``X-Accel-Buffering``)."""
 
 
 class CorsHeaders:
@@ -139,14 +148,17 @@ class CorsHeaders:
 
     * Every HTTP response gets ``Access-Control-Allow-Origin``: ``*``, or the request's
       ``Origin`` when it is listed (with ``Vary: Origin``, as the answer then depends on it;
-      an origin not listed gets no grant, only the ``Vary``).
+      an origin not listed gets no grant, only the ``Vary``). A granted answer other than a
+      preflight's also gets :data:`CORS_EXPOSE_HEADERS`, so the page can read
+      ``Retry-After`` and the like.
     * ``OPTIONS`` to ``/v1/*`` is a preflight: answered here with 204, the allowed origin,
       :data:`CORS_ALLOW_METHODS`, :data:`CORS_ALLOW_HEADERS` and :data:`CORS_MAX_AGE_S`,
       before the API key is checked (browsers send none on a preflight); a preflight from an
       origin not listed gets 403 ``origin_not_allowed``. ``OPTIONS`` elsewhere goes to the
       application as before.
 
-    Add it outside :class:`BearerAuth`, so that preflights and 401s pass through it.
+    It must wrap everything that answers, so that preflights, 401s, 403s and 500s pass
+    through it: :class:`ServeApp` puts it outside Starlette's whole stack.
     """
 
     def __init__(self, app, origins: tuple[str, ...]) -> None:
@@ -154,8 +166,14 @@ class CorsHeaders:
         self._any = "*" in origins
         self._origins = frozenset(origins)
 
+    def _allows(self, origin: str | None) -> bool:
+        """Whether responses to a request from ``origin`` (None: no ``Origin`` header) grant
+        access: always with ``*``, else for a listed origin."""
+        return self._any or (origin is not None and origin in self._origins)
+
     def _grant(self, origin: str | None) -> list[tuple[bytes, bytes]]:
-        """The headers every response to a request from ``origin`` carries."""
+        """The headers every response to a request from ``origin`` carries, preflights'
+        included."""
         if self._any:
             return [(b"access-control-allow-origin", b"*")]
         if origin is not None and origin in self._origins:
@@ -170,7 +188,7 @@ class CorsHeaders:
         origin = _header(scope, b"origin")
         grant = self._grant(origin)
         if scope.get("method") == "OPTIONS" and scope.get("path", "").startswith("/v1"):
-            if origin is not None and not self._any and origin not in self._origins:
+            if origin is not None and not self._allows(origin):
                 listed = ", ".join(sorted(self._origins))
                 response: Response = error_response(ApiError(
                     403, f"cross-origin requests from {origin} are not allowed: this server "
@@ -185,12 +203,37 @@ class CorsHeaders:
             await response(scope, receive, send)
             return
 
+        if self._allows(origin):
+            grant.append((b"access-control-expose-headers", CORS_EXPOSE_HEADERS.encode()))
+
         async def send_granted(message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), *grant]}
             await send(message)
 
         await self.app(scope, receive, send_granted)
+
+
+class ServeApp(Starlette):
+    """The API's Starlette application, with :class:`CorsHeaders` for ``cors_origins``
+    (None: no CORS) as its outermost layer.
+
+    Why: Starlette builds its stack as ``ServerErrorMiddleware`` (which answers an exception
+    no handler took with 500), then the middleware added, then the routes; a
+    :class:`CorsHeaders` added like the others would never see that 500, and the browser
+    would hide it from the page. Outside the whole stack it grants every answer.
+    """
+
+    def __init__(self, *args, cors_origins: tuple[str, ...] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cors_origins = cors_origins
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's stack, inside :class:`CorsHeaders` when CORS is on."""
+        stack = super().build_middleware_stack()
+        if self.cors_origins is None:
+            return stack
+        return CorsHeaders(stack, self.cors_origins)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -312,7 +355,7 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
 
 
 def create_app(worker: JobQueue, options: ServeOptions,
-               on_shutdown: Callable[[], None] | None = None) -> Starlette:
+               on_shutdown: Callable[[], None] | None = None) -> ServeApp:
     """The ASGI application serving ``worker``'s loaded pair.
 
     Args:
@@ -423,7 +466,7 @@ def create_app(worker: JobQueue, options: ServeOptions,
         if on_shutdown is not None:
             await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
 
-    app = Starlette(
+    app = ServeApp(
         routes=[Route("/health", health, methods=["GET"]),
                 Route("/v1/models", list_models, methods=["GET"]),
                 Route("/v1/models/{model:path}", get_model, methods=["GET"]),
@@ -431,12 +474,11 @@ def create_app(worker: JobQueue, options: ServeOptions,
         exception_handlers={ApiError: api_error, HTTPException: http_error,
                             Exception: server_error},
         lifespan=lifespan,
+        cors_origins=None if options.cors_origins is None else tuple(options.cors_origins),
     )
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
     app.add_middleware(OriginGuard, origins=tuple(options.cors_origins or ()))
-    if options.cors_origins is not None:  # added last: outside the key check
-        app.add_middleware(CorsHeaders, origins=tuple(options.cors_origins))
     return app
 
 
