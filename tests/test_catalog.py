@@ -205,6 +205,27 @@ def test_add_folder_errors(tmp_path):
     assert catalog.folders() == []
 
 
+def test_missing_folders_are_listed_and_removed_as_stored(tmp_path, monkeypatch):
+    """An added folder no longer on disk (deleted, or on an unplugged drive) is in
+    ``missing_folders`` (in the order added), and ``remove_folder`` given the path as the
+    list stores it forgets it even where expanding and resolving would change it (a
+    hand-written ``~/...``); the other folders stay, in their order."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    data = tmp_path / "data"
+    data.mkdir()
+    here = tmp_path / "here"
+    here.mkdir()
+    stored = [str(tmp_path / "gone"), "~/models-typed-by-hand", str(here)]
+    (data / "model_folders.json").write_text(json.dumps({"folders": stored}))
+    catalog = make_catalog(tmp_path)
+    assert catalog.missing_folders() == [Path(stored[0]), Path(stored[1])]
+    assert catalog.remove_folder(Path(stored[1])) is True
+    assert json.loads(catalog.folders_file.read_text()) == {"folders": [stored[0], stored[2]]}
+    assert catalog.remove_folder(stored[0]) is True
+    assert catalog.missing_folders() == [] and catalog.folders() == [here]
+    assert catalog.remove_folder(stored[0]) is False
+
+
 def test_corrupt_folders_file_is_kept_aside_not_lost(tmp_path, tiny_configs):
     t, _ = tiny_configs
     data = tmp_path / "data"

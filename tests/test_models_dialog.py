@@ -141,6 +141,68 @@ def test_a_folder_whose_models_are_listed_from_another_source_can_be_removed(
     assert catalog.folders() == []
 
 
+def test_an_added_folder_no_longer_on_disk_has_a_row_that_removes_it(dialog, env, tmp_path):
+    """A new user's pass: a folder added with Add folder… on a drive that was later unplugged
+    (or deleted) had no row in the Models window, so only ``models --remove-folder`` could
+    forget it. It now has a row in the targets list saying "folder not found", that loads
+    nothing and whose Remove folder forgets that folder alone: the other folders, their
+    order in the file and the selected target stay as they were."""
+    import shutil
+
+    catalog, demo_t, demo_d, other = env
+    drive = tmp_path / "drive"
+    usb = drive / "models"
+    shutil.copytree(demo_t, usb / "usb-target")
+    later = tmp_path / "later"
+    shutil.copytree(demo_d, later / "later-dflash")
+    for folder in (other, usb, later):
+        assert dialog.add_folder(folder)
+    assert dialog.select_target("big-target")
+    listed = [dialog.targets.topLevelItem(i).text(0)
+              for i in range(dialog.targets.topLevelItemCount())]
+    assert "usb-target" in listed
+    drive.rename(tmp_path / "unplugged")  # the drive is gone
+    dialog.refresh()
+    rows = [dialog.targets.topLevelItem(i) for i in range(dialog.targets.topLevelItemCount())]
+    missing = [r for r in rows if r.text(4) == str(usb.resolve())]
+    assert len(missing) == 1, [r.text(4) for r in rows]
+    row = missing[0]
+    assert row.text(0) == "models" and "folder not found" in row.text(3)
+    targets = [r.text(0) for r in rows if r is not row]
+    assert targets == [n for n in listed if n != "usb-target"]
+    assert rows.index(row) == len(rows) - 1  # after the models
+    assert dialog.selected_target().name == "big-target"  # the selection stays
+    def drafters():
+        return [dialog.drafters.topLevelItem(i).text(4)
+                for i in range(dialog.drafters.topLevelItemCount())]
+
+    kept_drafters = drafters()
+    assert str(later / "later-dflash") in kept_drafters
+    # selecting it: nothing to load or delete, Remove folder is on and says which
+    dialog.targets.setCurrentItem(row)
+    dialog.targets.itemClicked.emit(row, 0)
+    assert dialog.selected_target() is None
+    assert not dialog.load_button.isEnabled() and not dialog.delete_button.isEnabled()
+    assert not dialog.load_selected()
+    assert "not found" in dialog.dflash_reason.text()
+    assert dialog.remove_folder_button.isEnabled()
+    dialog.remove_folder_button.click()
+    assert catalog.folders() == [other.resolve(), later.resolve()]
+    assert json.loads(catalog.folders_file.read_text()) == {
+        "folders": [str(other.resolve()), str(later.resolve())]}
+    assert not catalog.folders_file.with_suffix(".json.bad").exists()
+    assert f"Removed {usb.resolve()}" in dialog.status_label.text()
+    rows = [dialog.targets.topLevelItem(i) for i in range(dialog.targets.topLevelItemCount())]
+    assert [r.text(0) for r in rows] == targets
+    assert drafters() == kept_drafters
+    assert dialog.selected_target() is not None
+    # the drive comes back: its folder stays forgotten
+    (tmp_path / "unplugged").rename(drive)
+    dialog.refresh()
+    assert not dialog.select_target("usb-target")
+    assert catalog.folders() == [other.resolve(), later.resolve()]
+
+
 def test_add_folder_error_is_shown_not_raised(dialog, tmp_path, monkeypatch):
     shown = []
     monkeypatch.setattr(QMessageBox, "warning", lambda *a: shown.append(a[2]))

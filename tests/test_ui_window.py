@@ -2228,6 +2228,63 @@ def test_every_tab_stop_of_the_window_shows_the_focus(qtbot, qs):
     finally:
         close_window(win)
 
+def test_a_click_into_the_chat_draws_no_focus_border_but_the_keyboard_does(qtbot, qs):
+    """A new user's pass: a click into the chat (to select text, or on a link) drew the
+    accent border round it, the focus mark meant for those moving with the keyboard. The chat
+    now draws it only when the focus came by keyboard (Tab, Backtab, a shortcut), as a
+    browser's ``:focus-visible``; coming back to the window keeps whichever it was."""
+    from PySide6.QtCore import QEvent, Qt
+    from PySide6.QtGui import QFocusEvent
+    from PySide6.QtWidgets import QApplication
+
+    win = make_window(qtbot, qs, ScriptedBackend())
+    try:
+        win.activateWindow()
+        qtbot.waitUntil(win.isActiveWindow)
+        chat = win.chat
+
+        def leave():
+            win.composer.edit.setFocus()
+            qtbot.waitUntil(lambda: not chat.hasFocus())
+
+        def edge():
+            return _edge(chat.grab().toImage())
+
+        def click():
+            qtbot.mouseClick(chat.viewport(), Qt.LeftButton, pos=chat.viewport().rect()
+                             .topLeft() + chat.viewport().rect().center() / 8)
+            qtbot.waitUntil(chat.hasFocus)
+
+        def come_back():  # the window was left and is active again
+            QApplication.sendEvent(chat, QFocusEvent(QEvent.FocusIn,
+                                                     Qt.ActiveWindowFocusReason))
+
+        leave()
+        unfocused = edge()
+        click()
+        assert edge() == unfocused
+        come_back()
+        assert edge() == unfocused
+        for reason in (Qt.TabFocusReason, Qt.BacktabFocusReason, Qt.ShortcutFocusReason):
+            leave()
+            chat.setFocus(reason)
+            qtbot.waitUntil(chat.hasFocus)
+            assert edge() != unfocused, reason
+        come_back()
+        assert edge() != unfocused
+        leave()
+        click()
+        assert edge() == unfocused
+        leave()
+        for _ in range(100):  # the Tab key itself, from the message box on
+            qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+            if chat.hasFocus():
+                break
+        assert chat.hasFocus() and edge() != unfocused
+    finally:
+        close_window(win)
+
+
 def test_an_edited_message_keeps_its_earlier_version_within_reach(qtbot, qs):
     """A new user edited "What is 17 * 23?" into "What is 12 * 12?": the old question and its
     reply stayed stored but nothing in the window led back to them (replies had "version 2

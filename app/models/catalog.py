@@ -578,13 +578,23 @@ class Catalog:
         return found
 
     def remove_folder(self, folder: str | Path) -> bool:
-        """Forget a folder (its files stay). Returns True when it was in the list."""
-        folder = Path(folder).expanduser().resolve()
+        """Forget a folder (its files stay; it need not exist). ``folder`` is matched as the
+        list stores it first (so a row's path always removes that row's folder), else
+        expanded and resolved. Returns True when it was in the list."""
         current = self.folders()
+        folder = Path(folder)
         if folder not in current:
-            return False
+            folder = folder.expanduser().resolve()
+            if folder not in current:
+                return False
         self._save_folders([p for p in current if p != folder])
         return True
+
+    def missing_folders(self) -> list[Path]:
+        """The user's folders (in the order added) that are not folders on disk now: deleted,
+        or on a drive that is not connected. The scan skips them ("folder no longer
+        exists"); they stay in the list until removed."""
+        return [folder for folder in self.folders() if not folder.is_dir()]
 
     def folders_holding(self, entry: ModelEntry) -> list[Path]:
         """The user's folders (in the order added) that hold ``entry``'s model, compared by

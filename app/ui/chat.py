@@ -48,6 +48,7 @@ from app.ui.render import (
     starts_in_reasoning,
 )
 from app.ui.text import mode_label, plural
+from app.ui.theme import KEYBOARD_FOCUS
 
 
 def compare_tip(drafters: tuple[str, ...] = ("dflash",)) -> str:
@@ -291,6 +292,24 @@ class ChatView(QTextBrowser):
                 f"{hidden:,} earlier message{'s' if hidden != 1 else ''} not shown · "
                 f'<a href="earlier:" style="color:{c.get("accent")};">Show earlier '
                 "messages</a></p>")
+
+    # ---- the focus border: by keyboard only
+    KEYBOARD_REASONS = (Qt.TabFocusReason, Qt.BacktabFocusReason, Qt.ShortcutFocusReason)
+    KEPT_REASONS = (Qt.ActiveWindowFocusReason, Qt.PopupFocusReason, Qt.MenuBarFocusReason)
+
+    def focusInEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """Set :data:`~app.ui.theme.KEYBOARD_FOCUS` from how the focus came: True by Tab,
+        Backtab or a shortcut, unchanged when it comes back after another window, a popup
+        or the menu bar, else (a click, the program) False; the stylesheet draws the focus
+        border only when True. Re-polished only when the value changes."""
+        reason = event.reason()
+        was = bool(self.property(KEYBOARD_FOCUS))
+        keyboard = was if reason in self.KEPT_REASONS else reason in self.KEYBOARD_REASONS
+        if keyboard != was:
+            self.setProperty(KEYBOARD_FOCUS, keyboard)
+            self.style().unpolish(self)
+            self.style().polish(self)
+        super().focusInEvent(event)
 
     # ---- tooltips of footer figures (``title`` in the HTML)
     def viewportEvent(self, event) -> bool:  # noqa: N802 (Qt override)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -49,6 +50,9 @@ from app.models.catalog import (
 )
 
 ROLE_ENTRY = Qt.ItemDataRole.UserRole
+ROLE_MISSING = Qt.ItemDataRole.UserRole + 1
+"""A targets row's added folder that is not on disk (the row has no entry)."""
+MISSING_TEXT = "folder not found"
 SOURCE_LABELS = {"bundled": "bundled", "folder": "folder", "cache": "HF cache"}
 
 
@@ -292,9 +296,12 @@ class ModelsDialog(QDialog):
     # ---- contents -----------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Re-scan the catalog and refill the lists, keeping the selected target."""
+        """Re-scan the catalog and refill the lists, keeping the selected target (or missing
+        folder). An added folder that is not on disk gets a row after the targets, saying
+        :data:`MISSING_TEXT`, from which Remove folder forgets it."""
         current = self.selected_target()
-        keep = current.key if current else None
+        gone = self._selected_missing_folder(focused_only=False)
+        keep = current.key if current else str(gone) if gone is not None else None
         scan = self.catalog.refresh()
         self.targets.clear()
         for t in scan.targets:
@@ -307,7 +314,21 @@ class ModelsDialog(QDialog):
             self.targets.addTopLevelItem(item)
             if t.key == keep:
                 self.targets.setCurrentItem(item)
-        if self.targets.currentItem() is None and self.targets.topLevelItemCount():
+        muted = self.palette().color(QPalette.ColorRole.PlaceholderText)
+        for folder in self.catalog.missing_folders():
+            item = QTreeWidgetItem([folder.name or str(folder), SOURCE_LABELS["folder"], "",
+                                    MISSING_TEXT, str(folder)])
+            item.setData(0, ROLE_MISSING, folder)
+            tip = (f"{folder} is not on disk (deleted, or on a drive that is not connected). "
+                   "Remove folder forgets it; Refresh lists its models again once it is "
+                   "back.")
+            for col in range(item.columnCount()):
+                item.setToolTip(col, tip)
+                item.setForeground(col, muted)
+            self.targets.addTopLevelItem(item)
+            if str(folder) == keep:
+                self.targets.setCurrentItem(item)
+        if self.targets.currentItem() is None and scan.targets:
             self.targets.setCurrentItem(self.targets.topLevelItem(0))
         self.drafters.clear()
         for d in scan.drafters:
@@ -383,6 +404,10 @@ class ModelsDialog(QDialog):
                     + f"Recommended: block size {pair.block_size}, thinking {think}."
                 )
             self.drafter_combo.setCurrentIndex(0)
+        elif (gone := self._selected_missing_folder(focused_only=False)) is not None:
+            self.dflash_reason.setText(
+                f"{MISSING_TEXT.capitalize()}: {gone} (deleted, or on a drive that is not "
+                "connected). Remove folder forgets it; its files, if any, are not touched.")
         self.drafter_combo.blockSignals(False)
         self._on_drafter_changed()
         self._update_buttons()
@@ -498,7 +523,7 @@ class ModelsDialog(QDialog):
         for i in range(self.targets.topLevelItemCount()):
             item = self.targets.topLevelItem(i)
             entry = item.data(0, ROLE_ENTRY)
-            if name in (entry.name, entry.repo_id, str(entry.path)):
+            if entry is not None and name in (entry.name, entry.repo_id, str(entry.path)):
                 self.targets.setCurrentItem(item)
                 self._focus("targets")
                 return True
@@ -513,10 +538,22 @@ class ModelsDialog(QDialog):
         entry = self._selected_entry()
         return entry if entry is not None and entry.source == "cache" else None
 
+    def _selected_missing_folder(self, focused_only: bool = True) -> Path | None:
+        """The added folder not on disk whose targets row is selected (with ``focused_only``,
+        only while the targets list, not the drafters list, is the one acted on), else
+        None."""
+        if focused_only and self._focused == "drafters" and self.drafters.currentItem():
+            return None
+        item = self.targets.currentItem()
+        return item.data(0, ROLE_MISSING) if item is not None else None
+
     def _folder_of_selection(self) -> Path | None:
         """The added folder that holds the selected model, whatever source its row names
-        (the scan lists a model found twice once, from its first source); None when no
-        added folder holds it."""
+        (the scan lists a model found twice once, from its first source), or the selected
+        missing folder's; None when no added folder holds it."""
+        gone = self._selected_missing_folder()
+        if gone is not None:
+            return gone
         entry = self._selected_entry()
         if entry is None:
             return None

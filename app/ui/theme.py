@@ -46,6 +46,11 @@ DARK = {
 }
 
 
+KEYBOARD_FOCUS = "keyboardFocus"
+"""A bool property of the chat (:class:`app.ui.chat.ChatView`): True when it has or last had
+the focus from the keyboard (Tab, Backtab, a shortcut), False from a click. Qt stylesheets
+have no ``:focus-visible``; the chat's focus border is keyed on this instead."""
+
 FIGURE_VALUE_PX = 17
 """The figure tiles' value size in pixels (a value too long for its tile is set smaller:
 ``app.ui.panels.FigureValue``)."""
@@ -98,7 +103,10 @@ def stylesheet(c: dict) -> str:
     buttons and check boxes in the text colour; combo and spin boxes keep the platform's
     frame and arrows (a border of their own would drop the arrows) and are tinted instead,
     the combo box's text in the accent. The chat list and the chat have a transparent
-    border, so that the focused one's does not move their contents."""
+    border, so that the focused one's does not move their contents. The chat draws its
+    border only when the focus came by keyboard (its :data:`KEYBOARD_FOCUS` property, as a
+    browser's ``:focus-visible``): a click to select text or follow a link draws none (its
+    ``#chat`` rule outweighs the ``QTextEdit:focus`` one)."""
     return f"""
     QWidget {{ font-size: 13px; }}
     QSplitter::handle {{ background: {c['border']}; }}
@@ -149,8 +157,8 @@ def stylesheet(c: dict) -> str:
     QToolButton#collapse {{ border: none; font-weight: 600; }}
     QStatusBar {{ color: {c['muted']}; }}
     QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus, QListView:focus, QTreeView:focus,
-    QTableView:focus, QListWidget#conversations:focus, QTextBrowser#chat:focus {{
-        border: 1px solid {c['accent']}; }}
+    QTableView:focus, QListWidget#conversations:focus,
+    QTextBrowser#chat[{KEYBOARD_FOCUS}="true"]:focus {{ border: 1px solid {c['accent']}; }}
     QToolButton:focus, QToolButton#collapse:focus, QCheckBox:focus, QTabBar::tab:focus {{
         border: 1px solid {c['text']}; border-radius: 4px; }}
     QComboBox:focus {{ background: {c['user_bg']}; color: {c['accent']}; }}
