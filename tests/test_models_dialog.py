@@ -327,3 +327,29 @@ def test_the_known_pairs_show_whole_and_a_status_sits_under_the_fields(dialog, q
     layout = dialog.layout()
     order = [layout.itemAt(i).widget() for i in range(layout.count())]
     assert order.index(dialog.status_label) < order.index(dialog.progress_bar)
+
+
+def test_targets_show_whole_at_the_smallest_size_and_empty_notes_take_no_room(
+        dialog, env, qtbot, tmp_path):
+    """With five targets and the dialog at its smallest, the targets list showed three and a
+    half rows beside empty note lines: every target row now fits (up to ``TARGET_ROWS``), and
+    a note with no text is hidden."""
+    from app.ui.models_dialog import TARGET_ROWS
+
+    catalog, demo_t = env[0], env[1]
+    folder = tmp_path / "more"
+    for name in ("alpha", "beta", "gamma", "delta"):
+        _write_model(folder / name, json.loads((demo_t / "config.json").read_text()))
+    catalog.add_folder(folder)
+    dialog.refresh()
+    dialog.show()
+    dialog.resize(dialog.minimumSizeHint())
+    qtbot.waitExposed(dialog)
+    targets = dialog.targets
+    assert 5 <= targets.topLevelItemCount() <= TARGET_ROWS
+    last = targets.visualItemRect(targets.topLevelItem(targets.topLevelItemCount() - 1))
+    assert targets.viewport().rect().contains(last), (last, targets.viewport().rect())
+    assert targets.verticalScrollBar().maximum() == 0
+    assert dialog.probe_label.text() == "" and not dialog.probe_label.isVisible()
+    dialog.status_label.setText("Added a folder")
+    assert dialog.status_label.isVisible()

@@ -48,11 +48,14 @@ from app.models.catalog import (
     format_bytes,
     known_pair_for,
 )
+from app.ui.fit import WrapLabel
 
 ROLE_ENTRY = Qt.ItemDataRole.UserRole
 ROLE_MISSING = Qt.ItemDataRole.UserRole + 1
 """A targets row's added folder that is not on disk (the row has no entry)."""
 MISSING_TEXT = "folder not found"
+TARGET_ROWS = 6
+"""Targets the list shows without scrolling (more scroll): the dialog grows to fit them."""
 SOURCE_LABELS = {"bundled": "bundled", "folder": "folder", "cache": "HF cache"}
 
 
@@ -141,11 +144,11 @@ class DownloadRunner(QObject):
         self.finished.emit(paths, None)
 
 
-def fit_rows(tree: QTreeWidget) -> None:
-    """Make ``tree`` at least as tall as its header and rows (up to 12), so a short fixed list
+def fit_rows(tree: QTreeWidget, most: int = 12) -> None:
+    """Make ``tree`` at least as tall as its header and rows (up to ``most``), so a short list
     such as the known pairs shows whole instead of three rows and a scroll bar beside empty
     room."""
-    rows = min(tree.topLevelItemCount(), 12)
+    rows = min(tree.topLevelItemCount(), most)
     if rows == 0:
         return
     row = tree.sizeHintForRow(0) or tree.fontMetrics().height() + 4
@@ -211,12 +214,11 @@ class ModelsDialog(QDialog):
         self.load_button.clicked.connect(self.load_selected)
         pick.addWidget(self.load_button)
         layout.addLayout(pick)
-        self.dflash_reason = QLabel()
-        self.dflash_reason.setWordWrap(True)
-        self.memory_label = QLabel()
-        self.memory_label.setWordWrap(True)
-        self.probe_label = QLabel()  # the selected pair's drafter fit probe, when probed
-        self.probe_label.setWordWrap(True)
+        # notes take no room while empty, so that room goes to the lists
+        self.dflash_reason = WrapLabel(hide_empty=True)
+        self.memory_label = WrapLabel(hide_empty=True)
+        # the selected pair's drafter fit probe, when probed
+        self.probe_label = WrapLabel(hide_empty=True)
         layout.addWidget(self.dflash_reason)
         layout.addWidget(self.probe_label)
         layout.addWidget(self.memory_label)
@@ -271,8 +273,7 @@ class ModelsDialog(QDialog):
         self.progress_label = QLabel()
         # what went wrong (a bad repo id, a failed load) right under the fields it is about,
         # not below the download's progress room at the far bottom
-        self.status_label = QLabel()
-        self.status_label.setWordWrap(True)
+        self.status_label = WrapLabel(hide_empty=True)
         layout.addWidget(self.status_label)
         layout.addWidget(self.progress_bar)
         layout.addWidget(self.progress_label)
@@ -351,6 +352,7 @@ class ModelsDialog(QDialog):
             item.setData(0, ROLE_ENTRY, p)
             self.known.addTopLevelItem(item)
         fit_rows(self.known)
+        fit_rows(self.targets, most=TARGET_ROWS)
         if self.catalog.folders_error:
             self.status_label.setText(self.catalog.folders_error)
         self._on_target_selected()
