@@ -7,7 +7,8 @@ headless comparison runs instead (``compare`` on a default demo prompt).
 The global options ``--data-dir``, ``--prefix-cache-mb`` and ``--version`` go before the
 command or after it (also after a nested one, ``tools run``), with the same meaning; given in
 both places, the one after the command wins (:func:`add_global_options`). ``--gui`` goes before
-only.
+only. ``--prompt -`` (chat, compare) reads the message from standard input
+(:func:`app.commands.generation.read_stdin_prompt`) before the command runs.
 
 Commands register themselves through a ``register(subparsers)`` function in their module
 (see ``COMMAND_MODULES``); each sets ``func`` to a callable ``(args) -> int`` exit code.
@@ -22,7 +23,13 @@ import os
 import sys
 
 from app import APP_NAME, __version__
-from app.commands.generation import DEFAULT_PROMPT, int_at_least
+from app.commands.generation import (
+    DEFAULT_PROMPT,
+    STDIN_PROMPT,
+    CommandError,
+    int_at_least,
+    read_stdin_prompt,
+)
 
 # Modules that add subcommands, in --help order.
 COMMAND_MODULES = [
@@ -272,6 +279,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Prompt: {DEFAULT_PROMPT}")
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT, "--run-tools"])
     try:
+        if getattr(args, "prompt", None) == STDIN_PROMPT:  # --prompt -
+            try:
+                if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
+                    # a rank of an mlx.launch the user started: its standard input is
+                    # mlx.launch's pipe (the ranks this app starts get the text instead)
+                    raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
+                                       "started: give --prompt TEXT, or run the command "
+                                       "without mlx.launch (it starts the ranks itself)")
+                args.prompt = read_stdin_prompt(args.command)
+            except CommandError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            args.prompt_from_stdin = True  # --distributed passes it on to the other ranks
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

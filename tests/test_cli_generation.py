@@ -71,6 +71,23 @@ def test_compare_json_identical_with_replays(capsys, pair_paths):
     assert obj["dflash"]["summary"]["fast_verify"] is False  # exact by default
 
 
+def test_prompt_from_stdin_is_the_same_message_as_given_inline(capsys, pair_paths,
+                                                               monkeypatch):
+    """`echo 'Name a capital.' | python -m app chat --prompt -` replies as `--prompt 'Name a
+    capital.'` does (the pipe's line end dropped)."""
+    import io
+
+    argv = ["chat", *pair_args(pair_paths), "--mode", "plain", "--max-tokens", "8",
+            "--tools", "none", "--json"]
+    code, out, err = run_cli(capsys, *argv, "--prompt", "Name a capital.")
+    assert code == 0, err
+    inline = json.loads(out)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Name a capital.\n")))
+    code, out, err = run_cli(capsys, *argv, "--prompt", "-")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == inline["tokens"]
+
+
 def test_compare_repeats_rotate_the_sides_and_give_paired_and_pooled_speedups(
         capsys, pair_paths, monkeypatch):
     """--repeats 3: each side runs 3 times after both paths were warmed up, the order

@@ -1,7 +1,10 @@
 """`python -m app` options as a command-line user gives them: the global options before or
-after the command (the one after it wins)."""
+after the command (the one after it wins), and ``--prompt -`` reading the message from
+standard input (chat, compare; passed on to the other ranks of ``--distributed``)."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 
@@ -107,3 +110,145 @@ def test_gui_is_refused_after_a_command(capsys):
     code, _, err = _exit_code(capsys, ["tools", "--gui"])
     assert code == 2
     assert "python -m app tools: error: unrecognized arguments: --gui" in err
+
+
+# ------------------------------------------------------------------------------ --prompt -
+def _stdin(data: bytes, tty: bool = False) -> io.TextIOWrapper:
+    """A standard input holding ``data`` (as a pipe gives it, or a terminal)."""
+
+    class Buffer(io.BytesIO):
+        def isatty(self):
+            return tty
+
+    return io.TextIOWrapper(Buffer(data), encoding="utf-8")
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The parsed arguments chat and compare ran with (nothing loaded: the commands' own
+    functions are replaced)."""
+    import app.commands.chat as chat_cmd
+    import app.commands.compare as compare_cmd
+
+    got = []
+
+    def spy(args):
+        got.append(args)
+        return 0
+
+    monkeypatch.setattr(chat_cmd, "run_chat", spy)
+    monkeypatch.setattr(compare_cmd, "run_compare", spy)
+    return got
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_prompt_dash_reads_the_message_from_stdin(capsys, monkeypatch, seen, command):
+    """`echo ... | python -m app chat --prompt -`: standard input to its end, as UTF-8, the
+    trailing line ends dropped (as `$(cat)` drops them), the rest kept."""
+    monkeypatch.setattr("sys.stdin", _stdin("  Tokyo 東京\r\n\nand Paris?\n\n".encode()))
+    code, _, err = _exit_code(capsys, [command, "--prompt", "-"])
+    assert code == 0, err
+    assert seen[-1].prompt == "  Tokyo 東京\n\nand Paris?"
+    assert err == ""  # a pipe: nothing said
+
+
+def test_prompt_dash_from_a_terminal_says_how_to_end_it(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", _stdin(b"typed in\n", tty=True))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-"])
+    assert code == 0 and seen[-1].prompt == "typed in"
+    assert "reading the message from the terminal" in err and "Ctrl+D" in err
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"  \n\t\n"])
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_prompt_dash_with_nothing_on_stdin_is_one_line_and_exit_2(capsys, monkeypatch, seen,
+                                                                   command, data):
+    monkeypatch.setattr("sys.stdin", _stdin(data))
+    code, out, err = _exit_code(capsys, [command, "--prompt", "-"])
+    assert code == 2 and not seen and out == ""
+    assert err.startswith("error: --prompt -: standard input held no text to reply to")
+    assert f"| python -m app {command} --prompt -" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_prompt_dash_refuses_stdin_that_is_not_utf8(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", _stdin(b"caf\xe9 au lait"))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-"])
+    assert code == 2 and not seen
+    assert err.strip() == ("error: --prompt -: standard input is not valid UTF-8 text: the "
+                           "byte 0xe9 at byte 4 cannot be decoded")
+
+
+def test_prompt_dash_without_a_stdin_is_said(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", None)
+    code, _, err = _exit_code(capsys, ["compare", "--prompt", "-"])
+    assert code == 2 and not seen
+    assert err.strip() == "error: --prompt -: there is no standard input to read it from"
+
+
+def test_prompt_dash_through_a_shell_pipe():
+    """`printf ... | python -m app chat --prompt - ...` as a shell runs it: an empty pipe is
+    one line and exit 2 before any model is looked at; a message is read and the command
+    goes on (here to its missing model)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "app", "chat", "--prompt", "-", "--mode", "plain",
+            "--model", "/nonexistent/model"]
+    res = subprocess.run(argv, input=b"", capture_output=True, timeout=120)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 2 and err.startswith("error: --prompt -: standard input held no")
+    res = subprocess.run(argv, input="Hello 🙂\n".encode(), capture_output=True, timeout=120)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 2 and "prompt" not in err and "/nonexistent/model" in err
+
+
+def test_a_prompt_from_stdin_reaches_the_other_ranks(monkeypatch, tmp_path):
+    """--distributed starts the other ranks with the same command line; they cannot read
+    this process's standard input, so the message read from it follows the command line."""
+    import os
+
+    import app.commands.distributed as dist
+
+    class Args:
+        prompt = "line one\n--line two"
+        prompt_from_stdin = True
+
+    argv = ["chat", "--prompt", "-", "--distributed", "hosts.json"]
+    monkeypatch.setattr("sys.argv", ["app", *argv])
+    assert dist.rank_argv(Args()) == [*argv, "--prompt=line one\n--line two"]
+    Args.prompt_from_stdin = False
+    assert dist.rank_argv(Args()) == argv
+    # the ranks started here get it
+    started = []
+
+    class Child:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+
+    monkeypatch.setattr(dist.subprocess, "Popen", Child)
+    monkeypatch.setattr(dist.atexit, "register", lambda fn: None)
+    hosts = tmp_path / "ring.json"
+    monkeypatch.setattr(dist.tempfile, "mkstemp",
+                        lambda **kw: (os.open(hosts, os.O_CREAT | os.O_WRONLY), str(hosts)))
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    Args.prompt_from_stdin = True
+    dist._spawn_local(2, Args())
+    assert len(started) == 1 and started[0][-1] == "--prompt=line one\n--line two"
+    # and the parser reads it back as the message, whatever it starts with
+    assert build_parser().parse_args(dist.rank_argv(Args())).prompt == "line one\n--line two"
+
+
+def test_prompt_dash_is_refused_on_a_rank_that_mlx_launch_started(capsys, monkeypatch, seen,
+                                                                   tmp_path):
+    """Under an mlx.launch the user started, standard input is mlx.launch's pipe, not the
+    user's: said at once rather than waited on."""
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setattr("sys.stdin", _stdin(b"never read"))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-", "--distributed",
+                                       str(tmp_path / "hosts.json")])
+    assert code == 2 and not seen
+    assert err.strip().startswith("error: --prompt - cannot be read by a rank that mlx.launch "
+                                  "started: give --prompt TEXT")
+    assert main(["chat", "--prompt", "-"]) == 0 and seen[-1].prompt == "never read"
