@@ -438,18 +438,35 @@ def warm_up_on_gpu(target, drafters: list) -> None:
         _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
 
 
-def warm_up_both(target, drafters: list, auto_block: bool = False) -> None:
-    """Before anything is timed, run both paths once on the loaded pair, on every backend
-    (:func:`app.engine.warmup.warm_up`, every drafter included): a process's first plain
-    reply on the CPU is up to half as fast as its later ones, which made a cold plain side
-    look slower than it is. Says how long it took on stderr. ``auto_block``: the drafters'
-    replies run with the automatic block size, which measures their cost models first."""
+def warm_up_both(target, drafters: list, auto_block: bool = False,
+                 lookup: bool = False) -> None:
+    """Before anything is timed, run every path that will be timed once on the loaded pair,
+    on every backend (:func:`app.engine.warmup.warm_up`): plain, each drafter's (DFlash or
+    DFlash2) and, with ``lookup``, Lookup. A process's first plain reply on the CPU is up
+    to half as fast as its later ones, which made a cold plain side look slower than it is.
+    Says on stderr how many paths, which, and how long it took (:func:`warmed_up_line`).
+    ``auto_block``: the drafters' replies run with the automatic block size, which measures
+    their cost models first."""
+    from app.engine.modes import drafter_mode
     from app.engine.warmup import warm_up
 
-    extra = {"auto_block": True} if auto_block else {}  # warm_up's default otherwise
+    drafters = [d for d in drafters if d is not None]
+    extra = {"auto_block": True} if auto_block else {}  # warm_up's defaults otherwise
+    if lookup:
+        extra["lookup"] = True
     report = warm_up(target, drafters, every_drafter=True, **extra,
                      **_no_prebuild_if_sharded(target))
-    _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
+    paths = ["plain", *(drafter_mode(d).label for d in drafters)]
+    if lookup:
+        paths.append(Mode.LOOKUP.label)
+    _warn(warmed_up_line(paths, report.seconds))
+
+
+def warmed_up_line(paths: list[str], seconds: float) -> str:
+    """``note: warmed up 3 paths (plain, DFlash, DFlash2) in 2.1 s before timing``; with
+    two paths, ``both paths (plain, DFlash)``."""
+    count = "both paths" if len(paths) == 2 else f"{len(paths)} paths"
+    return f"note: warmed up {count} ({', '.join(paths)}) in {seconds:.1f} s before timing"
 
 
 def keep_quantized_arg(args) -> bool | None:
