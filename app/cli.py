@@ -4,6 +4,12 @@ With no command the window opens; with no display to open it on (Linux without
 ``DISPLAY``/``WAYLAND_DISPLAY``, or ``QT_QPA_PLATFORM=offscreen``) one line says so and the
 headless comparison runs instead (``compare`` on a default demo prompt).
 
+The global options ``--data-dir``, ``--prefix-cache-mb`` and ``--version`` go before the
+command or after it (also after a nested one, ``tools run``), with the same meaning; given in
+both places, the one after the command wins (:func:`add_global_options`). ``--gui`` goes before
+only. ``--prompt -`` (chat, compare) reads the message from standard input
+(:func:`app.commands.generation.read_stdin_prompt`) before the command runs.
+
 Commands register themselves through a ``register(subparsers)`` function in their module
 (see ``COMMAND_MODULES``); each sets ``func`` to a callable ``(args) -> int`` exit code.
 Exit codes: 0 ok, 2 bad arguments or unusable model files (message on stderr, no traceback).
@@ -17,7 +23,13 @@ import os
 import sys
 
 from app import APP_NAME, __version__
-from app.commands.generation import DEFAULT_PROMPT, int_at_least
+from app.commands.generation import (
+    DEFAULT_PROMPT,
+    STDIN_PROMPT,
+    CommandError,
+    int_at_least,
+    read_stdin_prompt,
+)
 
 # Modules that add subcommands, in --help order.
 COMMAND_MODULES = [
@@ -170,22 +182,57 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"{APP_NAME}: chat with local MLX models, plain or with DFlash or "
         "DFlash2 speculative decoding.",
     )
-    parser.add_argument("--version", action="store_true", help="print versions and exit")
     parser.add_argument("--gui", action="store_true", help="open the window even without a display")
-    parser.add_argument(
-        "--data-dir",
-        help="folder for conversations, settings and logs (default: the platform's app-data folder)",
-    )
-    parser.add_argument(
-        "--prefix-cache-mb", type=int_at_least(0), metavar="MB",
-        help="memory for saved conversation states that new chats and chats you come back to "
-        "reuse (default: a tenth of RAM, 256 to 2048 MiB; 0 keeps only the last reply's)",
-    )
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 parser_class=SubcommandParser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in _command_parsers(parser):
+        add_global_options(command, after_command=True)
     return parser
+
+
+def add_global_options(parser: argparse.ArgumentParser, after_command: bool = False) -> None:
+    """The options every command takes, before the command (``python -m app --data-dir X
+    chat``) or after it (``python -m app chat --data-dir X``, also after a nested command
+    such as ``tools run``), with the same meaning; given in both places, the one after the
+    command wins. ``--gui`` is the top level's only: it is about the window, which opens
+    only without a command.
+
+    After the command (``after_command``) an option not given leaves no attribute (argparse's
+    ``SUPPRESS``), so that the command's parser does not overwrite the top level's value with
+    its default; given, it overwrites it (argparse copies a command's values over the top
+    level's)."""
+    group = parser
+    unset: dict = {}
+    if after_command:
+        group = parser.add_argument_group(
+            "global options", "also taken before the command; given in both places, the one "
+            "after the command wins")
+        unset = {"default": argparse.SUPPRESS}
+    group.add_argument("--version", action="store_true", help="print versions and exit",
+                       **unset)
+    group.add_argument(
+        "--data-dir", **unset,
+        help="folder for conversations, settings and logs (default: the platform's app-data folder)",
+    )
+    group.add_argument(
+        "--prefix-cache-mb", type=int_at_least(0), metavar="MB", **unset,
+        help="memory for saved conversation states that new chats and chats you come back to "
+        "reuse (default: a tenth of RAM, 256 to 2048 MiB; 0 keeps only the last reply's)",
+    )
+
+
+def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser under ``parser``, nested ones (``tools run``) included, each
+    once (an alias names the same parser)."""
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # by identity
+                found += [child, *_command_parsers(child)]
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +279,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Prompt: {DEFAULT_PROMPT}")
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT, "--run-tools"])
     try:
+        if getattr(args, "prompt", None) == STDIN_PROMPT:  # --prompt -
+            try:
+                if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
+                    # a rank of an mlx.launch the user started: its standard input is
+                    # mlx.launch's pipe (the ranks this app starts get the text instead)
+                    raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
+                                       "started: give --prompt TEXT, or run the command "
+                                       "without mlx.launch (it starts the ranks itself)")
+                args.prompt = read_stdin_prompt(args.command)
+            except CommandError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            args.prompt_from_stdin = True  # --distributed passes it on to the other ranks
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

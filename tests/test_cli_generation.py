@@ -71,6 +71,23 @@ def test_compare_json_identical_with_replays(capsys, pair_paths):
     assert obj["dflash"]["summary"]["fast_verify"] is False  # exact by default
 
 
+def test_prompt_from_stdin_is_the_same_message_as_given_inline(capsys, pair_paths,
+                                                               monkeypatch):
+    """`echo 'Name a capital.' | python -m app chat --prompt -` replies as `--prompt 'Name a
+    capital.'` does (the pipe's line end dropped)."""
+    import io
+
+    argv = ["chat", *pair_args(pair_paths), "--mode", "plain", "--max-tokens", "8",
+            "--tools", "none", "--json"]
+    code, out, err = run_cli(capsys, *argv, "--prompt", "Name a capital.")
+    assert code == 0, err
+    inline = json.loads(out)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Name a capital.\n")))
+    code, out, err = run_cli(capsys, *argv, "--prompt", "-")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == inline["tokens"]
+
+
 def test_compare_repeats_rotate_the_sides_and_give_paired_and_pooled_speedups(
         capsys, pair_paths, monkeypatch):
     """--repeats 3: each side runs 3 times after both paths were warmed up, the order
@@ -514,8 +531,8 @@ def test_compare_warms_up_everywhere_and_chat_on_a_gpu_only(capsys, pair_paths, 
     monkeypatch.setattr(warmup, "warm_up", fake_warm_up)
     argv = [*pair_args(pair_paths), "--prompt", "Hi", "--max-tokens", "4", "--tools", "none"]
     code, _, err = run_cli(capsys, "compare", *argv, "--json")
-    assert code == 0 and calls == [([True, False], True)]  # the CPU too
-    assert "note: warmed up both paths in 0.8 s before timing" in err
+    assert code == 0 and calls == [([True], True)]  # the CPU too
+    assert "note: warmed up both paths (plain, DFlash) in 0.8 s before timing" in err
     assert run_cli(capsys, "chat", *argv, "--mode", "plain", "--json")[0] == 0
     assert len(calls) == 1 + warmup.needs_warm_up()  # chat warms up on a GPU only
     monkeypatch.setattr(warmup, "needs_warm_up", lambda: True)
@@ -598,6 +615,39 @@ def test_compare_runs_dflash2_too_on_the_bundled_pair(capsys):
     assert set(json.loads(out)) == {"plain", "dflash", "identical", "first_divergence",
                                     "near_tie", "sampled", "repeats", "speedup",
                                     "repeats_identical"}  # no dflash2 fields
+
+
+@needs_bundled
+def test_compare_names_every_path_it_warmed_up(capsys, monkeypatch):
+    """compare said "warmed up both paths" when it warmed three or four (plain, DFlash,
+    DFlash2 and, with --lookup, Lookup, which was not warmed up at all): the count and the
+    names of the paths it warmed, each side it times among them."""
+    from app.engine import warmup
+    from app.engine.modes import drafter_mode
+
+    calls = []
+
+    def fake_warm_up(target, drafters, every_drafter=False, lookup=False):
+        calls.append(([drafter_mode(d).value for d in drafters], lookup))
+        return warmup.WarmUpReport(0.5, [0.25], 3)
+
+    monkeypatch.setattr(warmup, "warm_up", fake_warm_up)
+    argv = ["compare", "--prompt", "Hi", "--max-tokens", "4", "--tools", "none", "--json"]
+    said = "note: warmed up {} in 0.8 s before timing"
+    for extra, drafters, lookup, paths in [
+            ([], ["dflash", "dflash2"], False, "3 paths (plain, DFlash, DFlash2)"),
+            (["--lookup"], ["dflash", "dflash2"], True,
+             "4 paths (plain, DFlash, DFlash2, Lookup)"),
+            (["--dflash2-model", "none", "--lookup"], ["dflash"], True,
+             "3 paths (plain, DFlash, Lookup)"),
+            (["--draft-model", str(_bundled_dirs()[2])], ["dflash2"], False,
+             "both paths (plain, DFlash2)")]:
+        code, out, err = run_cli(capsys, *argv, *extra)
+        assert code == 0, err
+        assert calls[-1] == (drafters, lookup), extra
+        assert said.format(paths) in err, err
+        obj = json.loads(out)
+        assert ("lookup" in obj) is lookup and ("dflash2" in obj) is ("dflash2" in drafters)
 
 
 def test_the_window_and_the_cli_take_the_default_pair_from_one_place(tmp_path, monkeypatch):

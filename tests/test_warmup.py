@@ -27,6 +27,29 @@ def test_warm_up_runs_plain_and_each_drafter_and_leaves_replies_unchanged(tiny_h
     assert run(target, ids, drafter, mode="dflash", max_tokens=20).tokens == before
 
 
+def test_warm_up_runs_a_lookup_reply_when_asked(tiny_hybrid, monkeypatch):
+    """compare --lookup times a Lookup side: ``lookup=True`` warms that path too (its
+    verify blocks are not the drafters'), after plain and the drafters, with no drafter."""
+    from app.engine import generate as generate_mod
+
+    target, drafter = tiny_hybrid
+    modes, real = [], generate_mod.generate
+
+    def spy(target, ids, cfg, drafter=None, *rest, **kw):
+        modes.append((cfg.mode, drafter is not None))
+        return real(target, ids, cfg, drafter, *rest, **kw)
+
+    monkeypatch.setattr(warmup, "generate", spy)
+    report = warmup.warm_up(target, [drafter], max_tokens=6)
+    assert modes == [("plain", False), ("dflash", True)] and report.lookup_s is None
+    modes.clear()
+    report = warmup.warm_up(target, [drafter], max_tokens=6, lookup=True)
+    assert modes == [("plain", False), ("dflash", True), ("lookup", False)]
+    assert report.lookup_s > 0
+    assert report.seconds == pytest.approx(report.plain_s + report.drafted_s[0]
+                                           + report.lookup_s)
+
+
 @pytest.fixture(autouse=True)
 def kernel_cache(tmp_path, monkeypatch):
     """An empty MLX kernel cache folder of each test's own (the prebuild records its work

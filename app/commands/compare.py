@@ -12,7 +12,8 @@ Lookup side (prompt-lookup drafts, no drafter) and ``"lookup", "lookup_identical
 "lookup_first_divergence", "lookup_speedup"`` (Lookup vs plain). A divergence is
 reported, not an error (exit code 0); 2 for bad arguments or unusable model files.
 
-Timing (``app.chat.measure``): both paths are warmed up before anything is timed, each side
+Timing (``app.chat.measure``): every side's path is warmed up before anything is timed (a
+note on stderr names them: ``warmed up 3 paths (plain, DFlash, DFlash2) in 2.1 s``), each side
 runs ``--repeats`` times with the order rotating, and every side gives ``time_to_answer_s``
 (send to last token, prefill and tool rounds included; its median over the repeats) and
 ``tool_s`` beside ``summary``/``reply_summary``, and ``runs`` (each run's figures). The
@@ -100,15 +101,17 @@ def _compare(args) -> int:
         if drafter_mode(drafter2) is not Mode.DFLASH2:
             raise CommandError(f"--dflash2-model {d2path} is not a DFlash2 drafter")
         check_pair(target, drafter2)
-    warm_up_both(target, [drafter, drafter2], auto_block=args.block_size == AUTO)
-    if tool_setup is not None:  # else the first side's first conversion would pay for it
-        tool_setup.join()
     only_v2 = drafter_mode(drafter) is Mode.DFLASH2
     runs = [("plain", drafter), ("dflash2" if only_v2 else "dflash", drafter)]
     if drafter2 is not None and not only_v2:
         runs.append(("dflash2", drafter2))
     if args.lookup:
         runs.append((Mode.LOOKUP.value, None))
+    # every side that is timed, warmed first (a drafter that runs no side is not)
+    warm_up_both(target, [drafter] + [d for m, d in runs[2:] if d is not None],
+                 auto_block=args.block_size == AUTO, lookup=args.lookup)
+    if tool_setup is not None:  # else the first side's first conversion would pay for it
+        tool_setup.join()
     # every run sees the same tool results: the built-in clock frozen at one instant
     frozen = builtin_tools(dt.datetime.now(dt.UTC)) if args.tools == "builtin" else None
     settings = {}

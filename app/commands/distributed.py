@@ -96,7 +96,18 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _spawn_local(size: int) -> None:
+def rank_argv(args) -> list[str]:
+    """The command line the other ranks run: this process's, and, when the message was read
+    from standard input (``--prompt -``, which they cannot read), that message as a last
+    ``--prompt=TEXT`` (the last one given wins; the ``=`` form takes text that starts with
+    a dash)."""
+    argv = sys.argv[1:]
+    if getattr(args, "prompt_from_stdin", False):
+        argv = [*argv, f"--prompt={args.prompt}"]
+    return argv
+
+
+def _spawn_local(size: int, args) -> None:
     """Start ranks ``1 .. size-1`` of this command here and make this process rank 0."""
     ring = [[f"127.0.0.1:{port}"] for port in free_ports(size)]
     fd, name = tempfile.mkstemp(prefix="dflash-hosts-", suffix=".json")
@@ -106,7 +117,7 @@ def _spawn_local(size: int) -> None:
     children = []
     for rank in range(1, size):
         env = dict(os.environ, MLX_RANK=str(rank))
-        children.append(subprocess.Popen([sys.executable, "-m", "app", *sys.argv[1:]],
+        children.append(subprocess.Popen([sys.executable, "-m", "app", *rank_argv(args)],
                                          env=env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL))
     os.environ["MLX_RANK"] = "0"
@@ -123,11 +134,11 @@ def _spawn_local(size: int) -> None:
     atexit.register(reap)
 
 
-def _relaunch(hostfile: str) -> None:
+def _relaunch(hostfile: str, args) -> None:
     """Run this command again on every host through ``mlx.launch`` (does not return)."""
     cmd = [sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
            "sys.exit(main())", "--hostfile", hostfile, "--backend", "ring",
-           "--python", sys.executable, "--cwd", os.getcwd(), "--", "-m", "app", *sys.argv[1:]]
+           "--python", sys.executable, "--cwd", os.getcwd(), "--", "-m", "app", *rank_argv(args)]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
 
@@ -148,9 +159,9 @@ def join(args):
     if "MLX_RANK" not in os.environ:
         hosts = read_hosts(args.distributed)
         if all(h["ssh"] in LOCAL_HOSTS for h in hosts):
-            _spawn_local(len(hosts))
+            _spawn_local(len(hosts), args)
         else:
-            _relaunch(args.distributed)
+            _relaunch(args.distributed, args)
     return join_group(timeout)
 
 

@@ -128,6 +128,45 @@ def prompt_text(text: str) -> str:
     return utf8_text(text)
 
 
+STDIN_PROMPT = "-"
+"""``--prompt -``: the message is read from standard input (:func:`read_stdin_prompt`)."""
+
+
+def read_stdin_prompt(command: str) -> str:
+    """The message of ``--prompt -``: standard input read to its end (a pipe, a file, or
+    the terminal until Ctrl+D, as ``cat`` reads it; a line on stderr says how to end it
+    there), decoded as UTF-8 (a leading byte-order mark dropped, CRLF line ends read as LF),
+    its trailing line ends dropped as a shell's ``$(cat)`` drops them.
+
+    Raises:
+        CommandError: no standard input, one that cannot be read or is not UTF-8, or one
+            that holds no text but white space (the message says how to pipe one in).
+    """
+    stream = sys.stdin
+    if stream is None:
+        raise CommandError("--prompt -: there is no standard input to read it from")
+    try:
+        if stream.isatty():
+            _warn("reading the message from the terminal: end it with Ctrl+D "
+                  "(Ctrl+Z then Enter on Windows)")
+        buffer = getattr(stream, "buffer", None)
+        data = buffer.read() if buffer is not None else stream.read().encode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: a closed stream
+        raise CommandError(f"--prompt -: cannot read standard input ({exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"--prompt -: standard input is not valid UTF-8 text: the byte "
+                           f"0x{data[exc.start]:02x} at byte {exc.start + 1} cannot be "
+                           "decoded") from None
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").rstrip("\n")
+    if not text.strip():
+        raise CommandError("--prompt -: standard input held no text to reply to (it was empty "
+                           "or blank); pipe the message in: echo 'Hello' | python -m app "
+                           f"{command} --prompt -")
+    return text
+
+
 def refuse_mode(p: argparse.ArgumentParser, command: str, why: str) -> None:
     """Give ``p`` (a command without a ``--mode``: ``compare``, ``bench``, ``serve``) a
     hidden ``--mode`` that is refused with ``why``: without it argparse took ``--mode plain``
@@ -146,7 +185,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    "(default with the bundled demo target: its drafter; without --model it "
                    "is paired with the bundled demo target)")
     p.add_argument("--prompt", type=prompt_text, default=DEFAULT_PROMPT,
-                   help=f"the user message (not empty; default: {DEFAULT_PROMPT!r})")
+                   help=f"the user message (not empty; '-' reads it from standard input to "
+                   f"its end, its trailing line ends dropped; default: {DEFAULT_PROMPT!r})")
     p.add_argument("--system-prompt", type=utf8_text, help="a system message")
     max_tokens = SPECS["max_tokens"].default  # the window's default, from the one table
     p.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
@@ -398,18 +438,35 @@ def warm_up_on_gpu(target, drafters: list) -> None:
         _warn(f"note: warmed up in {report.seconds:.1f} s (building GPU kernels)")
 
 
-def warm_up_both(target, drafters: list, auto_block: bool = False) -> None:
-    """Before anything is timed, run both paths once on the loaded pair, on every backend
-    (:func:`app.engine.warmup.warm_up`, every drafter included): a process's first plain
-    reply on the CPU is up to half as fast as its later ones, which made a cold plain side
-    look slower than it is. Says how long it took on stderr. ``auto_block``: the drafters'
-    replies run with the automatic block size, which measures their cost models first."""
+def warm_up_both(target, drafters: list, auto_block: bool = False,
+                 lookup: bool = False) -> None:
+    """Before anything is timed, run every path that will be timed once on the loaded pair,
+    on every backend (:func:`app.engine.warmup.warm_up`): plain, each drafter's (DFlash or
+    DFlash2) and, with ``lookup``, Lookup. A process's first plain reply on the CPU is up
+    to half as fast as its later ones, which made a cold plain side look slower than it is.
+    Says on stderr how many paths, which, and how long it took (:func:`warmed_up_line`).
+    ``auto_block``: the drafters' replies run with the automatic block size, which measures
+    their cost models first."""
+    from app.engine.modes import drafter_mode
     from app.engine.warmup import warm_up
 
-    extra = {"auto_block": True} if auto_block else {}  # warm_up's default otherwise
+    drafters = [d for d in drafters if d is not None]
+    extra = {"auto_block": True} if auto_block else {}  # warm_up's defaults otherwise
+    if lookup:
+        extra["lookup"] = True
     report = warm_up(target, drafters, every_drafter=True, **extra,
                      **_no_prebuild_if_sharded(target))
-    _warn(f"note: warmed up both paths in {report.seconds:.1f} s before timing")
+    paths = ["plain", *(drafter_mode(d).label for d in drafters)]
+    if lookup:
+        paths.append(Mode.LOOKUP.label)
+    _warn(warmed_up_line(paths, report.seconds))
+
+
+def warmed_up_line(paths: list[str], seconds: float) -> str:
+    """``note: warmed up 3 paths (plain, DFlash, DFlash2) in 2.1 s before timing``; with
+    two paths, ``both paths (plain, DFlash)``."""
+    count = "both paths" if len(paths) == 2 else f"{len(paths)} paths"
+    return f"note: warmed up {count} ({', '.join(paths)}) in {seconds:.1f} s before timing"
 
 
 def keep_quantized_arg(args) -> bool | None:

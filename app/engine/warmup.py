@@ -37,19 +37,21 @@ WARM_UP_TEXT = "Warm-up: say hello in one short sentence, then stop."
 @dataclass
 class WarmUpReport:
     """What :func:`warm_up` did: seconds of the plain reply and of each DFlash reply
-    (``drafted_s``, one entry per drafter), the tokens generated in all, and the parallel
-    kernel build before them (``prebuild``; None where none ran)."""
+    (``drafted_s``, one entry per drafter), the tokens generated in all, the parallel
+    kernel build before them (``prebuild``; None where none ran), and the seconds of the
+    Lookup reply (``lookup_s``; None where none ran)."""
 
     plain_s: float
     drafted_s: list[float]
     tokens: int
     prebuild: kernel_prebuild.PrebuildReport | None = None
+    lookup_s: float | None = None
 
     @property
     def seconds(self) -> float:
         """Total seconds, the kernel build included."""
         built = self.prebuild.seconds if self.prebuild else 0.0
-        return built + self.plain_s + sum(self.drafted_s)
+        return built + self.plain_s + sum(self.drafted_s) + (self.lookup_s or 0.0)
 
 
 def needs_warm_up() -> bool:
@@ -178,7 +180,7 @@ def user_prompt_ids(target, text: str) -> list[int]:
 
 def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
             prebuild: bool | None = None, every_drafter: bool = False,
-            auto_block: bool = False) -> WarmUpReport:
+            auto_block: bool = False, lookup: bool = False) -> WarmUpReport:
     """Run one plain and one greedy DFlash reply per drafter, to build their kernels.
 
     Args:
@@ -201,6 +203,8 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
         auto_block: run the drafters' replies with the automatic block size
             (``GenerationConfig.auto_block``), which measures each pair's cost model
             (:mod:`app.engine.costs`) here rather than in the first real reply.
+        lookup: also run one Lookup reply (prompt-lookup drafts, no drafter) last, for a
+            caller that times Lookup beside the others (``compare --lookup``).
 
     Returns:
         A :class:`WarmUpReport`.
@@ -236,4 +240,5 @@ def warm_up(target, drafters: list | tuple = (), max_tokens: int | None = None,
 
     plain = one("plain", None)
     drafted = [one("dflash", d) for d in drafters]
-    return WarmUpReport(plain, drafted, tokens, built)
+    looked = one("lookup", None) if lookup else None
+    return WarmUpReport(plain, drafted, tokens, built, looked)

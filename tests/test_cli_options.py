@@ -1,0 +1,254 @@
+"""`python -m app` options as a command-line user gives them: the global options before or
+after the command (the one after it wins), and ``--prompt -`` reading the message from
+standard input (chat, compare; passed on to the other ranks of ``--distributed``)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from app.cli import build_parser, main
+
+
+def _exit_code(capsys, argv):
+    """(exit code, stdout, stderr) of ``main(argv)``, whether it returns or argparse exits."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """``main`` exports --data-dir and --prefix-cache-mb to the environment: undone after."""
+    from app.engine.prefix import PREFIX_CACHE_ENV
+
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    monkeypatch.delenv(PREFIX_CACHE_ENV, raising=False)
+    return monkeypatch
+
+
+# ------------------------------------------------------------------------------ global options
+COMMANDS = [["chat"], ["compare"], ["bench"], ["serve"], ["models"], ["tools"],
+            ["tools", "run", "calculator"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_global_options_are_taken_after_the_command_too(command, tmp_path):
+    """`chat --data-dir X` was refused ("unrecognized arguments") while `--data-dir X chat`
+    ran: both mean the same now, on every command and after a nested one (`tools run`)."""
+    parser = build_parser()
+    before = parser.parse_args(["--data-dir", str(tmp_path), "--prefix-cache-mb", "64",
+                                *command])
+    after = parser.parse_args([*command, "--data-dir", str(tmp_path),
+                               "--prefix-cache-mb", "64"])
+    for args in (before, after):
+        assert args.data_dir == str(tmp_path) and args.prefix_cache_mb == 64
+        assert args.version is False and args.gui is False
+    assert parser.parse_args([*command, "--version"]).version is True
+    plain = parser.parse_args(command)  # not given anywhere: the top level's defaults
+    assert plain.data_dir is None and plain.prefix_cache_mb is None and plain.version is False
+
+
+def test_the_option_after_the_command_wins(tmp_path):
+    parser = build_parser()
+    args = parser.parse_args(["--data-dir", "first", "--prefix-cache-mb", "1", "chat",
+                              "--data-dir", "second", "--prefix-cache-mb", "2"])
+    assert args.data_dir == "second" and args.prefix_cache_mb == 2
+    # one given after, the other only before: each keeps its own
+    args = parser.parse_args(["--data-dir", "first", "tools", "--prefix-cache-mb", "2"])
+    assert args.data_dir == "first" and args.prefix_cache_mb == 2
+    args = parser.parse_args(["--data-dir", "first", "tools", "run", "calculator"])
+    assert args.data_dir == "first"
+
+
+def test_a_global_option_after_the_command_is_checked_and_used(capsys, tmp_path, clean_env):
+    """The same data-folder check and the same environment for the command, wherever the
+    option was given."""
+    import os
+
+    from app.engine.prefix import PREFIX_CACHE_ENV
+
+    new = tmp_path / "a" / "b"
+    assert main(["tools", "--data-dir", str(new), "--prefix-cache-mb", "0"]) == 0
+    assert new.is_dir() and os.environ["DFLASH_DATA_DIR"] == str(new)
+    assert os.environ[PREFIX_CACHE_ENV] == "0"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = blocker / "data"
+    code, _, err = _exit_code(capsys, ["chat", "--model", "/nonexistent/model",
+                                       "--data-dir", str(bad)])
+    assert code == 2
+    assert err.strip() == f"error: --data-dir {bad} cannot be created: Not a directory"
+    code, _, err = _exit_code(capsys, ["tools", "run", "calculator", "--prefix-cache-mb", "-1"])
+    assert code == 2
+    assert "python -m app tools run: error: argument --prefix-cache-mb: must be at least 0" in err
+
+
+def test_version_after_the_command_prints_the_versions(capsys, monkeypatch):
+    import app.cli as cli
+
+    monkeypatch.setattr(cli, "version_text", lambda: "DFlash Chat 0.test")
+    for argv in (["--version"], ["chat", "--version"], ["tools", "run", "x", "--version"]):
+        code, out, _ = _exit_code(capsys, argv)
+        assert code == 0 and out == "DFlash Chat 0.test\n", argv
+
+
+def test_command_help_lists_the_global_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["chat", "--help"])
+    out = capsys.readouterr().out
+    assert "--data-dir" in out and "--prefix-cache-mb" in out and "--version" in out
+
+
+def test_gui_is_refused_after_a_command(capsys):
+    """--gui opens the window, which only happens without a command: after one it is an
+    unknown argument, said with the command's usage (not taken and ignored)."""
+    code, _, err = _exit_code(capsys, ["tools", "--gui"])
+    assert code == 2
+    assert "python -m app tools: error: unrecognized arguments: --gui" in err
+
+
+# ------------------------------------------------------------------------------ --prompt -
+def _stdin(data: bytes, tty: bool = False) -> io.TextIOWrapper:
+    """A standard input holding ``data`` (as a pipe gives it, or a terminal)."""
+
+    class Buffer(io.BytesIO):
+        def isatty(self):
+            return tty
+
+    return io.TextIOWrapper(Buffer(data), encoding="utf-8")
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The parsed arguments chat and compare ran with (nothing loaded: the commands' own
+    functions are replaced)."""
+    import app.commands.chat as chat_cmd
+    import app.commands.compare as compare_cmd
+
+    got = []
+
+    def spy(args):
+        got.append(args)
+        return 0
+
+    monkeypatch.setattr(chat_cmd, "run_chat", spy)
+    monkeypatch.setattr(compare_cmd, "run_compare", spy)
+    return got
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_prompt_dash_reads_the_message_from_stdin(capsys, monkeypatch, seen, command):
+    """`echo ... | python -m app chat --prompt -`: standard input to its end, as UTF-8, the
+    trailing line ends dropped (as `$(cat)` drops them), the rest kept."""
+    monkeypatch.setattr("sys.stdin", _stdin("  Tokyo 東京\r\n\nand Paris?\n\n".encode()))
+    code, _, err = _exit_code(capsys, [command, "--prompt", "-"])
+    assert code == 0, err
+    assert seen[-1].prompt == "  Tokyo 東京\n\nand Paris?"
+    assert err == ""  # a pipe: nothing said
+
+
+def test_prompt_dash_from_a_terminal_says_how_to_end_it(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", _stdin(b"typed in\n", tty=True))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-"])
+    assert code == 0 and seen[-1].prompt == "typed in"
+    assert "reading the message from the terminal" in err and "Ctrl+D" in err
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"  \n\t\n"])
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_prompt_dash_with_nothing_on_stdin_is_one_line_and_exit_2(capsys, monkeypatch, seen,
+                                                                   command, data):
+    monkeypatch.setattr("sys.stdin", _stdin(data))
+    code, out, err = _exit_code(capsys, [command, "--prompt", "-"])
+    assert code == 2 and not seen and out == ""
+    assert err.startswith("error: --prompt -: standard input held no text to reply to")
+    assert f"| python -m app {command} --prompt -" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_prompt_dash_refuses_stdin_that_is_not_utf8(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", _stdin(b"caf\xe9 au lait"))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-"])
+    assert code == 2 and not seen
+    assert err.strip() == ("error: --prompt -: standard input is not valid UTF-8 text: the "
+                           "byte 0xe9 at byte 4 cannot be decoded")
+
+
+def test_prompt_dash_without_a_stdin_is_said(capsys, monkeypatch, seen):
+    monkeypatch.setattr("sys.stdin", None)
+    code, _, err = _exit_code(capsys, ["compare", "--prompt", "-"])
+    assert code == 2 and not seen
+    assert err.strip() == "error: --prompt -: there is no standard input to read it from"
+
+
+def test_prompt_dash_through_a_shell_pipe():
+    """`printf ... | python -m app chat --prompt - ...` as a shell runs it: an empty pipe is
+    one line and exit 2 before any model is looked at; a message is read and the command
+    goes on (here to its missing model)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "app", "chat", "--prompt", "-", "--mode", "plain",
+            "--model", "/nonexistent/model"]
+    res = subprocess.run(argv, input=b"", capture_output=True, timeout=120)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 2 and err.startswith("error: --prompt -: standard input held no")
+    res = subprocess.run(argv, input="Hello 🙂\n".encode(), capture_output=True, timeout=120)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 2 and "prompt" not in err and "/nonexistent/model" in err
+
+
+def test_a_prompt_from_stdin_reaches_the_other_ranks(monkeypatch, tmp_path):
+    """--distributed starts the other ranks with the same command line; they cannot read
+    this process's standard input, so the message read from it follows the command line."""
+    import os
+
+    import app.commands.distributed as dist
+
+    class Args:
+        prompt = "line one\n--line two"
+        prompt_from_stdin = True
+
+    argv = ["chat", "--prompt", "-", "--distributed", "hosts.json"]
+    monkeypatch.setattr("sys.argv", ["app", *argv])
+    assert dist.rank_argv(Args()) == [*argv, "--prompt=line one\n--line two"]
+    Args.prompt_from_stdin = False
+    assert dist.rank_argv(Args()) == argv
+    # the ranks started here get it
+    started = []
+
+    class Child:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+
+    monkeypatch.setattr(dist.subprocess, "Popen", Child)
+    monkeypatch.setattr(dist.atexit, "register", lambda fn: None)
+    hosts = tmp_path / "ring.json"
+    monkeypatch.setattr(dist.tempfile, "mkstemp",
+                        lambda **kw: (os.open(hosts, os.O_CREAT | os.O_WRONLY), str(hosts)))
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    Args.prompt_from_stdin = True
+    dist._spawn_local(2, Args())
+    assert len(started) == 1 and started[0][-1] == "--prompt=line one\n--line two"
+    # and the parser reads it back as the message, whatever it starts with
+    assert build_parser().parse_args(dist.rank_argv(Args())).prompt == "line one\n--line two"
+
+
+def test_prompt_dash_is_refused_on_a_rank_that_mlx_launch_started(capsys, monkeypatch, seen,
+                                                                   tmp_path):
+    """Under an mlx.launch the user started, standard input is mlx.launch's pipe, not the
+    user's: said at once rather than waited on."""
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setattr("sys.stdin", _stdin(b"never read"))
+    code, _, err = _exit_code(capsys, ["chat", "--prompt", "-", "--distributed",
+                                       str(tmp_path / "hosts.json")])
+    assert code == 2 and not seen
+    assert err.strip().startswith("error: --prompt - cannot be read by a rank that mlx.launch "
+                                  "started: give --prompt TEXT")
+    assert main(["chat", "--prompt", "-"]) == 0 and seen[-1].prompt == "never read"
