@@ -35,6 +35,7 @@ from app.engine.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDynamicCaus
 from app.engine.drafter import DFlashDrafter
 from app.engine.errors import GenerationError, ModelLoadError, UnsupportedArchitectureError
 from app.engine.generate import GenerationConfig, generate
+from app.engine.kernels.row_products import on_cuda
 from app.models.loader import check_pair, load_drafter, load_target
 from app.models.tiny import build_tiny_pair
 
@@ -829,7 +830,8 @@ def test_compiled_drafter_layers_give_the_same_drafts(tiny_hybrid, pair2, monkey
     """``DFLASH_COMPILE_LAYERS`` also runs the drafter's layers (the parts before and after
     each attention) and its context projection as ``mx.compile`` programs: two draft passes
     (new context rows, then none) give the same hidden states, tokens and context cache, bit
-    for bit, as the layers op by op (float32, this CPU), and the programs are used."""
+    for bit, as the layers op by op (float32), and the programs are used. On CUDA the DFlash2
+    hidden states may differ in their last bits (the fused multiply-add, below)."""
     from app.engine import drafter as drafter_mod
     from app.engine import target as target_mod
 
@@ -865,5 +867,16 @@ def test_compiled_drafter_layers_give_the_same_drafts(tiny_hybrid, pair2, monkey
     layers = len(model.layers)
     assert made.count("before_attention") == made.count("after_attention") == 2 * layers
     assert made.count("context_rows") == 1
-    for a, b in zip(walked, compiled, strict=True):
+    hidden_w, hidden_c = walked.pop(0), compiled.pop(0)
+    for a, b in zip(walked, compiled, strict=True):  # draft tokens, context cache
         assert a.shape == b.shape and mx.array_equal(a, b).item()
+    assert hidden_w.shape == hidden_c.shape
+    if on_cuda() and kind == "dflash2":
+        # NVRTC contracts a * b + c into one fused multiply-add (its --fmad=true default)
+        # inside a compiled program's fused kernel, one rounding where the op-by-op kernels
+        # round twice: measured on an H100, the DFlash2 layers' hidden states differ by at
+        # most 3.6e-7 at magnitude 3.1 (1-2 float32 ulp), tokens and cache equal. Drafts only
+        # propose: the verify pass decides every token either way.
+        assert mx.allclose(hidden_w, hidden_c, rtol=2.0 ** -20, atol=0.0).item()
+    else:
+        assert mx.array_equal(hidden_w, hidden_c).item()
