@@ -224,3 +224,44 @@ def test_a_stop_lets_the_running_reply_finish_and_refuses_the_waiting_one(tiny_p
             httpx.get(srv.url + "/health", timeout=5)
     finally:
         srv.close()
+
+
+def test_a_next_turn_sent_the_moment_the_answer_arrives_is_prefilled_ahead(monkeypatch):
+    """After a final answer the worker prefills what the client's next request starts with,
+    when no request waits. A client that sends its next turn the moment it reads the answer
+    (as a script does, or the test suite under load) used to race that check and find its
+    history read again from the system prompt; the check is now made before the answer goes
+    out."""
+    from types import SimpleNamespace
+
+    from app.chat.events import ReplyDone
+    from app.chat.settings import ReplySettings
+    from app.serve.worker import Job, JobFinished, JobQueue, JobStarted
+
+    prefilled = []
+
+    class Session:
+        def reply(self, messages, settings, cancel=None, fit=True):
+            summary = SimpleNamespace(stop_cause="eos", error=None)
+            yield ReplyDone(SimpleNamespace(
+                content="Lima.", reasoning="", tool_calls=[], finish_reason="stop",
+                summary=summary, tokens=[1, 2], reasoning_tokens=0,
+                messages=[{"role": "assistant", "content": "Lima."}]))
+
+        def prefill_after(self, messages, settings, fit=True):
+            prefilled.append(messages)
+            return object()
+
+    jobs = JobQueue()
+    monkeypatch.setattr(jobs, "_prepare", lambda session, req: (
+        ReplySettings(max_tokens=8), JobStarted(prompt_tokens=3, mode="plain", block_size=None,
+                                               max_tokens=8)))
+    turn = [{"role": "user", "content": "Capital of Peru?"}]
+
+    def deliver(event):  # the client: its next turn goes in as soon as it has the answer
+        if isinstance(event, JobFinished):
+            jobs._queue.put_nowait(Job(SimpleNamespace(messages=turn), lambda e: None))
+
+    jobs.run(Session(), Job(SimpleNamespace(messages=turn), deliver))
+    assert jobs.prefilled == 1
+    assert prefilled == [[*turn, {"role": "assistant", "content": "Lima."}]]

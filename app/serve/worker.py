@@ -367,8 +367,12 @@ class JobQueue:
             block_size=started.block_size, completion_tokens=len(reply.tokens),
             reasoning_tokens=reply.reasoning_tokens)
         self._record("finished", reply.finish_reason, len(reply.tokens), t0, job)
+        # decided before the answer goes out: a client that sends its next turn the moment it
+        # reads this one must not race the check (its request starts with what is prefilled,
+        # so it waits for no work of another's)
+        ahead = not reply.tool_calls and not job.cancel.is_set() and self._queue.empty()
         self._send(job, JobFinished(result))
-        if not reply.tool_calls and not job.cancel.is_set() and self._queue.empty():
+        if ahead:
             self._prefill_next(session, [*job.request.messages, *reply.messages], settings)
 
     def _prefill_next(self, session: ChatSession, messages: list[dict],
