@@ -273,3 +273,40 @@ def test_cancel_stops_a_long_prefill_between_chunks(tiny_hybrid, monkeypatch, mo
     again = collect(generate(target, ids, GenerationConfig(mode=mode, max_tokens=12), drafter,
                              session=session))
     assert again.tokens == fresh
+
+
+@pytest.mark.parametrize("mode", ["plain", "dflash"])
+def test_a_reply_stopped_during_its_prefill_stops_after_the_chunk_in_hand(
+        tiny_hybrid, monkeypatch, mode):
+    """Stop (the window's button, Ctrl+C, a server client leaving) sets the reply's cancel
+    event; during a long prompt's prefill the engine yields nothing, so a reply that only
+    passed the event on at its next event ran the whole prefill first (a 3,161-token prompt
+    kept the server's worker 7 s after its client left). The engine now watches the event
+    itself and stops after the chunk in hand."""
+    import threading
+
+    import app.engine.generate as gen_mod
+    from app.chat.reply import run_reply
+    from app.chat.settings import ReplySettings
+
+    target, drafter = tiny_hybrid
+    stop = threading.Event()
+    chunks = []
+    real = gen_mod._prefill
+
+    def counting(forward, *args, **kwargs):
+        def counted(chunk, last):
+            chunks.append(chunk.shape[1])
+            if len(chunks) == 1:
+                stop.set()  # the user presses Stop while the first chunk runs
+            return forward(chunk, last)
+        return real(counted, *args, **kwargs)
+
+    monkeypatch.setattr(gen_mod, "_prefill", counting)
+    text = "Tell me about the capital cities of every country you know. " * 60
+    settings = ReplySettings(mode=mode, max_tokens=8, tools=[], run_tools=False)
+    events = list(run_reply(target, drafter, [{"role": "user", "content": text}], settings,
+                            cancel_event=stop))
+    assert len(chunks) == 1, chunks  # the prompt is several chunks of 512
+    done = [e for e in events if hasattr(e, "reply")][-1].reply
+    assert done.finish_reason == "cancelled" and done.tokens == []

@@ -332,6 +332,10 @@ def run_reply(
             drafter=drafter if mode in DRAFTER_MODES or session is not None else None,
             **extra
         )
+        if cancel_event is not None and hasattr(gen, "cancel_on"):
+            # the engine then sees Stop between prefill chunks too, where it yields nothing
+            # this loop could react to (a scripted stand-in for the engine may lack it)
+            gen.cancel_on(cancel_event)
         summary: Summary | None = None
         asked_cancel = False
         cycles: list[CycleEvent] = []  # this round's cycles, as far as their tokens were kept

@@ -151,6 +151,24 @@ class GenerationConfig:
         return self.temperature <= 0 and not self.repetition_penalty
 
 
+class _CancelFlag:
+    """A :class:`threading.Event`-like flag (``set``, ``is_set``) that also reads as set
+    once any watched event is: a generation's own cancel plus its caller's stop request."""
+
+    def __init__(self) -> None:
+        self._own = threading.Event()
+        self._watched: list[threading.Event] = []
+
+    def set(self) -> None:
+        self._own.set()
+
+    def watch(self, event: threading.Event) -> None:
+        self._watched.append(event)
+
+    def is_set(self) -> bool:
+        return self._own.is_set() or any(e.is_set() for e in self._watched)
+
+
 class Generation:
     """An iterator of :class:`TokenEvent`, :class:`CycleEvent` and a final :class:`Done`.
 
@@ -164,7 +182,7 @@ class Generation:
     """
 
     def __init__(self, body, partial: Summary | None = None):
-        self._cancel = threading.Event()
+        self._cancel = _CancelFlag()
         self._body = body
         self._partial = partial
         self.summary: Summary | None = None
@@ -172,6 +190,13 @@ class Generation:
     def cancel(self) -> None:
         """Ask the generation to stop (thread-safe)."""
         self._cancel.set()
+
+    def cancel_on(self, event: threading.Event) -> None:
+        """Stop also when ``event`` is set (from any thread), checked wherever :meth:`cancel`
+        is: between prefill chunks too, where the run yields no event a caller could react
+        to. ``event`` itself is never set here (a stop string's :meth:`cancel` leaves it
+        alone). Call before iterating."""
+        self._cancel.watch(event)
 
     @property
     def cancelled(self) -> bool:
