@@ -177,7 +177,8 @@ def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkey
     """A DFlash2 reply sent right after a fresh host's warm-up compiled its walk's kernels
     itself, one after another (12.7-13.4 s on an H100), while children were building the
     same ones side by side in the background. It now waits for the children that hold one of
-    its recipes (a reply that needs none of them does not wait)."""
+    its recipes, and only those (a reply that needs none of them does not wait; the warm-up
+    does not wait for another drafter's children)."""
     class Proc:
         def __init__(self):
             self.done = False
@@ -204,7 +205,10 @@ def test_a_drafted_run_waits_for_background_children_building_its_kernels(monkey
     assert kp.wait_background_for([("gather", ("float16", "int32"))]) == 0.0
     assert [p.waited for p in procs] == [0, 0] and kp.background_running()
     kp.wait_background_for([walk, ("gather", ("float16", "int32"))], most_s=5.0)
-    assert [p.waited for p in procs] == [1, 1]  # the job is waited for whole
+    assert [p.waited for p in procs] == [1, 0]  # only the child with its recipe
+    assert kp.building() == {other} and kp.background_running()
+    kp.wait_background_for([other], most_s=5.0)
+    assert [p.waited for p in procs] == [1, 1]
     assert all(0 < t <= 5.0 for p in procs for t in p.timeouts)  # at most most_s
     assert not kp.background_running()
 

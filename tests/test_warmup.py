@@ -486,17 +486,21 @@ def test_children_started_at_load_are_waited_for_not_started_again(kernel_cache,
     target = loader.load_target(t, keep_dtype=True)  # the dtypes a GPU load keeps
     drafter = loader.load_drafter(d, keep_dtype=True)
     dflash2 = loader.load_drafter(d2, keep_dtype=True)
-    (early,) = started  # every drafter's, the DFlash2 walk's too
-    assert sorted(early) == sorted(kernel_prebuild.recipes_for(target, [drafter, dflash2]))
-    report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
-    assert len(started) == 1  # nothing started twice, nothing left to the background
     first = kernel_prebuild.recipes_for(target, [drafter])
+    early, rest = started  # the first drafter's (and the target's), then the DFlash2 walk's
+    assert sorted(early) == sorted(first)
+    assert sorted(early + rest) == sorted(kernel_prebuild.recipes_for(target, [drafter, dflash2]))
+    report = warmup.warm_up(target, [drafter, dflash2], max_tokens=4, prebuild=True)
+    assert len(started) == 2  # nothing started twice, nothing left to the background
     assert sorted(report.prebuild.recipes) == sorted(first) and report.prebuild.failed == []
     assert report.prebuild.background == []
-    assert report.prebuild.processes == 3  # the load's children, counted
-    assert not kernel_prebuild.background_running()  # waited for (the whole job)
+    assert report.prebuild.processes == 3  # the load's children for the first drafter
+    assert not kernel_prebuild.children_building(first)  # waited for
+    assert sorted(kernel_prebuild.building()) == sorted(rest)  # not waited for: not needed yet
+    kernel_prebuild.wait_background_for(rest)
+    assert not kernel_prebuild.background_running()
     assert loader.start_kernel_build(kernel_cache / "no-such-model") is False  # the load says
-    assert len(started) == 1
+    assert len(started) == 2
 
 
 def test_kernel_build_off_cuda_looks_at_no_folder(monkeypatch):

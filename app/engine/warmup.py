@@ -136,8 +136,10 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
     job, errors = None, []
     todo, rest, early = [], [], []
     try:
+        # children started at load (start_early), read before what is built: a child that
+        # ends in between is then in both, never in neither
+        running = kernel_prebuild.building()
         done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
-        running = kernel_prebuild.building()  # children started at load (start_early)
         needed = kernel_prebuild.recipes_for(target, drafters)
         early = [r for r in needed if r in running and r not in done]
         todo = [r for r in needed if r not in done and r not in running]
@@ -153,7 +155,7 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
         built = (job.wait() if job is not None  # its seconds count from the children's start
                  else kernel_prebuild.PrebuildReport(time.perf_counter() - started, 0, []))
         if early:  # the load's children (start_early): waited for here, as our own
-            built.processes += sum(len(j.procs) for j in kernel_prebuild.jobs_building(early))
+            built.processes += len(kernel_prebuild.children_building(early))
             kernel_prebuild.wait_background_for(early)
             built.seconds = max(built.seconds, time.perf_counter() - started)
             built.recipes = early + built.recipes

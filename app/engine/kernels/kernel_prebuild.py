@@ -412,6 +412,17 @@ class Prebuild:
         return PrebuildReport(time.perf_counter() - self.started, len(self.procs), recipes,
                               failed)
 
+    def children_for(self, recipes: list[Recipe] | set[Recipe]) -> list[subprocess.Popen]:
+        """The children still running whose group holds one of ``recipes``."""
+        wanted = set(recipes)
+        return [proc for group, proc in zip(self.groups, self.procs)
+                if proc.poll() is None and wanted & set(group)]
+
+    def running(self) -> set[Recipe]:
+        """The recipes of the children still running."""
+        return {r for group, proc in zip(self.groups, self.procs) if proc.poll() is None
+                for r in group}
+
 
 def split(recipes: list[Recipe], workers: int) -> list[list[Recipe]]:
     """Deal ``recipes`` to at most ``workers`` groups, slow (fused) kinds first, each to the
@@ -491,33 +502,37 @@ on a fresh H100 host); past that they are stopped and the run builds what they l
 
 
 def wait_background_for(recipes: list[Recipe], most_s: float = BACKGROUND_WAIT_S) -> float:
-    """Wait for every background job (:func:`start_background`) with a child building one of
-    ``recipes``: a run that needs those kernels would otherwise compile them itself, one after
-    another, while the children compile them side by side (on a fresh H100 the first DFlash2
-    reply after the warm-up took 12.7-13.4 s that way, 8.4-9.4 s waiting). Children still
-    running after ``most_s`` seconds are stopped (what they had not published, the run
-    builds). Returns the seconds waited (0.0 when no such job runs). Never raises."""
-    jobs = jobs_building(recipes)
+    """Wait for the background children (:func:`start_background`) building one of
+    ``recipes``, and only those (the other children of their jobs go on): a run that needs
+    those kernels would otherwise compile them itself, one after another, while the children
+    compile them side by side (on a fresh H100 the first DFlash2 reply after the warm-up took
+    12.7-13.4 s that way, 8.4-9.4 s waiting). Children still running after ``most_s`` seconds
+    are stopped (what they had not published, the run builds). Returns the seconds waited
+    (0.0 when no such child runs). Never raises."""
+    children = children_building(recipes)
     t0 = time.perf_counter()
-    for job in jobs:
-        left = max(0.0, most_s - (time.perf_counter() - t0))
-        job.wait(timeout_s=time.perf_counter() - job.started + left)
+    for proc in children:
+        try:
+            proc.communicate(timeout=max(0.0, most_s - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
     reap_background()
-    return time.perf_counter() - t0 if jobs else 0.0
+    return time.perf_counter() - t0 if children else 0.0
 
 
-def jobs_building(recipes: list[Recipe]) -> list[Prebuild]:
-    """The background jobs (:func:`start_background`) still running with a child that
-    builds one of ``recipes``."""
+def children_building(recipes: list[Recipe]) -> list[subprocess.Popen]:
+    """The background children (:func:`start_background`) still running that build one of
+    ``recipes``."""
     reap_background()
-    wanted = set(recipes)
-    return [job for job in _BACKGROUND if wanted & {r for g in job.groups for r in g}]
+    return [proc for job in _BACKGROUND for proc in job.children_for(recipes)]
 
 
 def building() -> set[Recipe]:
-    """The recipes of background jobs (:func:`start_background`) whose children still run."""
+    """The recipes of background children (:func:`start_background`) still running (a
+    finished child has recorded its own: :func:`built_before`)."""
     reap_background()
-    return {r for job in _BACKGROUND for g in job.groups for r in g}
+    return {r for job in _BACKGROUND for r in job.running()}
 
 
 def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
@@ -526,20 +541,31 @@ def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
     will need (:func:`recipes_from_files`) and that no earlier start recorded, before the
     target is loaded: the load (and the ``transformers`` import inside it, ~3 s on a fresh
     H100 host) then runs while they compile, and the warm-up (``app.engine.warmup``) waits
-    for them instead of starting its own. Only on MLX's CUDA backend with the prebuild
-    :func:`enabled`; sets the kernel cache folder first
-    (:func:`app.engine.device.configure_cuda_kernel_cache`). Returns the job, or None where
-    nothing was started. Never raises."""
+    for them instead of starting its own. The first drafter's recipes (and the target's) go
+    to children of their own, with two thirds of the workers, the other drafters' to the
+    rest: the warm-up, which needs only the first, then waits for none of the others'
+    children (:func:`wait_background_for` waits child by child). Only on MLX's CUDA backend
+    with the prebuild :func:`enabled`; sets the kernel cache folder first
+    (:func:`app.engine.device.configure_cuda_kernel_cache`). Returns the first job started,
+    or None where nothing was started. Never raises."""
     try:
         from app.engine.device import backend, configure_cuda_kernel_cache
 
         if backend() != "CUDA" or not enabled():
             return None
         configure_cuda_kernel_cache()
-        done = built_before() | building()
-        todo = [r for r in recipes_from_files(target_folder, drafter_folders)
-                if r not in done]
-        return start_background(todo) if todo else None
+        done = building() | built_before()
+        first = [r for r in recipes_from_files(target_folder, drafter_folders[:1])
+                 if r not in done]
+        rest = [r for r in recipes_from_files(target_folder, drafter_folders)
+                if r not in done and r not in first]
+        workers = default_workers()
+        later = min(len(rest), max(1, workers // 3))
+        job = start_background(first, max(1, workers - later)) if first else None
+        if rest:
+            other = start_background(rest, later)
+            job = job or other
+        return job
     except Exception:  # an aid only: the warm-up builds what this did not start
         return None
 
