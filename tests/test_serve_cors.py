@@ -30,6 +30,9 @@ from app.serve.worker import (
 URL = "/v1/chat/completions"
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
 PAGE = "http://localhost:5173"
+BASE = "http://127.0.0.1:18431"
+"""Where the test client sends its requests (``Host: 127.0.0.1:18431``), as programs reach a
+server listening on loopback."""
 PREFLIGHT = {"Origin": PAGE, "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization, content-type"}
 CORS_KEYS = {"access-control-allow-origin", "access-control-allow-methods",
@@ -80,7 +83,7 @@ def client(jobs: JobQueue | None = None, **options) -> TestClient:
     :class:`InstantJobs`); a handler's unexpected exception is answered (500), not raised
     into the test."""
     return TestClient(create_app(jobs or InstantJobs(), ServeOptions("m", **options)),
-                      raise_server_exceptions=False)
+                      base_url=BASE, raise_server_exceptions=False)
 
 
 def exposed(response) -> set[str]:
@@ -130,12 +133,14 @@ def test_without_cors_web_pages_are_refused_before_the_key(key):
               c.options(URL, headers=PREFLIGHT)):
         assert r.status_code == 403, r.request
         error = r.json()["error"]
-        assert error["code"] == "origin_not_allowed" and f"--cors {r.request.headers['origin']}" \
-            in error["message"]
+        origin = r.request.headers["origin"]
+        assert error["code"] == "origin_not_allowed"
+        # "null" (a file, a sandboxed frame) cannot be listed: only '*' allows it
+        assert (f"--cors {origin}" if origin != "null" else "--cors '*'") in error["message"]
         assert not CORS_KEYS & set(r.headers)
-    own = {"Origin": "http://testserver", **auth}  # the test client's Host
+    own = {"Origin": BASE, **auth}  # the test client's Host
     assert c.post(URL, json=BODY, headers=own).status_code == 200
-    assert c.post(URL, json=BODY, headers={**own, "Origin": "http://testserver:81"}
+    assert c.post(URL, json=BODY, headers={**own, "Origin": "http://127.0.0.1:81"}
                   ).status_code == 403
 
 
@@ -176,7 +181,7 @@ def test_listed_origins_are_echoed_and_others_get_no_grant():
     c = client(cors_origins=(PAGE, "https://chat.example"))
     r = c.options(URL, headers=PREFLIGHT)
     assert r.status_code == 204 and r.headers["access-control-allow-origin"] == PAGE
-    assert r.headers["vary"] == "Origin"
+    assert r.headers["vary"] == "Origin, Access-Control-Request-Headers"
     r = c.get("/v1/models", headers={"Origin": "https://chat.example"})
     assert r.headers["access-control-allow-origin"] == "https://chat.example"
     assert r.headers["vary"] == "Origin"
@@ -264,6 +269,134 @@ def test_pages_not_allowed_and_preflights_are_not_told_what_to_expose():
     assert r.status_code == 204 and "access-control-expose-headers" not in r.headers
     r = c.get("/v1/models")
     assert r.status_code == 200 and "access-control-expose-headers" not in r.headers
+
+
+# ------------------------------------------------------------------------------ preflight
+SDK_HEADERS = ("authorization, content-type, x-stainless-os, x-stainless-lang, "
+               "x-stainless-retry-count, openai-organization, openai-project")
+"""What the official OpenAI JS SDK asks for in a preflight's ``Access-Control-Request-Headers``."""
+
+
+def allowed_headers(response) -> set[str]:
+    """The header names (lower case) a preflight answer's ``Access-Control-Allow-Headers``
+    lets the page send."""
+    value = response.headers.get("access-control-allow-headers", "")
+    return {name.strip().lower() for name in value.split(",") if name.strip()}
+
+
+@pytest.mark.parametrize("origins, vary", [(("*",), "Access-Control-Request-Headers"),
+                                           ((PAGE,), "Origin, Access-Control-Request-Headers")])
+def test_a_preflight_allows_the_headers_the_page_asks_for(origins, vary):
+    """The OpenAI JS SDK sends ``X-Stainless-*`` (and ``OpenAI-Organization``...) headers: a
+    fixed ``Authorization, Content-Type`` failed its preflight. An allowed origin gets the
+    headers it asked for, plus those two; the answer varies with the request's headers."""
+    c = client(cors_origins=origins)
+    r = c.options(URL, headers={**PREFLIGHT, "Access-Control-Request-Headers": SDK_HEADERS})
+    assert r.status_code == 204
+    assert allowed_headers(r) == {h.strip() for h in SDK_HEADERS.split(",")}
+    assert r.headers["vary"] == vary
+    r = c.options(URL, headers={**PREFLIGHT, "Access-Control-Request-Headers": "X-Stainless-Arch"})
+    assert allowed_headers(r) == {"authorization", "content-type", "x-stainless-arch"}
+    # nothing asked: the two an OpenAI client sends; a name that is not a header name: left out
+    r = c.options(URL, headers={"Origin": PAGE, "Access-Control-Request-Method": "POST"})
+    assert allowed_headers(r) == {"authorization", "content-type"}
+    r = c.options(URL, headers={**PREFLIGHT,
+                                "Access-Control-Request-Headers": "x-ok, bad name, x\u00e9".encode("latin-1")})
+    assert allowed_headers(r) == {"authorization", "content-type", "x-ok"}
+    assert r.headers["vary"] == vary
+
+
+def test_a_refused_origin_is_told_the_whole_list_the_same_way_for_both_requests():
+    """``--cors https://evil.example`` would replace the list: the 403 (of a preflight and of
+    a request alike) shows the list with the origin added."""
+    c = client(cors_origins=(PAGE, "https://chat.example"))
+    evil = {"Origin": "https://evil.example"}
+    pre = c.options(URL, headers={**PREFLIGHT, **evil}).json()["error"]
+    get = c.get("/v1/models", headers=evil).json()["error"]
+    assert pre == get and pre["code"] == "origin_not_allowed"
+    assert f"--cors {PAGE},https://chat.example,https://evil.example" in pre["message"]
+    off = client().get("/v1/models", headers=evil).json()["error"]
+    assert "--cors https://evil.example" in off["message"]
+
+
+def test_the_servers_own_loopback_origin_gets_its_preflight_too():
+    """A page on the server's own (loopback) host and port is served; with CORS on, its
+    preflight is answered 204 too, as its requests are (it was 403)."""
+    c = client(cors_origins=(PAGE,))
+    r = c.options(URL, headers={**PREFLIGHT, "Origin": BASE})
+    assert r.status_code == 204 and r.headers["access-control-allow-origin"] == BASE
+    r = c.post(URL, json=BODY, headers={"Origin": BASE})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == BASE
+
+
+# ------------------------------------------------------------------------------ Host
+REBIND = "attacker.example:18431"
+
+
+@pytest.mark.parametrize("cors", [None, ("*",), (PAGE,)])
+def test_a_loopback_server_refuses_a_host_that_is_not_loopback(cors):
+    """DNS rebinding: a page at http://attacker.example:18431 whose name now resolves to
+    127.0.0.1 sends ``Host: attacker.example:18431`` (and, being same-origin there, often no
+    ``Origin``): refused 403 ``host_not_allowed``, naming the host and the address to use."""
+    c = client(cors_origins=cors)
+    for headers in ({"Host": REBIND, "Origin": f"http://{REBIND}"}, {"Host": REBIND}):
+        for r in (c.post(URL, json=BODY, headers=headers), c.get("/v1/models", headers=headers),
+                  c.get("/health", headers=headers)):
+            assert r.status_code == 403, (r.request.url, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "host_not_allowed" and error["type"] == "permission_error"
+            assert REBIND in error["message"] and "http://127.0.0.1:18431" in error["message"]
+            assert "localhost" in error["message"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:18431", "localhost:18431", "LocalHost:18431",
+                                  "localhost", "[::1]:18431", "127.0.0.2:18431",
+                                  "localhost.:18431"])
+def test_a_loopback_server_serves_loopback_hosts(host):
+    c = client()
+    assert c.post(URL, json=BODY, headers={"Host": host}).status_code == 200
+    # and a page on that very host and port (its own origin)
+    r = c.post(URL, json=BODY, headers={"Host": host, "Origin": f"http://{host}"})
+    assert r.status_code == 200, r.text
+
+
+def test_a_server_on_another_host_takes_any_host_but_only_listed_pages():
+    """Listening beyond loopback (which needs an API key) the Host check is off; the
+    same-origin exemption counts only for loopback hosts, so a page there must be listed."""
+    c = client(host="0.0.0.0", api_key="k")
+    auth = {"Authorization": "Bearer k"}
+    assert c.get("/v1/models", headers={"Host": "box.lan:18431", **auth}).status_code == 200
+    r = c.get("/v1/models", headers={"Host": "box.lan:18431", "Origin": "http://box.lan:18431",
+                                     **auth})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_make_server_tells_the_app_where_it_listens():
+    """``make_server``'s host decides the check, whatever the options say."""
+    from app.serve.server import make_server
+    for host, status in (("127.0.0.1", 403), ("0.0.0.0", 200)):
+        server = make_server(InstantJobs(), ServeOptions("m", api_key="k"), host, 18431)
+        c = TestClient(server.config.app, base_url=BASE)
+        r = c.get("/v1/models", headers={"Host": REBIND, "Authorization": "Bearer k"})
+        assert r.status_code == status
+
+
+# ------------------------------------------------------------------------------ messages
+def test_a_lone_surrogate_in_a_part_type_is_a_400():
+    """The 400 echoed the part's type, a lone surrogate: encoding the answer failed (500)."""
+    c = client()
+    r = c.post(URL, content=b'{"messages":[{"role":"user","content":[{"type":"\\ud800"}]}]}',
+               headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages[0].content[0]"
+
+
+def test_an_error_answer_encodes_any_message():
+    from app.serve.api import error_response
+    from app.serve.protocol import ApiError
+    response = error_response(ApiError(400, "bad \ud800 and \u00e9"))
+    import json
+    assert json.loads(response.body)["error"]["message"] == "bad \ud800 and \u00e9"
 
 
 # ------------------------------------------------------------------------------ the CLI

@@ -145,7 +145,7 @@ def register(subparsers) -> None:
                    help="let web pages call the API from a browser (off by default): "
                    "responses carry Access-Control-Allow-Origin, and OPTIONS preflights to "
                    "/v1/* get 204 with the allowed methods (GET, POST, OPTIONS) and headers "
-                   "(Authorization, Content-Type). ORIGINS: origins separated by commas, "
+                   "(Authorization, Content-Type and those the page asks for). ORIGINS: origins separated by commas, "
                    "e.g. http://localhost:3000; without it, or '*': any origin, which lets "
                    "every web page you open use the server unless --api-key is set")
     think = p.add_mutually_exclusive_group()

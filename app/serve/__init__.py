@@ -9,9 +9,9 @@
   events back through a callback; :class:`~app.serve.worker.ServeWorker` is one with a thread
   of its own that loads the pair into a :class:`app.chat.session.ChatSession` (the window's
   switch runs the jobs on its own worker thread, ``app.ui.serve_flow``).
-* :mod:`app.serve.api`: the Starlette application (routes, Bearer auth, opt-in CORS, body
-  limit, errors); its handlers run on the event loop and never call MLX: they await the
-  worker's events.
+* :mod:`app.serve.api`: the Starlette application (routes, Bearer auth, opt-in CORS, the
+  origin and loopback-host guards, body limit, errors); its handlers run on the event loop
+  and never call MLX: they await the worker's events.
 * :mod:`app.serve.server`: running it on uvicorn (loopback by default, SIGTERM/SIGINT drain).
 
 docs/serve.md describes the endpoints and where they differ from OpenAI's, mlx-lm's and

@@ -10,7 +10,8 @@ the worker takes the next job.
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): 400 malformed
 JSON or fields and prompts over the context, 401 a missing or wrong Bearer key (when the
 server has one), 403 a request from a web page whose origin is not allowed
-(:class:`OriginGuard`), 404 an unknown model or
+(:class:`OriginGuard`) or, on a loopback server, for a host name that is not loopback
+(:class:`HostGuard`), 404 an unknown model or
 route, 413 a body over the limit, 429 the queue is full, 503 shutting down, 500 a failure while
 generating.
 
@@ -25,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from app.serve import DEFAULT_HOST
 from app.serve.protocol import (
     ApiError,
     ChatRequest,
@@ -85,6 +89,8 @@ class ServeOptions:
             headers and OPTIONS is answered as any method the routes do not take (405);
             ``("*",)``: any origin; else the origins (``scheme://host[:port]``, as browsers
             send them) allowed (:class:`CorsHeaders`; ``serve --cors``).
+        host: the address the server listens on (``make_server`` sets it from its own
+            ``host``); a loopback one turns on :class:`HostGuard` (DNS-rebinding defence).
     """
 
     model_id: str
@@ -92,14 +98,80 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     aliases: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] | None = None
+    host: str = DEFAULT_HOST
+
+
+class _ErrorJSON(JSONResponse):
+    """A JSON answer whose text may hold lone surrogates (a message echoing a value from the
+    request, e.g. ``"type": "\\ud800"``): they are written as JSON ``\\uXXXX`` escapes, as
+    ``backslashreplace`` spells them, where Starlette's UTF-8 encoding would raise (500)."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
 def error_response(error: ApiError) -> JSONResponse:
     """``error`` as its status and OpenAI-style body, with its headers (and
-    ``WWW-Authenticate`` on a 401)."""
+    ``WWW-Authenticate`` on a 401); any message encodes (:class:`_ErrorJSON`)."""
     headers = {**error.headers, **({"WWW-Authenticate": "Bearer"} if error.status == 401
                                    else {})}
-    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+    return _ErrorJSON(error.body(), status_code=error.status, headers=headers or None)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); False for every
+    other name or address (``0.0.0.0`` and ``::`` listen on every interface)."""
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, str | None]:
+    """A ``Host`` header (``name[:port]``, ``[v6][:port]``) as (name, port or None)."""
+    value = value.strip()
+    if value.startswith("["):
+        name, _, rest = value.partition("]")
+        return name + "]", rest[1:] if rest.startswith(":") else None
+    name, sep, port = value.rpartition(":")
+    return (name, port) if sep and port.isdigit() else (value, None)
+
+
+def is_loopback_host(value: str | None) -> bool:
+    """Whether a ``Host`` header names this machine's loopback (``localhost``, 127.0.0.0/8,
+    ``[::1]``, with any port)."""
+    return value is not None and is_loopback(split_host(value)[0])
+
+
+def same_loopback_origin(origin: str, host: str | None) -> bool:
+    """Whether ``origin`` (an ``Origin`` header) is the server's own, as reached through
+    ``host`` (the ``Host`` header), and that host is loopback.
+
+    Why loopback only: the ``Host`` header comes from the page's own URL, so under DNS
+    rebinding (a page at ``attacker.example`` whose name now resolves to 127.0.0.1) origin and
+    host match for the attacker's page too; a loopback name cannot be rebound."""
+    scheme, sep, rest = origin.partition("://")
+    return bool(sep and host) and scheme in ("http", "https") and is_loopback_host(host) \
+        and rest.lower() == host.lower()
+
+
+def origin_refused(origin: str, origins: tuple[str, ...] | frozenset[str]) -> ApiError:
+    """The 403 ``origin_not_allowed`` for a page at ``origin`` the server does not allow,
+    the same for its preflight (:class:`CorsHeaders`) and its requests (:class:`OriginGuard`).
+    It shows the whole ``--cors`` list with the origin added: ``--cors ORIGIN`` alone would
+    replace the list. An opaque origin (``null``: a file, a sandboxed frame) cannot be
+    listed, only allowed with ``*``."""
+    listed = sorted(o for o in origins if o != "*")
+    now = f"this server allows {', '.join(listed)}" if listed else "this server allows none"
+    if "://" in origin:
+        how = f"to allow it, start the server with --cors {','.join([*listed, origin])}"
+    else:
+        how = "a page with an opaque origin (null) can only be allowed with --cors '*'"
+    return ApiError(403, f"requests from web pages at {origin} are not allowed: {now}; {how}",
+                    type="permission_error", code="origin_not_allowed")
 
 
 class BearerAuth:
@@ -130,8 +202,29 @@ class BearerAuth:
 
 CORS_ALLOW_METHODS = "GET, POST, OPTIONS"
 """``Access-Control-Allow-Methods`` of a preflight answer: the API's methods."""
-CORS_ALLOW_HEADERS = "Authorization, Content-Type"
-"""``Access-Control-Allow-Headers`` of a preflight answer: what an OpenAI client sends."""
+CORS_ALLOW_HEADERS = ("Authorization", "Content-Type")
+"""``Access-Control-Allow-Headers`` of a preflight answer always names these (what an OpenAI
+client sends), then the others the preflight asked for (:func:`allow_headers`)."""
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+"""An HTTP header name (RFC 9110 token)."""
+
+
+def allow_headers(requested: str | None) -> str:
+    """``Access-Control-Allow-Headers`` for a preflight that asked for ``requested`` (its
+    ``Access-Control-Request-Headers``, None: absent): :data:`CORS_ALLOW_HEADERS` and the
+    names asked for, each once; a name that is not a header name is left out.
+
+    Why reflect: browser SDKs add headers of their own (the OpenAI JS SDK's
+    ``X-Stainless-*``, ``OpenAI-Organization``, ``OpenAI-Project``); a fixed list fails their
+    preflight. The server ignores headers it does not know, so allowing them is harmless."""
+    names = list(CORS_ALLOW_HEADERS)
+    seen = {n.lower() for n in names}
+    for name in (requested or "").split(","):
+        name = name.strip()
+        if HEADER_NAME.match(name) and name.lower() not in seen:
+            seen.add(name.lower())
+            names.append(name)
+    return ", ".join(names)
 CORS_MAX_AGE_S = 600
 """``Access-Control-Max-Age``: seconds a browser may reuse a preflight answer."""
 CORS_EXPOSE_HEADERS = "Retry-After, WWW-Authenticate, Allow"
@@ -152,10 +245,14 @@ class CorsHeaders:
       preflight's also gets :data:`CORS_EXPOSE_HEADERS`, so the page can read
       ``Retry-After`` and the like.
     * ``OPTIONS`` to ``/v1/*`` is a preflight: answered here with 204, the allowed origin,
-      :data:`CORS_ALLOW_METHODS`, :data:`CORS_ALLOW_HEADERS` and :data:`CORS_MAX_AGE_S`,
-      before the API key is checked (browsers send none on a preflight); a preflight from an
-      origin not listed gets 403 ``origin_not_allowed``. ``OPTIONS`` elsewhere goes to the
-      application as before.
+      :data:`CORS_ALLOW_METHODS`, the headers it asked for (:func:`allow_headers`, with
+      ``Vary: Access-Control-Request-Headers``) and :data:`CORS_MAX_AGE_S`, before the API
+      key is checked (browsers send none on a preflight); a preflight from an origin not
+      listed gets the 403 ``origin_not_allowed`` its requests get (:func:`origin_refused`).
+      ``OPTIONS`` elsewhere goes to the application as before.
+    * The server's own loopback origin (:func:`same_loopback_origin`), which
+      :class:`OriginGuard` serves, counts as listed here too, so its preflight and its
+      requests agree.
 
     It must wrap everything that answers, so that preflights, 401s, 403s and 500s pass
     through it: :class:`ServeApp` puts it outside Starlette's whole stack.
@@ -166,44 +263,49 @@ class CorsHeaders:
         self._any = "*" in origins
         self._origins = frozenset(origins)
 
-    def _allows(self, origin: str | None) -> bool:
-        """Whether responses to a request from ``origin`` (None: no ``Origin`` header) grant
-        access: always with ``*``, else for a listed origin."""
-        return self._any or (origin is not None and origin in self._origins)
+    def _allows(self, origin: str | None, host: str | None) -> bool:
+        """Whether responses to a request from ``origin`` (None: no ``Origin`` header) to
+        ``host`` grant access: always with ``*``, else for a listed origin or the server's own
+        loopback one."""
+        return self._any or (origin is not None and (
+            origin in self._origins or same_loopback_origin(origin, host)))
 
-    def _grant(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+    def _grant(self, origin: str | None, host: str | None) -> tuple[
+            list[tuple[bytes, bytes]], list[str]]:
         """The headers every response to a request from ``origin`` carries, preflights'
-        included."""
+        included, and the ``Vary`` names they bring (``Origin`` unless ``*``)."""
         if self._any:
-            return [(b"access-control-allow-origin", b"*")]
-        if origin is not None and origin in self._origins:
-            return [(b"access-control-allow-origin", origin.encode("latin-1")),
-                    (b"vary", b"Origin")]
-        return [(b"vary", b"Origin")]
+            return [(b"access-control-allow-origin", b"*")], []
+        if self._allows(origin, host):
+            return [(b"access-control-allow-origin", origin.encode("latin-1"))], ["Origin"]
+        return [], ["Origin"]
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         origin = _header(scope, b"origin")
-        grant = self._grant(origin)
+        host = _header(scope, b"host")
+        grant, vary = self._grant(origin, host)
         if scope.get("method") == "OPTIONS" and scope.get("path", "").startswith("/v1"):
-            if origin is not None and not self._allows(origin):
-                listed = ", ".join(sorted(self._origins))
-                response: Response = error_response(ApiError(
-                    403, f"cross-origin requests from {origin} are not allowed: this server "
-                    f"allows {listed} (--cors)", type="permission_error",
-                    code="origin_not_allowed"))
+            if origin is not None and not self._allows(origin, host):
+                response: Response = error_response(origin_refused(origin, self._origins))
             else:
                 response = Response(status_code=204, headers={
                     "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
-                    "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+                    "Access-Control-Allow-Headers": allow_headers(
+                        _header(scope, b"access-control-request-headers")),
                     "Access-Control-Max-Age": str(CORS_MAX_AGE_S)})
+                vary = [*vary, "Access-Control-Request-Headers"]
             response.raw_headers.extend(grant)
+            if vary:
+                response.raw_headers.append((b"vary", ", ".join(vary).encode()))
             await response(scope, receive, send)
             return
 
-        if self._allows(origin):
+        if vary:
+            grant.append((b"vary", ", ".join(vary).encode()))
+        if self._allows(origin, host):
             grant.append((b"access-control-expose-headers", CORS_EXPOSE_HEADERS.encode()))
 
         async def send_granted(message) -> None:
@@ -248,7 +350,8 @@ class OriginGuard:
     browsers send on every cross-origin request and every POST) is refused with 403
     ``origin_not_allowed`` unless the page is on the server's own host and port, or
     ``origins`` allows it (``"*"``: any; ``serve --cors``). Programs (the OpenAI clients,
-    curl) send no ``Origin`` and pass.
+    curl) send no ``Origin`` and pass. "Its own host" counts only for a loopback ``Host``
+    (:func:`same_loopback_origin`): any other name could be an attacker's, rebound.
 
     Why: a browser sends a ``text/plain`` POST to any address without asking first, so
     without this guard any page a user visits could make a server on ``localhost`` generate
@@ -267,20 +370,50 @@ class OriginGuard:
     def allowed(self, origin: str, host: str | None) -> bool:
         """Whether a request from ``origin`` (its ``Origin`` header) to ``host`` (its
         ``Host`` header) is served."""
-        if self._any or origin in self._origins:
-            return True
-        scheme, sep, rest = origin.partition("://")
-        return bool(sep and host) and scheme in ("http", "https") \
-            and rest.lower() == host.lower()
+        return self._any or origin in self._origins or same_loopback_origin(origin, host)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             origin = _header(scope, b"origin")
             if origin is not None and not self.allowed(origin, _header(scope, b"host")):
+                response = error_response(origin_refused(origin, self._origins))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class HostGuard:
+    """ASGI middleware for a server listening on loopback: a request whose ``Host`` header
+    is not a loopback name (``localhost``, 127.0.0.0/8, ``[::1]``, any port) is refused with
+    403 ``host_not_allowed``, naming the host and the addresses to use. A request without
+    ``Host`` (HTTP/1.0; no browser sends one) passes.
+
+    Why: DNS rebinding. A page at ``http://attacker.example:PORT`` whose name is then made to
+    resolve to 127.0.0.1 reaches this server as its own origin: its requests carry
+    ``Host: attacker.example:PORT`` (and, same-origin, often no ``Origin``), and it can read
+    the answers. Programs (curl, the OpenAI clients) name the address they connect to,
+    ``127.0.0.1:PORT`` or ``localhost:PORT``. Ollama refuses such hosts the same way.
+    A server listening beyond loopback (which needs an API key) is reached under names this
+    one cannot know, so :func:`create_app` adds this guard only for a loopback
+    :attr:`ServeOptions.host`. Add it outside :class:`OriginGuard` and :class:`BearerAuth`.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            host = _header(scope, b"host")
+            if host is not None and not is_loopback_host(host):
+                server = scope.get("server") or ()
+                port = server[1] if len(server) > 1 and server[1] else split_host(host)[1]
+                where = f":{port}" if port else ""
                 response = error_response(ApiError(
-                    403, f"requests from web pages at {origin} are not allowed: start the "
-                    f"server with --cors {origin} to allow them", type="permission_error",
-                    code="origin_not_allowed"))
+                    403, f"requests for the host {host!r} are not served: this server listens "
+                    f"on loopback only and answers to loopback names, so a page under another "
+                    f"name (DNS rebinding) cannot use it; reach it at http://127.0.0.1{where} "
+                    f"or http://localhost{where}", type="permission_error",
+                    code="host_not_allowed"))
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -479,6 +612,8 @@ def create_app(worker: JobQueue, options: ServeOptions,
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
     app.add_middleware(OriginGuard, origins=tuple(options.cors_origins or ()))
+    if is_loopback(options.host):
+        app.add_middleware(HostGuard)
     return app
 
 

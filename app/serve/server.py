@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
-import ipaddress
 import logging
 import re
 import signal
@@ -31,7 +31,7 @@ from app.serve import (  # noqa: F401 (re-exported)
     DEFAULT_PORT,
     MAX_PORT,
 )
-from app.serve.api import ServeOptions, create_app
+from app.serve.api import ServeOptions, create_app, is_loopback
 from app.serve.worker import JobQueue
 
 log = logging.getLogger(__name__)
@@ -40,17 +40,6 @@ log = logging.getLogger(__name__)
 
 class ServeConfigError(ValueError):
     """The server cannot start as asked (e.g. a public host without an API key)."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); False for every
-    other name or address (``0.0.0.0`` and ``::`` listen on every interface)."""
-    if host.strip().lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_host(host: str, api_key: str | None) -> None:
@@ -208,7 +197,9 @@ def make_server(worker: JobQueue, options: ServeOptions, host: str = DEFAULT_HOS
     """A :class:`DrainingServer` serving ``create_app(worker, options)`` on ``host:port``;
     the app's shutdown calls ``worker.stop()`` (a :class:`~app.serve.worker.ServeWorker`'s
     ends its thread; the window's queue only refuses and cancels its jobs). Run it with
-    ``.run()`` (or ``.run(sockets=[sock])`` on a socket already bound)."""
+    ``.run()`` (or ``.run(sockets=[sock])`` on a socket already bound). ``options.host`` is
+    set to ``host``: the app's :class:`~app.serve.api.HostGuard` follows where it listens."""
+    options = dataclasses.replace(options, host=host)
     app = create_app(worker, options, on_shutdown=worker.stop)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ws="none",
                             lifespan="on", timeout_graceful_shutdown=grace_s + 5,
