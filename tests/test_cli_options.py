@@ -252,3 +252,72 @@ def test_prompt_dash_is_refused_on_a_rank_that_mlx_launch_started(capsys, monkey
     assert err.strip().startswith("error: --prompt - cannot be read by a rank that mlx.launch "
                                   "started: give --prompt TEXT")
     assert main(["chat", "--prompt", "-"]) == 0 and seen[-1].prompt == "never read"
+
+
+# ------------------------------------------------------------------------------ tester's faults
+@pytest.mark.parametrize("argv", [
+    ["--data-dir", "", "tools"],
+    ["tools", "--data-dir", ""],
+    ["tools", "--data-dir="],
+    ["tools", "--data-dir", "   "],
+    ["--data-dir", "REAL", "tools", "--data-dir="],
+])
+def test_an_empty_data_dir_is_refused(capsys, clean_env, tmp_path, argv):
+    """`--data-dir "$UNSET"` used the real app-data folder, even over one given before the
+    command: one line and exit 2 now."""
+    import os
+
+    argv = [str(tmp_path / "real") if a == "REAL" else a for a in argv]
+    code, out, err = _exit_code(capsys, argv)
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --data-dir is empty: give a folder"
+    assert "DFLASH_DATA_DIR" not in os.environ
+
+
+@pytest.mark.parametrize("argv, dest, value", [
+    (["chat", "--pr", "hi"], "prompt", "hi"),
+    (["compare", "--pr", "hi"], "prompt", "hi"),
+    (["models", "--p"], "probe", []),
+    (["models", "--d", "org/repo"], "download", ["org/repo"]),
+    (["chat", "--data", "D"], "data_dir", "D"),  # only a global option matches: taken
+])
+def test_a_command_option_keeps_its_abbreviation(argv, dest, value):
+    """The global options after the command made `chat --pr`, `models --p` and `models --d`
+    ambiguous: a command's own option wins an abbreviation now."""
+    assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+def test_version_into_a_closed_pipe_is_quiet(monkeypatch):
+    """`python -m app --version | head -1` ended with a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    cmd = (f"{sys.executable} -m app --version | head -c 1 >/dev/null; "
+           "echo rc=${PIPESTATUS[0]}")
+    monkeypatch.setattr("app.cli.version_text", lambda: "x" * 100)
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", Closed())
+    assert main(["--version"]) == 0
+    monkeypatch.undo()
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in res.stderr and res.stdout.strip() == "rc=0", res.stderr
+
+
+def test_version_after_tools_run_without_a_name(capsys, monkeypatch):
+    import app.cli as cli
+
+    monkeypatch.setattr(cli, "version_text", lambda: "DFlash Chat 0.test")
+    for argv in (["tools", "run", "--version"], ["tools", "--version"],
+                 ["models", "--download", "--version"]):
+        code, out, err = _exit_code(capsys, argv)
+        assert code == 0 and out == "DFlash Chat 0.test\n", (argv, err)
+    # after a bare `--` it is no option
+    code, out, _ = _exit_code(capsys, ["tools", "run", "--", "--version"])
+    assert out == "" or "DFlash Chat 0.test" not in out
