@@ -274,6 +274,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _stdin_prompt(args) -> str:
+    """The message of ``--prompt -``: standard input's, or, on a rank of ``--distributed``
+    that this app started here, the one rank 0 read (passed in a private file).
+
+    Raises:
+        CommandError: as :func:`read_stdin_prompt`, or on a rank of an ``mlx.launch`` the
+            user started (its standard input is ``mlx.launch``'s pipe).
+        ValueError: the passed file cannot be read.
+    """
+    if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
+        from app.commands.distributed import read_prompt_file
+
+        passed = read_prompt_file()
+        if passed is None:
+            raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
+                               "started: give --prompt TEXT, or run the command "
+                               "without mlx.launch (it starts the ranks itself)")
+        return passed
+    return read_stdin_prompt(args.command)
+
+
 def _parse_and_run(argv: list[str]) -> int:
     """:func:`main` past ``--version``: parse, check the global options, run the command."""
     parser = build_parser()
@@ -322,14 +343,8 @@ def _parse_and_run(argv: list[str]) -> int:
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT, "--run-tools"])
     if getattr(args, "prompt", None) == STDIN_PROMPT:  # --prompt -
         try:
-            if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
-                # a rank of an mlx.launch the user started: its standard input is
-                # mlx.launch's pipe (the ranks this app starts get the text instead)
-                raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
-                                   "started: give --prompt TEXT, or run the command "
-                                   "without mlx.launch (it starts the ranks itself)")
-            args.prompt = read_stdin_prompt(args.command)
-        except CommandError as exc:
+            args.prompt = _stdin_prompt(args)
+        except (CommandError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         args.prompt_from_stdin = True  # --distributed passes it on to the other ranks
