@@ -147,6 +147,15 @@ class SubcommandParser(argparse.ArgumentParser):
     own usage (``python -m app chat: error: unrecognized arguments: ...``), not the top-level
     one's. Nested subcommands (``tools run``) use it too."""
 
+    def _get_option_tuples(self, option_string):
+        """The options an abbreviation (``--pr``) may stand for: the command's own only, when
+        any matches, so that the global options every command takes after it (``--prefix-
+        cache-mb``, ``--data-dir``) do not make ``chat --pr`` or ``models --d`` ambiguous;
+        an abbreviation only a global option matches (``chat --data X``) stays that one."""
+        found = super()._get_option_tuples(option_string)
+        own = [t for t in found if not getattr(t[0], "global_option", False)]
+        return own or found
+
     def parse_known_args(self, args=None, namespace=None):
         """Parse like :meth:`argparse.ArgumentParser.parse_args`: no argument is left over."""
         namespace, extras = super().parse_known_args(args, namespace)
@@ -211,17 +220,23 @@ def add_global_options(parser: argparse.ArgumentParser, after_command: bool = Fa
             "global options", "also taken before the command; given in both places, the one "
             "after the command wins")
         unset = {"default": argparse.SUPPRESS}
-    group.add_argument("--version", action="store_true", help="print versions and exit",
-                       **unset)
-    group.add_argument(
-        "--data-dir", **unset,
-        help="folder for conversations, settings and logs (default: the platform's app-data folder)",
-    )
-    group.add_argument(
-        "--prefix-cache-mb", type=int_at_least(0), metavar="MB", **unset,
-        help="memory for saved conversation states that new chats and chats you come back to "
-        "reuse (default: a tenth of RAM, 256 to 2048 MiB; 0 keeps only the last reply's)",
-    )
+    actions = [
+        group.add_argument("--version", action="store_true", help="print versions and exit",
+                           **unset),
+        group.add_argument(
+            "--data-dir", **unset,
+            help="folder for conversations, settings and logs (default: the platform's "
+            "app-data folder)",
+        ),
+        group.add_argument(
+            "--prefix-cache-mb", type=int_at_least(0), metavar="MB", **unset,
+            help="memory for saved conversation states that new chats and chats you come back "
+            "to reuse (default: a tenth of RAM, 256 to 2048 MiB; 0 keeps only the last "
+            "reply's)",
+        ),
+    ]
+    for action in actions:  # SubcommandParser: a command's own option wins an abbreviation
+        action.global_option = True
 
 
 def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -235,11 +250,59 @@ def _command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentP
     return found
 
 
+def asks_version(argv: list[str]) -> bool:
+    """Whether ``--version`` is among ``argv`` (before a bare ``--``, after which nothing is an
+    option): it prints the versions wherever it stands, before any other argument is checked
+    (``tools run --version`` has no tool name, ``models --download --version`` no repo)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    return "--version" in argv[:end]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run; returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if asks_version(argv):
+            print(version_text())
+            return 0
+        return _parse_and_run(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
+        return 0
+
+
+def _stdin_prompt(args) -> str:
+    """The message of ``--prompt -``: standard input's, or, on a rank of ``--distributed``
+    that this app started here, the one rank 0 read (passed in a private file).
+
+    Raises:
+        CommandError: as :func:`read_stdin_prompt`, or on a rank of an ``mlx.launch`` the
+            user started (its standard input is ``mlx.launch``'s pipe).
+        ValueError: the passed file cannot be read.
+    """
+    if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
+        from app.commands.distributed import read_prompt_file
+
+        passed = read_prompt_file()
+        if passed is None:
+            raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
+                               "started: give --prompt TEXT, or run the command "
+                               "without mlx.launch (it starts the ranks itself)")
+        return passed
+    return read_stdin_prompt(args.command)
+
+
+def _parse_and_run(argv: list[str]) -> int:
+    """:func:`main` past ``--version``: parse, check the global options, run the command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.data_dir:
+    if args.data_dir is not None:
+        if not args.data_dir.strip():  # `--data-dir "$UNSET"`: not the real app-data folder
+            print("error: --data-dir is empty: give a folder", file=sys.stderr)
+            return 2
         problem = check_data_dir(args.data_dir)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
@@ -249,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.engine.prefix import PREFIX_CACHE_ENV
 
         os.environ[PREFIX_CACHE_ENV] = str(args.prefix_cache_mb)
-    if args.version:
+    if args.version:  # an abbreviation before the command (`--vers`)
         print(version_text())
         return 0
     if args.command is None:
@@ -278,24 +341,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"Prompt: {DEFAULT_PROMPT}")
         args = parser.parse_args(["compare", "--prompt", DEFAULT_PROMPT, "--run-tools"])
-    try:
-        if getattr(args, "prompt", None) == STDIN_PROMPT:  # --prompt -
-            try:
-                if getattr(args, "distributed", None) and "MLX_RANK" in os.environ:
-                    # a rank of an mlx.launch the user started: its standard input is
-                    # mlx.launch's pipe (the ranks this app starts get the text instead)
-                    raise CommandError("--prompt - cannot be read by a rank that mlx.launch "
-                                       "started: give --prompt TEXT, or run the command "
-                                       "without mlx.launch (it starts the ranks itself)")
-                args.prompt = read_stdin_prompt(args.command)
-            except CommandError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            args.prompt_from_stdin = True  # --distributed passes it on to the other ranks
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
-        return 0
+    if getattr(args, "prompt", None) == STDIN_PROMPT:  # --prompt -
+        try:
+            args.prompt = _stdin_prompt(args)
+        except (CommandError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        args.prompt_from_stdin = True  # --distributed passes it on to the other ranks
+    return args.func(args)

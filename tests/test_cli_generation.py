@@ -801,3 +801,24 @@ def test_ctrl_c_mid_reply_prints_it_as_far_as_it_got(capsys, pair_paths, monkeyp
         lines = out.splitlines()
         assert lines[0] == "[answer]" and text.startswith(lines[1])
         assert lines[-1].startswith("plain · ") and lines[-1].endswith("finish cancelled")
+
+
+@pytest.mark.parametrize("command", ["chat", "compare"])
+def test_a_prompt_over_the_context_is_refused_before_generating(capsys, pair_paths,
+                                                                monkeypatch, command):
+    """`chat --prompt - < 620KB.txt` prefilled for minutes before warning that the prompt was
+    over the context: one line (tokens vs context) and exit 2 now, nothing generated."""
+    import app.chat.reply as reply_mod
+
+    def never(*a, **kw):
+        raise AssertionError("generated")
+
+    monkeypatch.setattr(reply_mod, "run_reply", never)
+    monkeypatch.setattr("app.commands.generation.collect_reply", never, raising=False)
+    monkeypatch.setattr(f"app.commands.{command}.collect_reply", never, raising=False)
+    code, out, err = run_cli(capsys, command, *pair_args(pair_paths), "--prompt",
+                             "word " * 5000, "--max-tokens", "4", "--tools", "none")
+    assert code == 2, err
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "4,096" in lines[0] and "tokens" in lines[0] and "context" in lines[0]

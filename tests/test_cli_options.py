@@ -203,10 +203,13 @@ def test_prompt_dash_through_a_shell_pipe():
     assert res.returncode == 2 and "prompt" not in err and "/nonexistent/model" in err
 
 
-def test_a_prompt_from_stdin_reaches_the_other_ranks(monkeypatch, tmp_path):
+def test_a_prompt_from_stdin_reaches_the_other_ranks(monkeypatch, tmp_path, capsys, seen):
     """--distributed starts the other ranks with the same command line; they cannot read
-    this process's standard input, so the message read from it follows the command line."""
+    this process's standard input. Ranks started here read the message from a private file
+    in the data folder (a long message as one argv entry failed with "Argument list too
+    long", and showed in `ps`); ranks on other hosts get it as a last ``--prompt=TEXT``."""
     import os
+    import stat
 
     import app.commands.distributed as dist
 
@@ -217,27 +220,60 @@ def test_a_prompt_from_stdin_reaches_the_other_ranks(monkeypatch, tmp_path):
     argv = ["chat", "--prompt", "-", "--distributed", "hosts.json"]
     monkeypatch.setattr("sys.argv", ["app", *argv])
     assert dist.rank_argv(Args()) == [*argv, "--prompt=line one\n--line two"]
+    # and the parser reads it back as the message, whatever it starts with
+    assert build_parser().parse_args(dist.rank_argv(Args())).prompt == "line one\n--line two"
     Args.prompt_from_stdin = False
     assert dist.rank_argv(Args()) == argv
-    # the ranks started here get it
+    # the ranks started here get it in a file
     started = []
 
     class Child:
         def __init__(self, cmd, **kw):
-            started.append(cmd)
+            started.append((cmd, kw["env"]))
 
+        def wait(self, timeout=None):
+            return 0
+
+    reaps = []
     monkeypatch.setattr(dist.subprocess, "Popen", Child)
-    monkeypatch.setattr(dist.atexit, "register", lambda fn: None)
-    hosts = tmp_path / "ring.json"
-    monkeypatch.setattr(dist.tempfile, "mkstemp",
-                        lambda **kw: (os.open(hosts, os.O_CREAT | os.O_WRONLY), str(hosts)))
-    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
-    monkeypatch.delenv("MLX_RANK", raising=False)
+    monkeypatch.setattr(dist.atexit, "register", reaps.append)
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    for name in ("MLX_HOSTFILE", "MLX_RANK", dist.PROMPT_FILE_ENV):
+        monkeypatch.setenv(name, "x")  # _spawn_local sets the first two: undone after
+        monkeypatch.delenv(name)
     Args.prompt_from_stdin = True
+    Args.prompt = "long " * 60_000  # 300 KB: over Linux's 128 KiB for one argument
     dist._spawn_local(2, Args())
-    assert len(started) == 1 and started[0][-1] == "--prompt=line one\n--line two"
-    # and the parser reads it back as the message, whatever it starts with
-    assert build_parser().parse_args(dist.rank_argv(Args())).prompt == "line one\n--line two"
+    (cmd, env), = started
+    assert cmd[3:] == argv  # [python, -m, app, ...]: no message on the command line
+    path = env[dist.PROMPT_FILE_ENV]
+    assert os.path.dirname(path) == str(tmp_path / "data")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    # a rank reads it
+    monkeypatch.setenv("MLX_RANK", "1")
+    monkeypatch.setenv(dist.PROMPT_FILE_ENV, path)
+    code, _, err = _exit_code(capsys, argv)
+    assert code == 0, err
+    assert seen[-1].prompt == Args.prompt
+    for reap in reaps:
+        reap()
+    assert not os.path.exists(path)
+
+
+def test_a_long_prompt_from_stdin_for_other_hosts_is_refused(monkeypatch):
+    """Ranks on other hosts get the message on mlx.launch's command line: past what one
+    argument may hold it is one clear line (exit 2 by the commands' guard), not an OSError."""
+    import app.commands.distributed as dist
+
+    class Args:
+        prompt = "x" * 200_000
+        prompt_from_stdin = True
+
+    monkeypatch.setattr("sys.argv", ["app", "chat", "--prompt", "-"])
+    with pytest.raises(dist.CommandError) as info:
+        dist.rank_argv(Args())
+    msg = str(info.value)
+    assert "\n" not in msg and "200000 bytes" in msg and "--distributed" in msg
 
 
 def test_prompt_dash_is_refused_on_a_rank_that_mlx_launch_started(capsys, monkeypatch, seen,
@@ -252,3 +288,72 @@ def test_prompt_dash_is_refused_on_a_rank_that_mlx_launch_started(capsys, monkey
     assert err.strip().startswith("error: --prompt - cannot be read by a rank that mlx.launch "
                                   "started: give --prompt TEXT")
     assert main(["chat", "--prompt", "-"]) == 0 and seen[-1].prompt == "never read"
+
+
+# ------------------------------------------------------------------------------ tester's faults
+@pytest.mark.parametrize("argv", [
+    ["--data-dir", "", "tools"],
+    ["tools", "--data-dir", ""],
+    ["tools", "--data-dir="],
+    ["tools", "--data-dir", "   "],
+    ["--data-dir", "REAL", "tools", "--data-dir="],
+])
+def test_an_empty_data_dir_is_refused(capsys, clean_env, tmp_path, argv):
+    """`--data-dir "$UNSET"` used the real app-data folder, even over one given before the
+    command: one line and exit 2 now."""
+    import os
+
+    argv = [str(tmp_path / "real") if a == "REAL" else a for a in argv]
+    code, out, err = _exit_code(capsys, argv)
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --data-dir is empty: give a folder"
+    assert "DFLASH_DATA_DIR" not in os.environ
+
+
+@pytest.mark.parametrize("argv, dest, value", [
+    (["chat", "--pr", "hi"], "prompt", "hi"),
+    (["compare", "--pr", "hi"], "prompt", "hi"),
+    (["models", "--p"], "probe", []),
+    (["models", "--d", "org/repo"], "download", ["org/repo"]),
+    (["chat", "--data", "D"], "data_dir", "D"),  # only a global option matches: taken
+])
+def test_a_command_option_keeps_its_abbreviation(argv, dest, value):
+    """The global options after the command made `chat --pr`, `models --p` and `models --d`
+    ambiguous: a command's own option wins an abbreviation now."""
+    assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+def test_version_into_a_closed_pipe_is_quiet(monkeypatch):
+    """`python -m app --version | head -1` ended with a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    cmd = (f"{sys.executable} -m app --version | head -c 1 >/dev/null; "
+           "echo rc=${PIPESTATUS[0]}")
+    monkeypatch.setattr("app.cli.version_text", lambda: "x" * 100)
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", Closed())
+    assert main(["--version"]) == 0
+    monkeypatch.undo()
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in res.stderr and res.stdout.strip() == "rc=0", res.stderr
+
+
+def test_version_after_tools_run_without_a_name(capsys, monkeypatch):
+    import app.cli as cli
+
+    monkeypatch.setattr(cli, "version_text", lambda: "DFlash Chat 0.test")
+    for argv in (["tools", "run", "--version"], ["tools", "--version"],
+                 ["models", "--download", "--version"]):
+        code, out, err = _exit_code(capsys, argv)
+        assert code == 0 and out == "DFlash Chat 0.test\n", (argv, err)
+    # after a bare `--` it is no option
+    code, out, _ = _exit_code(capsys, ["tools", "run", "--", "--version"])
+    assert out == "" or "DFlash Chat 0.test" not in out

@@ -462,3 +462,48 @@ def test_serve_names_the_bundled_target_with_its_drafters():
     assert serve_pair(args) == (target, drafter, None)
     args = build_parser().parse_args(["serve"])
     assert serve_pair(args) == (target, drafter, drafter2)
+
+
+# ------------------------------------------------------------------------------ models folders
+def test_models_remove_folder_says_what_it_removed_and_a_gone_folder_how_to(
+        capsys, tmp_path, monkeypatch):
+    """`--remove-folder` printed nothing on success; a deleted added folder was listed as
+    skipped with no hint of how to forget it."""
+    import json
+
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DFLASH_RESOURCES", str(tmp_path / "no-resources"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    gone = tmp_path / "gone"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "model_folders.json").write_text(json.dumps({"folders": [str(gone)]}))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(f"skipped {gone}"))
+    assert line == (f"skipped {gone}: folder no longer exists (python -m app models "
+                    f"--remove-folder {gone} forgets it)")
+    assert main(["models", "--remove-folder", str(gone)]) == 0
+    captured = capsys.readouterr()
+    assert f"removed {gone} from the folder list" in captured.err
+    assert f"skipped {gone}" not in captured.out
+
+
+@pytest.mark.parametrize("command", ["chat", "models", "tools"])
+def test_readme_usage_lines_name_every_option_of_the_command(command):
+    """README's `python -m app chat ...` usage omitted --keep-quantized, which --help lists."""
+    import re
+    from pathlib import Path
+
+    from app.cli import _command_parsers
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("python -m app [--data-dir DIR]", 1)[1].split("```", 1)[0]
+    start = block.index(f"python -m app {command} ")
+    nxt = re.search(r"^python -m app ", block[start + 1:], re.M)
+    usage = block[start:start + 1 + nxt.start()] if nxt else block[start:]
+    parser = next(p for p in _command_parsers(build_parser())
+                  if p.prog == f"python -m app {command}")
+    options = {s for a in parser._actions for s in a.option_strings
+               if s.startswith("--") and s != "--help" and not getattr(a, "global_option", False)}
+    missing = sorted(o for o in options if not re.search(re.escape(o) + r"(?![\w-])", usage))
+    assert not missing, f"README's {command} usage lacks {missing}"

@@ -28,6 +28,7 @@ from app.commands.generation import (
     _load,
     _messages,
     auto_block_note,
+    check_prompt_fits,
     default_thinking,
     load_tools,
     prepare_tools,
@@ -210,9 +211,10 @@ def _chat(args) -> int:
             and drafter_mode(drafter) is Mode.DFLASH2:  # the drafter decides: say so
         settings = replace(settings, mode=Mode.DFLASH2)
         print(f"note: {dpath} is a DFlash2 drafter: the reply runs DFlash2", file=sys.stderr)
-    warm_up_on_gpu(target, [drafter])
     if settings.enable_thinking is None:
         settings = replace(settings, enable_thinking=default_thinking(tpath, dpath))
+    check_prompt_fits(target, _messages(args), settings)
+    warm_up_on_gpu(target, [drafter])
     t0 = time.perf_counter()
     if args.json:
         with cancel_on_interrupt() as interrupted:

@@ -40,6 +40,7 @@ from app.commands.generation import (
     _load,
     _messages,
     _positive_int,
+    check_prompt_fits,
     default_dflash2,
     default_thinking,
     load_tools,
@@ -107,6 +108,7 @@ def _compare(args) -> int:
         runs.append(("dflash2", drafter2))
     if args.lookup:
         runs.append((Mode.LOOKUP.value, None))
+    check_prompt_fits(target, _messages(args), settings_from_args(args, runs[0][0], tools, think))
     # every side that is timed, warmed first (a drafter that runs no side is not)
     warm_up_both(target, [drafter] + [d for m, d in runs[2:] if d is not None],
                  auto_block=args.block_size == AUTO, lookup=args.lookup)

@@ -28,6 +28,15 @@ from pathlib import Path
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
+PROMPT_FILE_ENV = "DFLASH_PROMPT_FILE"
+"""Set for the ranks this process starts here when it read the message from standard input
+(``--prompt -``): the path of a private file (mode 0600, in the data folder) holding it."""
+
+MAX_ARGV_PROMPT_BYTES = 100_000
+"""The longest message (UTF-8 bytes) passed on a command line to ranks on other hosts: Linux
+takes at most 128 KiB in one argument, and ``mlx.launch`` puts each rank's whole command in
+one (a shell script, run through ssh)."""
+
 
 class CommandError(ValueError):
     """A bad ``--distributed`` argument (the commands' guard turns it into exit code 2)."""
@@ -97,14 +106,50 @@ def free_ports(n: int) -> list[int]:
 
 
 def rank_argv(args) -> list[str]:
-    """The command line the other ranks run: this process's, and, when the message was read
-    from standard input (``--prompt -``, which they cannot read), that message as a last
-    ``--prompt=TEXT`` (the last one given wins; the ``=`` form takes text that starts with
-    a dash)."""
+    """The command line the ranks on other hosts run (through ``mlx.launch``): this
+    process's, and, when the message was read from standard input (``--prompt -``, which
+    they cannot read), that message as a last ``--prompt=TEXT`` (the last one given wins;
+    the ``=`` form takes text that starts with a dash).
+
+    Raises:
+        CommandError: a message longer than :data:`MAX_ARGV_PROMPT_BYTES`.
+    """
     argv = sys.argv[1:]
     if getattr(args, "prompt_from_stdin", False):
+        size = len(args.prompt.encode("utf-8"))
+        if size > MAX_ARGV_PROMPT_BYTES:
+            raise CommandError(
+                f"--prompt - with --distributed over other hosts: the message ({size} bytes) "
+                f"is longer than the {MAX_ARGV_PROMPT_BYTES} bytes a command line can pass "
+                "to their ranks; shorten it, or run the ranks on this machine")
         argv = [*argv, f"--prompt={args.prompt}"]
     return argv
+
+
+def write_prompt_file(text: str) -> str:
+    """Write the message read from standard input to a new private file (mode 0600) in the
+    data folder, for the ranks started on this machine (:data:`PROMPT_FILE_ENV`); its path."""
+    from app.paths import default_data_dir
+
+    folder = default_data_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="dflash-prompt-", suffix=".txt", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:  # mkstemp: readable by this user only
+        f.write(text)
+    return name
+
+
+def read_prompt_file() -> str | None:
+    """On a rank this app started here: the message rank 0 read from standard input
+    (:func:`write_prompt_file`), or None when it gave none."""
+    path = os.environ.get(PROMPT_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"--prompt -: cannot read the message rank 0 passed in {path} "
+                           f"({exc.strerror or exc})") from None
 
 
 def _spawn_local(size: int, args) -> None:
@@ -114,10 +159,15 @@ def _spawn_local(size: int, args) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(ring, f)
     os.environ["MLX_HOSTFILE"] = name
+    files = [name]
+    extra = {}
+    if getattr(args, "prompt_from_stdin", False):  # in a file: no argv limit, not in `ps`
+        extra[PROMPT_FILE_ENV] = write_prompt_file(args.prompt)
+        files.append(extra[PROMPT_FILE_ENV])
     children = []
     for rank in range(1, size):
-        env = dict(os.environ, MLX_RANK=str(rank))
-        children.append(subprocess.Popen([sys.executable, "-m", "app", *rank_argv(args)],
+        env = dict(os.environ, MLX_RANK=str(rank), **extra)
+        children.append(subprocess.Popen([sys.executable, "-m", "app", *sys.argv[1:]],
                                          env=env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL))
     os.environ["MLX_RANK"] = "0"
@@ -129,7 +179,8 @@ def _spawn_local(size: int, args) -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        Path(name).unlink(missing_ok=True)
+        for path in files:
+            Path(path).unlink(missing_ok=True)
 
     atexit.register(reap)
 

@@ -366,6 +366,31 @@ def settings_from_args(args, mode: str, tools: list[dict] | None, think: bool | 
     )
 
 
+def check_prompt_fits(target, messages: list[dict], settings) -> None:
+    """Refuse, before anything is generated, a message that can never fit the model's
+    context: its rendered prompt (with the tools offered and the thinking setting) takes the
+    whole context or more. The reply would prefill it for minutes and then degrade; the
+    server refuses the same request with 400 (``context_length_exceeded``). A prompt that
+    fits but leaves less than ``--max-tokens`` is left to the reply's own warning.
+
+    Raises:
+        CommandError: the prompt's tokens and the context, in one line.
+    """
+    from app.chat.history import context_limit
+    from app.chat.templates import ChatTemplateError, render_prompt
+
+    try:
+        prompt = render_prompt(target.tokenizer, messages, tools=settings.tools,
+                               enable_thinking=settings.enable_thinking)
+    except ChatTemplateError:
+        return  # the reply says it, as before
+    n = len(prompt.ids)
+    limit = context_limit(getattr(target, "context_length", None) or 2**31 - 1)
+    if n >= limit:
+        raise CommandError(f"the prompt takes {n:,} tokens, over the model's context of "
+                           f"{limit:,} tokens: shorten the message")
+
+
 def _messages(args) -> list[dict]:
     msgs = []
     if args.system_prompt:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from app.engine.errors import EngineError, ModelLoadError, ModelNotFoundError
-from app.models.catalog import Catalog, catalog_report, format_bytes
+from app.models.catalog import FOLDER_GONE, Catalog, catalog_report, format_bytes
 
 
 def _print_text(report: dict) -> None:
@@ -45,7 +46,10 @@ def _print_text(report: dict) -> None:
             f"block {p['block_size']}, {think}  ({have})"
         )
     for s in report["skipped"]:
-        print(f"skipped {s['path']}: {s['reason']}")
+        hint = ""
+        if s["reason"] == FOLDER_GONE:
+            hint = f" (python -m app models --remove-folder {shlex.quote(s['path'])} forgets it)"
+        print(f"skipped {s['path']}: {s['reason']}{hint}")
 
 
 def _save_error(catalog: Catalog, exc: OSError) -> int:
@@ -74,6 +78,8 @@ def _run_models(args: argparse.Namespace) -> int:
         if not removed:
             print(f"error: {args.remove_folder} is not in the folder list", file=sys.stderr)
             return 2
+        print(f"removed {args.remove_folder} from the folder list (its files stay)",
+              file=sys.stderr)
     if args.download:
         code = _download_cli(args.download)
         if code:

@@ -52,6 +52,8 @@ MEMORY_WARN_FRACTION = 0.75
 """Warn before loading when the estimate exceeds this share of the machine's memory."""
 
 FOLDERS_FILE = "model_folders.json"
+FOLDER_GONE = "folder no longer exists"
+"""The skipped reason of an added folder that was deleted since (still in the list)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -639,7 +641,7 @@ class Catalog:
                 add(entry, str(d), reason)
         for folder in self.folders():
             if not folder.is_dir():
-                result.skipped.append((str(folder), "folder no longer exists"))
+                result.skipped.append((str(folder), FOLDER_GONE))
                 continue
             for d in _model_dirs(folder):
                 entry, reason = _entry(d, "folder", d.name)
