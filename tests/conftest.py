@@ -107,6 +107,23 @@ def _cost_models_in_memory():
 
 # ------------------------------------------------------------------ the window (pytest-qt)
 @pytest.fixture(autouse=True)
+def _cli_exports_undone():
+    """``app.cli.main`` exports ``--data-dir`` and ``--prefix-cache-mb`` to the environment
+    (its children read them); a test that runs ``main`` would otherwise leave them set for
+    the later tests of its process (a prefix cache bound of 0 then fails the prefix tests)."""
+    import os
+
+    names = ("DFLASH_DATA_DIR", "DFLASH_PREFIX_CACHE_MB")
+    before = {n: os.environ.get(n) for n in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
 def _allow_engine_after():
     """A window marks the GUI (main) thread as MLX-free; undo it after every test so the
     next test (a window test or an engine test on the main thread) starts unmarked."""

@@ -162,5 +162,5 @@ def test_the_bound_is_set_by_the_cli_flag_or_its_variable(monkeypatch):
     assert default_max_bytes() == 0 and PromptCache().max_bytes == 0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--prefix-cache-mb", "-1"])
-    assert main(["--prefix-cache-mb", "64", "--version"]) == 0
+    assert main(["--prefix-cache-mb", "64", "tools"]) == 0
     assert os.environ[PREFIX_CACHE_ENV] == "64" and default_max_bytes() == 64 * 1024**2
