@@ -138,8 +138,9 @@ def test_build_gdn_kernel_passes_the_dtypes_a_reply_passes(tiny_hybrid, monkeypa
                if hasattr(getattr(layer, "linear_attn", None), "A_log"))
     seen = []
     monkeypatch.setattr(gdn_kernel, "kernel_active", lambda: True)
-    monkeypatch.setattr(gdn_kernel, "cuda_gated_delta",
-                        lambda *a: seen.append([x.dtype for x in a]) or a[-1])
+    # the kernel object as MLX's CUDA backend would build it: here it records the call
+    monkeypatch.setattr(gdn_kernel, "_kernel", lambda: lambda **call: seen.append(
+        [x.dtype for x in call["inputs"]]) or [call["inputs"][-1]])
     if gdn.head_k_dim % 32:  # the tiny pair's key heads: the kernel does not take them
         assert warmup.build_gdn_kernel(target) is False and seen == []
         monkeypatch.setattr(gdn, "head_k_dim", 32)

@@ -66,7 +66,7 @@ def build_gdn_kernel(target) -> bool:
     are ones the kernel does not take (key head dim not a multiple of 32)."""
     import mlx.core as mx
 
-    from app.engine.kernels.gdn_kernel import cuda_gated_delta, kernel_active
+    from app.engine.kernels.gdn_kernel import instance_call, kernel_active
 
     gdn = kernel_prebuild.first_gdn_layer(target.model)
     if gdn is None or not kernel_active():
@@ -74,14 +74,8 @@ def build_gdn_kernel(target) -> bool:
     hk, dk, hv, dv = gdn.num_k_heads, gdn.head_k_dim, gdn.num_v_heads, gdn.head_v_dim
     if dk % 32 or hv % hk:  # shapes the kernel does not take: mlx-lm's loop runs instead
         return False
-    dtype = kernel_prebuild.activation_dtype(target.model)
-    # the dtypes a reply passes: q, k, v and beta (sigmoid of b) in the activation dtype,
-    # g (mlx-lm's compute_g) and the state in float32; the kernel's source names them
-    qk = mx.zeros((1, 1, hk, dk), dtype=dtype)
-    g = mx.zeros((1, 1, hv), dtype=mx.float32)
-    beta = mx.zeros((1, 1, hv), dtype=dtype)
-    mx.eval(cuda_gated_delta(qk, qk, mx.zeros((1, 1, hv, dv), dtype=dtype), g, beta,
-                             mx.zeros((1, hv, dv, dk), dtype=mx.float32)))
+    kernel, call = instance_call(kernel_prebuild.activation_dtype(target.model), dk, dv, hk, hv)
+    mx.eval(kernel(**call))
     return True
 
 
@@ -141,12 +135,19 @@ def _prebuild(target, drafters: list, later: list) -> kernel_prebuild.PrebuildRe
         running = kernel_prebuild.building()
         done = kernel_prebuild.built_before()  # kernels already on disk from an earlier start
         needed = kernel_prebuild.recipes_for(target, drafters)
+        custom = [r for r in needed if r[0] in kernel_prebuild.CUSTOM and r not in done]
         early = [r for r in needed if r in running and r not in done]
-        todo = [r for r in needed if r not in done and r not in running]
+        todo = [r for r in needed if r not in done and r not in running and r not in custom]
         rest = [r for r in kernel_prebuild.recipes_for(target, drafters + later)
                 if r not in done and r not in needed and r not in running]
+        fresh = [r for r in custom if r not in running]
+        if fresh:  # one child each, waited for below
+            kernel_prebuild.start_background(fresh, len(fresh))
         job = kernel_prebuild.start(todo) if todo else None
-        build_gdn_kernel(target)  # in this process, while the children compile
+        # this process's own first passes load the custom kernels the children compile
+        # (MLX would compile each here, one after another, and keep it in memory only)
+        kernel_prebuild.wait_background_for(custom)
+        build_gdn_kernel(target)  # from the disk cache, or compiled here if that failed
         if (job is not None or early) and os.environ.get("DFLASH_WARM_LAYERS", "1") != "0":
             warm_layers(target)
     except Exception as exc:  # a warm-up aid only: the replies build what it missed

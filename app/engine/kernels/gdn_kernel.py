@@ -44,7 +44,8 @@ import mlx.core as mx
 from mlx_lm.models.gated_delta import compute_g
 from mlx_lm.models.gated_delta import gated_delta_update as _mlx_lm_update
 
-__all__ = ["CUDA_SOURCE", "cuda_gated_delta", "gated_delta_update", "kernel_active"]
+__all__ = ["CUDA_SOURCE", "cuda_gated_delta", "gated_delta_update", "instance_call",
+           "kernel_active"]
 
 #: Body of the CUDA kernel (``mx.fast.cuda_kernel`` writes the signature: inputs ``q k v g
 #: beta state_in`` as ``const T*``, outputs ``y state_out``; ``q_shape`` is passed because the
@@ -174,7 +175,15 @@ def cuda_gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: m
             f"gated delta kernel: unsupported shapes q/k {tuple(k.shape)}, v {tuple(v.shape)}, "
             f"g {tuple(g.shape)}, state {tuple(state.shape)}"
         )
-    return _kernel()(
+    return _kernel()(**_call_args(q, k, v, g, beta, state))
+
+
+def _call_args(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+               state: mx.array) -> dict:
+    """The keyword arguments of :func:`cuda_gated_delta`'s kernel call (shapes checked)."""
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[2:]
+    return dict(
         inputs=[q, k, v, g, beta, state],
         template=[("InT", q.dtype), ("StT", state.dtype), ("Dk", Dk), ("Dv", Dv),
                   ("Hk", Hk), ("Hv", Hv)],
@@ -183,6 +192,19 @@ def cuda_gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: m
         output_shapes=[(B, T, Hv, Dv), state.shape],
         output_dtypes=[q.dtype, state.dtype],
     )
+
+
+def instance_call(dtype: mx.Dtype, dk: int, dv: int, hk: int, hv: int) -> tuple:
+    """``(kernel, keyword arguments)`` of a one-token call with the dtypes a reply passes (q,
+    k, v and beta in the activation ``dtype``, g and the state float32) and these head
+    sizes and counts: the instance a Gated DeltaNet layer of those shapes runs (the
+    template holds them; ``app.engine.kernels.custom_cache.build`` compiles it ahead of a
+    run, and the warm-up runs it)."""
+    qk = mx.zeros((1, 1, hk, dk), dtype=dtype)
+    return _kernel(), _call_args(qk, qk, mx.zeros((1, 1, hv, dv), dtype=dtype),
+                                 mx.zeros((1, 1, hv), dtype=mx.float32),
+                                 mx.zeros((1, 1, hv), dtype=dtype),
+                                 mx.zeros((1, hv, dv, dk), dtype=mx.float32))
 
 
 def gated_delta_update(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,

@@ -53,11 +53,21 @@ RECIPES = {
     "swiglu": "mlx_lm.models.activations.swiglu on one dtype",
     "precise_swiglu": "mlx_lm.models.activations.precise_swiglu on one dtype",
     "compute_g": "mlx_lm.models.gated_delta.compute_g on (A_log, a, dt_bias) dtypes",
+    "rows": "the row products' kernel (row_products), (activation dtype, bits, group size); "
+            "bits 0: dense",
+    "rows_attention": "the row mode's attention kernel (row_attention), (dtype, head size)",
+    "gdn": "the Gated DeltaNet kernel (gdn_kernel), (activation dtype, Dk, Dv, Hk, Hv)",
 }
+
+#: Kinds that build one of the project's ``mx.fast.cuda_kernel`` kernels, which MLX keeps in
+#: memory only: a child compiles it into the disk cache itself
+#: (:mod:`app.engine.kernels.custom_cache`), and the process that runs the model loads it
+#: from there instead of compiling it (each took 1-3 s on an H100 host, one after another).
+CUSTOM = {"rows", "rows_attention", "gdn"}
 
 #: Kinds that took about twice as long as a gather to compile (4-4.5 s against about 2 s on
 #: the H200 host, NVRTC 13): the fused ones and ``gather_axis``.
-_SLOW = {"silu", "swiglu", "precise_swiglu", "compute_g", "gather_axis"}
+_SLOW = {"silu", "swiglu", "precise_swiglu", "compute_g", "gather_axis"} | CUSTOM
 
 
 #: The folder, inside MLX's kernel cache folder, that records the recipes built there: one
@@ -81,7 +91,26 @@ def _record_name(recipe: Recipe) -> str:
     import mlx.core as mx
 
     kind, dtypes = recipe
-    return f"{mx.__version__}--{kind}--{'-'.join(dtypes)}"
+    name = f"{mx.__version__}--{kind}--{'-'.join(dtypes)}"
+    return f"{name}--{_sources_digest()}" if kind in CUSTOM else name
+
+
+_DIGEST: list[str] = []
+
+
+def _sources_digest() -> str:
+    """A short digest of the project's custom kernels' source text: a :data:`CUSTOM` recipe's
+    record counts only for the sources it was built from (a changed kernel gets a new module
+    name in MLX's cache, and must be built again)."""
+    if not _DIGEST:
+        import hashlib
+
+        from app.engine.kernels import gdn_kernel, row_attention, row_products
+
+        text = "\0".join([row_products.HEADER, row_products.SOURCE, row_attention.SOURCE,
+                          gdn_kernel.CUDA_SOURCE])
+        _DIGEST.append(hashlib.sha256(text.encode()).hexdigest()[:12])
+    return _DIGEST[0]
 
 
 def built_before(folder: Path | None = None) -> set[Recipe]:
@@ -96,7 +125,10 @@ def built_before(folder: Path | None = None) -> set[Recipe]:
     out = set()
     for name in names:
         parts = name.split("--")
-        if len(parts) == 3 and parts[0] == mx.__version__ and parts[1] in RECIPES:
+        if parts[0] != mx.__version__ or len(parts) < 3 or parts[1] not in RECIPES:
+            continue
+        if len(parts) == (4 if parts[1] in CUSTOM else 3) and (
+                len(parts) == 3 or parts[3] == _sources_digest()):
             out.add((parts[1], tuple(parts[2].split("-"))))
     return out
 
@@ -208,7 +240,123 @@ def recipes_for(target: Any, drafters: list | tuple = ()) -> list[Recipe]:
         [_dtype_name(s.predecessor_codebook.dtype) for s in selectors if s is not None],
         None if gdn is None else (_dtype_name(gdn.A_log.dtype),
                                   _dtype_name(activation_dtype(target.model)),
-                                  _dtype_name(gdn.dt_bias.dtype)))
+                                  _dtype_name(gdn.dt_bias.dtype))) + custom_recipes(target.model)
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def _custom_on() -> tuple[str, bool]:
+    """The row mode (``row_products.mode()``; ``"0"`` where the row kernels do not run here:
+    ``row_products.on_cuda``) and whether the GDN kernel is active, where the custom-kernel
+    cache is :func:`~app.engine.kernels.custom_cache.enabled`; ``("0", False)`` where it is
+    not (no custom recipes then)."""
+    from app.engine.kernels import custom_cache, gdn_kernel, row_products
+
+    if not custom_cache.enabled():
+        return "0", False
+    return (row_products.mode() if row_products.on_cuda() else "0"), gdn_kernel.kernel_active()
+
+
+def custom_recipes(model: Any) -> list[Recipe]:
+    """The :data:`CUSTOM` recipes of a loaded ``model`` (an mlx-lm model), without repeats:
+    a ``rows`` instance per (activation dtype, bits, group size) of its layers that
+    ``row_products.use_row_stable_products`` switched and whose products the kernel takes in
+    the current ``DFLASH_ROW_PRODUCTS`` mode (the switch happens only on MLX's CUDA backend,
+    so elsewhere there are none); ``rows_attention`` per head size of its attention layers
+    in the ``all`` mode; ``gdn`` for its first Gated DeltaNet layer's shapes where the GDN
+    kernel is active and takes them. Nothing where the custom-kernel cache is off
+    (``DFLASH_CUSTOM_KERNEL_CACHE=0``)."""
+    from app.engine.kernels import row_products as rp
+
+    way, gdn_on = _custom_on()
+    out: list[Recipe] = []
+    switched = False
+    act = _dtype_name(activation_dtype(model))
+    for _, m in model.named_modules():
+        if isinstance(m, (rp.RowStableQuantizedLinear, rp.RowStableQuantizedEmbedding)):
+            switched = True
+            scales = _dtype_name(m["scales"].dtype)
+            if (way != "0" and getattr(m, "mode", "affine") == "affine" and m.bits in (4, 8)
+                    and m.group_size in (32, 64, 128) and scales in _HALF
+                    and m.get("biases") is not None):
+                out.append(("rows", (scales, str(m.bits), str(m.group_size))))
+        elif isinstance(m, (rp.RowStableLinear, rp.RowStableEmbedding)):
+            switched = True
+            weight = _dtype_name(m["weight"].dtype)
+            if way == "all" and weight in _HALF:
+                out.append(("rows", (weight, "0", "32")))
+    if switched and way == "all" and act in _HALF:
+        for _, m in model.named_modules():
+            d = getattr(m, "head_dim", None)
+            if isinstance(d, int) and hasattr(m, "q_proj") and d % 32 == 0 and d <= 256:
+                out.append(("rows_attention", (act, str(d))))
+    gdn = first_gdn_layer(model)
+    if gdn_on and gdn is not None:
+        out += _gdn_recipe(act, gdn.head_k_dim, gdn.head_v_dim, gdn.num_k_heads,
+                           gdn.num_v_heads)
+    return list(dict.fromkeys(out))
+
+
+def _gdn_recipe(act: str, dk: int, dv: int, hk: int, hv: int) -> list[Recipe]:
+    """The ``gdn`` recipe for these shapes, or none where the kernel does not take them."""
+    if dk % 32 or hv % hk:
+        return []
+    return [("gdn", (act, str(dk), str(dv), str(hk), str(hv)))]
+
+
+def _linear_name(module: str) -> bool:
+    """Whether a checkpoint's module name (its last part) is one of a linear layer or an
+    embedding in mlx-lm's models: ``*proj*`` (``q_proj``, ``in_proj_qkv``, ``down_proj``...),
+    ``embed_tokens``, ``lm_head``."""
+    return "proj" in module or module in ("embed_tokens", "lm_head")
+
+
+def custom_recipes_from_files(target_folder: str | Path) -> list[Recipe]:
+    """:func:`custom_recipes` predicted from a target checkpoint's files before it is loaded,
+    for a GPU load that switches its layers to the row kernels (MLX's CUDA backend): its
+    ``config.json`` (the text config, nested or not: head sizes and counts, the
+    ``quantization`` section's bits and group sizes, per layer where given) and its tensors'
+    dtypes (:func:`tensor_dtypes`: quantized layers have ``scales``). A wrong prediction
+    costs a child's time only. Never raises (an unreadable folder gives none)."""
+    way, gdn_on = _custom_on()
+    if way == "0" and not gdn_on:
+        return []
+    try:
+        config = json.loads((Path(target_folder) / "config.json").read_text())
+        text = config.get("text_config") or config
+        dtypes = tensor_dtypes(target_folder)
+        act = _files_activation_dtype(dtypes)
+        quant = config.get("quantization") or config.get("quantization_config") or {}
+        out: list[Recipe] = []
+        for name, dtype in sorted(dtypes.items()):
+            if not name.endswith(".scales") or dtype not in _HALF or way == "0":
+                continue
+            layer = name[: -len(".scales")]
+            spec = next((v for k, v in quant.items() if isinstance(v, dict)
+                         and (layer == k or layer.endswith("." + k) or k.endswith("." + layer))),
+                        quant)
+            bits, group = spec.get("bits"), spec.get("group_size")
+            if bits in (4, 8) and group in (32, 64, 128) and spec.get("mode", "affine") == "affine":
+                out.append(("rows", (dtype, str(bits), str(group))))
+        if way == "all":
+            dense = [dtypes[n] for n in dtypes if n.endswith(".weight")
+                     and _linear_name(n[: -len(".weight")].rsplit(".", 1)[-1])
+                     and n[: -len("weight")] + "scales" not in dtypes]
+            out += [("rows", (d, "0", "32")) for d in dict.fromkeys(dense) if d in _HALF]
+            heads = text.get("num_attention_heads")
+            d = text.get("head_dim") or (text["hidden_size"] // heads if heads else None)
+            if act in _HALF and isinstance(d, int) and d % 32 == 0 and d <= 256 and any(
+                    "self_attn.q_proj" in n for n in dtypes):
+                out.append(("rows_attention", (act, str(d))))
+        if gdn_on and any(n.endswith("linear_attn.A_log") for n in dtypes):
+            out += _gdn_recipe(act, int(text["linear_key_head_dim"]),
+                               int(text["linear_value_head_dim"]),
+                               int(text["linear_num_key_heads"]),
+                               int(text["linear_num_value_heads"]))
+        return list(dict.fromkeys(out))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        return []
 
 
 def _recipes(sources: list[str], activations: list[str], books: list[str],
@@ -341,6 +489,9 @@ def run_recipe(kind: str, dtypes: tuple[str, ...] | list[str]) -> None:
     import mlx.core as mx
     import mlx.nn as nn
 
+    if kind in CUSTOM:
+        _build_custom(kind, dtypes)
+        return
     dt = [getattr(mx, d) for d in dtypes]
 
     def arr(shape, dtype):
@@ -366,6 +517,31 @@ def run_recipe(kind: str, dtypes: tuple[str, ...] | list[str]) -> None:
     else:
         raise KeyError(f"unknown kernel recipe {kind!r}; known: {', '.join(RECIPES)}")
     mx.eval(out)
+
+
+def _build_custom(kind: str, args: tuple[str, ...] | list[str]) -> None:
+    """Compile a :data:`CUSTOM` recipe's kernel instance into MLX's cache folder
+    (:func:`app.engine.kernels.custom_cache.build`; nothing runs on the GPU).
+
+    Raises:
+        CompileError: the instance could not be built that way (MLX then compiles it where
+            it runs); KeyError, AttributeError, ValueError: a malformed recipe.
+    """
+    import mlx.core as mx
+
+    from app.engine.kernels import custom_cache, gdn_kernel, row_attention, row_products
+
+    dtype = getattr(mx, args[0])
+    ints = [int(a) for a in args[1:]]
+    if kind == "rows":
+        kernel, call = row_products.instance_call(dtype, *ints)
+    elif kind == "rows_attention":
+        kernel, call = row_attention.instance_call(dtype, *ints)
+    elif kind == "gdn":
+        kernel, call = gdn_kernel.instance_call(dtype, *ints)
+    else:
+        raise KeyError(f"unknown custom kernel recipe {kind!r}")
+    custom_cache.build(kernel, **call)
 
 
 @dataclass
@@ -555,13 +731,18 @@ def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
             return None
         configure_cuda_kernel_cache()
         done = building() | built_before()
+        custom = [r for r in custom_recipes_from_files(target_folder) if r not in done]
         first = [r for r in recipes_from_files(target_folder, drafter_folders[:1])
                  if r not in done]
         rest = [r for r in recipes_from_files(target_folder, drafter_folders)
                 if r not in done and r not in first]
         workers = default_workers()
         later = min(len(rest), max(1, workers // 3))
-        job = start_background(first, max(1, workers - later)) if first else None
+        # the custom kernels first, one child each: the warm-up's own first passes need them
+        job = start_background(custom, len(custom)) if custom else None
+        if first:
+            mine = start_background(first, max(1, workers - later))
+            job = job or mine
         if rest:
             other = start_background(rest, later)
             job = job or other

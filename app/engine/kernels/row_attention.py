@@ -39,7 +39,7 @@ from mlx_lm.models.cache import KVCache
 
 from app.engine.kernels.cuda_source import compact
 
-__all__ = ["SOURCE", "attention_by_query", "kernel_attention", "kernel_takes",
+__all__ = ["SOURCE", "attention_by_query", "instance_call", "kernel_attention", "kernel_takes",
            "use_row_attention"]
 
 #: The kernel body (``mx.fast.cuda_kernel``; template ``T`` the dtype, ``D`` the head size, a
@@ -187,13 +187,28 @@ def kernel_attention(queries: mx.array, keys: mx.array, values: mx.array,
                          f"over keys {tuple(keys.shape)} {keys.dtype}, values "
                          f"{tuple(values.shape)} (1-{MAX_QUERIES} queries over at "
                          f"least as many keys, head size a multiple of 32 up to 256)")
-    b, h, n, d = queries.shape
     if scale not in _SCALES:
         _SCALES[scale] = mx.array([scale], mx.float32)
-    return _kernel()(inputs=[queries, keys, values, _SCALES[scale]],
-                     template=[("T", queries.dtype), ("D", d)], grid=(1024 * h, n, b),
-                     threadgroup=(1024, 1, 1), output_shapes=[queries.shape],
-                     output_dtypes=[queries.dtype])[0]
+    return _kernel()(**_call_args(queries, keys, values, _SCALES[scale]))[0]
+
+
+def _call_args(queries: mx.array, keys: mx.array, values: mx.array, scale: mx.array) -> dict:
+    """The keyword arguments of :func:`kernel_attention`'s kernel call (``scale`` a 1-element
+    float32 array)."""
+    b, h, n, d = queries.shape
+    return dict(inputs=[queries, keys, values, scale], template=[("T", queries.dtype), ("D", d)],
+                grid=(1024 * h, n, b), threadgroup=(1024, 1, 1), output_shapes=[queries.shape],
+                output_dtypes=[queries.dtype])
+
+
+def instance_call(dtype: mx.Dtype, head_dim: int) -> tuple:
+    """``(kernel, keyword arguments)`` of a call that runs the kernel instance attention of
+    this ``dtype`` and ``head_dim`` uses, on tiny zero inputs (one head, one query, one key):
+    MLX generates an instance's source from the dtypes and template only, so this builds the
+    same instance as a model's call (``app.engine.kernels.custom_cache.build`` compiles it
+    ahead of a run)."""
+    q = mx.zeros((1, 1, 1, head_dim), dtype=dtype)
+    return _kernel(), _call_args(q, q, q, mx.array([1.0], mx.float32))
 
 
 def attention_by_query(queries: mx.array, keys: mx.array, values: mx.array, scale: float,

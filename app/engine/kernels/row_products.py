@@ -60,8 +60,8 @@ from app.engine.device import backend
 from app.engine.kernels.cuda_source import compact
 from app.engine.kernels.row_attention import use_row_attention
 
-__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "describe", "mode", "on_cuda",
-           "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
+__all__ = ["HEADER", "MAX_ROWS", "MODES", "SOURCE", "describe", "instance_call", "mode",
+           "on_cuda", "rows_matmul", "rows_quantized_matmul", "use_row_stable_products"]
 
 #: The most rows a call takes (a verify pass's block, the M of one m16n8k16 MMA); more rows
 #: go to MLX's own product.
@@ -405,11 +405,36 @@ def _launcher(kernel, template: list, grid: tuple, n: int, dtype: mx.Dtype):
     dtypes = [dtype]
 
     def launch(x: mx.array, *weights: mx.array) -> mx.array:
-        return kernel(inputs=[x, *weights], template=template, grid=grid,
-                      threadgroup=threadgroup, output_shapes=[(*x.shape[:-1], n)],
-                      output_dtypes=dtypes)[0]
+        return kernel(**_call_args(x, weights, template, grid, threadgroup, n, dtypes))[0]
 
     return launch
+
+
+def _call_args(x: mx.array, weights, template: list, grid: tuple, threadgroup: tuple, n: int,
+               dtypes: list) -> dict:
+    """The keyword arguments of one kernel call computing ``x @ W.T`` (``W`` given by
+    ``weights``: the matrix, or the packed matrix, scales and biases) with ``n`` columns."""
+    return dict(inputs=[x, *weights], template=template, grid=grid, threadgroup=threadgroup,
+                output_shapes=[(*x.shape[:-1], n)], output_dtypes=dtypes)
+
+
+def instance_call(dtype: mx.Dtype, bits: int = 0, group_size: int = 32) -> tuple:
+    """``(kernel, keyword arguments)`` of a call that runs the kernel instance a layer of this
+    activation ``dtype`` (float16 / bfloat16) uses: dense for ``bits`` 0, else affine
+    ``bits`` (4, 8) with ``group_size``. The inputs are tiny zero arrays (1 row, K 128, N 8):
+    MLX generates an instance's source from the dtypes and template only, so this builds the
+    same instance as a layer's call (``app.engine.kernels.custom_cache.build`` compiles it
+    ahead of a run)."""
+    k, n = 128, 8
+    if bits:
+        weights = [mx.zeros((n, k * bits // 32), dtype=mx.uint32),
+                   mx.zeros((n, k // group_size), dtype=dtype),
+                   mx.zeros((n, k // group_size), dtype=dtype)]
+    else:
+        weights, group_size = [mx.zeros((n, k), dtype=dtype)], 32
+    plan = _Plan(dtype, weights, n, bits, group_size)
+    return plan.kernel, _call_args(mx.zeros((1, k), dtype=dtype), weights, plan.template,
+                                   plan.grid, (32, K_SPLIT, 1), n, [dtype])
 
 
 def rows_matmul(x: mx.array, weight: mx.array) -> mx.array:
