@@ -1,8 +1,10 @@
-"""Shared helpers for engine tests: tiny pairs, an oracle drafter, event collection."""
+"""Shared helpers for engine tests: tiny pairs, an oracle drafter, event collection, and
+the cancel side of a generation for scripted stand-ins of the engine."""
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +53,31 @@ def collect(gen, on_cycle=None) -> Run:
         elif isinstance(ev, Done):
             run.summary = ev.summary
     return run
+
+
+class FakeCancel:
+    """The cancel side of ``app.engine.generate.Generation`` for a scripted stand-in that
+    ``app.chat.reply.run_reply`` drives: :meth:`cancel`, :meth:`cancel_on` (which run_reply
+    calls with its Stop event before iterating) and :attr:`cancelled`, set once either asked
+    to stop. A stand-in that checks :attr:`cancelled` where the engine checks its flag
+    honours a Stop as the engine does; one that never checks it runs its script out."""
+
+    def __init__(self) -> None:
+        self._cancel_asked = threading.Event()
+        self._cancel_events: list[threading.Event] = []
+
+    def cancel(self) -> None:
+        """Ask the stand-in to stop (as ``Generation.cancel``)."""
+        self._cancel_asked.set()
+
+    def cancel_on(self, event: threading.Event) -> None:
+        """Stop also once ``event`` is set (as ``Generation.cancel_on``; never sets it)."""
+        self._cancel_events.append(event)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called or an event given to :meth:`cancel_on` is set."""
+        return self._cancel_asked.is_set() or any(e.is_set() for e in self._cancel_events)
 
 
 def prompt_ids(target, messages=PROMPT) -> list[int]:

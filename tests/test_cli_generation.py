@@ -4,10 +4,10 @@ identical, error exits, the tiny fallback, --run-tools rounds and the near-tie h
 from __future__ import annotations
 
 import json
-import threading
 
 import mlx.core as mx
 import pytest
+from engine_fixtures import FakeCancel
 from test_engine_exact import expect_float32_difference_on_cuda
 
 from app.chat import reply as reply_mod
@@ -240,13 +240,9 @@ class _Scripted:
     def __call__(self, target, prompt_ids, config, drafter=None):
         ids = self.scripts[min(self.calls, len(self.scripts) - 1)]
         self.calls += 1
-        cancel = threading.Event()
         mode = config.mode
 
-        class Gen:
-            def cancel(self):
-                cancel.set()
-
+        class Gen(FakeCancel):
             def __iter__(self):
                 for i, t in enumerate(ids):
                     yield TokenEvent(t, i, from_draft=mode == "dflash" and i % 2 == 1)
@@ -335,21 +331,17 @@ class _Cancellable(_Scripted):
     def __call__(self, target, prompt_ids, config, drafter=None):
         ids = self.scripts[min(self.calls, len(self.scripts) - 1)]
         self.calls += 1
-        cancel = threading.Event()
 
-        class Gen:
-            def cancel(self):
-                cancel.set()
-
+        class Gen(FakeCancel):
             def __iter__(self):
                 n = 0
                 for i, t in enumerate(ids):
-                    if cancel.is_set():
+                    if self.cancelled:
                         break
                     yield TokenEvent(t, i)
                     n += 1
                 yield Done(Summary(mode=config.mode, generated_tokens=n,
-                                   stop_cause="cancelled" if cancel.is_set() else "end_token"))
+                                   stop_cause="cancelled" if self.cancelled else "end_token"))
 
         return Gen()
 
@@ -759,9 +751,12 @@ class _InterruptedAfter(_Cancellable):
 
         gen, after = super().__call__(*args, **kwargs), self.after
 
-        class Gen:
+        class Gen:  # passes Stop on to the generation it wraps
             def cancel(self):
                 gen.cancel()
+
+            def cancel_on(self, event):
+                gen.cancel_on(event)
 
             def __iter__(self):
                 for n, ev in enumerate(gen, 1):

@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from engine_fixtures import FakeCancel
 
 from app.chat import reply as reply_mod
 from app.chat.events import RoundFinished, RoundResumed, RoundStarted
@@ -169,12 +170,9 @@ def test_continue_needs_the_models_that_made_the_reply_and_keeps_it_otherwise(
         list(session.continue_reply(cut.id, settings))
     assert unchanged()
 
-    class FailsMidway:  # a few tokens, then the engine's Done says it failed
+    class FailsMidway(FakeCancel):  # a few tokens, then the engine's Done says it failed
         def __init__(self, *args, **kwargs):
-            pass
-
-        def cancel(self):
-            pass
+            super().__init__()
 
         def __iter__(self):
             for i in range(3):
@@ -229,10 +227,7 @@ class ScriptEngine:
         emitted = ids[: config.max_tokens]
         cause = "end_token" if emitted == ids else "length"
 
-        class Gen:
-            def cancel(self):
-                pass
-
+        class Gen(FakeCancel):
             def __iter__(self):
                 for i, t in enumerate(emitted):
                     yield TokenEvent(t, i, False)

@@ -246,7 +246,8 @@ def test_load_starts_the_custom_kernels_first_and_the_warm_up_waits_for_them(
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "ptx"))
     monkeypatch.setattr(device, "backend", lambda mx=None: "CUDA")
     monkeypatch.setattr(kernel_prebuild, "start", start)
-    monkeypatch.setattr(kernel_prebuild, "custom_recipes_from_files", lambda folder: custom)
+    monkeypatch.setattr(kernel_prebuild, "custom_recipes_from_files",
+                        lambda folder, dtypes=None: custom)
     monkeypatch.setattr(kernel_prebuild, "custom_recipes", lambda model: custom)
     monkeypatch.setattr(warmup, "build_gdn_kernel", lambda t: log.append(("gdn here",)))
     target, drafter = tiny_hybrid

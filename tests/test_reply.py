@@ -8,6 +8,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from engine_fixtures import FakeCancel
 
 from app.chat import reply as reply_mod
 from app.chat.pipeline import ContentDelta, StopStringHit
@@ -30,23 +31,21 @@ CALL_17x23 = (
 ANSWER = "The answer is 391."
 
 
-class FakeGeneration:
+class FakeGeneration(FakeCancel):
     """Emits scripted ids like the engine: one at a time (plain) or in blocks with a
-    CycleEvent after each (dflash); checks cancel before each token/block."""
+    CycleEvent after each (dflash); checks cancel (its own or run_reply's Stop event, as
+    ``cancel_on`` gives it) before each token/block."""
 
     def __init__(self, ids, block, max_tokens, eos, mode):
+        super().__init__()
         self.ids, self.block, self.max_tokens, self.eos, self.mode = ids, block, max_tokens, eos, mode
-        self._cancel = threading.Event()
         self.blocks_emitted = 0
-
-    def cancel(self):
-        self._cancel.set()
 
     def __iter__(self):
         n, cause, i = 0, "length", 0
         step = self.block if self.mode == "dflash" else 1
         while i < len(self.ids) and n < self.max_tokens:
-            if self._cancel.is_set():
+            if self.cancelled:
                 cause = "cancelled"
                 break
             chunk = self.ids[i:i + step][: self.max_tokens - n]
@@ -228,7 +227,7 @@ def test_stop_string_cancels_engine_and_cuts_tokens(monkeypatch, fake_target):
     events, rep, engine = run_fake(monkeypatch, fake_target, [text], settings, block=4)
     assert rep.content == "Paris is the capital." and rep.finish_reason == "stop"
     gen = engine.gens[0]
-    assert gen._cancel.is_set()
+    assert gen.cancelled
     total = len(engine.scripts[0])
     # the engine stopped after the block holding the stop string
     assert gen.blocks_emitted < (total + 3) // 4

@@ -8,6 +8,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from engine_fixtures import FakeCancel
 
 from app.chat import reply as reply_mod
 from app.chat.reply import ReplyDone, ToolResultEvent
@@ -51,10 +52,7 @@ class PrefixEngine:
         self.kept = prompt + ids
         engine = self
 
-        class Gen:
-            def cancel(self):
-                pass
-
+        class Gen(FakeCancel):
             def __iter__(self):
                 for i, t in enumerate(ids):
                     yield TokenEvent(t, i, False)

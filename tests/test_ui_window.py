@@ -16,6 +16,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from engine_fixtures import FakeCancel  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.chat.pipeline import ContentDelta  # noqa: E402
@@ -52,14 +53,12 @@ def close_window(win):
     win.shutdown()
 
 
-class _ScriptedTokens:
+class _ScriptedTokens(FakeCancel):
     """A stand-in engine generation that emits ``ids`` as plain tokens, then ends."""
 
     def __init__(self, ids):
+        super().__init__()
         self.ids = ids
-
-    def cancel(self):
-        pass
 
     def __iter__(self):
         for i, t in enumerate(self.ids):

@@ -42,7 +42,8 @@ from app.engine.modes import DRAFTER_MODES
 
 
 def _engine_generate(target, prompt_ids, config, drafter=None, **kwargs):
-    """``app.engine.generate.generate`` (looked up at call time; tests replace this)."""
+    """``app.engine.generate.generate`` (looked up at call time; tests replace this with
+    stand-ins whose generation object has ``Generation``'s ``cancel`` and ``cancel_on``)."""
     from app.engine.generate import generate
 
     return generate(target, prompt_ids, config, drafter=drafter, **kwargs)
@@ -332,9 +333,9 @@ def run_reply(
             drafter=drafter if mode in DRAFTER_MODES or session is not None else None,
             **extra
         )
-        if cancel_event is not None and hasattr(gen, "cancel_on"):
+        if cancel_event is not None:
             # the engine then sees Stop between prefill chunks too, where it yields nothing
-            # this loop could react to (a scripted stand-in for the engine may lack it)
+            # this loop could react to
             gen.cancel_on(cancel_event)
         summary: Summary | None = None
         asked_cancel = False

@@ -312,12 +312,14 @@ def _linear_name(module: str) -> bool:
     return "proj" in module or module in ("embed_tokens", "lm_head")
 
 
-def custom_recipes_from_files(target_folder: str | Path) -> list[Recipe]:
+def custom_recipes_from_files(target_folder: str | Path,
+                              dtypes: dict[str, str] | None = None) -> list[Recipe]:
     """:func:`custom_recipes` predicted from a target checkpoint's files before it is loaded,
     for a GPU load that switches its layers to the row kernels (MLX's CUDA backend): its
     ``config.json`` (the text config, nested or not: head sizes and counts, the
     ``quantization`` section's bits and group sizes, per layer where given) and its tensors'
-    dtypes (:func:`tensor_dtypes`: quantized layers have ``scales``). A wrong prediction
+    dtypes (``dtypes`` if given, else :func:`tensor_dtypes`: quantized layers have
+    ``scales``). A wrong prediction
     costs a child's time only. Never raises (an unreadable folder gives none)."""
     way, gdn_on = _custom_on()
     if way == "0" and not gdn_on:
@@ -325,7 +327,7 @@ def custom_recipes_from_files(target_folder: str | Path) -> list[Recipe]:
     try:
         config = json.loads((Path(target_folder) / "config.json").read_text())
         text = config.get("text_config") or config
-        dtypes = tensor_dtypes(target_folder)
+        dtypes = tensor_dtypes(target_folder) if dtypes is None else dtypes
         act = _files_activation_dtype(dtypes)
         quant = config.get("quantization") or config.get("quantization_config") or {}
         out: list[Recipe] = []
@@ -438,17 +440,24 @@ def recipes_from_files(target_folder: str | Path, drafter_folders: list | tuple 
                        ) -> list[Recipe]:
     """:func:`recipes_for` predicted from the checkpoints' files, before anything is loaded
     (their ``safetensors`` headers: :func:`tensor_dtypes`), for a GPU load that keeps the
-    checkpoint dtypes. Used to start the kernel build while the target loads
-    (:func:`start_early`); a wrong prediction only costs a child's time, since the warm-up
-    builds whatever the recipes missed. Never raises (unreadable folders give fewer
-    recipes)."""
-    dtypes = tensor_dtypes(target_folder)
+    checkpoint dtypes. What :func:`start_early` starts building while the target loads
+    (from the same headers, each read once there); a wrong prediction only costs a child's
+    time, since the warm-up builds whatever the recipes missed. Never raises (unreadable
+    folders give fewer recipes)."""
+    return _recipes_from_dtypes(tensor_dtypes(target_folder),
+                                [tensor_dtypes(f) for f in drafter_folders if f])
+
+
+def _recipes_from_dtypes(dtypes: dict[str, str], drafters: list[dict[str, str] | None]
+                         ) -> list[Recipe]:
+    """:func:`recipes_from_files` from headers already read (:func:`tensor_dtypes`):
+    ``dtypes`` the target's, ``drafters`` each drafter's (None entries skipped)."""
+    drafters = [d for d in drafters if d is not None]
     embeds = sorted((n for n in dtypes if n.endswith("embed_tokens.weight")), key=len)
     sources = []
     if embeds:
         scales = embeds[0][: -len("weight")] + "scales"
         sources = [dtypes[n] for n in (embeds[0], scales) if n in dtypes]
-    drafters = [tensor_dtypes(f) for f in drafter_folders if f]
     books = [d["candidate_selector.predecessor_codebook"] for d in drafters
              if "candidate_selector.predecessor_codebook" in d]
 
@@ -731,10 +740,11 @@ def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
             return None
         configure_cuda_kernel_cache()
         done = building() | built_before()
-        custom = [r for r in custom_recipes_from_files(target_folder) if r not in done]
-        first = [r for r in recipes_from_files(target_folder, drafter_folders[:1])
-                 if r not in done]
-        rest = [r for r in recipes_from_files(target_folder, drafter_folders)
+        target = tensor_dtypes(target_folder)  # each folder's headers read once
+        drafters = [tensor_dtypes(f) if f else None for f in drafter_folders]
+        custom = [r for r in custom_recipes_from_files(target_folder, target) if r not in done]
+        first = [r for r in _recipes_from_dtypes(target, drafters[:1]) if r not in done]
+        rest = [r for r in _recipes_from_dtypes(target, drafters)
                 if r not in done and r not in first]
         workers = default_workers()
         later = min(len(rest), max(1, workers // 3))
