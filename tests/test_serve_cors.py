@@ -360,6 +360,62 @@ def test_a_loopback_server_serves_loopback_hosts(host):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("cors", [("*",), (PAGE,)])
+def test_a_loopback_server_refuses_a_rebinding_pages_preflight(cors):
+    """With --cors on, a preflight from a page under a rebound name (``Host:
+    attacker.example:18431``) was answered 204 with a grant, while its request then got 403:
+    it gets the same 403 ``host_not_allowed`` now, with no ``Access-Control-Allow-*``
+    header. Preflights to loopback names are answered as before."""
+    c = client(cors_origins=cors)
+    for origin in (f"http://{REBIND}", PAGE, None):
+        headers = {**PREFLIGHT, "Host": REBIND}
+        if origin is None:
+            del headers["Origin"]
+        else:
+            headers["Origin"] = origin
+        for path in (URL, "/v1/models"):
+            r = c.options(path, headers=headers)
+            assert r.status_code == 403, (origin, path, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "host_not_allowed" and REBIND in error["message"]
+            assert not {h for h in r.headers if h.startswith("access-control-allow-")}, \
+                r.headers
+    for host in ("127.0.0.1:18431", "localhost:18431", "[::1]:18431"):
+        r = c.options(URL, headers={**PREFLIGHT, "Host": host})
+        assert r.status_code == 204, (host, r.text)
+        assert r.headers["access-control-allow-origin"] == cors[0]
+
+
+def test_a_rebinding_preflight_is_refused_whatever_the_middleware_order():
+    """:class:`CorsHeaders` on a loopback server refuses a preflight for a host that is not
+    loopback itself, so the answer does not hang on where :class:`HostGuard` stands (inside
+    it, outside it, or not there); on a server beyond loopback it answers any host, as
+    before."""
+    from starlette.responses import PlainTextResponse
+
+    from app.serve.api import CorsHeaders, HostGuard
+
+    inner = PlainTextResponse("served")
+    for stack in (CorsHeaders(HostGuard(inner), ("*",), loopback_only=True),
+                  HostGuard(CorsHeaders(inner, ("*",), loopback_only=True)),
+                  CorsHeaders(inner, ("*",), loopback_only=True)):
+        c = TestClient(stack, base_url=BASE)
+        r = c.options(URL, headers={**PREFLIGHT, "Host": REBIND})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+        assert "access-control-allow-origin" not in r.headers
+        r = c.options(URL, headers=PREFLIGHT)
+        assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "*"
+    c = TestClient(CorsHeaders(inner, ("*",)), base_url=BASE)
+    r = c.options(URL, headers={**PREFLIGHT, "Host": REBIND})
+    assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "*"
+
+
+def test_a_server_on_another_host_answers_preflights_for_any_host():
+    c = client(host="0.0.0.0", api_key="k", cors_origins=("*",))
+    r = c.options(URL, headers={**PREFLIGHT, "Host": "box.lan:18431"})
+    assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "*"
+
+
 def test_a_server_on_another_host_takes_any_host_but_only_listed_pages():
     """Listening beyond loopback (which needs an API key) the Host check is off; the
     same-origin exemption counts only for loopback hosts, so a page there must be listed."""

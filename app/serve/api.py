@@ -16,7 +16,8 @@ route, 413 a body over the limit, 429 the queue is full, 503 shutting down, 500 
 generating.
 
 CORS is off unless :attr:`ServeOptions.cors_origins` is set (``serve --cors``); then
-:class:`CorsHeaders` grants the allowed origins and answers preflights. It wraps the whole
+:class:`CorsHeaders` grants the allowed origins and answers preflights (on a loopback server,
+only those for a loopback ``Host``: others get :class:`HostGuard`'s 403). It wraps the whole
 application (:class:`ServeApp`), so every answer to an allowed origin carries the grant,
 the 500 Starlette writes for an unexpected exception included.
 """
@@ -250,6 +251,13 @@ class CorsHeaders:
       key is checked (browsers send none on a preflight); a preflight from an origin not
       listed gets the 403 ``origin_not_allowed`` its requests get (:func:`origin_refused`).
       ``OPTIONS`` elsewhere goes to the application as before.
+    * ``loopback_only`` (a server listening on loopback): a preflight whose ``Host`` is not a
+      loopback name gets the 403 ``host_not_allowed`` its requests get from
+      :class:`HostGuard` (:func:`host_refused`), with no ``Access-Control-*`` header, before
+      any origin check. Why here: this layer answers preflights without calling the
+      application, so a :class:`HostGuard` inside it would never see them, and under
+      ``--cors '*'`` a page under a rebound name had its preflight granted (204) though its
+      request was then refused.
     * The server's own loopback origin (:func:`same_loopback_origin`), which
       :class:`OriginGuard` serves, counts as listed here too, so its preflight and its
       requests agree.
@@ -258,10 +266,11 @@ class CorsHeaders:
     through it: :class:`ServeApp` puts it outside Starlette's whole stack.
     """
 
-    def __init__(self, app, origins: tuple[str, ...]) -> None:
+    def __init__(self, app, origins: tuple[str, ...], loopback_only: bool = False) -> None:
         self.app = app
         self._any = "*" in origins
         self._origins = frozenset(origins)
+        self._loopback_only = loopback_only
 
     def _allows(self, origin: str | None, host: str | None) -> bool:
         """Whether responses to a request from ``origin`` (None: no ``Origin`` header) to
@@ -288,6 +297,9 @@ class CorsHeaders:
         host = _header(scope, b"host")
         grant, vary = self._grant(origin, host)
         if scope.get("method") == "OPTIONS" and scope.get("path", "").startswith("/v1"):
+            if self._loopback_only and (refused := host_refused(scope)) is not None:
+                await refused(scope, receive, send)
+                return
             if origin is not None and not self._allows(origin, host):
                 response: Response = error_response(origin_refused(origin, self._origins))
             else:
@@ -318,7 +330,8 @@ class CorsHeaders:
 
 class ServeApp(Starlette):
     """The API's Starlette application, with :class:`CorsHeaders` for ``cors_origins``
-    (None: no CORS) as its outermost layer.
+    (None: no CORS) as its outermost layer (``loopback_only``: the server listens on
+    loopback, its preflights answer loopback host names only).
 
     Why: Starlette builds its stack as ``ServerErrorMiddleware`` (which answers an exception
     no handler took with 500), then the middleware added, then the routes; a
@@ -326,16 +339,18 @@ class ServeApp(Starlette):
     would hide it from the page. Outside the whole stack it grants every answer.
     """
 
-    def __init__(self, *args, cors_origins: tuple[str, ...] | None = None, **kwargs) -> None:
+    def __init__(self, *args, cors_origins: tuple[str, ...] | None = None,
+                 loopback_only: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cors_origins = cors_origins
+        self.loopback_only = loopback_only
 
     def build_middleware_stack(self) -> ASGIApp:
         """Starlette's stack, inside :class:`CorsHeaders` when CORS is on."""
         stack = super().build_middleware_stack()
         if self.cors_origins is None:
             return stack
-        return CorsHeaders(stack, self.cors_origins)
+        return CorsHeaders(stack, self.cors_origins, loopback_only=self.loopback_only)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -382,6 +397,24 @@ class OriginGuard:
         await self.app(scope, receive, send)
 
 
+def host_refused(scope) -> Response | None:
+    """The 403 ``host_not_allowed`` for an HTTP ``scope`` whose ``Host`` header is not a
+    loopback name, naming the host and the addresses to use; None when it is one, or when
+    there is no ``Host`` (HTTP/1.0; no browser sends one). For a server listening on loopback
+    (:class:`HostGuard`, and :class:`CorsHeaders`' preflights)."""
+    host = _header(scope, b"host")
+    if host is None or is_loopback_host(host):
+        return None
+    server = scope.get("server") or ()
+    port = server[1] if len(server) > 1 and server[1] else split_host(host)[1]
+    where = f":{port}" if port else ""
+    return error_response(ApiError(
+        403, f"requests for the host {host!r} are not served: this server listens "
+        f"on loopback only and answers to loopback names, so a page under another "
+        f"name (DNS rebinding) cannot use it; reach it at http://127.0.0.1{where} "
+        f"or http://localhost{where}", type="permission_error", code="host_not_allowed"))
+
+
 class HostGuard:
     """ASGI middleware for a server listening on loopback: a request whose ``Host`` header
     is not a loopback name (``localhost``, 127.0.0.0/8, ``[::1]``, any port) is refused with
@@ -396,26 +429,17 @@ class HostGuard:
     A server listening beyond loopback (which needs an API key) is reached under names this
     one cannot know, so :func:`create_app` adds this guard only for a loopback
     :attr:`ServeOptions.host`. Add it outside :class:`OriginGuard` and :class:`BearerAuth`.
+    :class:`CorsHeaders`, which answers preflights itself, refuses them the same way on such
+    a server (``loopback_only``), wherever this guard stands.
     """
 
     def __init__(self, app) -> None:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            host = _header(scope, b"host")
-            if host is not None and not is_loopback_host(host):
-                server = scope.get("server") or ()
-                port = server[1] if len(server) > 1 and server[1] else split_host(host)[1]
-                where = f":{port}" if port else ""
-                response = error_response(ApiError(
-                    403, f"requests for the host {host!r} are not served: this server listens "
-                    f"on loopback only and answers to loopback names, so a page under another "
-                    f"name (DNS rebinding) cannot use it; reach it at http://127.0.0.1{where} "
-                    f"or http://localhost{where}", type="permission_error",
-                    code="host_not_allowed"))
-                await response(scope, receive, send)
-                return
+        if scope["type"] == "http" and (response := host_refused(scope)) is not None:
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -608,6 +632,7 @@ def create_app(worker: JobQueue, options: ServeOptions,
                             Exception: server_error},
         lifespan=lifespan,
         cors_origins=None if options.cors_origins is None else tuple(options.cors_origins),
+        loopback_only=is_loopback(options.host),
     )
     if options.api_key:
         app.add_middleware(BearerAuth, api_key=options.api_key)
