@@ -350,11 +350,10 @@ def device_capability(info: dict) -> tuple[int, int]:
     raise CompileError(f"no compute capability in the device's info ({sorted(info)})")
 
 
-def build(kernel: Any, folder: Path | None = None, **call: Any) -> Path:
+def build(kernel: Any, folder: Path, **call: Any) -> Path:
     """Compile the instance of ``kernel`` (an ``mx.fast.cuda_kernel``) that ``kernel(**call)``
-    runs and write it to ``folder`` (default: MLX's cache folder,
-    ``kernel_prebuild.ptx_cache_dir``) under the module name MLX will look for, unless a
-    module of that name is there already. The call's inputs need only the dtypes (and
+    runs and write it to ``folder`` (MLX's cache folder: ``kernel_prebuild.ptx_cache_dir``)
+    under the module name MLX will look for, unless a module of that name is there already. The call's inputs need only the dtypes (and
     number of dimensions) of the real ones: shapes are not part of the source. Nothing runs
     on the GPU. Call it in a child process (see :func:`generated_source`), with MLX's CUDA
     backend.
@@ -367,11 +366,8 @@ def build(kernel: Any, folder: Path | None = None, **call: Any) -> Path:
     """
     import mlx.core as mx
 
-    from app.engine.kernels.kernel_prebuild import ptx_cache_dir
-
     gen = generated_source(kernel, **call)
     module = module_name(gen.name, gen.source)
-    folder = folder or ptx_cache_dir()
     target = folder / f"{module}.ptx"
     if target.exists():
         return target

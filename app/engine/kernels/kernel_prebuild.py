@@ -550,7 +550,7 @@ def _build_custom(kind: str, args: tuple[str, ...] | list[str]) -> None:
         kernel, call = gdn_kernel.instance_call(dtype, *ints)
     else:
         raise KeyError(f"unknown custom kernel recipe {kind!r}")
-    custom_cache.build(kernel, **call)
+    custom_cache.build(kernel, ptx_cache_dir(), **call)
 
 
 @dataclass
