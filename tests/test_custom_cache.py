@@ -264,6 +264,25 @@ def test_load_starts_the_custom_kernels_first_and_the_warm_up_waits_for_them(
     assert sum(1 for e in log if e[0] == "start" and set(e[1]) & set(custom)) == 1
 
 
+def test_children_import_the_model_files_without_transformers():
+    """A prebuild child imports the project's kernel modules (they import mlx-lm's ``cache``
+    and ``gated_delta`` files) without mlx-lm's package ``__init__``, which imports
+    transformers (and PyTorch where installed: 15-20 s a child on a GPU host)."""
+    code = textwrap.dedent("""
+        import sys
+        from app.engine.kernels import kernel_prebuild
+        kernel_prebuild.models_without_package_init()
+        from app.engine.kernels import gdn_kernel, row_attention, row_products
+        kernel_prebuild.run_recipe("swiglu", ("float32",))  # mlx-lm's file loaded by path
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "torch")),
+              sys.modules["mlx_lm.models.cache"].__file__.endswith("mlx_lm/models/cache.py"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "True"]
+
+
 def _cuda() -> bool:
     try:
         from app.engine.kernels.row_products import on_cuda
@@ -291,7 +310,8 @@ CHILD = textwrap.dedent("""
 
 
 def _child(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MLX_PTX_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, MLX_PTX_CACHE_DIR=str(cache), PYTHONPATH=path)
     return subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
 

@@ -213,8 +213,9 @@ def mlx_headers(library: Path) -> dict[str, str]:
 
 
 def _loaded_library(fragment: str) -> Path:
-    """The path of the shared library of this process whose file name contains ``fragment``
-    (from ``/proc/self/maps``).
+    """The path of the shared library of this process whose file name starts with
+    ``fragment`` + ``.so`` (``libnvrtc`` gives ``libnvrtc.so.13``, not
+    ``libnvrtc-builtins.so.13``), from ``/proc/self/maps``.
 
     Raises:
         CompileError: none is loaded.
@@ -223,7 +224,7 @@ def _loaded_library(fragment: str) -> Path:
         with open("/proc/self/maps") as fh:
             for line in fh:
                 path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if fragment in os.path.basename(path) and path.startswith("/"):
+                if os.path.basename(path).startswith(fragment + ".so") and path.startswith("/"):
                     return Path(path)
     except OSError:
         pass

@@ -30,6 +30,7 @@ Switch: ``DFLASH_KERNEL_PREBUILD=0`` turns it off (:func:`enabled`), for measure
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -489,6 +490,30 @@ def _mlx_lm_file(name: str) -> ModuleType:
     return module
 
 
+def models_without_package_init() -> None:
+    """Make ``mlx_lm.models.<file>`` importable without running ``mlx_lm``'s ``__init__``
+    (which imports transformers, and with it PyTorch where installed: 15-20 s a child on a GPU
+    host): empty stand-ins for the packages ``mlx_lm`` and ``mlx_lm.models`` whose search
+    paths are the real folders, so that a model file (``cache``, ``gated_delta``: they import
+    only ``mlx`` and each other) loads as itself. For the child processes only (the project's
+    kernel modules import those files); does nothing where ``mlx_lm`` is imported already or
+    not installed."""
+    import types
+
+    if "mlx_lm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = Path(list(spec.submodule_search_locations)[0])
+    for name, folder in (("mlx_lm", root), ("mlx_lm.models", root / "models")):
+        package = types.ModuleType(name)
+        package.__path__ = [str(folder)]
+        package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        package.__spec__.submodule_search_locations = [str(folder)]
+        sys.modules[name] = package
+
+
 def run_recipe(kind: str, dtypes: tuple[str, ...] | list[str]) -> None:
     """Run one recipe on MLX's default device and wait for it (in a child process).
 
@@ -780,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     private = shared / f".prebuild-{os.getpid()}"
     private.mkdir(parents=True, exist_ok=True)
     os.environ["MLX_PTX_CACHE_DIR"] = str(private)
+    models_without_package_init()
     try:
         for kind, dtypes in recipes:
             run_recipe(kind, dtypes)
