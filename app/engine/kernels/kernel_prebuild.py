@@ -99,18 +99,26 @@ def _record_name(recipe: Recipe) -> str:
 _DIGEST: list[str] = []
 
 
+#: The files that hold the custom kernels' source text and how a call is made.
+_CUSTOM_FILES = ("row_products.py", "row_attention.py", "gdn_kernel.py", "cuda_source.py")
+
+
 def _sources_digest() -> str:
-    """A short digest of the project's custom kernels' source text: a :data:`CUSTOM` recipe's
-    record counts only for the sources it was built from (a changed kernel gets a new module
-    name in MLX's cache, and must be built again)."""
+    """A short digest of the files that define the project's custom kernels
+    (:data:`_CUSTOM_FILES`, read as bytes: nothing imported, so no mlx-lm import before the
+    load's children start): a :data:`CUSTOM` recipe's record counts only for the files it was
+    built from (a changed kernel gets a new module name in MLX's cache, and must be built
+    again). An unreadable file gives a digest that matches no record."""
     if not _DIGEST:
         import hashlib
 
-        from app.engine.kernels import gdn_kernel, row_attention, row_products
-
-        text = "\0".join([row_products.HEADER, row_products.SOURCE, row_attention.SOURCE,
-                          gdn_kernel.CUDA_SOURCE])
-        _DIGEST.append(hashlib.sha256(text.encode()).hexdigest()[:12])
+        digest = hashlib.sha256()
+        for name in _CUSTOM_FILES:
+            try:
+                digest.update((Path(__file__).parent / name).read_bytes())
+            except OSError:
+                digest.update(os.urandom(16))
+        _DIGEST.append(digest.hexdigest()[:12])
     return _DIGEST[0]
 
 
@@ -767,20 +775,22 @@ def start_early(target_folder: str | Path, drafter_folders: list | tuple = ()
         done = building() | built_before()
         target = tensor_dtypes(target_folder)  # each folder's headers read once
         drafters = [tensor_dtypes(f) if f else None for f in drafter_folders]
-        custom = [r for r in custom_recipes_from_files(target_folder, target) if r not in done]
         first = [r for r in _recipes_from_dtypes(target, drafters[:1]) if r not in done]
         rest = [r for r in _recipes_from_dtypes(target, drafters)
                 if r not in done and r not in first]
         workers = default_workers()
         later = min(len(rest), max(1, workers // 3))
-        # the custom kernels first, one child each: the warm-up's own first passes need them
-        job = start_background(custom, len(custom)) if custom else None
-        if first:
-            mine = start_background(first, max(1, workers - later))
-            job = job or mine
+        job = start_background(first, max(1, workers - later)) if first else None
         if rest:
             other = start_background(rest, later)
             job = job or other
+        # then the custom kernels, one child each (the warm-up's first passes wait for
+        # them): asking which are on imports mlx-lm, and with it transformers (~3 s), which
+        # the load imports next anyway, so only after the others have started
+        custom = [r for r in custom_recipes_from_files(target_folder, target) if r not in done]
+        if custom:
+            mine = start_background(custom, len(custom))
+            job = job or mine
         return job
     except Exception:  # an aid only: the warm-up builds what this did not start
         return None
