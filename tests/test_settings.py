@@ -26,9 +26,14 @@ from app.chat.settings import (
 def test_coerce_reads_stored_strings_and_checks_ranges():
     assert coerce("max_tokens", "77") == 77 and coerce("thinking", "false") is False
     assert coerce("stop_strings", "END\n###") == ["END", "###"]
-    assert coerce("temperature", 5, clamp=True) == RANGES["temperature"][1]
     with pytest.raises(SettingError, match="temperature 5.0 is out of range"):
-        coerce("temperature", 5)
+        coerce("temperature", 5)  # refused, never clamped to the bound
+    with pytest.raises(SettingError, match="system_prompt has no value"):
+        coerce("system_prompt", None)  # never the text "None"
+    with pytest.raises(SettingError, match="system_prompt must be text, got 5"):
+        coerce("system_prompt", 5)
+    with pytest.raises(SettingError, match="max_tokens must be a number, got True"):
+        coerce("max_tokens", True)
     with pytest.raises(SettingError, match="max_tokens must be a number"):
         coerce("max_tokens", "abc")
     with pytest.raises(SettingError, match="min_p must be a finite number"):
@@ -182,3 +187,106 @@ def test_a_drafter_without_a_block_size_drafts_the_one_default():
     cfg["dflash_config"]["block_size"] = 4
     assert DrafterConfig.from_dict(cfg).block_size == 4
     assert ReplySettings().block_size is None and SPECS["block_size"].default == 0
+
+
+# ------------------------------------------------------------------ the preferences file
+def _bound_text(x: float) -> str:
+    """A range's end as a hand-edited settings.ini line writes it."""
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+_INT_5 = r"@Variant(\0\0\0\x2\0\0\0\x5)"  # QSettings' own int 5: no text, no list
+_BAD_STORED = [  # (setting, the value as settings.ini holds it, as the warning shows it)
+    ("system_prompt", "@Invalid()", "@Invalid()"),
+    ("system_prompt", _INT_5, "5"),
+    ("max_tokens", "-5", "'-5'"),
+    ("max_tokens", "0", "'0'"),
+    ("max_tokens", "131073", "'131073'"),
+    ("max_tokens", "1.5", "'1.5'"),
+    ("max_tokens", "abc", "'abc'"),
+    ("max_tokens", "inf", "'inf'"),
+    ("max_tokens", "@Invalid()", "@Invalid()"),
+    ("block_size", "-1", "'-1'"),
+    ("block_size", "65", "'65'"),
+    ("block_size", "@Invalid()", "@Invalid()"),
+    ("auto_block", "maybe", "'maybe'"),
+    ("auto_block", "@Invalid()", "@Invalid()"),
+    ("rollback", "rewind", "'rewind'"),
+    ("rollback", "@Invalid()", "@Invalid()"),
+    ("fast_verify", "2", "'2'"),
+    ("thinking", "", "''"),
+    ("thinking", "@Invalid()", "@Invalid()"),
+    ("stop_strings", "@Invalid()", "@Invalid()"),
+    ("stop_strings", _INT_5, "5"),
+    ("use_tools", "yes", "'yes'"),
+    ("temperature", "-5", "'-5'"),
+    ("temperature", "2.01", "'2.01'"),
+    ("temperature", "nan", "'nan'"),
+    ("top_p", "0", "'0'"),
+    ("top_p", "1.5", "'1.5'"),
+    ("top_p", "@Invalid()", "@Invalid()"),
+    ("top_k", "-3", "'-3'"),
+    ("top_k", "100001", "'100001'"),
+    ("top_k", "2.5", "'2.5'"),
+    ("min_p", "7", "'7'"),
+    ("min_p", "-0.1", "'-0.1'"),
+    ("repetition_penalty", "0.5", "'0.5'"),
+    ("repetition_penalty", "2.5", "'2.5'"),
+    ("seed", "-2", "'-2'"),
+    ("seed", "2147483648", "'2147483648'"),
+    ("seed", "-inf", "'-inf'"),
+]
+
+
+def _preferences(tmp_path, lines: list[str]):
+    """A settings.ini with these lines in its ``[generation]`` group, as QSettings reads it."""
+    from PySide6.QtCore import QSettings
+
+    path = tmp_path / "settings.ini"
+    path.write_text("[generation]\n" + "".join(f"{line}\n" for line in lines),
+                    encoding="utf-8")
+    return QSettings(str(path), QSettings.IniFormat)
+
+
+def test_every_setting_has_bad_stored_values_in_the_table():
+    assert {key for key, _, _ in _BAD_STORED} == set(SPECS)
+
+
+@pytest.mark.parametrize("key, stored, shown", _BAD_STORED)
+def test_a_bad_stored_value_keeps_the_default_with_one_warning(tmp_path, caplog, key, stored,
+                                                               shown):
+    """Out of range (not clamped to the bound), of the wrong type, or QSettings' invalid value:
+    the table's default, and one warning naming the key, the stored value and the default."""
+    from app.ui.settings import load_defaults
+
+    qs = _preferences(tmp_path, [f"{key}={stored}"])
+    with caplog.at_level("WARNING", logger="app.ui.settings"):
+        values = load_defaults(qs)
+    assert values == defaults()
+    assert values["system_prompt"] != "None"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert f"generation/{key} = {shown} is not usable" in warnings[0]
+    assert warnings[0].endswith(f"using the default {DEFAULTS[key]!r}")
+
+
+def test_valid_stored_values_load_unchanged_at_the_range_edges(tmp_path, caplog):
+    from app.ui.settings import load_defaults
+
+    for bound in ("low", "high"):
+        lines = [f"{k}={_bound_text(getattr(SPECS[k], bound))}" for k in RANGES]
+        lines += ["system_prompt=Be brief, please.", "stop_strings=END, ###",
+                  f"rollback={SPECS['rollback'].choices[-1]}", "auto_block=true",
+                  "fast_verify=true", "thinking=false", "use_tools=false"]
+        with caplog.at_level("WARNING", logger="app.ui.settings"):
+            values = load_defaults(_preferences(tmp_path, lines))
+        assert {k: values[k] for k in RANGES} == {k: getattr(SPECS[k], bound) for k in RANGES}
+        assert all(type(values[k]) is type(DEFAULTS[k]) for k in DEFAULTS)
+        assert values["system_prompt"] == "Be brief, please."  # the INI's list, read back
+        assert values["stop_strings"] == ["END", "###"]
+        assert values["rollback"] == SPECS["rollback"].choices[-1]
+        assert values["auto_block"] is values["fast_verify"] is True
+        assert values["thinking"] is values["use_tools"] is False
+    empty = load_defaults(_preferences(tmp_path, ["system_prompt=", "stop_strings="]))
+    assert empty["system_prompt"] == "" and empty["stop_strings"] == []
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -191,6 +191,39 @@ def test_a_drafter_opened_as_the_target_says_what_to_do_in_the_window(qtbot, qs)
         win.shutdown()
 
 
+def test_a_model_folder_gone_since_the_last_run_says_how_to_get_back(qtbot, qs, tmp_path):
+    """The pair used last is restored at start; its folder, emptied since (no config.json),
+    is named as gone, and the start-up banner itself says File › Use default model. Nothing
+    is loaded in its place until the user picks it."""
+    from app.chat.session import ChatSession
+
+    gone = tmp_path / "my-model"
+    gone.mkdir()
+    qs.setValue("model/target", str(gone))
+    qs.setValue("model/drafter", str(tmp_path / "my-drafter"))
+    win = make_window(qtbot, qs, ChatSession())
+    try:
+        with qtbot.waitSignal(win.loadFailed, timeout=30_000):
+            win.models.load_last_or_default()
+        assert win.model is None and win.state.loading is None  # no automatic switch
+        assert win.model_label.text() == "No model loaded"
+        assert win.messages.banner_kind == "error"
+        assert win.banner.text() == (
+            f"Could not load the model used last: its folder {gone} is gone (there is no "
+            "config.json in it any more). Use File › Use default model to go back to the "
+            "bundled demo, or File › Models… to pick another.")
+        # a later failed load (not the start-up one) keeps the plain wording
+        with qtbot.waitSignal(win.loadFailed, timeout=30_000):
+            win.load_model(str(gone), "")
+        assert win.banner.text() == f"Could not load the model: {gone} has no config.json."
+        file_menu = {a.text(): a for a in win.menuBar().actions()[0].menu().actions()}
+        with qtbot.waitSignal(win.modelLoaded, timeout=60_000):
+            file_menu["Use default model"].trigger()
+        assert win.model is not None and not win.banner_row.isVisible()
+    finally:
+        win.shutdown()
+
+
 def test_send_without_any_model_does_not_say_wait(qtbot, qs):
     win = make_window(qtbot, qs, BenchBackend())
     try:

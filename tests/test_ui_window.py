@@ -22,7 +22,7 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from app.chat.pipeline import ContentDelta  # noqa: E402
 from app.chat.scripted import DEFAULT_TURN, ScriptedSession, ScriptedTurn  # noqa: E402
 from app.chat.session import ChatSession  # noqa: E402
-from app.chat.settings import ReplySettings  # noqa: E402
+from app.chat.settings import ReplySettings, Sampling  # noqa: E402
 from app.chat.storage import _prompt_dicts  # noqa: E402
 from app.chat.stored_turn import TurnRequest  # noqa: E402
 from app.engine.errors import WrongThreadError  # noqa: E402
@@ -521,19 +521,40 @@ def test_a_turn_that_cannot_be_stored_leaves_the_chat_as_it_was(qtbot, qs, monke
 
 
 # ------------------------------------------------------------------ settings, about
-def test_hand_edited_settings_are_clamped_to_valid_ranges(qs):
+def test_hand_edited_settings_out_of_range_take_the_defaults(qtbot, qs, caplog):
+    """The tester's settings.ini: out-of-range values and ``@Invalid()`` take the defaults
+    (not the nearest bound, not the text "None"), in the dialog and in the reply."""
     from app.ui import settings as settings_mod
 
     qs.beginGroup("generation")
-    for key, value in {"block_size": 999, "temperature": -5, "top_k": -3, "top_p": 0,
-                       "min_p": "nan", "max_tokens": "abc"}.items():
+    for key, value in {"max_tokens": "-5", "top_p": "0", "min_p": "7", "system_prompt": None,
+                       "block_size": 999, "temperature": -5}.items():
         qs.setValue(key, value)
     qs.endGroup()
-    values = settings_mod.load_defaults(qs)
-    assert values["block_size"] == 64 and values["temperature"] == 0.0
-    assert values["top_k"] == 0 and values["top_p"] == 0.01
-    assert values["min_p"] == settings_mod.DEFAULTS["min_p"]  # unreadable: the default
-    assert values["max_tokens"] == settings_mod.DEFAULTS["max_tokens"]
+    table = settings_mod.DEFAULTS
+    with caplog.at_level("WARNING", logger="app.ui.settings"):
+        backend = ScriptedBackend(cycles=2)
+        win = make_window(qtbot, qs, backend)
+    try:
+        assert len(caplog.records) == 6
+        win.transcript.open_settings()
+        dlg = win.transcript.settings_dialog
+        assert dlg.max_tokens.value() == table["max_tokens"]
+        assert dlg.top_p.value() == table["top_p"] and dlg.min_p.value() == table["min_p"]
+        assert dlg.temperature.value() == table["temperature"]
+        assert dlg.block.value() == table["block_size"]
+        assert dlg.system.toPlainText() == table["system_prompt"]
+        dlg.reject()
+        win.load_model("t", "d")
+        qtbot.waitUntil(lambda: win.model is not None, timeout=10_000)
+        send_and_wait(qtbot, win, PROMPT, mode="plain")
+        s = backend.last_settings
+        assert s.max_tokens == table["max_tokens"]
+        assert s.sampling == Sampling()
+        assert backend.last_messages[0] == {"role": "system",
+                                            "content": table["system_prompt"]}
+    finally:
+        close_window(win)
 
 
 def test_conversation_settings_override_app_defaults(qtbot, qs):

@@ -21,8 +21,10 @@ and its sampling check is wider (see :class:`Sampling`), both held by
 ``tests/test_settings.py``.
 
 :func:`coerce` turns a stored or typed value into the setting's type and checks its range
-(``SettingError`` names the setting; ``clamp=True`` moves a number into range instead, for
-hand-edited preference files).
+(``SettingError`` names the setting and the value). It never clamps and never turns a
+missing value (None, e.g. QSettings' ``@Invalid()``) into text: the caller decides what a
+refused value becomes (the window's preferences take the default, with a warning:
+``app.ui.settings.load_defaults``).
 
 :class:`ReplySettings` (frozen, with :class:`Sampling`, its typed sampling part) is what
 crosses the layers: the window builds it with :meth:`ReplySettings.from_values` (through
@@ -93,17 +95,20 @@ def defaults() -> dict:
     return {k: list(v) if isinstance(v, list) else v for k, v in DEFAULTS.items()}
 
 
-def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
+def coerce(name: str, value: Any) -> Any:
     """``value`` as setting ``name``'s type (strings from QSettings are read too).
 
     Raises:
-        SettingError: unknown setting, a value that is not of the type (e.g. "abc" for
-            ``max_tokens``, NaN), a string not among the choices, or a number out of range
-            (unless ``clamp``, which moves it to the nearest bound).
+        SettingError: unknown setting; no value (None); a value that is not of the type
+            (e.g. "abc" or ``True`` for ``max_tokens``, NaN, a number for
+            ``system_prompt``); a string not among the choices; or a number out of range.
+            The message names the setting and the value.
     """
     spec = SPECS.get(name)
     if spec is None:
         raise SettingError(f"unknown setting {name!r}")
+    if value is None:
+        raise SettingError(f"{name} has no value (None)")
     default = spec.default
     if isinstance(default, bool):
         if value in (True, "true", "True", "1", 1):
@@ -112,6 +117,8 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
             return False
         raise SettingError(f"{name} must be true or false, got {value!r}")
     if isinstance(default, int | float):
+        if isinstance(value, bool):
+            raise SettingError(f"{name} must be a number, got {value!r}")
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -122,11 +129,8 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
             if number != int(number):
                 raise SettingError(f"{name} must be a whole number, got {value!r}")
             number = int(number)
-        if spec.low is not None and not spec.low <= number <= spec.high:
-            if not clamp:
-                raise SettingError(f"{name} {number!r} is out of range: it must be between "
-                                   f"{_bound(spec.low)} and {_bound(spec.high)}")
-            number = type(number)(min(max(number, spec.low), spec.high))
+        if spec.low is not None:
+            _check_range(name, number)
         return number
     if isinstance(default, list):
         if isinstance(value, str):
@@ -134,10 +138,11 @@ def coerce(name: str, value: Any, *, clamp: bool = False) -> Any:
         if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
             raise SettingError(f"{name} must be a list of strings, got {value!r}")
         return list(value)
-    text = str(value)
-    if spec.choices is not None and text not in spec.choices:
+    if not isinstance(value, str):
+        raise SettingError(f"{name} must be text, got {value!r}")
+    if spec.choices is not None and value not in spec.choices:
         raise SettingError(f"{name} must be one of {', '.join(spec.choices)}, got {value!r}")
-    return text
+    return value
 
 
 def _bound(x: float) -> str:

@@ -50,6 +50,19 @@ def default_pair() -> PairSpec:
     return PairSpec(str(target)) if (target / "config.json").is_file() else PairSpec(tiny=True)
 
 
+def last_model_failed(folder: str, message: str) -> str:
+    """The start-up banner when the pair used last (its target ``folder``, as saved) fails to
+    load with ``message``: a folder that no longer holds a model (no ``config.json``: deleted
+    or emptied) is said to be gone; either way it says how to get back. Nothing else is
+    loaded in its place."""
+    back = ("Use File › Use default model to go back to the bundled demo, or File › Models… "
+            "to pick another.")
+    if not (Path(folder) / "config.json").is_file():
+        return (f"Could not load the model used last: its folder {folder} is gone (there is "
+                f"no config.json in it any more). {back}")
+    return f"Could not load the model used last: {sentence(message)} {back}"
+
+
 class ModelController(QObject):
     """Loading, unloading, the Models dialog, the benchmark and the status line (see the
     module doc).
@@ -93,6 +106,7 @@ class ModelController(QObject):
         self._bench_finished = bench_finished
         self.bench_dialog = None
         self.models_dialog = None
+        self._restoring: PairSpec | None = None  # the saved pair the start-up load restores
         worker.loading.connect(self.on_loading)
         worker.loaded.connect(self.on_loaded)
         worker.probed.connect(self.on_probed)
@@ -111,10 +125,12 @@ class ModelController(QObject):
         if target == TINY_PAIR:
             self.load_model(PairSpec(tiny=True))
         elif target and Path(target).exists():
-            self.load_model(PairSpec(target, drafter or None,
-                                     display_name=str(self.state.qs.value("model/name", "") or ""),
-                                     repo_id=str(self.state.qs.value("model/repo_id", "") or "")
-                                     or None, drafter2=drafter2 or None))
+            spec = PairSpec(target, drafter or None,
+                            display_name=str(self.state.qs.value("model/name", "") or ""),
+                            repo_id=str(self.state.qs.value("model/repo_id", "") or "") or None,
+                            drafter2=drafter2 or None)
+            self.load_model(spec)
+            self._restoring = spec  # its failure says how to get back (on_load_failed)
         else:
             self.load_default()
 
@@ -272,6 +288,7 @@ class ModelController(QObject):
         self.state.qs.setValue("model/name", spec.display_name)
         self.state.qs.setValue("model/repo_id", spec.repo_id or "")
         self.state.loading = None
+        self._restoring = None
         self._show_model_line(info)
         self.set_intro()
         # the load failures are over
@@ -304,8 +321,11 @@ class ModelController(QObject):
 
     def on_load_failed(self, message: str, still_loaded: bool = False) -> None:
         """``Worker.loadFailed``: the load failed with ``message``; ``still_loaded`` when the
-        pair loaded before stays in use."""
+        pair loaded before stays in use. The pair used last, restored at start, says how to
+        get back (:func:`last_model_failed`)."""
         self.progress.hide()
+        restored = self._restoring if self.state.loading is self._restoring else None
+        self._restoring = None
         self.state.loading = None
         if still_loaded and self.state.model is not None:
             self._show_model_line(self.state.model)  # the working pair stays in use
@@ -315,7 +335,9 @@ class ModelController(QObject):
             self.state.model = None
             self.model_label.setText("No model loaded")
             self.set_intro()
-            self.messages.show_banner(f"Could not load the model: {sentence(message)}")
+            self.messages.show_banner(last_model_failed(restored.target, message)
+                                      if restored is not None else
+                                      f"Could not load the model: {sentence(message)}")
         self._load_failed(message)
 
     def set_intro(self) -> None:

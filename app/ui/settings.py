@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from app.chat.settings import (  # noqa: F401 (DEFAULTS, RANGES: the one table, re-exported)
     DEFAULTS,
     RANGES,
+    SPECS,
     ReplySettings,
     SettingError,
     coerce,
@@ -50,21 +51,36 @@ AUTO_BLOCK_TIP = (
 def load_defaults(qs: QSettings) -> dict:
     """App defaults from QSettings (group ``generation``) over :data:`DEFAULTS`.
 
-    Hand-edited values are read with :func:`app.chat.settings.coerce`: numbers out of range
-    are clamped into it; an unreadable value keeps the default, with a warning in the log
-    naming the setting."""
+    Each stored value is read with :func:`app.chat.settings.coerce` (the table's type, range
+    and choices). A value it refuses, out of range (never clamped to a bound), of the wrong
+    type, not finite, or QSettings' invalid value (``@Invalid()``, read as None), keeps the
+    table's default, with one warning in the log naming the key, the stored value and the
+    default. A text setting written by hand with a comma (``Be brief, please.``), which
+    QSettings reads as a list, is that text again."""
     out = defaults()
     qs.beginGroup("generation")
     try:
         for key in DEFAULTS:
             if qs.contains(key):
+                raw = qs.value(key)
                 try:
-                    out[key] = coerce(key, qs.value(key), clamp=True)
+                    out[key] = coerce(key, _ini_text(key, raw))
                 except SettingError as exc:
-                    log.warning("preferences: %s; using the default %r", exc, DEFAULTS[key])
+                    shown = "@Invalid()" if raw is None else repr(raw)
+                    log.warning("preferences: generation/%s = %s is not usable (%s); using "
+                                "the default %r", key, shown, exc, DEFAULTS[key])
     finally:
         qs.endGroup()
     return out
+
+
+def _ini_text(key: str, raw):
+    """``raw`` as QSettings read it, with an unquoted comma in a text setting undone: the
+    INI format reads ``system_prompt=Be brief, please.`` as ``["Be brief", "please."]``."""
+    if isinstance(DEFAULTS[key], str) and isinstance(raw, list) \
+            and all(isinstance(s, str) for s in raw):
+        return ", ".join(raw)
+    return raw
 
 
 def save_defaults(qs: QSettings, values: dict) -> None:
@@ -139,7 +155,7 @@ class SettingsDialog(QDialog):
         self.max_tokens.setValue(values["max_tokens"])
         self.max_tokens.setAccessibleName("Max tokens")
         self.block = QSpinBox()
-        self.block.setRange(0, max_block or 64)
+        self.block.setRange(RANGES["block_size"][0], max_block or RANGES["block_size"][1])
         self.block.setSpecialValueText("drafter default")
         self.block.setValue(values["block_size"])
         self.block.setAccessibleName("Block size")
@@ -153,7 +169,7 @@ class SettingsDialog(QDialog):
         self.auto_block.toggled.connect(self._name_block_default)
         self._name_block_default(self.auto_block.isChecked())
         self.rollback = QComboBox()
-        self.rollback.addItems(["tape", "replay"])
+        self.rollback.addItems(list(SPECS["rollback"].choices))
         self.rollback.setCurrentText(values["rollback"])
         self.rollback.setAccessibleName("Rollback strategy")
         self.rollback.setToolTip("tape: re-run only the recurrence over committed tokens; "
