@@ -93,6 +93,25 @@ def _damage(path, how: str) -> None:
         with pytest.raises(sqlite3.DatabaseError):  # and a read of the chats fails
             db.execute("SELECT * FROM messages").fetchall()
         db.close()
+    elif how == "a damaged index":  # quick_check fails, every table row still reads
+        with Store(path) as s:
+            for i in range(30):
+                conv = s.new_conversation(f"chat {i}")
+                for j in range(10):
+                    s.add_message(conv.id, "user", f"chat {i} message {j} " * 20)
+        for suffix in ("-wal", "-shm"):
+            (path.parent / (path.name + suffix)).unlink(missing_ok=True)
+        db = sqlite3.connect(path)
+        root = db.execute("SELECT rootpage FROM sqlite_master "
+                          "WHERE name = 'messages_conversation'").fetchone()[0]
+        db.close()
+        with open(path, "r+b") as f:  # the middle of the index's root page
+            f.seek((root - 1) * 4096 + 2000)
+            f.write(b"\x07" * 1500)
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA quick_check").fetchone()[0] != "ok"
+        assert db.execute("SELECT count(*) FROM (SELECT * FROM messages)").fetchone() == (301,)
+        db.close()
     elif how == "schema 99":
         db = sqlite3.connect(path)
         db.execute("UPDATE schema_version SET version = 99")
@@ -101,7 +120,7 @@ def _damage(path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncated", "random bytes", "schema 99", "not ours",
-                                 "a damaged page"])
+                                 "a damaged page", "a damaged index"])
 def test_a_damaged_database_keeps_its_banner_until_the_user_dismisses_it(qtbot, qs, tmp_path,
                                                                          how):
     """Chats kept in memory only are said so at start, and still after the model has loaded,
@@ -173,11 +192,182 @@ def test_a_window_whose_chats_cannot_be_read_starts_and_says_so(qtbot, qs, tmp_p
     monkeypatch.setattr(Store, "list_conversations", damaged)
     win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
     try:
-        assert any("Some saved chats could not be read" in t for t in shown_messages(win))
+        assert any("Some saved chats could not be read" in t and
+                   _advised_command(t)[2] == ".dump" for t in shown_messages(win))
         assert store.search("chat") == []  # a read that fails answers "nothing", says so
         assert win.isVisible()
     finally:
         win.shutdown()
+
+
+def _advised_command(text: str) -> list[str]:
+    """The sqlite3 command line the app's advice gives (``sqlite3 conversations.db ...``)."""
+    import re
+
+    found = re.search(r"sqlite3 conversations\.db (\.\w+) > rescued\.sql", text)
+    assert found, f"no sqlite3 command in: {text}"
+    return ["sqlite3", "conversations.db", found.group(1)]
+
+
+@pytest.mark.parametrize("how", ["truncated", "a damaged index"])
+def test_the_rescue_the_app_advises_works_with_this_systems_sqlite3(tmp_path, how):
+    """The advice names ``.dump``, which every sqlite3 has (Debian 12's 3.40.1 answers
+    ``.recover`` with "SQL logic error", even on a healthy file), and ``.recover`` only as the
+    deeper option; run as advised, it rescues the rows."""
+    import shutil
+    import subprocess
+
+    from app.chat.storage import StorageError, Store
+
+    db = tmp_path / "conversations.db"
+    _damage(db, how)
+    with pytest.raises(StorageError) as caught:
+        Store(db)
+    advice = str(caught.value)
+    command = _advised_command(advice)
+    assert command[2] == ".dump" and ".recover" in advice.split(".dump", 1)[1]
+    if shutil.which("sqlite3") is None:
+        pytest.skip("no sqlite3 command-line tool here")
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rescued = sqlite3.connect(":memory:")
+    rescued.executescript(done.stdout.replace("ROLLBACK; -- due to errors", "COMMIT;"))
+    counts = [rescued.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+              for table in ("conversations", "messages")]
+    # every row; of the truncated file what is left: its chat, not the page of its message
+    assert counts == ([31, 301] if how == "a damaged index" else [1, 0])
+
+
+def test_chats_behind_a_damaged_index_are_shown_from_a_copy_in_memory(qtbot, qs, tmp_path):
+    """Only an index is damaged (quick_check fails, every row reads): the window still keeps
+    chats in memory only and says so, but shows every saved chat, whole and in order, from a
+    copy rebuilt in memory; the damaged file is not written."""
+    from app.chat.turns import open_store
+
+    db = tmp_path / "conversations.db"
+    _damage(db, "a damaged index")
+    before = db.read_bytes()
+    store = open_store(tmp_path)
+    assert "damaged" in store.problem and "31 saved chats" in store.problem
+    assert len(store.list()) == 31
+    chat = next(c for c in store.list() if c.title == "chat 3")
+    shown = store.get(chat.id)
+    assert [t.content for t in shown.messages] == [f"chat 3 message {j} " * 20 for j in range(10)]
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
+    try:
+        assert any("kept in memory only" in t and ".dump" in t for t in shown_messages(win))
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win)  # a new turn goes to the copy
+    finally:
+        win.shutdown()
+    assert db.read_bytes() == before
+
+
+# ------------------------------------------------------------------ a read-only database file
+@pytest.fixture(params=["opened read-only", "read-only bind mount"])
+def read_only_db(request, tmp_path, monkeypatch):
+    """A ``conversations.db`` holding one chat, that cannot be written though its folder can:
+    SQLite opens it read-only (as a root test cannot make with chmod), or a read-only bind
+    mount of the file alone (skipped where it cannot be mounted). Yields (file, its bytes)."""
+    import subprocess
+
+    from app.chat.storage import Store
+
+    folder = tmp_path / "data"
+    db = folder / "conversations.db"
+    with Store(db) as s:
+        conv = s.new_conversation("An earlier chat")
+        s.add_message(conv.id, "user", "What is the capital of France?")
+        reply = s.begin_reply(conv.id, mode="plain")
+        s.finish_reply(reply.id, content="Paris.", token_ids=[1, 2])
+    before = db.read_bytes()
+    if request.param == "opened read-only":
+        real = sqlite3.connect
+
+        def connect(database, *args, **kwargs):
+            if str(database) == str(db):  # the app's own connection to the file
+                kwargs["uri"] = True
+                return real(db.as_uri() + "?mode=ro", *args, **kwargs)
+            return real(database, *args, **kwargs)
+
+        monkeypatch.setattr(sqlite3, "connect", connect)
+        yield db, before
+        return
+    done = subprocess.run(f"mount --bind '{db}' '{db}' && mount -o remount,ro,bind '{db}'",
+                          shell=True, capture_output=True, text=True)
+    if done.returncode != 0:
+        subprocess.run(["umount", str(db)], capture_output=True)
+        pytest.skip(f"cannot bind-mount a file here ({done.stderr.strip() or 'not root'})")
+    try:
+        yield db, before
+    finally:
+        subprocess.run(["umount", "-l", str(db)], capture_output=True)
+
+
+def test_a_read_only_database_file_is_found_when_the_store_opens(read_only_db):
+    """It was opened as usual and every later write failed; now the open says so, naming
+    the file (its folder can be written), and leaves the file as it was."""
+    from app.chat.storage import Store, StoreWriteError
+
+    db, before = read_only_db
+    with pytest.raises(StoreWriteError) as caught:
+        Store(db)
+    assert caught.value.cause == "readonly"
+    assert f"{db} cannot be written" in str(caught.value)
+    assert f"{db.parent} cannot be written" not in str(caught.value)
+    assert db.read_bytes() == before
+
+
+def test_a_read_only_database_file_keeps_chats_in_memory_and_shows_the_saved_ones(
+        qtbot, qs, read_only_db):
+    """The window starts with the storage banner naming the file, lists the saved chat (from
+    a copy in memory), and a new turn runs (in memory) instead of "Could not save this
+    turn: <folder> cannot be written"; the file is left as it was."""
+    from app.chat.turns import open_store
+
+    db, before = read_only_db
+    store = open_store(db.parent)
+    assert f"{db} cannot be written" in store.problem
+    assert "1 saved chat " in store.problem
+    assert [c.title for c in store.list()] == ["An earlier chat"]
+    win = make_window(qtbot, qs, ScriptedSession(cycles=2), store)
+    try:
+        assert any("kept in memory only" in t and str(db) in t for t in shown_messages(win))
+        assert [t.text() for t in win.conv.messages] == ["What is the capital of France?",
+                                                          "Paris."]
+        load_scripted(qtbot, win)
+        send_and_wait(qtbot, win)
+        assert not any("Could not save" in t for t in shown_messages(win))
+        assert len(win.conv.messages) == 4
+        win.conversations.rename_conversation("Renamed")  # refused before, as every write
+        assert not any("Could not rename" in t for t in shown_messages(win))
+        assert [c.title for c in store.list()] == ["Renamed"]
+    finally:
+        win.shutdown()
+    assert db.read_bytes() == before
+
+
+def test_a_file_that_turns_read_only_while_the_app_runs_is_named_in_the_write_error(tmp_path):
+    """A write refused because the file (not its folder) is read-only names the file."""
+    from app.chat.storage import Store, StoreWriteError
+
+    db = tmp_path / "conversations.db"
+    store = Store(db)
+    conv = store.new_conversation("A chat")
+    writable = store._db
+    store._db = sqlite3.connect(db.as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                                check_same_thread=False)
+    try:
+        with pytest.raises(StoreWriteError) as caught:
+            store.add_message(conv.id, "user", "hello")
+    finally:
+        store._db.close()
+        store._db = writable
+    assert caught.value.cause == "readonly"
+    assert f"{db} cannot be written" in str(caught.value)
+    assert f"{tmp_path} cannot be written" not in str(caught.value)
+    assert store.messages(conv.id) == []
+    store.close()
 
 
 # ------------------------------------------------------------------ a drafter that fails

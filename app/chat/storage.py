@@ -11,6 +11,12 @@ Messages form a tree per conversation (siblings are versions of one turn); see
 :mod:`app.chat.conversation`. The schema moves forward only, through :data:`MIGRATIONS`;
 a file written by a newer app is refused (:class:`SchemaTooNewError`) and left untouched.
 
+A file that cannot be written (read-only, though its folder may be writable) is refused at
+open (:class:`StoreWriteError`, cause ``readonly``, naming the file), found by a write inside a
+transaction that is rolled back. :func:`readable_copy` copies every row of a file the app
+cannot use (damaged, read-only) into memory through a read-only connection, by table scans
+(a damaged index is not read) into fresh tables; the window shows the saved chats from it.
+
 A reply being generated is stored at once with status ``generating`` and the writer's process
 id; :meth:`Store.update_partial` saves its growth at most every ``partial_interval_s`` seconds
 (0.5 s by default). When a store is opened, ``generating`` rows whose writer process is gone
@@ -76,6 +82,14 @@ def _damaged(exc: sqlite3.Error) -> bool:
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (_CORRUPT, _NOTADB)
 
 
+RESCUE_ADVICE = ("SQLite's command-line tool can rescue what is readable: sqlite3 "
+                 "conversations.db .dump > rescued.sql (.recover, where your sqlite3 has it, "
+                 "digs deeper)")
+"""What the app advises for a damaged file. ``.dump`` works in every sqlite3; ``.recover``
+needs the ``sqlite_dbpage`` table, which some builds leave out (Debian 12's 3.40.1 answers
+"SQL logic error", even on a healthy file)."""
+
+
 class StoreWriteError(StorageError):
     """A write to the conversation database failed: nothing of that write was stored, and
     what was stored before stays as it was (SQLite rolls the transaction back).
@@ -83,8 +97,8 @@ class StoreWriteError(StorageError):
     Attributes:
         cause: ``full`` (no space left on the disk), ``io`` (the disk reported an I/O
             error), ``locked`` (another program held the database for longer than the busy
-            timeout), ``readonly`` (the file or its folder cannot be written), ``damaged``
-            (the file is damaged) or ``other``.
+            timeout), ``readonly`` (the file or its folder cannot be written; the message
+            names the one that is), ``damaged`` (the file is damaged) or ``other``.
         folder: the folder that holds the database.
     """
 
@@ -100,11 +114,13 @@ _WRITE_CAUSES = {"SQLITE_FULL": "full", "SQLITE_IOERR": "io", "SQLITE_BUSY": "lo
                  "SQLITE_NOTADB": "damaged"}
 
 
-def write_error(exc: sqlite3.Error, folder: Path, busy_timeout_s: float = 10.0
-                ) -> StoreWriteError:
+def write_error(exc: sqlite3.Error, folder: Path, busy_timeout_s: float = 10.0,
+                path: Path | None = None) -> StoreWriteError:
     """The :class:`StoreWriteError` for an SQLite error raised by a write: its cause (from
     the SQLite result code, e.g. ``SQLITE_FULL``, ``SQLITE_IOERR_WRITE``) and a message
-    that names it and ``folder``, the database's folder."""
+    that names it and ``folder``, the database's folder, or ``path``, the database file,
+    when that is what cannot be written (plain ``SQLITE_READONLY``: SQLite holds the file
+    read-only, while ``folder`` can be written)."""
     name = str(getattr(exc, "sqlite_errorname", "") or "")
     cause = next((c for code, c in _WRITE_CAUSES.items()
                   if name == code or name.startswith(code + "_")), None)
@@ -118,10 +134,22 @@ def write_error(exc: sqlite3.Error, folder: Path, busy_timeout_s: float = 10.0
         "io": f"the disk holding {folder} reported an I/O error",
         "locked": f"another program kept the database in {folder} locked for more than "
                   f"{busy_timeout_s:g} s",
-        "readonly": f"{folder} cannot be written (read-only)",
+        "readonly": f"{_read_only_part(exc, folder, path)} cannot be written (read-only)",
         "damaged": f"the database in {folder} is damaged",
     }.get(cause, f"the database in {folder} failed ({exc})")
     return StoreWriteError(why, cause, folder)
+
+
+def _read_only_part(exc: sqlite3.Error, folder: Path, path: Path | None) -> Path:
+    """``path`` when SQLite's error says the database itself is read-only (plain
+    ``SQLITE_READONLY``, "attempt to write a readonly database"; not ``SQLITE_CANTOPEN`` or
+    ``SQLITE_READONLY_DIRECTORY``, which are about the folder) and ``folder`` can be
+    written; else ``folder`` (a read-only disk makes both read-only: the folder is named)."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    plain = name == "SQLITE_READONLY" or (not name and "readonly database" in str(exc))
+    if path is not None and plain and os.access(folder, os.W_OK):
+        return path
+    return folder
 
 
 class SchemaTooNewError(StorageError):
@@ -263,8 +291,11 @@ class Store:
             before it fails (:class:`StoreWriteError`, cause ``locked``).
 
     Raises:
-        StorageError: the file is not an SQLite database, or cannot be opened/created.
+        StorageError: the file is not an SQLite database, or cannot be opened/created, or
+            is damaged (:data:`RESCUE_ADVICE`).
         SchemaTooNewError: the file comes from a newer app version.
+        StoreWriteError: the file cannot be written (cause ``readonly``: the file is
+            read-only, its folder maybe not) or stays locked by another program.
 
     Every write that fails (a full disk, an I/O error, the database locked beyond the
     timeout) raises :class:`StoreWriteError` and stores nothing of that write.
@@ -301,6 +332,7 @@ class Store:
             self._db.execute("PRAGMA foreign_keys = ON")
             self._check_intact()  # before anything reads rows or writes to the file
             self._check_version()
+            self._check_writable()  # before the first write (journal mode, migrations)
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
             # A growing reply rewrites its row every partial_interval_s, so the WAL grows
@@ -415,9 +447,30 @@ class Store:
             pass
 
     def _write_error(self, exc: sqlite3.Error) -> StoreWriteError:
-        """:func:`write_error` for this store's folder ("memory" for a memory-only one)."""
-        folder = self.path.parent if str(self.path) != ":memory:" else Path("memory")
-        return write_error(exc, folder, self.busy_timeout_s)
+        """:func:`write_error` for this store's folder and file ("memory" for a memory-only
+        one)."""
+        if str(self.path) == ":memory:":
+            return write_error(exc, Path("memory"), self.busy_timeout_s)
+        return write_error(exc, self.path.parent, self.busy_timeout_s, self.path)
+
+    def _check_writable(self) -> None:
+        """Raise :class:`StoreWriteError` when the file cannot be written: a read-only file
+        in a writable folder opens and reads as usual, and only writes fail ("attempt to
+        write a readonly database"). The probe is a write inside a transaction that is
+        rolled back, so nothing reaches the file (SQLite writes pages at the commit); the
+        whole file is left as it is when it fails."""
+        if str(self.path) == ":memory:":
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("CREATE TABLE dflash_write_probe (x)")
+            finally:
+                self._rollback()
+        except sqlite3.DatabaseError as exc:
+            err = self._write_error(exc)
+            raise StoreWriteError(f"{err}; it was left as it is", err.cause,
+                                  err.folder) from exc
 
     @contextmanager
     def transaction(self) -> Iterator[Store]:
@@ -479,8 +532,7 @@ class Store:
             first = " ".join(str(found[0]).split())[:200] if found else "no answer"
             raise StorageError(
                 f"{self.path} is damaged (SQLite's check says: {first}); it was left as it is. "
-                "SQLite's command-line tool can rescue what is readable: "
-                "sqlite3 conversations.db .recover > rescued.sql")
+                f"{RESCUE_ADVICE}")
 
     @property
     def schema_version(self) -> int:
@@ -1221,6 +1273,54 @@ class Store:
         """The chat-template messages of ``messages`` (a path, first to last), leaving out
         the replies :meth:`prompt_for_reply` leaves out."""
         return _prompt_dicts(messages)
+
+
+def readable_copy(path: Path | str) -> Store:
+    """A memory-only store holding every row of the conversation database at ``path``, to
+    show what a file the app cannot use (damaged, read-only) holds. The file is attached
+    read-only (``mode=ro``: nothing is written to it) and read by whole-table scans, so a
+    damaged index is never used (it answers wrong rows silently), into fresh tables whose
+    indexes are built anew; the copy is then migrated to :data:`SCHEMA_VERSION` and its
+    dead ``generating`` replies marked ``interrupted``, in memory. All rows or none.
+
+    Raises:
+        StorageError: a row could not be read (a damaged table page, a truncated file), or
+            the file is no DFlash Chat database this version reads.
+    """
+    source = Path(path).absolute().as_uri() + "?mode=ro"
+    scratch = sqlite3.connect(":memory:", uri=True, isolation_level=None)
+    try:
+        scratch.execute("ATTACH DATABASE ? AS src", (source,))
+        version = scratch.execute(
+            "SELECT max(version) FROM src.schema_version NOT INDEXED").fetchone()[0]
+        if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+            raise StorageError(f"{path} has schema version {version}, which this app does "
+                               "not read")
+        scratch.execute("BEGIN")
+        scratch.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        scratch.execute("INSERT INTO schema_version VALUES (?)", (version,))
+        for step in range(1, version + 1):  # the file's own schema, in memory
+            for statement in _statements(MIGRATIONS[step]):
+                scratch.execute(statement)
+        for table in ("conversations", "messages"):
+            cols = ", ".join(r[1] for r in scratch.execute(f"PRAGMA main.table_info({table})"))
+            scratch.execute(f"INSERT INTO main.{table} ({cols}) "
+                            f"SELECT {cols} FROM src.{table} NOT INDEXED")
+        scratch.execute("COMMIT")
+        scratch.execute("DETACH DATABASE src")
+        copy = Store(":memory:", recover=False)
+        try:
+            scratch.backup(copy._db)
+            copy._migrate()
+            copy.recover_interrupted()
+        except BaseException:
+            copy.close()
+            raise
+        return copy
+    except sqlite3.Error as exc:
+        raise StorageError(f"could not copy the chats in {path}: {exc}") from exc
+    finally:
+        scratch.close()
 
 
 def _prompt_dicts(messages: list[Message]) -> list[dict]:

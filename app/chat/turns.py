@@ -52,6 +52,7 @@ from app.chat.storage import (
     StorageError,
     Store,
     StoreReadError,
+    readable_copy,
 )
 from app.engine.events import Done, Summary, TokenEvent
 
@@ -524,6 +525,7 @@ class ViewStore:
 
     Args:
         path: the database file, or ``":memory:"`` for chats kept in memory only.
+        db: an open store to use instead (``path`` is then not opened).
 
     Raises:
         StorageError: from the constructor when the database cannot be used (the caller
@@ -533,8 +535,8 @@ class ViewStore:
     problem: str = ""
     """Why chats are kept in memory only ("" when they are stored as asked)."""
 
-    def __init__(self, path: Path | str = ":memory:") -> None:
-        self.db = Store(path)
+    def __init__(self, path: Path | str = ":memory:", *, db: Store | None = None) -> None:
+        self.db = db if db is not None else Store(path)
         self.on_read_error: Callable[[str], None] | None = None
         """Called with the message the first time a read meets a damaged database
         (:meth:`list`, :meth:`get` and :meth:`search` then answer as if nothing were
@@ -747,12 +749,29 @@ class ViewStore:
 
 
 def open_store(data_dir: Path) -> ViewStore:
-    """The store in ``data_dir`` (``conversations.db``); on a database error an in-memory
-    one whose :attr:`ViewStore.problem` says why (logged too; the window shows it)."""
+    """The store in ``data_dir`` (``conversations.db``); when the file cannot be used
+    (damaged, read-only, locked, newer, not ours) an in-memory one whose
+    :attr:`ViewStore.problem` says why (logged too; the window shows it). The file is left as
+    it is; when every row in it can still be read (a read-only file, a damaged index) the
+    in-memory store starts as a copy of it (:func:`~app.chat.storage.readable_copy`), so the
+    saved chats are shown, and the problem says so."""
+    path = Path(data_dir) / DB_FILENAME
     try:
-        return ViewStore(Path(data_dir) / DB_FILENAME)
+        return ViewStore(path)
     except StorageError as exc:
         log.error("conversation database unusable, keeping chats in memory: %s", exc)
-        store = ViewStore(":memory:")
-        store.problem = str(exc)
-        return store
+        problem = str(exc)
+    copy = None
+    if path.exists():
+        try:
+            copy = readable_copy(path)
+        except StorageError as exc:
+            log.info("its chats cannot be shown either: %s", exc)
+    store = ViewStore(db=copy) if copy is not None else ViewStore(":memory:")
+    count = len(store.db.list_conversations()) if copy is not None else 0
+    if count:
+        problem += (f". The {count} saved chat{'s' if count != 1 else ''} it holds "
+                    f"{'are' if count != 1 else 'is'} shown from a copy in memory; what you add "
+                    "or change is not saved")
+    store.problem = problem
+    return store

@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
 
 from app import APP_NAME
 from app.chat.session import ModelInfo, PairSpec
+from app.chat.storage import RESCUE_ADVICE
 from app.chat.turns import ConversationView, ViewStore
 from app.ui import settings as settings_mod
 from app.ui.about import AboutDialog, debug_info
@@ -616,9 +617,8 @@ class MainWindow(QMainWindow):
         """A read of the conversation database met damage (``ViewStore.on_read_error``, told
         once a run): say so in the storage banner (the chats that could be read stay)."""
         self.messages.show_store_problem(
-            f"Some saved chats could not be read: {error}. The database is damaged: quit, "
-            "copy it aside, and rescue its rows with SQLite's command-line tool (sqlite3 "
-            "conversations.db .recover > rescued.sql)")
+            f"Some saved chats could not be read: {error}. The database is damaged: quit and "
+            f"copy it aside. {RESCUE_ADVICE}")
 
     def save_layout(self) -> None:
         """Window geometry, splitter states, the switch and Colour drafts to QSettings."""
