@@ -284,6 +284,64 @@ def test_children_import_the_model_files_without_transformers():
     assert out.stdout.split() == ["[]", "True"]
 
 
+def test_the_kernel_calls_pass_what_the_kernels_take(monkeypatch):
+    """Each kernel's call, made through the kernel module's own function (as a reply makes
+    it) and by ``instance_call`` (as a prebuild child makes it), passes the template, grid,
+    block and outputs the kernel source is written for: MLX's kernel object is replaced by a
+    recorder (off CUDA it cannot run)."""
+    import mlx.core as mx
+
+    from app.engine.kernels import gdn_kernel, row_attention
+    from app.engine.kernels import row_products as rp
+
+    calls = []
+
+    def fake(**call):
+        calls.append(call)
+        return [mx.zeros(s, dtype=d) for s, d in zip(call["output_shapes"], call["output_dtypes"])]
+
+    bf = mx.bfloat16
+    monkeypatch.setattr(rp, "_KERNELS", {False: fake, True: fake})
+    x = mx.zeros((3, 256), dtype=bf)
+    rp.rows_matmul(x, mx.zeros((40, 256), dtype=bf))
+    w, s, b = mx.quantize(mx.zeros((40, 256)), 64, 4)
+    rp.rows_quantized_matmul(x, w, s.astype(bf), b.astype(bf), 64, 4)
+    _, dense = rp.instance_call(bf)
+    _, quant = rp.instance_call(bf, 4, 64)
+    for call, bits, group, n in ((calls[0], 0, 32, 40), (calls[1], 4, 64, 40),
+                                 (dense, 0, 32, 8), (quant, 4, 64, 8)):
+        assert call["template"] == [("T", bf), ("Bits", bits), ("Gs", group), ("NT", 1),
+                                    ("KSplit", 4)]
+        assert call["grid"] == (32, 4 * -(-n // 8), 1) and call["threadgroup"] == (32, 4, 1)
+        assert call["output_dtypes"] == [bf]
+    assert calls[0]["output_shapes"] == [(3, 40)] and dense["output_shapes"] == [(1, 8)]
+    assert [a.dtype for a in calls[1]["inputs"]] == [a.dtype for a in quant["inputs"]] == [
+        bf, mx.uint32, bf, bf]
+
+    monkeypatch.setattr(row_attention, "_KERNEL", [fake])
+    q, k = mx.zeros((1, 8, 2, 64), dtype=bf), mx.zeros((1, 2, 5, 64), dtype=bf)
+    row_attention.kernel_attention(q, k, k, 0.125)
+    _, one = row_attention.instance_call(bf, 64)
+    for call, heads, n in ((calls[2], 8, 2), (one, 1, 1)):
+        assert call["template"] == [("T", bf), ("D", 64)]
+        assert call["grid"] == (1024 * heads, n, 1) and call["threadgroup"] == (1024, 1, 1)
+        assert [a.dtype for a in call["inputs"]] == [bf, bf, bf, mx.float32]
+    assert calls[2]["output_shapes"] == [q.shape]
+
+    monkeypatch.setattr(gdn_kernel, "_kernel", lambda: fake)
+    f32 = mx.float32
+    q, v = mx.zeros((1, 3, 2, 32), dtype=bf), mx.zeros((1, 3, 4, 16), dtype=bf)
+    gdn_kernel.cuda_gated_delta(q, q, v, mx.zeros((1, 3, 4), dtype=f32),
+                                mx.zeros((1, 3, 4), dtype=bf), mx.zeros((1, 4, 16, 32), dtype=f32))
+    _, step = gdn_kernel.instance_call(bf, 32, 16, 2, 4)
+    for call, t in ((calls[3], 3), (step, 1)):
+        assert call["template"] == [("InT", bf), ("StT", f32), ("Dk", 32), ("Dv", 16),
+                                    ("Hk", 2), ("Hv", 4)]
+        assert call["grid"] == (32, 16, 4) and call["threadgroup"] == (32, 4, 1)
+        assert call["output_shapes"] == [(1, t, 4, 16), (1, 4, 16, 32)]
+        assert [a.dtype for a in call["inputs"]] == [bf, bf, bf, f32, bf, f32]
+
+
 def _cuda() -> bool:
     try:
         from app.engine.kernels.row_products import on_cuda

@@ -275,7 +275,7 @@ def custom_recipes(model: Any) -> list[Recipe]:
     so elsewhere there are none); ``rows_attention`` per head size of its attention layers
     in the ``all`` mode; ``gdn`` for its first Gated DeltaNet layer's shapes where the GDN
     kernel is active and takes them. Nothing where the custom-kernel cache is off
-    (``DFLASH_CUSTOM_KERNEL_CACHE=0``)."""
+    (``DFLASH_CUSTOM_KERNEL_CACHE`` not ``1``: :func:`~app.engine.kernels.custom_cache.enabled`)."""
     from app.engine.kernels import row_products as rp
 
     way, gdn_on = _custom_on()

@@ -401,21 +401,21 @@ class _Plan:
 def _launcher(kernel, template: list, grid: tuple, n: int, dtype: mx.Dtype):
     """``(x, *weight arrays) -> x @ W.T`` by one call of ``kernel`` (a function, not a method
     of the plan, so that its trace holds no reference to the plan)."""
-    threadgroup = (32, K_SPLIT, 1)
     dtypes = [dtype]
 
     def launch(x: mx.array, *weights: mx.array) -> mx.array:
-        return kernel(**_call_args(x, weights, template, grid, threadgroup, n, dtypes))[0]
+        return kernel(**_call_args(x, weights, template, grid, n, dtypes))[0]
 
     return launch
 
 
-def _call_args(x: mx.array, weights, template: list, grid: tuple, threadgroup: tuple, n: int,
-               dtypes: list) -> dict:
+def _call_args(x: mx.array, weights, template: list, grid: tuple, n: int, dtypes: list) -> dict:
     """The keyword arguments of one kernel call computing ``x @ W.T`` (``W`` given by
-    ``weights``: the matrix, or the packed matrix, scales and biases) with ``n`` columns."""
-    return dict(inputs=[x, *weights], template=template, grid=grid, threadgroup=threadgroup,
-                output_shapes=[(*x.shape[:-1], n)], output_dtypes=dtypes)
+    ``weights``: the matrix, or the packed matrix, scales and biases) with ``n`` columns: a
+    block is one warp per :data:`K_SPLIT` share of K."""
+    return dict(inputs=[x, *weights], template=template, grid=grid,
+                threadgroup=(32, K_SPLIT, 1), output_shapes=[(*x.shape[:-1], n)],
+                output_dtypes=dtypes)
 
 
 def instance_call(dtype: mx.Dtype, bits: int = 0, group_size: int = 32) -> tuple:
@@ -434,7 +434,7 @@ def instance_call(dtype: mx.Dtype, bits: int = 0, group_size: int = 32) -> tuple
         weights, group_size = [mx.zeros((n, k), dtype=dtype)], 32
     plan = _Plan(dtype, weights, n, bits, group_size)
     return plan.kernel, _call_args(mx.zeros((1, k), dtype=dtype), weights, plan.template,
-                                   plan.grid, (32, K_SPLIT, 1), n, [dtype])
+                                   plan.grid, n, [dtype])
 
 
 def rows_matmul(x: mx.array, weight: mx.array) -> mx.array:
