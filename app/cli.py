@@ -89,10 +89,15 @@ QT_XCB_LIBS = {"xcb-icccm": "libxcb-icccm4", "xcb-keysyms": "libxcb-keysyms1",
 
 def missing_x11_packages() -> list[str]:
     """Debian packages of :data:`QT_XCB_LIBS` whose libraries are not installed (Linux with
-    an X11 display only; empty elsewhere)."""
+    an X11 display, where Qt will take its X11 plugin: ``QT_QPA_PLATFORM`` unset without a
+    Wayland session, or naming ``xcb`` first; empty elsewhere)."""
     if not sys.platform.startswith("linux") or not os.environ.get("DISPLAY"):
         return []
-    if os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"):
+    platform = os.environ.get("QT_QPA_PLATFORM", "")
+    if platform:
+        if platform.split(";")[0].split(":")[0].strip() != "xcb":
+            return []
+    elif os.environ.get("WAYLAND_DISPLAY"):
         return []
     import ctypes.util
 

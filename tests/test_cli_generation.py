@@ -439,7 +439,13 @@ def test_missing_x11_libraries_are_named(monkeypatch):
     monkeypatch.setattr(ctypes.util, "find_library",
                         lambda name: None if name == "xcb-cursor" else real(name) or "lib")
     assert cli.missing_x11_packages() == ["libxcb-cursor0"]
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")  # X11 asked for by name: still needed
+    assert cli.missing_x11_packages() == ["libxcb-cursor0"]
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb:nograb")
+    assert cli.missing_x11_packages() == ["libxcb-cursor0"]
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # no X11 window wanted: nothing missing
+    assert cli.missing_x11_packages() == []
+    monkeypatch.setenv("QT_QPA_PLATFORM", "wayland;xcb")  # another plugin first
     assert cli.missing_x11_packages() == []
 
 
