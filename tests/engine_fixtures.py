@@ -63,21 +63,22 @@ class FakeCancel:
     honours a Stop as the engine does; one that never checks it runs its script out."""
 
     def __init__(self) -> None:
-        self._cancel_asked = threading.Event()
-        self._cancel_events: list[threading.Event] = []
+        from app.engine.generate import _CancelFlag  # the engine's own flag
+
+        self._flag = _CancelFlag()
 
     def cancel(self) -> None:
         """Ask the stand-in to stop (as ``Generation.cancel``)."""
-        self._cancel_asked.set()
+        self._flag.set()
 
     def cancel_on(self, event: threading.Event) -> None:
         """Stop also once ``event`` is set (as ``Generation.cancel_on``; never sets it)."""
-        self._cancel_events.append(event)
+        self._flag.watch(event)
 
     @property
     def cancelled(self) -> bool:
         """True once :meth:`cancel` was called or an event given to :meth:`cancel_on` is set."""
-        return self._cancel_asked.is_set() or any(e.is_set() for e in self._cancel_events)
+        return self._flag.is_set()
 
 
 def prompt_ids(target, messages=PROMPT) -> list[int]:

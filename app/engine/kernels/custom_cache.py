@@ -356,7 +356,8 @@ def device_capability(info: dict) -> tuple[int, int]:
 def build(kernel: Any, folder: Path, **call: Any) -> Path:
     """Compile the instance of ``kernel`` (an ``mx.fast.cuda_kernel``) that ``kernel(**call)``
     runs and write it to ``folder`` (MLX's cache folder: ``kernel_prebuild.ptx_cache_dir``)
-    under the module name MLX will look for, unless a module of that name is there already. The call's inputs need only the dtypes (and
+    under the module name MLX will look for (a prebuild child writes to a private folder,
+    then publishes; its record says the instance is built). The call's inputs need only the dtypes (and
     number of dimensions) of the real ones: shapes are not part of the source. Nothing runs
     on the GPU. Call it in a child process (see :func:`generated_source`), with MLX's CUDA
     backend.
@@ -371,9 +372,6 @@ def build(kernel: Any, folder: Path, **call: Any) -> Path:
 
     gen = generated_source(kernel, **call)
     module = module_name(gen.name, gen.source)
-    target = folder / f"{module}.ptx"
-    if target.exists():
-        return target
     library = _loaded_library("libmlx")
     capability = device_capability(mx.device_info())
     full = KERNEL_NAMESPACE + gen.name

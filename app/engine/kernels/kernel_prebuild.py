@@ -260,10 +260,12 @@ def _custom_on() -> tuple[str, bool]:
     ``row_products.on_cuda``) and whether the GDN kernel is active, where the custom-kernel
     cache is :func:`~app.engine.kernels.custom_cache.enabled`; ``("0", False)`` where it is
     not (no custom recipes then)."""
-    from app.engine.kernels import custom_cache, gdn_kernel, row_products
+    from app.engine.kernels import custom_cache
 
-    if not custom_cache.enabled():
+    if not custom_cache.enabled():  # before importing the kernel modules (mlx-lm's package)
         return "0", False
+    from app.engine.kernels import gdn_kernel, row_products
+
     return (row_products.mode() if row_products.on_cuda() else "0"), gdn_kernel.kernel_active()
 
 
