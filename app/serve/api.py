@@ -255,9 +255,7 @@ class CorsHeaders:
       loopback name gets the 403 ``host_not_allowed`` its requests get from
       :class:`HostGuard` (:func:`host_refused`), with no ``Access-Control-*`` header, before
       any origin check. Why here: this layer answers preflights without calling the
-      application, so a :class:`HostGuard` inside it would never see them, and under
-      ``--cors '*'`` a page under a rebound name had its preflight granted (204) though its
-      request was then refused.
+      application, so a :class:`HostGuard` inside it never sees them.
     * The server's own loopback origin (:func:`same_loopback_origin`), which
       :class:`OriginGuard` serves, counts as listed here too, so its preflight and its
       requests agree.
